@@ -1,0 +1,34 @@
+# The README's two commands: `make run` (the demo) and `make test` (the tests).
+# Both create the virtualenv and install everything on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: run test lint install clean bench
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls a CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	# CPU environment: onnxruntime (never together with onnxruntime-gpu).
+	$(BIN)/pip install -q -e '.[cpu,train,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/seqserve demo
+
+test: $(STAMP)
+	$(BIN)/ruff check models export service tests
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -ra tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check models export service tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) runs data model_repository

@@ -1,0 +1,213 @@
+"""Model and training configuration: one frozen dataclass per model, plus the training loop's.
+
+Every field has a default and a one-line doc (the string below it). `__post_init__` checks
+cross-field constraints and raises ValueError naming the field and the fix. `to_dict` and
+`from_dict` round-trip through JSON (run directory `config.json`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Self
+
+CELLS = ("rnn", "lstm", "gru")
+ATTENTIONS = ("additive", "dot", "general")
+
+
+def _check_common(cfg: ClassifierConfig | TranslatorConfig) -> None:
+    if cfg.cell not in CELLS:
+        raise ValueError(f"cell={cfg.cell!r} is unknown: use one of {', '.join(CELLS)}")
+    if cfg.attention not in ATTENTIONS:
+        raise ValueError(
+            f"attention={cfg.attention!r} is unknown: use one of {', '.join(ATTENTIONS)}"
+        )
+    for name in ("vocab_size", "embed_size", "hidden_size", "num_layers", "max_length"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name}={getattr(cfg, name)} must be >= 1")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise ValueError(f"dropout={cfg.dropout} must be in [0, 1)")
+    if not 0 <= cfg.pad_id < cfg.vocab_size:
+        raise ValueError(f"pad_id={cfg.pad_id} must lie inside vocab_size={cfg.vocab_size}")
+
+
+class _DictMixin:
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict of every field."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Build from a dict; unknown keys raise ValueError naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: valid are {sorted(names)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (checks run again)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class ClassifierConfig(_DictMixin):
+    """Embedding -> stacked (bi)RNN -> attention pooling -> MLP head (DESIGN.md canonical)."""
+
+    vocab_size: int = 20000
+    """Tokenizer vocabulary size (embedding rows)."""
+    num_labels: int = 5
+    """Number of classes C."""
+    embed_size: int = 128
+    """Token embedding width E."""
+    hidden_size: int = 128
+    """RNN hidden size H per direction."""
+    num_layers: int = 2
+    """Stacked RNN layers."""
+    cell: str = "lstm"
+    """Recurrent cell: rnn | lstm | gru."""
+    bidirectional: bool = True
+    """Run a backward direction too (output width 2H)."""
+    dropout: float = 0.2
+    """Dropout between RNN layers and in the head."""
+    attention: str = "additive"
+    """Pooling score: additive (MLP, tanh) | dot (learned query) | general (bilinear query)."""
+    head_size: int = 64
+    """Hidden width of the MLP head."""
+    max_length: int = 256
+    """Longest input in tokens the model is exported and served for."""
+    pad_id: int = 0
+    """Padding token id (embedding row kept at zero)."""
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if self.num_labels < 2:
+            raise ValueError(f"num_labels={self.num_labels} must be >= 2: a classifier needs 2+")
+        if self.head_size < 1:
+            raise ValueError(f"head_size={self.head_size} must be >= 1")
+
+    @property
+    def output_size(self) -> int:
+        """Width of the RNN outputs: H times the number of directions."""
+        return self.hidden_size * (2 if self.bidirectional else 1)
+
+
+@dataclass(frozen=True)
+class TranslatorConfig(_DictMixin):
+    """(Bi)RNN encoder -> bridge -> attention decoder (Luong-style output, selectable score)."""
+
+    vocab_size: int = 8000
+    """Joint source/target vocabulary size (one shared embedding)."""
+    embed_size: int = 128
+    """Token embedding width E."""
+    hidden_size: int = 256
+    """Model width H: memory and decoder size; each encoder direction gets H/2 if bidirectional."""
+    num_layers: int = 1
+    """Layers in the encoder and in the decoder."""
+    cell: str = "gru"
+    """Recurrent cell of encoder and decoder: rnn | lstm | gru."""
+    bidirectional: bool = True
+    """Bidirectional encoder (padding-safe)."""
+    dropout: float = 0.1
+    """Dropout on embeddings, between layers and before the output projection."""
+    attention: str = "additive"
+    """Attention score: additive (Bahdanau) | dot | general (Luong)."""
+    max_length: int = 128
+    """Longest source in tokens and the hard cap on decoded length."""
+    pad_id: int = 0
+    """Padding token id."""
+    bos_id: int = 2
+    """Begin-of-sequence id (first decoder input)."""
+    eos_id: int = 3
+    """End-of-sequence id (decoding stops)."""
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if self.bidirectional and self.hidden_size % 2:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} must be even with bidirectional=True "
+                "(each direction gets half): use an even hidden_size"
+            )
+        for name in ("bos_id", "eos_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ValueError(f"{name}={getattr(self, name)} must lie inside vocab_size")
+
+    @property
+    def encoder_hidden(self) -> int:
+        """Hidden size of each encoder direction."""
+        return self.hidden_size // 2 if self.bidirectional else self.hidden_size
+
+    @property
+    def state_layers(self) -> int:
+        """Number of (L, H) blocks packed in the flat decoder state: L, or 2L for LSTM (h, c)."""
+        return self.num_layers * (2 if self.cell == "lstm" else 1)
+
+    @property
+    def state_dim(self) -> int:
+        """Width of the flat decoder state per row."""
+        return self.state_layers * self.hidden_size
+
+
+@dataclass(frozen=True)
+class TrainConfig(_DictMixin):
+    """The training loop: optimiser, batching, stopping, tokenizer."""
+
+    epochs: int = 10
+    """Maximum epochs."""
+    batch_size: int = 64
+    """Examples per training batch."""
+    eval_batch_size: int = 256
+    """Examples per validation/test batch."""
+    lr: float = 2e-3
+    """AdamW peak learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    warmup_steps: int = 50
+    """Linear learning-rate warm-up steps."""
+    lr_schedule: str = "linear"
+    """After warm-up: constant | linear (decay to 10% at the last planned step)."""
+    clip_norm: float = 1.0
+    """Gradient-norm clipping threshold (<= 0 disables)."""
+    label_smoothing: float = 0.0
+    """Cross-entropy label smoothing."""
+    scheduled_sampling: float = 0.0
+    """Translator: final probability of feeding the model's own prediction (ramps per epoch)."""
+    patience: int = 3
+    """Early stopping: epochs without improvement of the main validation metric."""
+    max_minutes: float = 0.0
+    """Wall-time budget for the training epochs in minutes (0 = none); best checkpoint kept."""
+    seed: int = 0
+    """Seed for torch, python and batching."""
+    num_threads: int = 2
+    """torch intra-op threads."""
+    bucket_chunk: int = 32
+    """Batches per length-sorted chunk (length bucketing); 1 = no bucketing."""
+    tokenizer_type: str = "unigram"
+    """sentencepiece model type: unigram | bpe | word | char."""
+    max_train_examples: int = 0
+    """Use at most this many training examples (0 = all)."""
+    max_eval_examples: int = 0
+    """Validate on at most this many examples per epoch (0 = all); test uses all."""
+    eval_every: float = 1.0
+    """Validate every this many epochs (fractions allowed: 0.5 = twice per epoch)."""
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "eval_batch_size", "num_threads", "bucket_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.lr_schedule not in ("constant", "linear"):
+            raise ValueError(f"lr_schedule={self.lr_schedule!r}: use constant or linear")
+        if not 0.0 <= self.scheduled_sampling <= 1.0:
+            raise ValueError(f"scheduled_sampling={self.scheduled_sampling} must be in [0, 1]")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing={self.label_smoothing} must be in [0, 1)")
+        if self.tokenizer_type not in ("unigram", "bpe", "word", "char"):
+            raise ValueError(
+                f"tokenizer_type={self.tokenizer_type!r}: use unigram, bpe, word or char"
+            )
+        if self.max_minutes < 0 or self.patience < 0 or self.warmup_steps < 0:
+            raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
+        if not 0.0 < self.eval_every <= 1.0:
+            raise ValueError(f"eval_every={self.eval_every} must be in (0, 1]")

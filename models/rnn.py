@@ -1,0 +1,98 @@
+"""A padding-safe stacked (bi)directional RNN that exports to ONNX with dynamic axes.
+
+`nn.LSTM(bidirectional=True)` over a right-padded batch starts the backward direction on pad
+tokens, so a short row's outputs depend on how long its neighbours are. `pack_padded_sequence`
+fixes that but does not survive ONNX export. Here every layer runs two unidirectional modules:
+the forward one over the padded batch as is (causal, so padding after a row cannot reach its
+valid positions) and the backward one over each row reversed *within its own length*
+(index[b, t] = len_b - 1 - t for t < len_b, else t), gathered back afterwards. Padded output
+positions are zeroed. Both directions export as native ONNX LSTM/GRU/RNN ops.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+_CELL_MODULES: dict[str, type[nn.RNNBase]] = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+
+def make_rnn(cell: str, input_size: int, hidden_size: int, num_layers: int = 1,
+             dropout: float = 0.0) -> nn.RNNBase:
+    """A batch-first unidirectional RNN module of the given cell type (tanh for rnn)."""
+    module = _CELL_MODULES[cell]
+    return module(input_size, hidden_size, num_layers=num_layers, batch_first=True,
+                  dropout=dropout if num_layers > 1 else 0.0)
+
+
+def length_mask(lengths: Tensor, max_len: int | Tensor) -> Tensor:
+    """(B,) lengths -> (B, T) bool, True on valid positions."""
+    positions = torch.arange(max_len, device=lengths.device)  # (T,)
+    return positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+
+
+def reverse_index(lengths: Tensor, max_len: int | Tensor) -> Tensor:
+    """(B, T) int64 index that reverses each row within its length and leaves padding in place.
+
+    index[b, t] = lengths[b] - 1 - t for t < lengths[b], else t. It is its own inverse.
+    """
+    positions = torch.arange(max_len, device=lengths.device).unsqueeze(0)  # (1, T)
+    reversed_pos = lengths.unsqueeze(1) - 1 - positions  # (B, T)
+    return torch.where(positions < lengths.unsqueeze(1), reversed_pos, positions)  # (B, T)
+
+
+def gather_time(x: Tensor, index: Tensor) -> Tensor:
+    """Reorder the time axis of x (B, T, D) per row with index (B, T)."""
+    return x.gather(1, index.unsqueeze(-1).expand_as(x))  # (B, T, D)
+
+
+class PaddingSafeRNN(nn.Module):
+    """Stacked RNN/LSTM/GRU, optionally bidirectional, whose rows ignore batch padding.
+
+    Inputs:  x (B, T, I) float, lengths (B,) int64 with 1 <= lengths <= T.
+    Outputs: outputs (B, T, D*H) with zeros on padded positions (D = 2 if bidirectional),
+             final (L, B, D*H): each layer's last hidden state per direction, taken at the
+             row's own last token (forward) and first token (backward), directions concatenated.
+    """
+
+    def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1,
+                 bidirectional: bool = True, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.cell = cell
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.bidirectional = bidirectional
+        self.num_directions = 2 if bidirectional else 1
+        self.output_size = hidden_size * self.num_directions
+        self.dropout = nn.Dropout(dropout)
+        self.forward_layers = nn.ModuleList()
+        self.backward_layers = nn.ModuleList()
+        for layer in range(num_layers):
+            size_in = input_size if layer == 0 else self.output_size
+            self.forward_layers.append(make_rnn(cell, size_in, hidden_size))
+            if bidirectional:
+                self.backward_layers.append(make_rnn(cell, size_in, hidden_size))
+
+    def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        max_len = x.shape[1]
+        mask = length_mask(lengths, max_len).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+        last = (lengths - 1).clamp(min=0)  # (B,)
+        rev = reverse_index(lengths, max_len) if self.bidirectional else None  # (B, T)
+        finals: list[Tensor] = []
+        layer_in = x  # (B, T, I)
+        for layer in range(self.num_layers):
+            if layer > 0:
+                layer_in = self.dropout(layer_in)
+            fwd, _ = self.forward_layers[layer](layer_in)  # (B, T, H)
+            fwd_final = fwd[torch.arange(fwd.shape[0], device=x.device), last]  # (B, H)
+            if rev is None:
+                out, final = fwd, fwd_final
+            else:
+                bwd_in = gather_time(layer_in, rev)  # (B, T, I) each row reversed in its length
+                bwd_rev, _ = self.backward_layers[layer](bwd_in)  # (B, T, H)
+                bwd = gather_time(bwd_rev, rev)  # (B, T, H) back in original order
+                out = torch.cat([fwd, bwd], dim=-1)  # (B, T, 2H)
+                final = torch.cat([fwd_final, bwd[:, 0]], dim=-1)  # (B, 2H)
+            layer_in = out * mask  # (B, T, D*H) zero padded positions
+            finals.append(final)
+        return layer_in, torch.stack(finals, dim=0)  # (B, T, D*H), (L, B, D*H)

@@ -1,0 +1,146 @@
+"""export.manifest: round trip, hash checks, listing; and that it stays torch-free."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from export.manifest import (
+    GraphSpec,
+    Manifest,
+    TensorSpec,
+    hash_files,
+    list_bundles,
+    load_bundle,
+    next_version,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from models.errors import BundleError
+
+
+def _clf_manifest(version: int = 1, files: dict[str, str] | None = None) -> Manifest:
+    graph = GraphSpec(
+        inputs=(
+            TensorSpec("input_ids", "int64", ("batch", "seq")),
+            TensorSpec("lengths", "int64", ("batch",)),
+        ),
+        outputs=(
+            TensorSpec("logits", "float32", ("batch", "classes")),
+            TensorSpec("attention", "float32", ("batch", "seq")),
+        ),
+        onnx="classifier.onnx",
+        torchscript="classifier.pt",
+    )
+    return Manifest(
+        task="classifier", name="m", version=version, graphs={"classifier": graph},
+        labels=["a", "b"], limits={"max_tokens": 64}, opset=17, files=files or {},
+    )
+
+
+def _make_bundle(root: Path, version: int = 1) -> Path:
+    bundle = root / "m" / str(version)
+    bundle.mkdir(parents=True)
+    for name, data in [("classifier.onnx", b"onnx"), ("classifier.pt", b"pt"),
+                       ("tokenizer.model", b"tok")]:
+        (bundle / name).write_bytes(data)
+    write_manifest(bundle, _clf_manifest(version, hash_files(bundle)))
+    return bundle
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    bundle = _make_bundle(tmp_path)
+    m = read_manifest(bundle)
+    assert m == _clf_manifest(1, hash_files(bundle))
+    assert m.formats == ["onnx", "torchscript"]
+    assert m.graphs["classifier"].inputs[0].shape == ("batch", "seq")
+    raw = json.loads((bundle / "manifest.json").read_text())
+    assert raw["schema_version"] == 1 and raw["graphs"]["classifier"]["onnx"] == "classifier.onnx"
+
+
+def test_sha256_file(tmp_path: Path) -> None:
+    p = tmp_path / "x"
+    p.write_bytes(b"abc")
+    assert sha256_file(p) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_load_bundle_ok(tmp_path: Path) -> None:
+    assert load_bundle(_make_bundle(tmp_path)).name == "m"
+
+
+@pytest.mark.parametrize("name", ["classifier.onnx", "classifier.pt", "tokenizer.model"])
+def test_load_bundle_flipped_byte(tmp_path: Path, name: str) -> None:
+    bundle = _make_bundle(tmp_path)
+    data = bytearray((bundle / name).read_bytes())
+    data[0] ^= 1
+    (bundle / name).write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=name):
+        load_bundle(bundle)
+    load_bundle(bundle, verify=False)  # reading alone still works
+
+
+def test_load_bundle_extra_and_missing(tmp_path: Path) -> None:
+    bundle = _make_bundle(tmp_path)
+    (bundle / "evil.pt").write_bytes(b"x")
+    with pytest.raises(BundleError, match="evil.pt.*not listed"):
+        load_bundle(bundle)
+    (bundle / "evil.pt").unlink()
+    (bundle / "classifier.pt").unlink()
+    with pytest.raises(BundleError, match="classifier.pt.*missing"):
+        load_bundle(bundle)
+
+
+def test_load_bundle_edited_hash_list(tmp_path: Path) -> None:
+    bundle = _make_bundle(tmp_path)
+    raw = json.loads((bundle / "manifest.json").read_text())
+    del raw["files"]["tokenizer.model"]
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    with pytest.raises(BundleError, match="tokenizer.model"):
+        load_bundle(bundle)
+
+
+def test_bad_manifests(tmp_path: Path) -> None:
+    bundle = _make_bundle(tmp_path)
+    (bundle / "manifest.json").write_text("{not json")
+    with pytest.raises(BundleError, match="not valid JSON"):
+        read_manifest(bundle)
+    (bundle / "manifest.json").write_text(json.dumps({"schema_version": 1, "task": "x"}))
+    with pytest.raises(BundleError):
+        read_manifest(bundle)
+    (bundle / "manifest.json").unlink()
+    with pytest.raises(BundleError, match="missing"):
+        read_manifest(bundle)
+
+
+def test_list_bundles_and_next_version(tmp_path: Path) -> None:
+    _make_bundle(tmp_path, 2)
+    _make_bundle(tmp_path, 10)
+    (tmp_path / "m" / "0").mkdir()
+    (tmp_path / "m" / "latest").mkdir()
+    (tmp_path / "m" / ".tmp-3").mkdir()
+    assert [(n, v) for n, v, _ in list_bundles(tmp_path)] == [("m", 2), ("m", 10)]
+    assert next_version(tmp_path, "m") == 11
+    assert next_version(tmp_path, "other") == 1
+    assert list_bundles(tmp_path / "nope") == []
+
+
+def test_manifest_module_is_torch_free() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'onnx', 'onnxruntime'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import export.manifest\n"
+        "print('ok')\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr

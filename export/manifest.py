@@ -21,6 +21,7 @@ from models.errors import BundleError
 
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+CHECKSUM_KEY = "manifest_sha256"
 TASKS = ("classifier", "translator")
 GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step")}
 
@@ -130,7 +131,8 @@ class Manifest:
     libraries: dict[str, str] = field(default_factory=dict)
     """Versions of torch, onnx, onnxruntime used at export."""
     files: dict[str, str] = field(default_factory=dict)
-    """File name -> sha256 hex digest of every file in the bundle except manifest.json."""
+    """File name -> sha256 hex digest of every file in the bundle except manifest.json
+    (which carries its own `manifest_sha256`, written by `write_manifest`)."""
     schema_version: int = SCHEMA_VERSION
     """Manifest schema version."""
 
@@ -208,8 +210,19 @@ def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def read_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
-    """Parse `bundle_dir/manifest.json` (no hash checks; see `load_bundle`)."""
+def manifest_checksum(data: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, compact), without its own
+    `manifest_sha256` field: a byte changed in manifest.json changes the parsed content or
+    breaks the JSON, so either way the file no longer matches."""
+    body = {k: v for k, v in data.items() if k != CHECKSUM_KEY}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def read_manifest(bundle_dir: str | os.PathLike[str], require_checksum: bool = False
+                  ) -> Manifest:
+    """Parse `bundle_dir/manifest.json`; check its own `manifest_sha256` when present
+    (required with `require_checksum`). File hashes are checked by `load_bundle`."""
     path = Path(bundle_dir) / MANIFEST_FILE
     if not path.is_file():
         raise BundleError(f"{path}: manifest.json is missing")
@@ -219,13 +232,21 @@ def read_manifest(bundle_dir: str | os.PathLike[str]) -> Manifest:
         raise BundleError(f"{path}: manifest.json is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise BundleError(f"{path}: manifest.json must hold a JSON object")
+    if CHECKSUM_KEY in data:
+        if data[CHECKSUM_KEY] != manifest_checksum(data):
+            raise BundleError(f"{path}: manifest.json was changed after export "
+                              f"({CHECKSUM_KEY} does not match its content)")
+    elif require_checksum:
+        raise BundleError(f"{path}: manifest.json has no {CHECKSUM_KEY}")
     return Manifest.from_dict(data)
 
 
 def write_manifest(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
-    """Write `bundle_dir/manifest.json` (indented, keys in contract order)."""
+    """Write `bundle_dir/manifest.json` (indented, contract key order, own checksum last)."""
     path = Path(bundle_dir) / MANIFEST_FILE
-    path.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
+    data = manifest.to_dict()
+    data[CHECKSUM_KEY] = manifest_checksum(data)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path
 
 
@@ -268,16 +289,18 @@ def verify_files(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> None
             )
 
 
-def load_bundle(bundle_dir: str | os.PathLike[str], verify: bool = True) -> Manifest:
+def load_bundle(bundle_dir: str | os.PathLike[str], verify: bool = True,
+                require_checksum: bool = False) -> Manifest:
     """Read a bundle's manifest and (by default) verify every file's sha256.
 
-    Raises BundleError naming the file when a hash differs, a listed file is missing, or a
-    file exists beside the manifest without being listed.
+    Raises BundleError naming the file when a hash differs, a listed file is missing, a file
+    exists beside the manifest without being listed, or manifest.json itself does not match
+    its `manifest_sha256` (checked whenever present; required with `require_checksum`).
     """
     root = Path(bundle_dir)
     if not root.is_dir():
         raise BundleError(f"{root}: bundle folder does not exist")
-    manifest = read_manifest(root)
+    manifest = read_manifest(root, require_checksum)
     if verify:
         verify_files(root, manifest)
     return manifest

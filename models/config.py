@@ -42,7 +42,9 @@ class _DictMixin:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: valid are {sorted(names)}")
+            raise ValueError(
+                f"unknown {cls.__name__} field(s) {unknown}: valid are {sorted(names)}"
+            )
         return cls(**data)
 
     def replace(self, **changes: Any) -> Self:
@@ -188,8 +190,6 @@ class TrainConfig(_DictMixin):
     """Use at most this many training examples (0 = all)."""
     max_eval_examples: int = 0
     """Validate on at most this many examples per epoch (0 = all); test uses all."""
-    eval_every: float = 1.0
-    """Validate every this many epochs (fractions allowed: 0.5 = twice per epoch)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size", "num_threads", "bucket_chunk"):
@@ -209,5 +209,3 @@ class TrainConfig(_DictMixin):
             )
         if self.max_minutes < 0 or self.patience < 0 or self.warmup_steps < 0:
             raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
-        if not 0.0 < self.eval_every <= 1.0:
-            raise ValueError(f"eval_every={self.eval_every} must be in (0, 1]")

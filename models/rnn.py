@@ -14,24 +14,25 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-_CELL_MODULES: dict[str, type[nn.RNNBase]] = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+_CELL_MODULES: dict[str, type[nn.RNN] | type[nn.LSTM] | type[nn.GRU]] = {
+    "rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
 
 def make_rnn(cell: str, input_size: int, hidden_size: int, num_layers: int = 1,
-             dropout: float = 0.0) -> nn.RNNBase:
+             dropout: float = 0.0) -> nn.RNN | nn.LSTM | nn.GRU:
     """A batch-first unidirectional RNN module of the given cell type (tanh for rnn)."""
     module = _CELL_MODULES[cell]
     return module(input_size, hidden_size, num_layers=num_layers, batch_first=True,
                   dropout=dropout if num_layers > 1 else 0.0)
 
 
-def length_mask(lengths: Tensor, max_len: int | Tensor) -> Tensor:
+def length_mask(lengths: Tensor, max_len: int) -> Tensor:
     """(B,) lengths -> (B, T) bool, True on valid positions."""
     positions = torch.arange(max_len, device=lengths.device)  # (T,)
     return positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
 
 
-def reverse_index(lengths: Tensor, max_len: int | Tensor) -> Tensor:
+def reverse_index(lengths: Tensor, max_len: int) -> Tensor:
     """(B, T) int64 index that reverses each row within its length and leaves padding in place.
 
     index[b, t] = lengths[b] - 1 - t for t < lengths[b], else t. It is its own inverse.

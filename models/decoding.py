@@ -1,0 +1,162 @@
+"""Eager reference decoding: greedy and beam search as pure functions of a translator.
+
+They use only `model.encode` and `model.decode_step` (the two exported graphs), so the export
+parity tests and the serving engine compare against exactly this. Each request's result is
+independent of its batch neighbours: rows never share state and each request has its own
+stopping rule and length limit (derived from its own source length).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+
+class StepModel(Protocol):
+    """What decoding needs from a translator (the eager `Translator` satisfies it)."""
+
+    @property
+    def config(self) -> Any: ...
+
+    def encode(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]: ...
+
+    def decode_step(self, prev_ids: Tensor, state: Tensor, memory: Tensor, src_mask: Tensor,
+                    memory_index: Tensor, k: int | Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished beam hypothesis: tokens without bos/eos, summed log-prob, ranking score."""
+
+    tokens: list[int]
+    logprob: float
+    score: float
+
+
+def max_decode_length(src_length: int, cap: int, ratio: float = 2.0, extra: int = 10) -> int:
+    """Per-request decode limit: ratio * source length + extra, at most cap."""
+    return max(1, min(cap, int(ratio * src_length) + extra))
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ((5 + length) / 6) ** alpha (alpha 0 = plain log-prob)."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _special_ids(model: StepModel) -> tuple[int, int, int]:
+    cfg = model.config
+    return int(cfg.bos_id), int(cfg.eos_id), int(cfg.max_length)  # type: ignore[attr-defined]
+
+
+@torch.no_grad()
+def greedy_decode(model: StepModel, src_ids: Tensor, src_lengths: Tensor,
+                  max_len: int | None = None) -> list[list[int]]:
+    """Greedy decoding of a right-padded batch.
+
+    Inputs:  src_ids (B, S) int64, src_lengths (B,) int64; max_len caps every row (default:
+             `max_decode_length` of each row's own source length and the model's max_length).
+    Outputs: B token lists without bos/eos.
+    """
+    bos, eos, cap = _special_ids(model)
+    memory, src_mask, state = model.encode(src_ids, src_lengths)
+    rows = src_ids.shape[0]
+    limits = [max_len or max_decode_length(int(n), cap) for n in src_lengths.tolist()]
+    memory_index = torch.arange(rows, device=src_ids.device)  # (B,)
+    prev = torch.full((rows,), bos, dtype=torch.long, device=src_ids.device)  # (B,)
+    outputs: list[list[int]] = [[] for _ in range(rows)]
+    done = [False] * rows
+    for step in range(max(limits)):
+        state, _, top_ids, _ = model.decode_step(prev, state, memory, src_mask, memory_index, 1)
+        prev = top_ids[:, 0]  # (B,)
+        for row, token in enumerate(prev.tolist()):
+            if done[row]:
+                continue
+            if token == eos:
+                done[row] = True
+            else:
+                outputs[row].append(token)
+                done[row] = step + 1 >= limits[row]
+        if all(done):
+            break
+    return outputs
+
+
+@dataclass
+class _Beam:
+    """Live hypotheses of one request."""
+
+    request: int
+    limit: int
+    tokens: list[list[int]]
+    logprobs: list[float]
+    finished: list[Hypothesis]
+
+
+@torch.no_grad()
+def beam_search(model: StepModel, src_ids: Tensor, src_lengths: Tensor, beam_size: int = 4,
+                n_best: int = 1, length_penalty: float = 0.6,
+                max_len: int | None = None) -> list[list[Hypothesis]]:
+    """Beam search over a batch; every hypothesis row points at its request's memory.
+
+    Inputs:  src_ids (B, S), src_lengths (B,); beam_size k; n_best results per request;
+             length_penalty alpha of GNMT; max_len as in `greedy_decode`.
+    Outputs: per request, up to n_best hypotheses, best first (score = logprob / lp(len)).
+    """
+    bos, eos, cap = _special_ids(model)
+    memory, src_mask, init_state = model.encode(src_ids, src_lengths)
+    beams = [_Beam(i, max_len or max_decode_length(int(n), cap), [[]], [0.0], [])
+             for i, n in enumerate(src_lengths.tolist())]
+    state_rows = list(range(len(beams)))  # row of init_state behind each live hypothesis
+    state = init_state
+    step = 0
+    while any(b.tokens for b in beams):
+        live = [b for b in beams if b.tokens]
+        prev = [(h[-1] if h else bos) for b in live for h in b.tokens]
+        memory_index = [b.request for b in live for _ in b.tokens]
+        state, top_lp, top_ids, _ = model.decode_step(
+            torch.tensor(prev), state[torch.tensor(state_rows)], memory, src_mask,
+            torch.tensor(memory_index), beam_size)
+        state_rows = []
+        row = 0
+        step += 1
+        for beam in live:
+            width = len(beam.tokens)
+            kept = _advance(beam, top_lp[row:row + width].tolist(),
+                            top_ids[row:row + width].tolist(), beam_size, eos, step,
+                            length_penalty)
+            state_rows.extend(row + parent for parent in kept)
+            row += width
+    results = []
+    for beam in beams:
+        ranked = sorted(beam.finished, key=lambda h: h.score, reverse=True)
+        results.append(ranked[:n_best])
+    return results
+
+
+def _advance(beam: _Beam, logprobs: list[list[float]], ids: list[list[int]], beam_size: int,
+             eos: int, step: int, alpha: float) -> list[int]:
+    """Extend one request's beam by a step; returns the parent row of each kept hypothesis."""
+    candidates = sorted(
+        ((beam.logprobs[p] + lp, p, tok) for p in range(len(beam.tokens))
+         for lp, tok in zip(logprobs[p], ids[p], strict=True)),
+        key=lambda c: c[0], reverse=True)
+    tokens: list[list[int]] = []
+    scores: list[float] = []
+    parents: list[int] = []
+    for total, parent, tok in candidates[:beam_size]:
+        seq = beam.tokens[parent] if tok == eos else [*beam.tokens[parent], tok]
+        if tok == eos or step >= beam.limit:
+            beam.finished.append(Hypothesis(seq, total, total / gnmt_length_penalty(len(seq),
+                                                                                  alpha)))
+        else:
+            tokens.append(seq)
+            scores.append(total)
+            parents.append(parent)
+    if len(beam.finished) >= beam_size:
+        tokens, scores, parents = [], [], []
+    beam.tokens, beam.logprobs = tokens, scores
+    return parents

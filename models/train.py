@@ -1,0 +1,206 @@
+"""Training entry point: data -> tokenizer -> model -> fit -> test, written to a run directory.
+
+`run_training(task, data, out_dir, model_overrides, train_overrides)` produces the run
+directory of docs/contracts.md (config.json, tokenizer.model, model.safetensors, metrics.json,
+metrics.csv, curves.png, test_metrics.json, DONE last) and returns the test metrics.
+
+`DEMO_CLASSIFIER` and `DEMO_TRANSLATOR` are the keyword arguments of the demo runs:
+`run_training(out_dir=..., **DEMO_CLASSIFIER)`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from models.checkpoint import CHECKPOINT, CONFIG, TASKS, TOKENIZER, load_checkpoint
+from models.classifier import Classifier
+from models.config import ClassifierConfig, TrainConfig, TranslatorConfig
+from models.data.dataset import Dataset
+from models.data.registry import load_dataset
+from models.errors import DataError, UserError
+from models.tokenizer import Tokenizer, train_tokenizer
+from models.train_data import Encoded, encode_classification, encode_translation
+from models.train_eval import evaluate_classifier, evaluate_translator
+from models.train_loop import FitResult, TaskSpec, fit
+from models.translator import Translator
+
+DEMO_CLASSIFIER: dict[str, Any] = {
+    "task": "classifier",
+    "data": "langid",
+    "model_overrides": {"vocab_size": 4000},
+    "train_overrides": {"epochs": 4, "batch_size": 64, "lr": 3e-3, "max_minutes": 2.0,
+                        "patience": 2, "max_eval_examples": 1000},
+}
+"""Demo language-ID run: the canonical classifier shape, vocabulary sized to the data."""
+
+DEMO_TRANSLATOR: dict[str, Any] = {
+    "task": "translator",
+    "data": "numbers-en-fr",
+    "model_overrides": {"vocab_size": 4000, "cell": "gru", "hidden_size": 256,
+                        "embed_size": 128, "num_layers": 1, "dropout": 0.1},
+    "train_overrides": {"epochs": 8, "batch_size": 64, "lr": 3e-3, "max_minutes": 2.5,
+                        "patience": 3, "tokenizer_type": "word", "max_eval_examples": 1000},
+}
+"""Demo en->fr numbers run: word-level GRU translator."""
+
+_TASK_DATA = {"classifier": "classification", "translator": "translation"}
+
+
+def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
+                 model_overrides: dict[str, Any] | None = None,
+                 train_overrides: dict[str, Any] | None = None, progress: bool = True,
+                 data_size: int | None = None, data_seed: int = 0) -> dict[str, Any]:
+    """Train `task` (classifier | translator) on `data` (built-in name, folder, file or a
+    Dataset) into `out_dir`; returns the test-split metrics (also in test_metrics.json)."""
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    cfg = _resolve(TrainConfig, train_overrides or {})
+    _seed_everything(cfg.seed, cfg.num_threads)
+    ds = data if isinstance(data, Dataset) else load_dataset(data, size=data_size, seed=data_seed)
+    if ds.task != _TASK_DATA[task]:
+        raise DataError(f"{ds.name} is a {ds.task} dataset; a {task} needs "
+                        f"{_TASK_DATA[task]} data")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "DONE").unlink(missing_ok=True)
+    started = time.monotonic()
+    tok = _train_tokenizer(ds, out, task, model_overrides or {}, cfg)
+    model_cfg = _model_config(task, model_overrides or {}, tok, ds)
+    torch.manual_seed(cfg.seed)
+    model: Classifier | Translator = (Classifier(model_cfg) if isinstance(model_cfg,
+                                      ClassifierConfig) else Translator(model_cfg))
+    splits = _encode_splits(ds, tok, model_cfg, cfg)
+    config = {"task": task, "model": model_cfg.to_dict(), "train": cfg.to_dict(),
+              "labels": list(ds.labels) if task == "classifier" else [],
+              "data": {"spec": str(data) if not isinstance(data, Dataset) else ds.name,
+                       "name": ds.name, "size": data_size, "seed": data_seed,
+                       "counts": ds.counts()},
+              "tokenizer": {"file": TOKENIZER, "vocab_size": tok.vocab_size,
+                            "model_type": cfg.tokenizer_type},
+              "parameters": sum(p.numel() for p in model.parameters())}
+    (out / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    valid = _limit(splits["valid"], cfg.max_eval_examples)
+    spec = _task_spec(model, valid, ds, tok, cfg)
+    result = fit(model, spec, splits["train"][0], cfg, out, progress)
+    load_checkpoint(model, out / CHECKPOINT)
+    test_metrics = _test(model, spec, splits["test"], tok, cfg, result, started)
+    (out / "test_metrics.json").write_text(json.dumps(test_metrics, indent=2) + "\n")
+    (out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+    return test_metrics
+
+
+def _resolve(cls: type[TrainConfig], overrides: dict[str, Any]) -> TrainConfig:
+    try:
+        return cls.from_dict({**cls().to_dict(), **overrides})
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"bad training option: {exc}") from exc
+
+
+def _seed_everything(seed: int, threads: int) -> None:
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
+def _train_tokenizer(ds: Dataset, out: Path, task: str, overrides: dict[str, Any],
+                     cfg: TrainConfig) -> Tokenizer:
+    """The sentencepiece model on the training split (joint source+target for translators)."""
+    default = ClassifierConfig.vocab_size if task == "classifier" else TranslatorConfig.vocab_size
+    size = int(overrides.get("vocab_size", default))
+    return train_tokenizer(ds.texts("train"), out / TOKENIZER, size,
+                           model_type=cfg.tokenizer_type, seed=cfg.seed)  # type: ignore[arg-type]
+
+
+def _model_config(task: str, overrides: dict[str, Any], tok: Tokenizer,
+                  ds: Dataset) -> ClassifierConfig | TranslatorConfig:
+    """Defaults + overrides, with vocab (and labels) taken from the tokenizer and data."""
+    fixed: dict[str, Any] = {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}
+    try:
+        if task == "classifier":
+            fixed["num_labels"] = len(ds.labels)
+            return ClassifierConfig.from_dict({**ClassifierConfig().to_dict(), **overrides,
+                                               **fixed})
+        fixed.update(bos_id=tok.bos_id, eos_id=tok.eos_id)
+        return TranslatorConfig.from_dict({**TranslatorConfig().to_dict(), **overrides, **fixed})
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"bad model option: {exc}") from exc
+
+
+Split = tuple[list[Encoded], list[str]]
+LossFn = Callable[[nn.Module, dict[str, Tensor], float], Tensor]
+
+
+def _encode_splits(ds: Dataset, tok: Tokenizer, model_cfg: ClassifierConfig | TranslatorConfig,
+                   cfg: TrainConfig) -> dict[str, Split]:
+    """Tokenized splits with their raw references (translation targets; empty otherwise)."""
+    out: dict[str, Split] = {}
+    for name in ("train", "valid", "test"):
+        rows = ds.splits.get(name, [])
+        if name == "train" and cfg.max_train_examples:
+            rows = rows[: cfg.max_train_examples]
+        if not rows:
+            raise DataError(f"{ds.name}: the {name} split is empty")
+        if isinstance(model_cfg, ClassifierConfig):
+            out[name] = (encode_classification(rows, tok, ds.labels, model_cfg.max_length), [])
+        else:
+            out[name] = (encode_translation(rows, tok, model_cfg.max_length),
+                         [r["target"] for r in rows])
+    return out
+
+
+def _limit(split: Split, n: int) -> Split:
+    return (split[0][:n], split[1][:n]) if n else split
+
+
+def _task_spec(model: Classifier | Translator, valid: Split, ds: Dataset, tok: Tokenizer,
+               cfg: TrainConfig) -> TaskSpec:
+    if isinstance(model, Classifier):
+        return TaskSpec("classifier", _classifier_loss(cfg.label_smoothing),
+                        lambda m: evaluate_classifier(model, valid[0], cfg.eval_batch_size),
+                        ("accuracy", "macro_f1"))
+    mc = model.config
+    return TaskSpec("translator", _translator_loss(cfg.label_smoothing),
+                    lambda m: evaluate_translator(model, valid[0], valid[1], tok,
+                                                  cfg.eval_batch_size),
+                    ("exact_match", "chrf"), (mc.bos_id, mc.eos_id, mc.pad_id))
+
+
+def _classifier_loss(smoothing: float) -> LossFn:
+    def loss(model: nn.Module, batch: dict[str, Tensor], prob: float) -> Tensor:
+        logits, _ = model(batch["ids"], batch["lengths"])
+        return F.cross_entropy(logits, batch["labels"], label_smoothing=smoothing)
+
+    return loss
+
+
+def _translator_loss(smoothing: float) -> LossFn:
+    def loss(model: nn.Module, batch: dict[str, Tensor], prob: float) -> Tensor:
+        _, value = model(batch["ids"], batch["lengths"], batch["tgt_in"], batch["tgt_out"],
+                         sampling_prob=prob, label_smoothing=smoothing)
+        assert value is not None
+        return value
+
+    return loss
+
+
+def _test(model: Classifier | Translator, spec: TaskSpec, test: Split, tok: Tokenizer,
+          cfg: TrainConfig, result: FitResult, started: float) -> dict[str, Any]:
+    """Best checkpoint on the full test split, plus run facts."""
+    if isinstance(model, Classifier):
+        metrics: dict[str, Any] = evaluate_classifier(model, test[0], cfg.eval_batch_size)
+    else:
+        metrics = evaluate_translator(model, test[0], test[1], tok, cfg.eval_batch_size)
+    metrics.update(split="test", examples=len(test[0]), best_epoch=result.best_epoch,
+                   epochs_run=len(result.history), stop_reason=result.stop_reason,
+                   train_seconds=round(result.seconds, 2),
+                   total_seconds=round(time.monotonic() - started, 2))
+    return metrics

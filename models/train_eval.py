@@ -1,0 +1,60 @@
+"""Validation and test evaluation of both model families (eval mode, no grad)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from models.classifier import Classifier
+from models.decoding import greedy_decode
+from models.metrics import accuracy, macro_f1, translation_metrics
+from models.tokenizer import Tokenizer
+from models.train_data import Encoded, collate, sorted_batches
+from models.translator import Translator
+
+
+@torch.no_grad()
+def evaluate_classifier(model: Classifier, data: Sequence[Encoded],
+                        batch_size: int) -> dict[str, float]:
+    """Mean loss, accuracy and macro-F1 over `data`."""
+    model.eval()
+    predictions = [0] * len(data)
+    total_loss = 0.0
+    for index in sorted_batches([len(e.source) for e in data], batch_size):
+        batch = collate([data[i] for i in index])
+        logits, loss = model(batch["ids"], batch["lengths"], batch["labels"])
+        assert loss is not None
+        total_loss += float(loss) * len(index)
+        for i, p in zip(index, logits.argmax(-1).tolist(), strict=True):
+            predictions[i] = p
+    labels = [e.label for e in data]
+    return {"loss": total_loss / max(1, len(data)),
+            "accuracy": accuracy(predictions, labels),
+            "macro_f1": macro_f1(predictions, labels, model.config.num_labels)}
+
+
+@torch.no_grad()
+def evaluate_translator(model: Translator, data: Sequence[Encoded], references: Sequence[str],
+                        tok: Tokenizer, batch_size: int) -> dict[str, float]:
+    """Teacher-forced loss and token accuracy, then greedy decoding scored by exact match,
+    chrF and BLEU against the raw reference strings."""
+    model.eval()
+    cfg = model.config
+    hypotheses = [""] * len(data)
+    total_loss, correct, tokens = 0.0, 0, 0
+    for index in sorted_batches([len(e.source) for e in data], batch_size):
+        batch = collate([data[i] for i in index], cfg.bos_id, cfg.eos_id, cfg.pad_id)
+        logits, loss = model(batch["ids"], batch["lengths"], batch["tgt_in"], batch["tgt_out"])
+        assert loss is not None
+        valid = batch["tgt_out"] != cfg.pad_id  # (B, T)
+        n = int(valid.sum())
+        total_loss += float(loss) * n
+        tokens += n
+        correct += int(((logits.argmax(-1) == batch["tgt_out"]) & valid).sum())
+        decoded = greedy_decode(model, batch["ids"], batch["lengths"])
+        for i, ids in zip(index, decoded, strict=True):
+            hypotheses[i] = tok.decode(ids)
+    result = {"loss": total_loss / max(1, tokens), "token_accuracy": correct / max(1, tokens)}
+    result.update(translation_metrics(hypotheses, list(references)))
+    return result

@@ -1,0 +1,169 @@
+"""The epoch loop: AdamW, warm-up + decay, clipping, validation, early stopping, time budget.
+
+Task specifics come in through a small `TaskSpec` (how to compute a batch's loss, how to
+evaluate, which metrics rank checkpoints), so one loop trains both model families.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from models.checkpoint import CHECKPOINT, save_checkpoint
+from models.config import TrainConfig
+from models.metrics import RunningMean, grad_norms
+from models.plots import plot_curves
+from models.train_data import Encoded, bucketed_batches, collate
+
+
+@dataclass
+class TaskSpec:
+    """What the loop needs to know about a task."""
+
+    name: str
+    """classifier | translator."""
+    loss: Callable[[nn.Module, dict[str, Tensor], float], Tensor]
+    """(model, batch, sampling_prob) -> scalar training loss."""
+    evaluate: Callable[[nn.Module], dict[str, float]]
+    """Validation metrics of the current model (sets eval mode)."""
+    rank_keys: tuple[str, ...]
+    """Validation metrics that rank checkpoints, most important first (higher is better)."""
+    collate_ids: tuple[int, int, int] = (2, 3, 0)
+    """bos, eos, pad ids for `collate`."""
+
+
+@dataclass
+class FitResult:
+    """What the loop produced: per-epoch rows, best epoch, why it stopped."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best_epoch: int = 0
+    best_rank: tuple[float, ...] = ()
+    stop_reason: str = "max epochs"
+    seconds: float = 0.0
+
+
+def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.lr_schedule == "constant":
+            return 1.0
+        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
+        return max(0.1, 1.0 - 0.9 * progress)
+
+    return factor
+
+
+def sampling_prob(cfg: TrainConfig, epoch: int) -> float:
+    """Scheduled-sampling probability for a 1-based epoch: linear ramp from 0 to the maximum."""
+    if cfg.epochs == 1:
+        return cfg.scheduled_sampling
+    return cfg.scheduled_sampling * (epoch - 1) / (cfg.epochs - 1)
+
+
+def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainConfig,
+        out_dir: Path, progress: bool = True) -> FitResult:
+    """Train with early stopping; the best epoch's weights are in out_dir/model.safetensors."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _lr_lambda(cfg, steps_per_epoch * cfg.epochs))
+    lengths = [len(e.source) + len(e.target) for e in train]
+    result, start, stale = FitResult(), time.monotonic(), 0
+    deadline = start + cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
+    for epoch in range(1, cfg.epochs + 1):
+        generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        batches = bucketed_batches(lengths, cfg.batch_size, cfg.bucket_chunk, generator)
+        prob = sampling_prob(cfg, epoch)
+        row, out_of_time = _train_epoch(model, spec, train, batches, optimizer, scheduler, cfg,
+                                        prob, deadline, f"{spec.name} epoch {epoch}", progress)
+        row = {"epoch": epoch, **row, **{f"valid_{k}": v for k, v in spec.evaluate(model).items()}}
+        row["seconds"] = round(time.monotonic() - start, 2)
+        result.history.append(row)
+        rank = tuple(row[f"valid_{k}"] for k in spec.rank_keys)
+        if not result.best_rank or rank > result.best_rank:
+            result.best_rank, result.best_epoch, stale = rank, epoch, 0
+            save_checkpoint(model, out_dir / CHECKPOINT)
+        else:
+            stale += 1
+        write_history(result, out_dir)
+        if progress:
+            shown = ", ".join(f"{k}={row[f'valid_{k}']:.4f}" for k in spec.rank_keys)
+            tqdm.write(f"{spec.name} epoch {epoch}: train_loss={row['train_loss']:.4f} "
+                       f"valid_loss={row['valid_loss']:.4f} {shown} ({row['seconds']:.0f}s)")
+        if out_of_time:
+            result.stop_reason = f"time budget of {cfg.max_minutes} min"
+            break
+        if cfg.patience and stale >= cfg.patience:
+            result.stop_reason = f"early stopping: no improvement for {stale} epochs"
+            break
+        if rank and rank[0] >= 1.0:
+            result.stop_reason = f"perfect validation {spec.rank_keys[0]}"
+            break
+    result.seconds = time.monotonic() - start
+    write_history(result, out_dir)
+    return result
+
+
+def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
+                 batches: list[list[int]], optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: TrainConfig, prob: float,
+                 deadline: float, desc: str, progress: bool) -> tuple[dict[str, Any], bool]:
+    """One pass over the batches; returns the epoch row and whether the time ran out."""
+    model.train()
+    losses, norms = RunningMean(), RunningMean()
+    out_of_time = False
+    bar = tqdm(batches, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    for step, index in enumerate(bar):
+        batch = collate([train[i] for i in index], *spec.collate_ids)
+        loss = spec.loss(model, batch, prob)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if step % 10 == 0:
+            norms.add(grad_norms(model))
+        if cfg.clip_norm > 0:
+            total = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            norms.add({"total": float(total)})
+        optimizer.step()
+        scheduler.step()
+        losses.add({"loss": float(loss.detach())}, len(index))
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{losses.means()['loss']:.4f}")
+        if time.monotonic() > deadline:
+            out_of_time = True
+            break
+    means = norms.means()
+    total_norm = means.pop("total", float("nan"))
+    row = {"train_loss": losses.means().get("loss", float("nan")),
+           "lr": scheduler.get_last_lr()[0], "sampling_prob": prob,
+           "batches": step + 1 if batches else 0, "grad_norm_total": total_norm,
+           "grad_norm": means}
+    return row, out_of_time
+
+
+def write_history(result: FitResult, out_dir: Path) -> None:
+    """metrics.json (rows + summary), metrics.csv (flat rows) and curves.png."""
+    summary = {"best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
+               "train_seconds": round(result.seconds, 2), "epochs": result.history}
+    (out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+    flat = [{**{k: v for k, v in row.items() if k != "grad_norm"},
+             **{f"grad_norm/{k}": v for k, v in row.get("grad_norm", {}).items()}}
+            for row in result.history]
+    columns = list(dict.fromkeys(k for row in flat for k in row))
+    with (out_dir / "metrics.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(flat)
+    if result.history:
+        plot_curves(result.history, out_dir / "curves.png")

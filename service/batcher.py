@@ -1,0 +1,273 @@
+"""Dynamic batcher: one per model, model-free, one asyncio task owns the queue.
+
+Callers `submit` rows (payload + token length) and await futures. The loop task waits for the
+first row, lets more arrive until the batch is full (max rows, or rows x longest row at the
+token budget) or the oldest row has waited `max_wait_s`, then takes the oldest row plus its
+nearest neighbours by length (a contiguous window of the length-sorted queue, so padding stays
+small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
+An exception fails that batch's rows only; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
+
+log = logging.getLogger("seqserve.batcher")
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Where one row's time went (seconds)."""
+
+    queue_s: float
+    """From submit to the start of its batch's compute."""
+    compute_s: float
+    """Its batch's compute time."""
+    batch_size: int
+    """Rows in its batch."""
+
+
+class BatchObserver(Protocol):
+    """Receives batch statistics (service.metrics.BatchMetrics implements it)."""
+
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None: ...
+    def on_depth(self, depth: int) -> None: ...
+
+
+class _NoObserver:
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
+        pass
+
+    def on_depth(self, depth: int) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Row(Generic[P, R]):
+    payload: P
+    length: int
+    deadline: float  # time.monotonic() seconds
+    future: asyncio.Future[tuple[R, Timing]]
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    """Limits of one batcher."""
+
+    max_batch_size: int = 32
+    """Most rows per batch."""
+    max_batch_tokens: int = 4096
+    """Padded-token budget per batch: rows x longest row."""
+    max_wait_s: float = 0.002
+    """Longest the oldest row waits for the batch to fill."""
+    queue_size: int = 256
+    """Most rows waiting; a submit that would exceed it raises QueueFull."""
+    retry_after_s: float = 1.0
+    """Retry-After of QueueFull / ShuttingDown."""
+
+
+class Batcher(Generic[P, R]):
+    """Batches rows for `compute(payloads) -> results` (one result per payload, same order)."""
+
+    def __init__(
+        self,
+        compute: Callable[[list[P]], Sequence[R]],
+        config: BatcherConfig,
+        *,
+        name: str = "model",
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.compute = compute
+        self.config = config
+        self.name = name
+        self.observer: BatchObserver = observer or _NoObserver()
+        self._pending: deque[_Row[P, R]] = deque()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{name}")
+        self.max_depth_seen = 0
+        """Highest queue depth ever observed (tests check the bound)."""
+        self.batches_run = 0
+        """Batches handed to `compute` (failed ones included)."""
+
+    @property
+    def depth(self) -> int:
+        """Rows waiting (not yet taken into a batch)."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the loop task on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    def submit(
+        self, rows: Sequence[tuple[P, int]], deadline: float
+    ) -> list[asyncio.Future[tuple[R, Timing]]]:
+        """Admit all `(payload, length)` rows or none; returns one future per row."""
+        if self._closing:
+            raise ShuttingDown("server is shutting down", retry_after=self.config.retry_after_s)
+        if len(self._pending) + len(rows) > self.config.queue_size:
+            raise QueueFull(
+                f"model {self.name!r} queue is full ({len(self._pending)} of "
+                f"{self.config.queue_size} waiting)",
+                retry_after=self.config.retry_after_s,
+            )
+        loop = asyncio.get_running_loop()
+        futures = []
+        for payload, length in rows:
+            row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future())
+            self._pending.append(row)
+            futures.append(row.future)
+        self._depth_changed()
+        self._wake.set()
+        return futures
+
+    async def close(self, timeout: float) -> bool:
+        """Refuse new rows, finish the queued ones within `timeout`; True when all finished."""
+        self._closing = True
+        self._wake.set()
+        drained = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                drained = False
+                self._task.cancel()
+                for row in self._pending:
+                    if not row.future.done():
+                        row.future.set_exception(ShuttingDown("drain timeout passed"))
+                self._pending.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        return drained
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._fill()
+            self._drop_dead()
+            batch = self._take_batch()
+            if batch:
+                await self._execute(batch)
+
+    async def _fill(self) -> None:
+        """Wait until the batch is full or the oldest row has waited max_wait_s."""
+        close_at = self._pending[0].enqueued + self.config.max_wait_s
+        while not self._closing and not self._full():
+            left = close_at - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+
+    def _full(self) -> bool:
+        n = len(self._pending)
+        if n >= self.config.max_batch_size:
+            return True
+        longest = max(r.length for r in self._pending)
+        return n * longest >= self.config.max_batch_tokens
+
+    def _drop_dead(self) -> None:
+        """Remove rows nobody waits for (future done) or whose deadline passed."""
+        now = time.monotonic()
+        keep: deque[_Row[P, R]] = deque()
+        for row in self._pending:
+            if row.future.done():
+                continue
+            if row.deadline <= now:
+                row.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                continue
+            keep.append(row)
+        if len(keep) != len(self._pending):
+            self._pending = keep
+            self._depth_changed()
+
+    def _take_batch(self) -> list[_Row[P, R]]:
+        if not self._pending:
+            return []
+        anchor = self._pending[0]
+        ordered = sorted(self._pending, key=lambda r: r.length)
+        lengths = [r.length for r in ordered]
+        a = ordered.index(anchor)
+        i, j = best_window(lengths, a, self.config.max_batch_size, self.config.max_batch_tokens)
+        chosen = {id(r) for r in ordered[i:j]}
+        batch = [r for r in self._pending if id(r) in chosen]  # FIFO order
+        self._pending = deque(r for r in self._pending if id(r) not in chosen)
+        self._depth_changed()
+        return batch
+
+    async def _execute(self, batch: list[_Row[P, R]]) -> None:
+        lengths = [r.length for r in batch]
+        self.observer.on_batch(len(batch), len(batch) * max(lengths), sum(lengths))
+        self.batches_run += 1
+        start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        payloads = [r.payload for r in batch]
+        try:
+            results = await loop.run_in_executor(self._executor, self.compute, payloads)
+            if len(results) != len(batch):
+                raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
+        except Exception as exc:  # one batch fails, the loop goes on
+            log.exception("model %s: batch of %d failed", self.name, len(batch))
+            for row in batch:
+                if not row.future.done():
+                    row.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+            return
+        compute_s = time.monotonic() - start
+        for row, result in zip(batch, results, strict=True):
+            if not row.future.done():
+                timing = Timing(start - row.enqueued, compute_s, len(batch))
+                row.future.set_result((result, timing))
+
+    def _depth_changed(self) -> None:
+        depth = len(self._pending)
+        self.max_depth_seen = max(self.max_depth_seen, depth)
+        self.observer.on_depth(depth)
+
+
+def best_window(lengths: list[int], anchor: int, max_rows: int, max_tokens: int) -> tuple[int, int]:
+    """The slice [i, j) of sorted `lengths` holding `anchor` with the most rows, then the least
+    padding, such that rows <= max_rows and rows x lengths[j-1] <= max_tokens.
+
+    The anchor row alone always qualifies (a row longer than the budget runs by itself).
+    """
+    n = len(lengths)
+    prefix = [0]
+    for x in lengths:
+        prefix.append(prefix[-1] + x)
+    best = (anchor, anchor + 1)
+    best_key = (1, 0)
+    for i in range(max(0, anchor - max_rows + 1), anchor + 1):
+        j = anchor + 1
+        while j < n and j + 1 - i <= max_rows and (j + 1 - i) * lengths[j] <= max_tokens:
+            j += 1
+        rows = j - i
+        if rows * lengths[j - 1] > max_tokens and rows > 1:
+            continue
+        padding = rows * lengths[j - 1] - (prefix[j] - prefix[i])
+        key = (rows, -padding)
+        if key > best_key:
+            best, best_key = (i, j), key
+    return best
+

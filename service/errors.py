@@ -1,0 +1,76 @@
+"""Domain errors of the server, each with its HTTP status; mapped to responses in `app.py`.
+
+Route handlers and workers raise these and hold no try/except: one exception handler turns
+every `ServiceError` into `{"error": message}` with its status (and `Retry-After` where set).
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base of every error the server answers on purpose."""
+
+    status: int = 400
+    """HTTP status code of the answer."""
+    retry_after: float | None = None
+    """Seconds for a `Retry-After` header (overload and shutdown only)."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retry_after is not None:
+            self.retry_after = retry_after
+
+
+class BadRequest(ServiceError):
+    """Input the server will not process: wrong shape, empty, over a limit."""
+
+    status = 400
+
+
+class PayloadTooLarge(ServiceError):
+    """Request body over `max_body_bytes`."""
+
+    status = 413
+
+
+class ModelNotFound(ServiceError):
+    """No model (or no such version of it) in the repository."""
+
+    status = 404
+
+
+class ModelNotReady(ServiceError):
+    """The model exists but failed to load or is still loading."""
+
+    status = 503
+
+
+class QueueFull(ServiceError):
+    """The model's bounded queue cannot take the request now."""
+
+    status = 429
+
+
+class ShuttingDown(ServiceError):
+    """The server is draining; new work is refused."""
+
+    status = 503
+
+
+class DeadlineExceeded(ServiceError):
+    """The request's deadline passed before its result was ready."""
+
+    status = 504
+
+
+class ClientGone(ServiceError):
+    """The client disconnected; the work was dropped (nobody reads this answer)."""
+
+    status = 499
+
+
+class InferenceFailed(ServiceError):
+    """The runtime raised while computing this request's batch (a server fault, not input)."""
+
+    status = 500

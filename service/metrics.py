@@ -1,0 +1,106 @@
+"""Prometheus metrics of one app (a private CollectorRegistry, never the global one).
+
+Names and labels follow docs/contracts.md. Translator metrics live here too so that the
+decoding engine records into the same registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.15, 1.25, 1.5, 2.0, 3.0, 5.0)
+
+
+class Metrics:
+    """Every instrument of the server, registered in `self.registry`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        me = ["model", "endpoint"]
+        self.request_duration = Histogram(
+            "seqserve_request_duration_seconds", "Request wall time in the server.", me,
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.queue_time = Histogram(
+            "seqserve_queue_time_seconds", "Time a request waited for its batch.", me,
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.compute_time = Histogram(
+            "seqserve_compute_time_seconds", "Runtime time of the request's batch.", me,
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.batch_size = Histogram(
+            "seqserve_batch_size", "Rows per batch.", ["model"], registry=r,
+            buckets=BATCH_BUCKETS)
+        self.batch_tokens = Histogram(
+            "seqserve_batch_tokens", "Padded tokens per batch (rows x longest row).", ["model"],
+            registry=r, buckets=TOKEN_BUCKETS)
+        self.padding_ratio = Histogram(
+            "seqserve_padding_ratio", "Padded tokens / real tokens per batch.", ["model"],
+            registry=r, buckets=RATIO_BUCKETS)
+        self.queue_depth = Gauge(
+            "seqserve_queue_depth", "Rows waiting in the model's queue.", ["model"], registry=r)
+        self.in_flight = Gauge(
+            "seqserve_in_flight_requests", "Requests admitted and not yet answered.", ["model"],
+            registry=r)
+        self.requests = Counter(
+            "seqserve_requests", "Answered requests by status.", ["model", "endpoint", "status"],
+            registry=r)
+        self.model_ready = Gauge(
+            "seqserve_model_ready", "1 when the model version serves, else 0.",
+            ["model", "version"], registry=r)
+        self.load_failures = Counter(
+            "seqserve_model_load_failures", "Bundles that failed verification or loading.",
+            ["model", "version"], registry=r)
+        self.encoder_time = Histogram(
+            "seqserve_encoder_time_seconds", "Encoder runtime per admission batch.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.decoder_step_time = Histogram(
+            "seqserve_decoder_step_time_seconds", "Decoder step runtime.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.live_hypotheses = Gauge(
+            "seqserve_live_hypotheses", "Hypothesis rows in the decoding engine.", ["model"],
+            registry=r)
+        self.generated_tokens = Counter(
+            "seqserve_generated_tokens", "Tokens emitted by decoding.", ["model"], registry=r)
+        self.decode_steps = Counter(
+            "seqserve_decode_steps", "Decoder steps run.", ["model"], registry=r)
+        self.time_per_token = Histogram(
+            "seqserve_time_per_token_seconds", "Request time / generated tokens.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """Body and content type of `/metrics`."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def batch_observer(self, model: str) -> BatchMetrics:
+        """The batcher-side instruments of one model, labels bound."""
+        return BatchMetrics(
+            batch_size=self.batch_size.labels(model),
+            batch_tokens=self.batch_tokens.labels(model),
+            padding_ratio=self.padding_ratio.labels(model),
+            queue_depth=self.queue_depth.labels(model),
+        )
+
+
+@dataclass
+class BatchMetrics:
+    """What a batcher records per batch (label-bound children of `Metrics`)."""
+
+    batch_size: Histogram
+    batch_tokens: Histogram
+    padding_ratio: Histogram
+    queue_depth: Gauge
+
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
+        self.batch_size.observe(rows)
+        self.batch_tokens.observe(padded_tokens)
+        self.padding_ratio.observe(padded_tokens / max(real_tokens, 1))
+
+    def on_depth(self, depth: int) -> None:
+        self.queue_depth.set(depth)

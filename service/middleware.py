@@ -1,0 +1,134 @@
+"""The pure-ASGI middleware in front of every route.
+
+- refuses bodies over `max_body_bytes` before reading them (Content-Length) and caps streamed
+  reads; the accepted body is buffered and replayed, later `receive()` calls reach the server
+  (so a handler can still see `http.disconnect`);
+- answers 503 + Retry-After to new work while the server drains;
+- adds `Server-Timing` (queue, compute, total in ms) to every response;
+- counts requests and observes durations into the app's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from service.app import AppState
+
+OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
+
+
+async def send_error(send: Send, status: int, message: str, headers: dict[str, str]) -> None:
+    body = json.dumps({"error": message}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ServingMiddleware:
+    """See the module docstring."""
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        status = {"code": 500}
+        timing_headers = {"server-timing": "queue;dur=0, compute;dur=0"}
+        send_timed = self._timed_send(scope, send, start, status)
+        try:
+            if self.state.draining and not scope["path"].startswith(OPEN_WHILE_DRAINING):
+                status["code"] = 503
+                retry = {"retry-after": str(self.state.settings.retry_after_s)}
+                await send_error(send, 503, "server is shutting down", retry | timing_headers)
+                return
+            body = await self._read_body(scope, receive)
+            if body is None:
+                status["code"] = 413
+                limit = self.state.settings.max_body_bytes
+                await send_error(
+                    send, 413, f"request body exceeds max_body_bytes ({limit})", timing_headers
+                )
+                return
+            await self.app(scope, _replay(body, receive), send_timed)
+        finally:
+            self._observe(scope, status["code"], time.monotonic() - start)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole body, or None when it is (or announces itself) over the limit."""
+        limit = self.state.settings.max_body_bytes
+        for key, value in scope.get("headers", []):
+            if key == b"content-length":
+                try:
+                    if int(value) > limit:
+                        return None
+                except ValueError:
+                    return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # disconnected while sending the body
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    def _timed_send(
+        self, scope: Scope, send: Send, start: float, status: dict[str, int]
+    ) -> Send:
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+                call = scope.get("state", {}).get("call")
+                queue_ms = call.queue_s * 1000 if call else 0.0
+                compute_ms = call.compute_s * 1000 if call else 0.0
+                total_ms = (time.monotonic() - start) * 1000
+                value = (f"queue;dur={queue_ms:.3f}, compute;dur={compute_ms:.3f}, "
+                         f"total;dur={total_ms:.3f}")
+                headers = [h for h in message.get("headers", []) if h[0] != b"server-timing"]
+                message = {**message, "headers": [*headers, (b"server-timing", value.encode())]}
+            await send(message)
+
+        return wrapped
+
+    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
+        route = scope.get("route")
+        endpoint = getattr(route, "name", None) or "unmatched"
+        name = scope.get("path_params", {}).get("name")
+        model = ""
+        if name is not None:
+            model = name if name in self.state.repository.entries else "unknown"
+        m = self.state.metrics
+        m.requests.labels(model, endpoint, str(status)).inc()
+        m.request_duration.labels(model, endpoint).observe(seconds)
+        call = scope.get("state", {}).get("call")
+        if call is not None and call.batch_sizes:
+            m.queue_time.labels(model, endpoint).observe(call.queue_s)
+            m.compute_time.labels(model, endpoint).observe(call.compute_s)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return dict(await receive())
+
+    return replay

@@ -1,0 +1,1 @@
+"""HTTP routes; each module exposes `router` (registered by `service.app.ROUTERS`)."""

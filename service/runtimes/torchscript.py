@@ -1,0 +1,57 @@
+"""TorchScript runtime on cpu or cuda. Importing this module imports torch: only
+`load_runtime` does, and only when `--runtime torchscript` was chosen."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export.manifest import Manifest
+from service.runtimes.base import RuntimeUnavailable
+
+
+class TorchScriptRuntime:
+    """Runtime over `torch.jit` modules; inputs positional in manifest order."""
+
+    name = "torchscript"
+
+    def __init__(
+        self,
+        files: dict[str, Path],
+        manifest: Manifest,
+        device: str = "cpu",
+        intra_op_threads: int = 0,
+        inter_op_threads: int = 0,
+    ) -> None:
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeUnavailable("device cuda requested but torch sees no CUDA device")
+        if intra_op_threads:
+            torch.set_num_threads(intra_op_threads)
+        if inter_op_threads:
+            with contextlib.suppress(RuntimeError):  # settable once per process only
+                torch.set_num_interop_threads(inter_op_threads)
+        self.device = torch.device(device)
+        self.providers: list[str] = [str(self.device)]
+        self.modules = {}
+        for graph, path in files.items():
+            if not path.is_file():
+                raise RuntimeUnavailable(f"{path}: graph file is missing")
+            self.modules[graph] = torch.jit.load(str(path), map_location=self.device).eval()
+        self._inputs = {g: [t.name for t in s.inputs] for g, s in manifest.graphs.items()}
+        self._outputs = {g: [t.name for t in s.outputs] for g, s in manifest.graphs.items()}
+
+    def run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = [
+            torch.from_numpy(np.ascontiguousarray(inputs[n])).to(self.device)
+            for n in self._inputs[graph]
+        ]
+        with torch.inference_mode():
+            out = self.modules[graph](*args)
+        if isinstance(out, torch.Tensor):
+            out = (out,)
+        return {
+            n: t.detach().cpu().numpy() for n, t in zip(self._outputs[graph], out, strict=True)
+        }

@@ -1,0 +1,92 @@
+"""Server settings: `SEQSERVE_*` environment variables, with CLI flags on top.
+
+Nothing is read at import time: `Settings()` reads the environment when called, and
+`create_app(settings)` takes the object it is given (tests pass their own).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+class Settings(BaseSettings):
+    """Everything `seqserve serve` can be told; each field is also `SEQSERVE_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix="SEQSERVE_", extra="ignore", frozen=True)
+
+    repo: Path = Path("model_repository")
+    """Model repository: `repo/NAME/VERSION/` bundles."""
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port to bind (0 picks a free one)."""
+    runtime: Literal["onnx", "torchscript"] = "onnx"
+    """Which graph format runs: ONNX Runtime or TorchScript (imports torch)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device; with onnx it picks the default provider list."""
+    providers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Ordered ONNX Runtime providers (comma-separated in env); empty = from `device`."""
+    intra_op_threads: int = Field(default=0, ge=0)
+    """Threads inside one operator (0 = runtime default)."""
+    inter_op_threads: int = Field(default=0, ge=0)
+    """Threads across operators (0 = runtime default)."""
+    max_batch_size: int = Field(default=32, ge=1)
+    """Most rows in one batch."""
+    max_batch_tokens: int = Field(default=4096, ge=1)
+    """Padded-token budget of one batch: rows x longest row."""
+    max_wait_ms: float = Field(default=2.0, ge=0)
+    """Longest a batch waits for more rows after its first arrived."""
+    queue_size: int = Field(default=256, ge=1)
+    """Most texts waiting per model; beyond it requests get 429."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """Per-request deadline; passed -> 504."""
+    drain_timeout_s: float = Field(default=20.0, ge=0)
+    """On SIGTERM, how long admitted work may take before the process exits."""
+    shutdown_delay_s: float = Field(default=0.0, ge=0)
+    """On SIGTERM, keep the listener open this long answering new work 503 (load balancer lag)."""
+    retry_after_s: int = Field(default=1, ge=0)
+    """Value of Retry-After on 429 and 503."""
+    max_texts: int = Field(default=64, ge=1)
+    """Most texts in one request."""
+    max_chars: int = Field(default=4000, ge=1)
+    """Most characters in one text."""
+    max_tokens: int = Field(default=256, ge=1)
+    """Most tokens in one text (also capped by the bundle's own limit)."""
+    truncate: bool = False
+    """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
+    """Largest request body; bigger is refused before it is read."""
+    warmup: bool = True
+    """Run each model over its length buckets before reporting ready."""
+    log_level: str = "info"
+    """Log level of the server."""
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.max_batch_tokens < self.max_tokens:
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_tokens "
+                f"({self.max_tokens}): a single longest text must fit one batch"
+            )
+        return self
+
+    def ort_providers(self) -> list[str]:
+        """The ONNX Runtime provider list: as given, or the default for `device`."""
+        if self.providers:
+            return list(self.providers)
+        if self.device == "cuda":
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]

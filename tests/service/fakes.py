@@ -1,0 +1,104 @@
+"""Fakes for service tests: a deterministic runtime, a batcher factory, a threaded server."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.batcher import Batcher, BatcherConfig
+
+
+class FakeRuntime:
+    """A classifier 'graph' whose row results depend on that row alone.
+
+    logits[b, c] = mean over valid t of cos(ids[b, t] * (c + 1)); attention uniform over the
+    valid positions, 0 on padding. `delay_s` sleeps per batch; `fail_next` raises once per
+    unit; `calls` records each batch's shape.
+    """
+
+    name = "fake"
+
+    def __init__(self, classes: int = 3, delay_s: float = 0.0) -> None:
+        self.providers = ["fake"]
+        self.classes = classes
+        self.delay_s = delay_s
+        self.fail_next = 0
+        self.calls: list[tuple[int, int]] = []
+        self.lock = threading.Lock()
+
+    def run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids, lengths = inputs["input_ids"], inputs["lengths"]  # (B, T), (B,)
+        with self.lock:
+            self.calls.append(ids.shape)
+            fail = self.fail_next > 0
+            if fail:
+                self.fail_next -= 1
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if fail:
+            raise RuntimeError("injected runtime fault")
+        b, t = ids.shape
+        mask = np.arange(t)[None, :] < lengths[:, None]  # (B, T)
+        k = np.arange(1, self.classes + 1, dtype=np.float64)  # (C,)
+        vals = np.cos(ids[:, :, None] * k[None, None, :]) * mask[:, :, None]  # (B, T, C)
+        logits = (vals.sum(1) / lengths[:, None]).astype(np.float32)  # (B, C)
+        attention = (mask / lengths[:, None]).astype(np.float32)  # (B, T)
+        return {"logits": logits, "attention": attention}
+
+
+def fake_factory(runtime: FakeRuntime) -> Callable[..., FakeRuntime]:
+    """A runtime_factory for create_app that hands out `runtime` for every bundle."""
+    return lambda settings, path, manifest: runtime
+
+
+def make_batcher(
+    compute: Callable[[list[Any]], list[Any]] | None = None, **overrides: Any
+) -> Batcher[Any, Any]:
+    """A Batcher over `compute` (default: echo the payloads) with BatcherConfig overrides."""
+    config = BatcherConfig(**{"max_wait_s": 0.01, **overrides})
+    return Batcher(compute or (lambda rows: list(rows)), config, name="test")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any, port: int | None = None, timeout: float = 60.0
+                    ) -> Iterator[str]:
+    """Run `app` under a real uvicorn on 127.0.0.1 in a thread; yields the base URL."""
+    import uvicorn
+
+    port = port or free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="on", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+def copy_repo(src: Path, dst: Path) -> Path:
+    """A private copy of a model repository (tests that tamper must not touch the shared one)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst

@@ -1,0 +1,107 @@
+"""A plainly written reference beam search for the engine tests (not the engine's code).
+
+It scores the WHOLE vocabulary at every step (no top-k), decodes one hypothesis row at a time
+and always runs to the length cap (no early stopping), then sorts every finished hypothesis.
+The rules are the ones documented in `service/engine/search.py`; if the engine's top-k
+shortcut or its early stop were wrong, its output would differ from this.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+# step(prev_id, state, memory) -> (full log-probs (V,), attention (S,), new state)
+StepFn = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclass
+class RefHyp:
+    tokens: list[int]
+    logprob: float
+    state: np.ndarray
+    coverage: np.ndarray
+    attention: list[np.ndarray]
+    score: float = 0.0
+
+
+def final_score(hyp: RefHyp, alpha: float, beta: float) -> float:
+    lp = ((5 + len(hyp.tokens)) / 6) ** alpha
+    cp = 0.0
+    if beta:
+        for c in hyp.coverage:
+            cp += math.log(min(max(c, 1e-12), 1.0))
+    return hyp.logprob / lp + beta * cp
+
+
+def banned_tokens(tokens: list[int], n: int) -> set[int]:
+    if n <= 0:
+        return set()
+    banned = set()
+    for i in range(len(tokens) - n + 1):
+        if n == 1 or tokens[i : i + n - 1] == tokens[len(tokens) - n + 1 :]:
+            banned.add(tokens[i + n - 1])
+    return banned
+
+
+def reference_beam_search(step: StepFn, memory: np.ndarray, state: np.ndarray, *, bos: int,
+                          eos: int, max_len: int, beam: int, n_best: int, alpha: float = 0.0,
+                          beta: float = 0.0, min_length: int = 0,
+                          no_repeat: int = 0) -> list[RefHyp]:
+    live = [RefHyp([], 0.0, state, np.zeros(memory.shape[0]), [])]
+    finished: list[RefHyp] = []
+    for t in range(max_len):
+        candidates = []
+        for i, hyp in enumerate(live):
+            prev = hyp.tokens[-1] if hyp.tokens else bos
+            logp, attn, new_state = step(prev, hyp.state, memory)
+            banned = banned_tokens(hyp.tokens, no_repeat)
+            for tok in range(len(logp)):
+                if (tok == eos and t < min_length) or tok in banned:
+                    continue
+                candidates.append((hyp.logprob + float(logp[tok]), i, tok, attn, new_state))
+        candidates.sort(key=lambda c: -c[0])
+        new_live = []
+        for rank, (total, i, tok, attn, new_state) in enumerate(candidates[: 2 * beam]):
+            parent = live[i]
+            child = RefHyp(parent.tokens + [tok], total, new_state,
+                           parent.coverage + attn.astype(np.float64), parent.attention + [attn])
+            if tok == eos:
+                if rank < beam:
+                    finished.append(child)
+            elif len(new_live) < beam:
+                new_live.append(child)
+        if t + 1 == max_len:
+            finished.extend(new_live)
+            new_live = []
+        live = new_live
+        if not live:
+            break
+    for hyp in finished:
+        hyp.score = final_score(hyp, alpha, beta)
+    finished.sort(key=lambda h: -h.score)
+    return finished[:n_best]
+
+
+def test_reference_with_beam_one_is_plain_greedy() -> None:
+    """The reference itself: beam 1, no penalties = arg-max decoding until EOS."""
+    from service.engine.testing import FakeTranslator
+
+    fake = FakeTranslator()
+    for src in ([5, 6, 7], [9, 4, 11, 12, 13, 8]):
+        memory, state = fake.encode_one(src)
+        tokens: list[int] = []
+        prev = fake.limits.bos_id
+        for _ in range(30):
+            logp, _, state = fake.step_one(prev, state, memory)
+            prev = int(np.argmax(logp))
+            tokens.append(prev)
+            if prev == fake.limits.eos_id:
+                break
+        memory, state = fake.encode_one(src)
+        ref = reference_beam_search(fake.step_one, memory, state, bos=2, eos=3, max_len=30,
+                                    beam=1, n_best=1)
+        assert ref[0].tokens == tokens

@@ -7,6 +7,7 @@ batch-invariance checks compare any two formats with the same code.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def torchscript_runner(path: str | os.PathLike[str], spec: GraphSpec) -> Runner:
     """Load a TorchScript file (CPU) and wrap it as a runner."""
     import torch
 
-    module = torch.jit.load(str(path), map_location="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit is deprecated in 2.13
+        module = torch.jit.load(str(path), map_location="cpu")
     module.eval()
     return torch_runner(module, spec)
 

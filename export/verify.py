@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,18 @@ def _runners(root: Path, manifest: Manifest) -> dict[str, dict[str, Any]]:
         except Exception as exc:  # a corrupt-but-rehashed file fails to load
             raise BundleError(f"{root}: graph {name} does not load: {exc}") from exc
     return runners
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _vocab_size(manifest: Manifest) -> int:
@@ -77,8 +91,9 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
         max_length=int(manifest.limits.get("max_tokens", 64)),
         vocab_size=_vocab_size(manifest), pad_id=manifest.tokenizer.pad_id, **(grid or {}),
     )
-    result = check_parity(manifest.task, runners, reference, manifest.graphs, params,
-                          progress=progress)
+    with _torch_threads(1):  # many small runs: one thread is fastest, even on an idle box
+        result = check_parity(manifest.task, runners, reference, manifest.graphs, params,
+                              progress=progress)
     report["parity"] = result
     if not result["passed"]:
         raise BundleError(f"{root}: parity check failed:\n  " + "\n  ".join(result["failures"]))

@@ -53,16 +53,38 @@ class FitResult:
     seconds: float = 0.0
 
 
-def _lr_lambda(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
-    def factor(step: int) -> float:
-        if cfg.warmup_steps and step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
+@dataclass
+class LRSchedule:
+    """Linear warm-up, then constant or linear decay to 10% of the peak.
+
+    Decay progress is the larger of the step fraction and, under a time budget, the elapsed
+    fraction of the budget, so a run cut short by its budget still ends at a low rate.
+    """
+
+    cfg: TrainConfig
+    total_steps: int
+    start: float
+    budget_s: float
+    step: int = 0
+
+    def factor(self) -> float:
+        cfg = self.cfg
+        if cfg.warmup_steps and self.step < cfg.warmup_steps:
+            return (self.step + 1) / cfg.warmup_steps
         if cfg.lr_schedule == "constant":
             return 1.0
-        progress = (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps)
-        return max(0.1, 1.0 - 0.9 * progress)
+        progress = (self.step - cfg.warmup_steps) / max(1, self.total_steps - cfg.warmup_steps)
+        if self.budget_s < math.inf:
+            progress = max(progress, (time.monotonic() - self.start) / self.budget_s)
+        return max(0.1, 1.0 - 0.9 * min(1.0, progress))
 
-    return factor
+    def apply(self, optimizer: torch.optim.Optimizer) -> float:
+        """Set the learning rate for the next step and advance; returns the rate set."""
+        lr = self.cfg.lr * self.factor()
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        self.step += 1
+        return lr
 
 
 def sampling_prob(cfg: TrainConfig, epoch: int) -> float:
@@ -77,11 +99,11 @@ def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainCo
     """Train with early stopping; the best epoch's weights are in out_dir/model.safetensors."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _lr_lambda(cfg, steps_per_epoch * cfg.epochs))
     lengths = [len(e.source) + len(e.target) for e in train]
     result, start, stale = FitResult(), time.monotonic(), 0
-    deadline = start + cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
+    budget = cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
+    deadline = start + budget
+    scheduler = LRSchedule(cfg, steps_per_epoch * cfg.epochs, start, budget)
     for epoch in range(1, cfg.epochs + 1):
         generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
         batches = bucketed_batches(lengths, cfg.batch_size, cfg.bucket_chunk, generator)
@@ -97,7 +119,7 @@ def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainCo
             save_checkpoint(model, out_dir / CHECKPOINT)
         else:
             stale += 1
-        write_history(result, out_dir)
+        write_history(result, out_dir, plot=False)
         if progress:
             shown = ", ".join(f"{k}={row[f'valid_{k}']:.4f}" for k in spec.rank_keys)
             tqdm.write(f"{spec.name} epoch {epoch}: train_loss={row['train_loss']:.4f} "
@@ -118,12 +140,12 @@ def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainCo
 
 def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
                  batches: list[list[int]], optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LambdaLR, cfg: TrainConfig, prob: float,
+                 scheduler: LRSchedule, cfg: TrainConfig, prob: float,
                  deadline: float, desc: str, progress: bool) -> tuple[dict[str, Any], bool]:
     """One pass over the batches; returns the epoch row and whether the time ran out."""
     model.train()
     losses, norms = RunningMean(), RunningMean()
-    out_of_time = False
+    out_of_time, lr = False, cfg.lr
     bar = tqdm(batches, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
     for step, index in enumerate(bar):
         batch = collate([train[i] for i in index], *spec.collate_ids)
@@ -135,8 +157,8 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
         if cfg.clip_norm > 0:
             total = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
             norms.add({"total": float(total)})
+        lr = scheduler.apply(optimizer)
         optimizer.step()
-        scheduler.step()
         losses.add({"loss": float(loss.detach())}, len(index))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{losses.means()['loss']:.4f}")
@@ -146,14 +168,14 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
     means = norms.means()
     total_norm = means.pop("total", float("nan"))
     row = {"train_loss": losses.means().get("loss", float("nan")),
-           "lr": scheduler.get_last_lr()[0], "sampling_prob": prob,
+           "lr": lr, "sampling_prob": prob,
            "batches": step + 1 if batches else 0, "grad_norm_total": total_norm,
            "grad_norm": means}
     return row, out_of_time
 
 
-def write_history(result: FitResult, out_dir: Path) -> None:
-    """metrics.json (rows + summary), metrics.csv (flat rows) and curves.png."""
+def write_history(result: FitResult, out_dir: Path, plot: bool = True) -> None:
+    """metrics.json (rows + summary), metrics.csv (flat rows) and (if plot) curves.png."""
     summary = {"best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
                "train_seconds": round(result.seconds, 2), "epochs": result.history}
     (out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -165,5 +187,5 @@ def write_history(result: FitResult, out_dir: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(flat)
-    if result.history:
+    if plot and result.history:
         plot_curves(result.history, out_dir / "curves.png")

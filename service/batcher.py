@@ -11,6 +11,7 @@ An exception fails that batch's rows only; the loop goes on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -61,6 +62,7 @@ class _Row(Generic[P, R]):
     deadline: float  # time.monotonic() seconds
     future: asyncio.Future[tuple[R, Timing]]
     enqueued: float = field(default_factory=time.monotonic)
+    queued: bool = True  # counted in the batcher's live depth
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Batcher(Generic[P, R]):
         self.name = name
         self.observer: BatchObserver = observer or _NoObserver()
         self._pending: deque[_Row[P, R]] = deque()
+        self._live = 0  # pending rows whose future is not done (cancelled rows leave at once)
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -106,8 +109,8 @@ class Batcher(Generic[P, R]):
 
     @property
     def depth(self) -> int:
-        """Rows waiting (not yet taken into a batch)."""
-        return len(self._pending)
+        """Rows waiting for a batch (cancelled rows excluded)."""
+        return self._live
 
     def start(self) -> None:
         """Start the loop task on the running event loop."""
@@ -120,9 +123,9 @@ class Batcher(Generic[P, R]):
         """Admit all `(payload, length)` rows or none; returns one future per row."""
         if self._closing:
             raise ShuttingDown("server is shutting down", retry_after=self.config.retry_after_s)
-        if len(self._pending) + len(rows) > self.config.queue_size:
+        if self._live + len(rows) > self.config.queue_size:
             raise QueueFull(
-                f"model {self.name!r} queue is full ({len(self._pending)} of "
+                f"model {self.name!r} queue is full ({self._live} of "
                 f"{self.config.queue_size} waiting)",
                 retry_after=self.config.retry_after_s,
             )
@@ -130,8 +133,10 @@ class Batcher(Generic[P, R]):
         futures = []
         for payload, length in rows:
             row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future())
+            row.future.add_done_callback(functools.partial(self._on_done, row))
             self._pending.append(row)
             futures.append(row.future)
+        self._live += len(rows)
         self._depth_changed()
         self._wake.set()
         return futures
@@ -148,6 +153,7 @@ class Batcher(Generic[P, R]):
                 drained = False
                 self._task.cancel()
                 for row in self._pending:
+                    self._dequeue(row)
                     if not row.future.done():
                         row.future.set_exception(ShuttingDown("drain timeout passed"))
                 self._pending.clear()
@@ -182,11 +188,10 @@ class Batcher(Generic[P, R]):
                 return
 
     def _full(self) -> bool:
-        n = len(self._pending)
-        if n >= self.config.max_batch_size:
+        live = [r.length for r in self._pending if not r.future.done()]
+        if len(live) >= self.config.max_batch_size:
             return True
-        longest = max(r.length for r in self._pending)
-        return n * longest >= self.config.max_batch_tokens
+        return len(live) * max(live, default=0) >= self.config.max_batch_tokens
 
     def _drop_dead(self) -> None:
         """Remove rows nobody waits for (future done) or whose deadline passed."""
@@ -196,6 +201,7 @@ class Batcher(Generic[P, R]):
             if row.future.done():
                 continue
             if row.deadline <= now:
+                self._dequeue(row)
                 row.future.set_exception(DeadlineExceeded("deadline passed while queued"))
                 continue
             keep.append(row)
@@ -213,6 +219,8 @@ class Batcher(Generic[P, R]):
         i, j = best_window(lengths, a, self.config.max_batch_size, self.config.max_batch_tokens)
         chosen = {id(r) for r in ordered[i:j]}
         batch = [r for r in self._pending if id(r) in chosen]  # FIFO order
+        for r in batch:
+            self._dequeue(r)
         self._pending = deque(r for r in self._pending if id(r) not in chosen)
         self._depth_changed()
         return batch
@@ -240,8 +248,18 @@ class Batcher(Generic[P, R]):
                 timing = Timing(start - row.enqueued, compute_s, len(batch))
                 row.future.set_result((result, timing))
 
+    def _dequeue(self, row: _Row[P, R]) -> None:
+        if row.queued:
+            row.queued = False
+            self._live -= 1
+
+    def _on_done(self, row: _Row[P, R], _: object) -> None:
+        if row.queued and row.future.cancelled():
+            self._dequeue(row)
+            self._depth_changed()
+
     def _depth_changed(self) -> None:
-        depth = len(self._pending)
+        depth = self._live
         self.max_depth_seen = max(self.max_depth_seen, depth)
         self.observer.on_depth(depth)
 

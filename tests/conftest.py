@@ -1,13 +1,15 @@
 """Shared session fixtures: tiny run directories and a tiny model repository.
 
-- `make_run(task, **model_overrides)`: factory writing a finished run directory (config.json,
-  tokenizer.model, model.safetensors, DONE) for a freshly initialised tiny model (seeded), in
-  the format of docs/contracts.md. Models are built directly: no training, so it takes well
-  under a second per run.
-- `tiny_classifier_run`, `tiny_translator_run`: one run each (LSTM classifier with additive
-  attention, 3 labels; GRU translator with additive attention).
+- `make_run(task, seed=0, gain=3.0, **model_overrides)`: factory writing a finished run
+  directory (config.json, tokenizer.model, model.safetensors, DONE) for a freshly initialised
+  tiny model, without training (well under a second). Parameters are scaled by `gain` so that
+  the untrained model's outputs depend visibly on its input (at gain 1 a random translator
+  repeats one token whatever the source).
+- `tiny_classifier_run`, `tiny_translator_run`: real runs of `models.train.run_training` on
+  small built-in data, a few seconds each: LSTM language-ID classifier (16 labels, max 80
+  tokens) and word-level GRU en->fr numbers translator (max 72 tokens; it emits eos).
 - `tiny_repo`: a model_repository with "tiny-clf" v1 and "tiny-mt" v1 exported from them
-  (ONNX + TorchScript, parity checked).
+  (ONNX + TorchScript, parity checked). Shared: copy it before changing anything in it.
 
 torch runs on one thread here (the machine is shared).
 """
@@ -23,9 +25,12 @@ from typing import Any
 import pytest
 
 TINY_LABELS = ["alpha", "beta", "gamma"]
-_WORDS = ("one two three four five six seven eight nine ten eleven twelve twenty thirty "
-          "forty fifty hundred thousand and un deux trois quatre cinq six sept huit neuf dix "
-          "vingt trente cent mille et").split()
+_WORDS = [
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+    "twelve", "twenty", "thirty", "forty", "fifty", "hundred", "thousand", "and", "un", "deux",
+    "trois", "quatre", "cinq", "six", "sept", "huit", "neuf", "dix", "vingt", "trente", "cent",
+    "mille", "et",
+]
 
 
 def tiny_texts(n: int = 300) -> list[str]:
@@ -43,11 +48,12 @@ def _base_config(task: str, vocab_size: int) -> dict[str, Any]:
                 "hidden_size": 16, "num_layers": 2, "cell": "lstm", "bidirectional": True,
                 "attention": "additive", "head_size": 16, "max_length": 80, "dropout": 0.1}
     return {"vocab_size": vocab_size, "embed_size": 16, "hidden_size": 32, "num_layers": 1,
-            "cell": "gru", "bidirectional": True, "attention": "additive", "max_length": 40,
+            "cell": "gru", "bidirectional": True, "attention": "additive", "max_length": 72,
             "dropout": 0.1}
 
 
-def write_tiny_run(out: Path, task: str, seed: int = 0, **overrides: Any) -> Path:
+def write_tiny_run(out: Path, task: str, seed: int = 0, gain: float = 3.0,
+                   **overrides: Any) -> Path:
     """A finished run directory for a tiny randomly initialised model (see module doc)."""
     import torch
 
@@ -60,6 +66,9 @@ def write_tiny_run(out: Path, task: str, seed: int = 0, **overrides: Any) -> Pat
     model_cfg = {**_base_config(task, tok.vocab_size), **overrides}
     torch.manual_seed(seed)
     model = build_model(task, model_cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(gain)
     save_checkpoint(model, out / "model.safetensors")
     config = {"task": task, "model": model.config.to_dict(), "train": TrainConfig().to_dict(),
               "data": "synthetic (tests/conftest.py)"}
@@ -84,21 +93,39 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """Factory: make_run(task, seed=0, **model_overrides) -> a fresh finished run dir."""
     counter = itertools.count()
 
-    def make(task: str, seed: int = 0, **overrides: Any) -> Path:
+    def make(task: str, seed: int = 0, gain: float = 3.0, **overrides: Any) -> Path:
         out = tmp_path_factory.mktemp(f"run-{task}-{next(counter)}")
-        return write_tiny_run(out, task, seed, **overrides)
+        return write_tiny_run(out, task, seed, gain, **overrides)
 
     return make
 
 
-@pytest.fixture(scope="session")
-def tiny_classifier_run(make_run: Callable[..., Path]) -> Path:
-    return make_run("classifier")
+def _train_tiny(out: Path, task: str) -> Path:
+    from models.train import run_training
+
+    common = {"batch_size": 16, "num_threads": 1, "warmup_steps": 10, "lr": 1e-2}
+    if task == "classifier":
+        run_training("classifier", "langid", out, progress=False, data_size=300,
+                     model_overrides={"vocab_size": 500, "embed_size": 16, "hidden_size": 16,
+                                      "head_size": 16, "max_length": 80},
+                     train_overrides={**common, "epochs": 2, "max_eval_examples": 100})
+    else:
+        run_training("translator", "numbers-en-fr", out, progress=False, data_size=1500,
+                     model_overrides={"vocab_size": 300, "embed_size": 32, "hidden_size": 64,
+                                      "cell": "gru", "max_length": 72},
+                     train_overrides={**common, "epochs": 3, "batch_size": 32, "lr": 5e-3,
+                                      "tokenizer_type": "word", "max_eval_examples": 100})
+    return out
 
 
 @pytest.fixture(scope="session")
-def tiny_translator_run(make_run: Callable[..., Path]) -> Path:
-    return make_run("translator")
+def tiny_classifier_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train_tiny(tmp_path_factory.mktemp("tiny-classifier-run"), "classifier")
+
+
+@pytest.fixture(scope="session")
+def tiny_translator_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train_tiny(tmp_path_factory.mktemp("tiny-translator-run"), "translator")
 
 
 @pytest.fixture(scope="session")

@@ -21,18 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", default="onnx,torchscript",
                         help="comma-separated: onnx, torchscript (default: both)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset (default: 17)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default: 2)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads while exporting (default: 1, fastest for the "
+                        "many small parity runs)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from export.bundle import export_run
 
     if args.threads < 1:
         raise UserError(f"--threads {args.threads} must be >= 1")
-    torch.set_num_threads(args.threads)
     formats = tuple(f.strip() for f in str(args.formats).split(",") if f.strip())
     export_run(args.run_dir, args.repo, args.name, version=args.version, formats=formats,
-               progress=True, opset=args.opset)
+               progress=True, opset=args.opset, threads=args.threads)
     return 0

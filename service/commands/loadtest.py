@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--http-client", choices=["raw", "httpx"], default="raw",
+        help="raw: lean asyncio HTTP/1.1 client (default); httpx: slower, for comparison",
+    )  # fmt: skip
+    parser.add_argument(
         "--out",
         type=Path,
         default=Path("loadtest-results"),
@@ -130,6 +134,7 @@ def _config(args: argparse.Namespace) -> Any:
         beam_size=args.beam_size,
         texts_per_request=args.texts_per_request,
         seed=args.seed,
+        http_client=args.http_client,
     )
 
 
@@ -225,6 +230,8 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += [flag, str(value)]
     if args.task == "translate":
         parts += ["--beam-size", str(args.beam_size)]
+    if args.http_client != "raw":
+        parts += ["--http-client", args.http_client]
     if args.texts_per_request != 1:
         parts += ["--texts-per-request", str(args.texts_per_request)]
     if args.label:

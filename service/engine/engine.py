@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -31,8 +32,11 @@ from typing import Protocol
 
 import numpy as np
 
+from models.errors import UserError
 from service.engine.search import DecodeLimits, Hypothesis, RequestSearch, SearchOptions
 from service.errors import BadRequest, InferenceFailed, QueueFull, ShuttingDown
+
+log = logging.getLogger("seqserve.engine")
 
 
 class Runtime(Protocol):
@@ -169,11 +173,18 @@ class DecodingEngine:
         """
         if self._closing:
             raise ShuttingDown("the translator is shutting down", retry_after=1.0)
+        try:
+            options.check()
+        except UserError as exc:
+            raise BadRequest(str(exc)) from exc
         if options.beam_size > self.config.max_live_hypotheses:
             raise BadRequest(f"beam_size {options.beam_size} exceeds the live-hypothesis cap "
                              f"{self.config.max_live_hypotheses}")
         if any(not src for src in sources):
             raise BadRequest("every text must have at least one token")
+        if len(sources) > self.config.max_queue:
+            raise BadRequest(f"{len(sources)} texts exceed the translator queue "
+                             f"({self.config.max_queue}); send fewer per request")
         if len(self._waiting) + len(sources) > self.config.max_queue:
             raise QueueFull(f"translator queue full ({self.config.max_queue} waiting)",
                             retry_after=1.0)
@@ -204,11 +215,17 @@ class DecodingEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            admitted = self._admit()
-            if admitted:
-                await self._encode(admitted)
-            if self._active:
-                await self._step()
+            try:
+                admitted = self._admit()
+                if admitted:
+                    await self._encode(admitted)
+                if self._active:
+                    await self._step()
+            except Exception as exc:  # a bug here must not hang every waiting client
+                log.exception("decoding engine iteration failed")
+                for r in self._active:
+                    self._fail(r, exc)
+                self._active, self._memory = [], None
             self._report_depth()
 
     def _admit(self) -> list[_Request]:

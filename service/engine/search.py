@@ -177,6 +177,7 @@ class RequestSearch:
         coverage = np.zeros(self.src_len) if self.options.coverage_penalty else None
         self.live = [Hypothesis((), 0.0, coverage=coverage)]
         self._rng = np.random.default_rng(self.options.seed)
+        self._k_cache = (-1, 0)  # (steps, k) of the last k_needed()
 
     # -- what the engine asks -------------------------------------------------------------
 
@@ -190,14 +191,20 @@ class RequestSearch:
         return np.array([h.token_ids[-1] if h.token_ids else bos for h in self.live], np.int64)
 
     def k_needed(self) -> int:
-        """Top-k this request needs from the next decoder step."""
+        """Top-k this request needs from the next decoder step (cached per step)."""
+        if self._k_cache[0] == self.steps:
+            return self._k_cache[1]
         o = self.options
         if o.sampling:
             k = o.top_k if o.top_k is not None else SAMPLING_CANDIDATES
         else:
-            blocked = max((len(self._banned(h)) for h in self.live), default=0)
+            blocked = 0
+            if o.no_repeat_ngram_size:
+                blocked = max((len(self._banned(h)) for h in self.live), default=0)
             k = 2 * o.beam_size + 1 + blocked
-        return max(1, min(k, self.limits.vocab_size))
+        k = max(1, min(k, self.limits.vocab_size))
+        self._k_cache = (self.steps, k)
+        return k
 
     # -- one step -------------------------------------------------------------------------
 
@@ -224,7 +231,10 @@ class RequestSearch:
         self.done = self._should_stop()
         return parents
 
-    def _allowed(self, ids: np.ndarray) -> np.ndarray:
+    def _allowed(self, ids: np.ndarray) -> np.ndarray | None:
+        """(R, k) bool of candidates allowed, or None when all are."""
+        if self.steps >= self.options.min_length and not self.options.no_repeat_ngram_size:
+            return None
         allowed = np.ones(ids.shape, dtype=bool)  # (R, k)
         if self.steps < self.options.min_length:
             allowed &= ids != self.limits.eos_id
@@ -246,40 +256,45 @@ class RequestSearch:
         prefix = toks[len(toks) - n + 1 :]
         return {toks[i + n - 1] for i in range(len(toks) - n + 1) if toks[i : i + n - 1] == prefix}
 
-    def _beam(
-        self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray, attention: np.ndarray
-    ) -> np.ndarray:
+    def _beam(self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray | None,
+              attention: np.ndarray) -> np.ndarray:
         beam = self.options.beam_size
         base = np.array([h.logprob for h in self.live])  # (R,)
-        total = np.where(allowed, base[:, None] + logprobs, -np.inf)  # (R, k)
-        flat = total.ravel()
+        total = base[:, None] + logprobs  # (R, k)
+        if allowed is not None:
+            total[~allowed] = -np.inf
+        flat = total.ravel()  # (R * k,)
         order = np.argsort(-flat, kind="stable")[: 2 * beam]
-        order = order[np.isfinite(flat[order])]
+        if allowed is not None:
+            order = order[np.isfinite(flat[order])]
         if order.size == 0:  # every candidate blocked: the hypotheses end here, truncated
             for hyp in self.live:
                 self._finish(hyp)
             self.live = []
             return np.zeros(0, dtype=np.int64)
         eos = self.limits.eos_id
+        rows = (order // ids.shape[1]).tolist()
+        toks = ids.ravel()[order].tolist()
+        totals = flat[order].tolist()
         new_live: list[Hypothesis] = []
         parents: list[int] = []
-        for rank, pos in enumerate(order):
-            r, j = divmod(int(pos), ids.shape[1])
-            tok = int(ids[r, j])
+        for rank, (r, tok, logprob) in enumerate(zip(rows, toks, totals, strict=True)):
             if tok == eos:
                 if rank < beam:
-                    self._finish(self._extend(r, tok, float(flat[pos]), attention), ended=True)
+                    self._finish(self._extend(r, tok, logprob, attention), ended=True)
             elif len(new_live) < beam:
-                new_live.append(self._extend(r, tok, float(flat[pos]), attention))
+                new_live.append(self._extend(r, tok, logprob, attention))
                 parents.append(r)
         self.live = new_live
         return np.array(parents, dtype=np.int64)
 
-    def _sample(
-        self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray, attention: np.ndarray
-    ) -> np.ndarray:
+    def _sample(self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray | None,
+                attention: np.ndarray) -> np.ndarray:
         o = self.options
-        cand = np.flatnonzero(allowed[0])  # candidate columns, best first
+        if allowed is None:
+            cand = np.arange(ids.shape[1])
+        else:
+            cand = np.flatnonzero(allowed[0])  # candidate columns, best first
         if cand.size == 0:  # every candidate blocked: end the hypothesis here
             self._finish(self.live[0])
             self.live = []

@@ -9,6 +9,7 @@ from models.errors import UserError
 
 Task = Literal["classify", "translate"]
 TASKS: tuple[str, ...] = ("classify", "translate")
+HTTP_CLIENTS: tuple[str, ...] = ("raw", "httpx")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class LoadConfig:
     """Seed for arrival times and text choice (same seed, same schedule and texts)."""
     max_retry_after_s: float = 5.0
     """Closed loop: longest Retry-After pause honoured after a 429/503."""
+    http_client: str = "raw"
+    """"raw" (lean asyncio HTTP/1.1 client, default) or "httpx" (for comparison)."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -61,6 +64,8 @@ class LoadConfig:
             raise UserError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
         if self.texts_per_request < 1:
             raise UserError(f"texts_per_request must be >= 1, got {self.texts_per_request}")
+        if self.http_client not in HTTP_CLIENTS:
+            raise UserError(f"http_client must be one of {HTTP_CLIENTS}, got {self.http_client!r}")
         if self.beam_size < 1:
             raise UserError(f"beam_size must be >= 1, got {self.beam_size}")
 
@@ -70,9 +75,14 @@ class LoadConfig:
         return "open" if self.rate is not None else "closed"
 
     @property
+    def path(self) -> str:
+        """Path of the endpoint under test."""
+        return f"/v1/models/{self.model}/{self.task}"
+
+    @property
     def endpoint(self) -> str:
         """Full URL of the endpoint under test."""
-        return f"{self.url.rstrip('/')}/v1/models/{self.model}/{self.task}"
+        return f"{self.url.rstrip('/')}{self.path}"
 
     def with_rate(self, rate: float) -> LoadConfig:
         """The same run at another open-loop rate (used by sweeps)."""

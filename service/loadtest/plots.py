@@ -11,6 +11,17 @@ if TYPE_CHECKING:
 MAX_HIST_STEPS = 6
 
 
+def _plain_log_ticks(axis: Any) -> None:
+    """Label a log axis with plain numbers (120, 300) instead of 1.2x10^2."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v: float, _pos: int) -> str:
+        return f"{v:g}" if f"{v:e}"[0] in "25" else ""  # label 2x and 5x only
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def _x_of(step: RunResult) -> float:
     """Offered rate (open loop) or the achieved send rate (closed loop)."""
     return step.config.rate if step.config.rate is not None else step.summary["sent_rps"]
@@ -36,6 +47,7 @@ def _latency_plot(plt: Any, path: Path, steps: list[RunResult], slo: float | Non
         title=f"{steps[0].config.model} {steps[0].config.task}: latency",
     )
     ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -89,6 +101,7 @@ def _histogram_plot(plt: Any, np: Any, path: Path, steps: list[RunResult]) -> No
                 label = f"{_x_of(step):.1f} req/s" if len(shown) > 1 else f"n={d.size}"
                 ax.hist(d, bins=bins, histtype="step", label=label)
         ax.set_xscale("log")
+        _plain_log_ticks(ax.xaxis)
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no successful requests", ha="center", transform=ax.transAxes)

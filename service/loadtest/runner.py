@@ -1,4 +1,4 @@
-"""The load generator: an open-loop scheduler and a closed-loop client pool over httpx."""
+"""The load generator: an open-loop scheduler and a closed-loop client pool."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from service.loadtest.client import Client, Response, make_client
 from service.loadtest.config import LoadConfig
 from service.loadtest.live import LiveStats, ProgressFn, report_progress
 from service.loadtest.protocol import (
@@ -21,9 +22,6 @@ from service.loadtest.protocol import (
 from service.loadtest.records import RequestRecord
 from service.loadtest.schedule import poisson_arrivals
 from service.loadtest.texts import TextSampler
-
-if TYPE_CHECKING:
-    import httpx
 
 ERROR_PAUSE_S = 0.01
 """Closed loop: pause after an error or a shed answer without Retry-After (no hot loop)."""
@@ -46,7 +44,7 @@ class RunResult:
 class _Run:
     """Shared state of one run: clock origin, client, texts, counters."""
 
-    def __init__(self, cfg: LoadConfig, sampler: TextSampler, client: httpx.AsyncClient) -> None:
+    def __init__(self, cfg: LoadConfig, sampler: TextSampler, client: Client) -> None:
         self.cfg = cfg
         self.sampler = sampler
         self.client = client
@@ -69,7 +67,7 @@ class _Run:
         record.sent_s = self.now()
         self.live.on_sent()
         try:
-            response = await self.client.post(cfg.endpoint, json=payload)
+            response = await self.client.post_json(cfg.path, payload)
         except Exception as exc:  # every transport failure is a counted error, not a crash
             record.done_s = self.now()
             record.outcome, record.error = "error", type(exc).__name__
@@ -80,19 +78,19 @@ class _Run:
         self.live.on_done(record)
 
 
-def _fill_from_response(record: RequestRecord, response: httpx.Response, task: str) -> None:
-    record.status = response.status_code
+def _fill_from_response(record: RequestRecord, response: Response, task: str) -> None:
+    record.status = response.status
     timing = parse_server_timing(response.headers.get("server-timing"))
     record.server_queue_ms = timing.get("queue")
     record.server_compute_ms = timing.get("compute")
-    if 200 <= response.status_code < 300:
+    if 200 <= response.status < 300:
         record.outcome = "ok"
         if task == "translate":
             try:
                 record.tokens = count_generated_tokens(response.json())
             except ValueError:
                 record.outcome, record.error = "http_error", "InvalidJSON"
-    elif response.status_code in SHED_STATUSES:
+    elif response.status in SHED_STATUSES:
         record.outcome = "shed"
         record.retry_after_s = parse_retry_after(response.headers.get("retry-after"))
     else:
@@ -151,15 +149,12 @@ async def arun_load(
     cfg: LoadConfig, sampler: TextSampler, progress: ProgressFn | None = None, label: str = ""
 ) -> RunResult:
     """Run one load test (open or closed loop) and return its records and summary."""
-    import httpx
-
     from service.loadtest.stats import summarize
 
     connections = cfg.max_in_flight if cfg.mode == "open" else (cfg.concurrency or 1)
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    timeout = httpx.Timeout(cfg.timeout_s, pool=None)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    client = make_client(cfg.http_client, cfg.url, connections, cfg.timeout_s)
+    try:
         run = _Run(cfg, sampler, client)
         reporter = None
         if progress is not None:
@@ -172,6 +167,8 @@ async def arun_load(
                 with contextlib.suppress(asyncio.CancelledError):
                     await reporter
         wall_s = run.now()
+    finally:
+        await client.aclose()
     result = RunResult(cfg, run.records, started_at, wall_s)
     result.summary = summarize(result)
     return result

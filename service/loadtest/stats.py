@@ -81,7 +81,19 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "server_queue_ms": percentiles_ms((r.server_queue_ms for r in ok), scale=1.0),
         "server_compute_ms": percentiles_ms((r.server_compute_ms for r in ok), scale=1.0),
     }
+    summary["client_behind"] = client_behind(summary)
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
+
+
+CLIENT_LAG_WARN_MS = 50.0
+"""Open loop: a p99 send lag above this means the client, not the server, set the pace."""
+
+
+def client_behind(summary: dict[str, Any]) -> bool:
+    """True when the load generator could not send on schedule (its numbers then over-state
+    latency and under-state the rate the server could take)."""
+    lag = summary.get("send_lag_ms")
+    return lag is not None and float(lag["p99"]) > CLIENT_LAG_WARN_MS
 
 
 def meets_slo(summary: dict[str, Any], slo_p99_ms: float, max_error_rate: float) -> bool:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from service.loadtest.stats import CLIENT_LAG_WARN_MS
+
 ROW_COLUMNS = (
     "offered", "sent", "ok", "errors", "shed", "dropped", "ok req/s", "tok/s",
-    "p50 ms", "p90 ms", "p99 ms", "max ms", "srv queue p99", "srv compute p99",
+    "p50 ms", "p90 ms", "p99 ms", "max ms", "srv queue p99", "srv compute p99", "send lag p99",
 )  # fmt: skip
 
 
@@ -43,6 +45,7 @@ def summary_row(summary: dict[str, Any]) -> list[str]:
         _pct(lat, "max"),
         _pct(summary.get("server_queue_ms"), "p99"),
         _pct(summary.get("server_compute_ms"), "p99"),
+        _pct(summary.get("send_lag_ms"), "p99") + (" (!)" if summary.get("client_behind") else ""),
     ]
 
 
@@ -91,12 +94,24 @@ def summary_text(summary: dict[str, Any]) -> str:
     ]
     if summary.get("send_lag_ms"):
         lines.append(_block_line("client send lag ms", summary["send_lag_ms"]))
+    if summary.get("client_behind"):
+        lines.append(CLIENT_WARNING)
     return "\n".join(lines)
+
+
+CLIENT_WARNING = (
+    "WARNING: the load generator fell behind its schedule (p99 send lag > "
+    f"{CLIENT_LAG_WARN_MS:g} ms): latencies include client delay; run the tool on another "
+    "machine or split the rate over several processes."
+)
 
 
 def steps_text(steps: Sequence[dict[str, Any]]) -> str:
     """One row per step (sweeps)."""
-    return text_table([summary_row(s) for s in steps], ROW_COLUMNS)
+    table = text_table([summary_row(s) for s in steps], ROW_COLUMNS)
+    if any(s.get("client_behind") for s in steps):
+        table += "\n(!) " + CLIENT_WARNING
+    return table
 
 
 def _md_row(cells: Sequence[str]) -> str:

@@ -117,9 +117,12 @@ class Call:
             )
         finally:
             gone.cancel()
+            gathered.add_done_callback(_retrieve)
             for f in futures:
-                f.cancel()
-            if not gathered.done():
-                gathered.cancel()
-            elif not gathered.cancelled():
-                gathered.exception()  # mark retrieved
+                f.cancel()  # rows still queued are dropped by the batcher
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (we already answered the request)."""
+    if not f.cancelled():
+        f.exception()

@@ -72,6 +72,13 @@ class Dockerfile:
         """The stage's FROM with global ARGs substituted."""
         return expand(stage.base, self.global_args)
 
+    def image_of(self, name: str) -> str:
+        """The external image a stage finally builds on (FROM through named stages)."""
+        stage = self.stage(name)
+        while stage.base in {s.name for s in self.stages}:
+            stage = self.stage(stage.base)
+        return self.resolved_base(stage)
+
     def chain(self, target: str) -> list[Stage]:
         """Every stage `target` needs (FROM a stage, COPY --from), in file order."""
         names = {s.name for s in self.stages}
@@ -162,7 +169,7 @@ def exec_form(args: str) -> list[str]:
     return value
 
 
-def _env_pairs(args: str) -> list[tuple[str, str]]:
+def env_pairs(args: str) -> list[tuple[str, str]]:
     tokens = shlex.split(args)
     if tokens and "=" not in tokens[0]:  # legacy `ENV KEY value`
         return [(tokens[0], " ".join(tokens[1:]))]
@@ -230,7 +237,7 @@ class Simulator:
                 if ins.cmd in {"COPY", "WORKDIR"}:
                     paths = ins.args.split()[-1:]
                 elif ins.cmd == "ENV":
-                    paths = [p for _, v in _env_pairs(ins.args) for p in v.split(":")]
+                    paths = [p for _, v in env_pairs(ins.args) for p in v.split(":")]
                 elif ins.cmd == "RUN":
                     paths = re.findall(r"-m venv (\S+)", ins.args)
                 tops.update(p.split("/")[1] for p in paths if p.startswith("/") and len(p) > 1)
@@ -267,7 +274,7 @@ class Simulator:
                 key, _, default = ins.args.partition("=")
                 args[key] = self.build_args.get(key, expand(default, args) or args.get(key, ""))
             elif ins.cmd == "ENV":
-                for k, v in _env_pairs(ins.args):
+                for k, v in env_pairs(ins.args):
                     env[k] = expand(self.rewrite(v), {**args, **env})
             elif ins.cmd == "WORKDIR":
                 workdir = expand(ins.args, {**args, **env})
@@ -281,7 +288,7 @@ class Simulator:
     def _stage_env(self, stage: Stage) -> dict[str, str]:
         env: dict[str, str] = {}
         for ins in stage.all("ENV"):
-            env.update({k: self.rewrite(v) for k, v in _env_pairs(ins.args)})
+            env.update({k: self.rewrite(v) for k, v in env_pairs(ins.args)})
         return env
 
     def _copy(self, ins: Instruction, values: dict[str, str], workdir: str) -> None:
@@ -328,6 +335,8 @@ class Simulator:
 
     def _finish(self, stage: Stage, sim: Simulation) -> None:
         entry, cmd, health = stage.last("ENTRYPOINT"), stage.last("CMD"), stage.last("HEALTHCHECK")
+        if entry is None and cmd is None and health is None:
+            return  # a build stage: nothing to start
         if entry is None or cmd is None or health is None:
             raise ValueError(f"stage {stage.name} lacks ENTRYPOINT, CMD or HEALTHCHECK")
         sim.entrypoint = [self.rewrite(a) for a in exec_form(entry.args) + exec_form(cmd.args)]

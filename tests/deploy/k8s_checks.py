@@ -12,7 +12,6 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
-
 from deploy_support import by_kind, one
 
 # Kubernetes versions every rendered manifest is validated against (kubernetes-validate's

@@ -16,6 +16,7 @@ from export.manifest import (
     hash_files,
     list_bundles,
     load_bundle,
+    manifest_checksum,
     next_version,
     read_manifest,
     sha256_file,
@@ -98,10 +99,30 @@ def test_load_bundle_extra_and_missing(tmp_path: Path) -> None:
 def test_load_bundle_edited_hash_list(tmp_path: Path) -> None:
     bundle = _make_bundle(tmp_path)
     raw = json.loads((bundle / "manifest.json").read_text())
-    del raw["files"]["tokenizer.model"]
+    raw["files"]["classifier.pt"] = "0" * 64
     (bundle / "manifest.json").write_text(json.dumps(raw))
-    with pytest.raises(BundleError, match="tokenizer.model"):
+    with pytest.raises(BundleError, match="manifest.json was changed"):
         load_bundle(bundle)
+    # the same edit with a recomputed checksum is caught by the file hash
+    write_manifest(bundle, Manifest.from_dict(raw))
+    with pytest.raises(BundleError, match="classifier.pt.*sha256 mismatch"):
+        load_bundle(bundle)
+    # an entry removed from the list: the file is then unlisted
+    del raw["files"]["classifier.pt"]
+    write_manifest(bundle, Manifest.from_dict(raw))
+    with pytest.raises(BundleError, match="classifier.pt"):
+        load_bundle(bundle)
+
+
+def test_checksum_optional_unless_required(tmp_path: Path) -> None:
+    bundle = _make_bundle(tmp_path)
+    raw = json.loads((bundle / "manifest.json").read_text())
+    assert raw["manifest_sha256"] == manifest_checksum(raw)
+    del raw["manifest_sha256"]
+    (bundle / "manifest.json").write_text(json.dumps(raw))
+    assert load_bundle(bundle).name == "m"  # hand-written manifests without it still load
+    with pytest.raises(BundleError, match="no manifest_sha256"):
+        load_bundle(bundle, require_checksum=True)
 
 
 def test_bad_manifests(tmp_path: Path) -> None:

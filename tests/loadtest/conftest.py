@@ -6,12 +6,16 @@ The model name in the URL picks the behaviour:
   shed      always 429 with Retry-After: 1
   flaky     every third request 503 with Retry-After: 0, the rest like `fast`
   broken    500 with a JSON body
+  chunked   like `fast`, the body streamed in chunks (Transfer-Encoding: chunked)
+  close     like `fast`, with Connection: close (the server closes after each answer)
 Translate answers one result per text with `tokens` (the words reversed, one per token).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import socket
 import threading
 import time
@@ -22,7 +26,7 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 SERIAL_DELAY_S = 0.05
 FAST_DELAY_S = 0.005
@@ -72,7 +76,14 @@ def make_stub_app(calls: Counter[str]) -> FastAPI:
             return refused
         queue_s, compute_s = await _work(name)
         results = [{"label": "en", "score": min(1.0, len(t) / 100)} for t in texts]
-        return JSONResponse({"results": results}, headers=_timing(queue_s, compute_s))
+        headers = _timing(queue_s, compute_s)
+        if name == "chunked":
+            raw = json.dumps({"results": results}).encode()
+            parts = [raw[: len(raw) // 2], raw[len(raw) // 2 :]]
+            return StreamingResponse(iter(parts), media_type="application/json", headers=headers)
+        if name == "close":
+            headers["Connection"] = "close"
+        return JSONResponse({"results": results}, headers=headers)
 
     @app.post("/v1/models/{name}/translate")
     async def translate(name: str, request: Request) -> Any:
@@ -89,33 +100,43 @@ def make_stub_app(calls: Counter[str]) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def stub_server() -> Iterator[StubServer]:
-    """The stub app under uvicorn on a free 127.0.0.1 port for the module's tests."""
+@contextlib.contextmanager
+def serve_app(app: Any, timeout_s: float = 60.0, **config: Any) -> Iterator[str]:
+    """Run `app` (lifespan on) under uvicorn on a free 127.0.0.1 port in a thread; yield its URL."""
     import uvicorn
 
-    calls: Counter[str] = Counter()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when the listener
+    # says so; with proto 0 every response pays Nagle + delayed ACK (~40 ms on Linux).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        make_stub_app(calls), log_level="warning", access_log=False, timeout_graceful_shutdown=2
-    )
-    server = uvicorn.Server(config)
+    options: dict[str, Any] = {
+        "log_level": "warning", "access_log": False, "lifespan": "on",
+        "timeout_graceful_shutdown": 5,
+    } | config  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + timeout_s
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("stub server did not start")
+            raise RuntimeError("server did not start")
         time.sleep(0.02)
     try:
-        yield StubServer(f"http://127.0.0.1:{port}", calls)
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(10)
+        thread.join(15)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def stub_server() -> Iterator[StubServer]:
+    """The stub app under uvicorn on a free 127.0.0.1 port for the module's tests."""
+    calls: Counter[str] = Counter()
+    with serve_app(make_stub_app(calls)) as url:
+        yield StubServer(url, calls)
 
 
 @pytest.fixture

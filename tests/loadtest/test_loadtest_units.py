@@ -165,3 +165,16 @@ def test_tool_imports_without_torch() -> None:
         "assert 'httpx' not in sys.modules and 'matplotlib' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+def test_a_late_client_is_flagged() -> None:
+    cfg = LoadConfig("http://x", "m", rate=10, requests=20)
+    on_time = [_record(i, "ok", 200, 0.02) for i in range(20)]
+    late = [_record(i, "ok", 200, 0.5) for i in range(20)]
+    for rec in late[10:]:
+        rec.sent_s = rec.scheduled_s + 0.3  # the client sent 300 ms after the schedule
+    good = summarize(RunResult(cfg, on_time, "t", wall_s=2.0))
+    bad = summarize(RunResult(cfg, late, "t", wall_s=2.0))
+    assert not good["client_behind"] and "WARNING" not in summary_text(good)
+    assert bad["client_behind"] and "fell behind" in summary_text(bad)
+    assert bad["send_lag_ms"]["max"] == pytest.approx(300.0)

@@ -64,7 +64,7 @@ def reference_beam_search(step: StepFn, memory: np.ndarray, state: np.ndarray, *
                     continue
                 candidates.append((hyp.logprob + float(logp[tok]), i, tok, attn, new_state))
         candidates.sort(key=lambda c: -c[0])
-        new_live = []
+        new_live: list[RefHyp] = []
         for rank, (total, i, tok, attn, new_state) in enumerate(candidates[: 2 * beam]):
             parent = live[i]
             child = RefHyp(parent.tokens + [tok], total, new_state,

@@ -1,0 +1,213 @@
+"""Benchmark (not a test): continuous vs request-level decoding vs eager PyTorch beam search.
+
+N concurrent clients each send one test-split sentence at a time (beam 5 by default) to
+(a) the decoding engine with step-level continuous batching, (b) the same engine with
+request-level batching (an admitted batch runs to completion before the next is admitted),
+(c) per-request eager PyTorch beam search (`models.decoding.beam_search`, one at a time).
+Prints generated tokens/s, p50/p99 latency, the ratios, and the engine's decoder-step time
+per row at the batch sizes it actually ran.
+
+    .venv/bin/python bench/bench_translate.py --repo model_repository --model numbers-en-fr
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
+from models.tokenizer import Tokenizer  # noqa: E402
+from service.engine.engine import DecodingEngine, EngineConfig, StepStats  # noqa: E402
+from service.engine.search import DecodeLimits, SearchOptions  # noqa: E402
+from service.runtimes import load_runtime  # noqa: E402
+from service.settings import Settings  # noqa: E402
+
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repo", type=Path, default=Path("model_repository"))
+    p.add_argument("--model", default="numbers-en-fr")
+    p.add_argument("--data", default="numbers-en-fr",
+                   help="built-in dataset name or folder with test.jsonl")
+    p.add_argument("--sentences", type=int, default=256)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--beam-size", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="ORT intra-op and torch threads")
+    p.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx")
+    p.add_argument("--skip-eager", action="store_true")
+    p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    return p.parse_args()
+
+
+def test_sentences(data: str, n: int) -> list[str]:
+    folder = Path(data)
+    if (folder / "test.jsonl").is_file():
+        rows = [json.loads(line) for line in (folder / "test.jsonl").open(encoding="utf-8")]
+    else:
+        from models.data.registry import generate
+
+        rows = generate(data).splits["test"]
+    sources = [str(r["source"]) for r in rows]
+    return [sources[i % len(sources)] for i in range(n)]
+
+
+def bundle(repo: Path, model: str) -> tuple[Path, Manifest]:
+    versions = {v: p for name, v, p in list_bundles(repo) if name == model}
+    if not versions:
+        sys.exit(f"{repo}: no bundle named {model!r}")
+    path = versions[max(versions)]
+    return path, load_bundle(path)
+
+
+async def drive(clients: int, items: list[list[int]],
+                one: Callable[[list[int]], Awaitable[int]], label: str) -> dict[str, float]:
+    """`clients` closed-loop clients over `items`; tokens/s and latency percentiles."""
+    latencies: list[float] = []
+    tokens = 0
+    it = iter(items)
+
+    async def client() -> None:
+        nonlocal tokens
+        for src in it:
+            t0 = time.perf_counter()
+            n = await one(src)  # (not `tokens += await ...`: it would lose updates)
+            tokens += n
+            latencies.append(time.perf_counter() - t0)
+            if len(latencies) % 64 == 0:
+                print(f"  [{label}] {len(latencies)}/{len(items)}", file=sys.stderr)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    wall = time.perf_counter() - start
+    lat = np.array(latencies)
+    return {"sentences": len(items), "tokens": tokens, "wall_s": wall,
+            "tokens_per_s": tokens / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
+            "p99_ms": float(np.percentile(lat, 99) * 1e3)}
+
+
+async def engine_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]],
+                      args: argparse.Namespace, continuous: bool) -> tuple[dict[str, float],
+                                                                           StepStats]:
+    config = EngineConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
+                          max_queue=4096, max_admit=64, continuous=continuous)
+    options = SearchOptions(beam_size=args.beam_size)
+    async with DecodingEngine(runtime, limits, config) as engine:
+        await engine.translate(items[:8], options)  # warm-up
+        engine.stats = StepStats()
+
+        async def one(src: list[int]) -> int:
+            best = (await engine.translate([src], options))[0].hypotheses[0]
+            return len(best.token_ids) - int(best.ended)
+
+        label = "continuous" if continuous else "request-level"
+        figures = await drive(args.clients, items, one, label)
+    return figures, engine.stats
+
+
+async def eager_mode(manifest: Manifest, items: list[list[int]],
+                     args: argparse.Namespace) -> dict[str, float]:
+    import torch
+
+    from models.checkpoint import load_run
+    from models.decoding import beam_search
+
+    torch.set_num_threads(args.threads)
+    model, _, _ = load_run(manifest.source_run["path"])
+    model.eval()
+    pool = ThreadPoolExecutor(max_workers=1)  # one request at a time, as a plain server would
+
+    def decode(src: list[int]) -> int:
+        ids = torch.tensor([src])
+        hyps = beam_search(model, ids, torch.tensor([len(src)]),  # type: ignore[arg-type]
+                           beam_size=args.beam_size, n_best=1, length_penalty=0.0)
+        return len(hyps[0][0].tokens) if hyps[0] else 0
+
+    for src in items[:4]:
+        decode(src)
+    loop = asyncio.get_running_loop()
+
+    async def one(src: list[int]) -> int:
+        return await loop.run_in_executor(pool, decode, src)
+
+    try:
+        return await drive(args.clients, items, one, "eager")
+    finally:
+        pool.shutdown()
+
+
+def step_table(stats: StepStats) -> list[tuple[str, int, float, float]]:
+    """(rows bucket, calls, mean ms per step, us per row) of the engine's decoder steps."""
+    out = []
+    lo = 1
+    for hi in ROW_BUCKETS:
+        rows = [r for r in stats.calls if lo <= r <= hi]
+        if rows:
+            calls = sum(stats.calls[r] for r in rows)
+            secs = sum(stats.seconds[r] for r in rows)
+            row_calls = sum(stats.calls[r] * r for r in rows)
+            out.append((f"{lo}-{hi}" if lo < hi else str(hi), calls, secs / calls * 1e3,
+                        secs / row_calls * 1e6))
+        lo = hi + 1
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    path, manifest = bundle(args.repo, args.model)
+    settings = Settings(repo=args.repo, runtime=args.runtime, intra_op_threads=args.threads,
+                        inter_op_threads=1)
+    runtime = load_runtime(settings, path, manifest)
+    tok = Tokenizer.load(path / manifest.tokenizer.file)
+    t = manifest.tokenizer
+    limits = DecodeLimits(t.bos_id, t.eos_id, t.vocab_size,
+                          int(manifest.limits.get("max_decode_length", 128)))
+    texts = test_sentences(args.data, args.sentences)
+    items = [tok.encode(x)[: int(manifest.limits.get("max_tokens", 256))] for x in texts]
+    print(f"{args.model} v{manifest.version} ({args.runtime}), {len(items)} sentences "
+          f"(mean {statistics.mean(map(len, items)):.1f} source tokens), {args.clients} "
+          f"clients, beam {args.beam_size}, {args.threads} thread(s)")
+    results: dict[str, dict[str, float]] = {}
+    results["a_continuous"], stats = asyncio.run(engine_mode(runtime, limits, items, args, True))
+    results["b_request_level"], stats_b = asyncio.run(
+        engine_mode(runtime, limits, items, args, False))
+    if not args.skip_eager:
+        results["c_eager"] = asyncio.run(eager_mode(manifest, items, args))
+    report(results, stats, stats_b)
+    if args.json:
+        args.json.write_text(json.dumps({"results": results, "steps": {
+            "continuous": step_table(stats), "request_level": step_table(stats_b)}}, indent=2))
+
+
+def report(results: dict[str, dict[str, float]], stats: StepStats, stats_b: StepStats) -> None:
+    print(f"\n{'mode':<16}{'tokens':>8}{'wall s':>9}{'tokens/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+    for mode, r in results.items():
+        print(f"{mode:<16}{r['tokens']:>8.0f}{r['wall_s']:>9.2f}{r['tokens_per_s']:>10.1f}"
+              f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}")
+    a, b = results["a_continuous"], results["b_request_level"]
+    print(f"\n(a)/(b) tokens/s: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x   "
+          f"(a)/(b) p99: {a['p99_ms'] / b['p99_ms']:.2f}x")
+    if "c_eager" in results:
+        print(f"(a)/(c) tokens/s: {a['tokens_per_s'] / results['c_eager']['tokens_per_s']:.2f}x")
+    for label, st in (("continuous", stats), ("request-level", stats_b)):
+        print(f"\ndecoder step time by rows ({label}; {st.steps} steps)")
+        print(f"{'rows':>9}{'steps':>8}{'ms/step':>10}{'us/row':>9}")
+        for bucket, calls, ms, us in step_table(st):
+            print(f"{bucket:>9}{calls:>8}{ms:>10.3f}{us:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""`seqserve train classifier|translator --data SPEC --out RUN_DIR [options]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "train"
+HELP = "Train a classifier or translator into a run directory."
+
+# argparse dest -> config field
+_MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "embed": "embed_size",
+                "layers": "num_layers", "attention": "attention", "dropout": "dropout",
+                "vocab_size": "vocab_size", "max_length": "max_length",
+                "bidirectional": "bidirectional"}
+_TRAIN_FLAGS = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
+                "max_minutes": "max_minutes", "patience": "patience",
+                "scheduled_sampling": "scheduled_sampling", "clip_norm": "clip_norm",
+                "weight_decay": "weight_decay", "label_smoothing": "label_smoothing",
+                "tokenizer_type": "tokenizer_type", "threads": "num_threads",
+                "max_train_examples": "max_train_examples",
+                "max_eval_examples": "max_eval_examples"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", choices=["classifier", "translator"], help="model family")
+    parser.add_argument("--data", required=True,
+                        help="built-in dataset name, dataset folder, or CSV/TSV/JSONL data")
+    parser.add_argument("--out", required=True, help="run directory to write")
+    parser.add_argument("--size", type=int, default=None,
+                        help="train examples of a built-in dataset (default: its own)")
+    parser.add_argument("--demo-defaults", action="store_true",
+                        help="start from the demo run's settings (flags still override)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--cell", choices=["rnn", "lstm", "gru"])
+    model.add_argument("--hidden", type=int, help="hidden size")
+    model.add_argument("--embed", type=int, help="embedding size")
+    model.add_argument("--layers", type=int, help="RNN layers")
+    model.add_argument("--attention", choices=["additive", "dot", "general"])
+    model.add_argument("--dropout", type=float)
+    model.add_argument("--vocab-size", type=int, help="target tokenizer vocabulary size")
+    model.add_argument("--max-length", type=int, help="longest input in tokens")
+    model.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None)
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=int)
+    train.add_argument("--batch-size", type=int)
+    train.add_argument("--lr", type=float)
+    train.add_argument("--seed", type=int)
+    train.add_argument("--max-minutes", type=float, help="training time budget (0 = none)")
+    train.add_argument("--patience", type=int, help="early-stopping patience in epochs")
+    train.add_argument("--scheduled-sampling", type=float,
+                       help="final probability of feeding the model's own prediction")
+    train.add_argument("--clip-norm", type=float)
+    train.add_argument("--weight-decay", type=float)
+    train.add_argument("--label-smoothing", type=float)
+    train.add_argument("--tokenizer-type", choices=["unigram", "bpe", "word", "char"])
+    train.add_argument("--threads", type=int, help="torch threads")
+    train.add_argument("--max-train-examples", type=int)
+    train.add_argument("--max-eval-examples", type=int)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, object]:
+    return {field: getattr(args, flag) for flag, field in flags.items()
+            if getattr(args, flag) is not None}
+
+
+def run(args: argparse.Namespace) -> int:
+    from models.train import DEMO_CLASSIFIER, DEMO_TRANSLATOR, run_training
+
+    model_overrides: dict[str, object] = {}
+    train_overrides: dict[str, object] = {}
+    if args.demo_defaults:
+        demo = DEMO_CLASSIFIER if args.task == "classifier" else DEMO_TRANSLATOR
+        model_overrides.update(demo["model_overrides"])
+        train_overrides.update(demo["train_overrides"])
+    model_overrides.update(_overrides(args, _MODEL_FLAGS))
+    train_overrides.update(_overrides(args, _TRAIN_FLAGS))
+    metrics = run_training(args.task, args.data, args.out, model_overrides, train_overrides,
+                           progress=not args.quiet, data_size=args.size)
+    print(json.dumps({"run_dir": args.out, "test": metrics}, indent=2))
+    return 0

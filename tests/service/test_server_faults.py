@@ -1,0 +1,106 @@
+"""Overload, deadlines, runtime faults and disconnects, with a fake runtime behind the app."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from service_fakes import FakeRuntime, fake_factory, serve_in_thread
+
+from service.app import create_app
+from service.batcher import Batcher
+from service.settings import Settings
+
+MODEL = "tiny-clf"
+URL = f"/v1/models/{MODEL}/classify"
+
+
+def _app(tiny_repo: Path, runtime: FakeRuntime, **settings: Any) -> Any:
+    return create_app(Settings(repo=tiny_repo, warmup=False, **settings), fake_factory(runtime))
+
+
+def _batcher(app: Any) -> Batcher[Any, Any]:
+    worker = app.state.seqserve.repository.entries[MODEL][1].worker
+    batcher: Batcher[Any, Any] = worker.batcher
+    return batcher
+
+
+async def _fire(base: str, bodies: list[dict[str, Any]], timeout: float = 30
+                ) -> list[httpx.Response | Exception]:
+    async with httpx.AsyncClient(base_url=base, timeout=timeout,
+                                 limits=httpx.Limits(max_connections=200)) as c:
+        return list(await asyncio.gather(*(c.post(URL, json=b) for b in bodies),
+                                         return_exceptions=True))
+
+
+def test_overload_yields_429_and_queue_stays_bounded(tiny_repo: Path) -> None:
+    runtime = FakeRuntime(delay_s=0.1)
+    app = _app(tiny_repo, runtime, max_batch_size=2, queue_size=4, max_texts=4, max_wait_ms=0,
+               retry_after_s=2)
+    with serve_in_thread(app) as base:
+        rs = asyncio.run(_fire(base, [{"texts": ["one two"]}] * 40))
+        depth_seen = _batcher(app).max_depth_seen
+    codes = [r.status_code for r in rs if isinstance(r, httpx.Response)]
+    assert len(codes) == 40 and set(codes) <= {200, 429}
+    assert codes.count(429) > 0 and codes.count(200) >= 4
+    for r in rs:
+        assert isinstance(r, httpx.Response)
+        if r.status_code == 429:
+            assert r.headers["retry-after"] == "2" and "queue is full" in r.json()["error"]
+    assert depth_seen <= 4
+
+
+def test_deadline_passed_gives_504(tiny_repo: Path) -> None:
+    runtime = FakeRuntime(delay_s=0.4)
+    app = _app(tiny_repo, runtime, max_batch_size=1, request_timeout_s=0.2, max_wait_ms=0)
+    with serve_in_thread(app) as base:
+        rs = asyncio.run(_fire(base, [{"texts": ["one"]}] * 3))
+        for r in rs:
+            assert isinstance(r, httpx.Response) and r.status_code == 504
+            assert "deadline" in r.json()["error"]
+        runtime.delay_s = 0.0
+        time.sleep(0.5)  # let the batch in compute finish
+        ok = httpx.post(base + URL, json={"texts": ["one"]}, timeout=10)
+        assert ok.status_code == 200
+    assert len(runtime.calls) <= 2 + 1  # rows queued behind the slow batch were dropped
+
+
+def test_runtime_fault_fails_only_its_batch(tiny_repo: Path) -> None:
+    runtime = FakeRuntime(delay_s=0.05)
+    runtime.fail_next = 1
+    app = _app(tiny_repo, runtime, max_batch_size=3, max_wait_ms=0)
+    with serve_in_thread(app) as base:
+        rs = asyncio.run(_fire(base, [{"texts": ["one two"]}] * 9))
+        after = httpx.post(base + URL, json={"texts": ["one"]}, timeout=10)
+    codes = [r.status_code for r in rs if isinstance(r, httpx.Response)]
+    failed_rows = runtime.calls[0][0]
+    assert codes.count(500) == failed_rows and codes.count(200) == 9 - failed_rows
+    assert all("inference failed" in r.json()["error"] for r in rs
+               if isinstance(r, httpx.Response) and r.status_code == 500)
+    assert after.status_code == 200
+
+
+def test_client_disconnect_leaves_no_queued_work(tiny_repo: Path) -> None:
+    runtime = FakeRuntime(delay_s=0.5)
+    app = _app(tiny_repo, runtime, max_batch_size=1, max_wait_ms=0)
+    with serve_in_thread(app) as base:
+
+        async def scenario() -> None:
+            async with httpx.AsyncClient(base_url=base, timeout=10) as c:
+                busy = asyncio.ensure_future(c.post(URL, json={"texts": ["one"]}))
+                await asyncio.sleep(0.15)  # the first request is computing
+                gone = await _fire(base, [{"texts": ["two three"]}] * 5, timeout=0.1)
+                assert all(isinstance(g, httpx.TimeoutException) for g in gone)
+                await asyncio.sleep(0.1)
+                assert _batcher(app).depth == 0  # dropped as soon as the clients left
+                assert (await busy).status_code == 200
+
+        asyncio.run(scenario())
+        time.sleep(0.2)
+        assert len(runtime.calls) == 1
+        text = httpx.get(base + "/metrics").text
+    assert 'seqserve_queue_depth{model="tiny-clf"} 0.0' in text
+    assert 'seqserve_requests_total{endpoint="classify",model="tiny-clf",status="499"}' in text

@@ -1,0 +1,60 @@
+"""A standard OIP client (tritonclient's HTTP client) against the server, unchanged."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from service_fakes import serve_in_thread
+
+from service.app import create_app
+from service.settings import Settings
+
+httpclient = pytest.importorskip("tritonclient.http")
+MODEL = "tiny-clf"
+
+
+@pytest.fixture(scope="module")
+def url(tiny_repo: Path) -> Iterator[str]:
+    with serve_in_thread(create_app(Settings(repo=tiny_repo, warmup=False))) as base:
+        yield base.removeprefix("http://")
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_infer(url: str, binary: bool, tiny_repo: Path) -> None:
+    manifest = json.loads((tiny_repo / MODEL / "1" / "manifest.json").read_text())
+    names = manifest["labels"]
+    client = httpclient.InferenceServerClient(url=url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
+    assert not client.is_model_ready("nope")
+    meta = client.get_model_metadata(MODEL)
+    assert meta["inputs"][0]["datatype"] == "BYTES"
+    texts = np.array(["one two three", "vingt et un", "cent"], dtype=object)
+    inp = httpclient.InferInput("text", [3], "BYTES")
+    inp.set_data_from_numpy(texts, binary_data=binary)
+    outputs = None
+    if not binary:
+        outputs = [httpclient.InferRequestedOutput("label", binary_data=False),
+                   httpclient.InferRequestedOutput("probabilities", binary_data=False)]
+    result = client.infer(MODEL, [inp], outputs=outputs, request_id="abc")
+    probs = result.as_numpy("probabilities")
+    labels = result.as_numpy("label")
+    assert probs.shape == (3, len(names)) and probs.dtype == np.float32
+    assert np.allclose(probs.sum(1), 1, atol=1e-5)
+    decoded = [x.decode() if isinstance(x, bytes) else x for x in labels]
+    assert decoded == [names[i] for i in probs.argmax(1)]
+    assert result.get_response()["id"] == "abc"
+
+
+def test_tritonclient_error_is_reported(url: str) -> None:
+    client = httpclient.InferenceServerClient(url=url)
+    inp = httpclient.InferInput("wrong", [1], "BYTES")
+    inp.set_data_from_numpy(np.array(["a"], dtype=object))
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException, match="text"):
+        client.infer(MODEL, [inp])

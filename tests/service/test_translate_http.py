@@ -1,0 +1,278 @@
+"""Translate endpoints end to end: the tiny-mt bundle through ONNX Runtime in the real app.
+
+The server's beam output must equal the plain reference search (test_engine_reference) run
+over the same ONNX graphs one row at a time with the whole vocabulary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from test_engine_reference import reference_beam_search
+
+from export.manifest import Manifest, load_bundle
+from service.app import create_app
+from service.engine.search import SearchOptions, max_steps
+from service.engine.testing import FakeTranslator
+from service.engine.worker import TranslatorWorker, decode_limits
+from service.runtimes import load_runtime
+from service.schemas_translate import TranslateOptions
+from service.settings import Settings
+
+TEXTS = ["one two three", "twenty", "forty fifty hundred thousand and un deux",
+         "six seven", "cinq six sept huit neuf dix vingt", "eleven twelve twenty thirty"]
+
+
+def settings(repo: Path, **overrides: Any) -> Settings:
+    return Settings(repo=repo, intra_op_threads=1, inter_op_threads=1, warmup=False,
+                    **overrides)
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test",
+                                     timeout=60) as client:
+            yield client
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, timeout=90))
+
+
+def worker_of(app: FastAPI, name: str = "tiny-mt") -> TranslatorWorker:
+    _, worker = app.state.seqserve.repository.worker(name)
+    assert isinstance(worker, TranslatorWorker)
+    return worker
+
+
+def onnx_reference(repo: Path, text: str, options: SearchOptions) -> list[Any]:
+    """Reference beam search over the bundle's ONNX graphs, one row, full vocabulary."""
+    from models.tokenizer import Tokenizer
+
+    path = repo / "tiny-mt" / "1"
+    manifest = load_bundle(path)
+    runtime = load_runtime(settings(repo), path, manifest)
+    src = Tokenizer.load(path / "tokenizer.model").encode(text)
+    enc = runtime.run("encoder", {"src_ids": np.array([src]), "src_lengths": np.array([len(src)])})
+    vocab = manifest.tokenizer.vocab_size
+
+    def step(prev: int, state: np.ndarray, memory: np.ndarray) -> tuple[Any, Any, Any]:
+        out = runtime.run("decoder_step", {
+            "prev_ids": np.array([prev]), "state": state[None], "memory": memory[None],
+            "src_mask": np.ones((1, len(memory)), bool), "memory_index": np.array([0]),
+            "k": np.array([vocab])})
+        logp = np.empty(vocab, np.float32)
+        logp[out["topk_ids"][0]] = out["topk_logprobs"][0]
+        return logp, out["attention"][0], out["new_state"][0]
+
+    limits = decode_limits_of(manifest)
+    return reference_beam_search(
+        step, enc["memory"][0], enc["state"][0], bos=limits.bos_id, eos=limits.eos_id,
+        max_len=max_steps(options, len(src), limits), beam=options.beam_size,
+        n_best=options.n_best, alpha=options.length_penalty, beta=options.coverage_penalty,
+        min_length=options.min_length, no_repeat=options.no_repeat_ngram_size)
+
+
+def decode_limits_of(manifest: Manifest) -> Any:
+    class _Ctx:
+        pass
+
+    ctx = _Ctx()
+    ctx.manifest = manifest  # type: ignore[attr-defined]
+    return decode_limits(ctx)  # type: ignore[arg-type]
+
+
+OPTIONS: list[dict[str, Any]] = [
+    {"beam_size": 1},
+    {"beam_size": 5, "n_best": 2},
+    {"beam_size": 5, "n_best": 3, "length_penalty": 0.6, "coverage_penalty": 0.2,
+     "no_repeat_ngram_size": 2, "min_length": 2, "max_length_ratio": 1.5},
+]
+
+
+def test_server_equals_reference_and_is_batch_invariant(tiny_repo: Path) -> None:
+    app = create_app(settings(tiny_repo))
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with serve(app) as client:
+            posts = [client.post("/v1/models/tiny-mt/translate", json={"texts": TEXTS, **o})
+                     for o in OPTIONS]  # every option set at once: batched together
+            answers = await asyncio.gather(*posts)
+            assert max(worker_of(app).engine.stats.calls) > 5  # rows of several requests
+        return [a.json() for a in answers]
+
+    for opts, body in zip(OPTIONS, run(scenario()), strict=True):
+        options = TranslateOptions.model_validate(opts).search_options()
+        for text, result in zip(TEXTS, body["results"], strict=True):
+            ref = onnx_reference(tiny_repo, text, options)
+            got = result["hypotheses"]
+            assert len(got) == len(ref) == options.n_best
+            for h, r in zip(got, ref, strict=True):
+                ids = r.tokens[:-1] if r.tokens and r.tokens[-1] == 3 else r.tokens
+                assert h["token_ids"] == ids
+                assert h["score"] == pytest.approx(r.score, rel=1e-4, abs=1e-4)
+            assert result["translation"] == got[0]["translation"]
+            assert [h["score"] for h in got] == sorted((h["score"] for h in got), reverse=True)
+
+
+def test_attention_rows_sum_to_one(tiny_repo: Path) -> None:
+    app = create_app(settings(tiny_repo))
+
+    async def scenario() -> dict[str, Any]:
+        async with serve(app) as client:
+            r = await client.post("/v1/models/tiny-mt/versions/1/translate", json={
+                "texts": TEXTS[:3], "beam_size": 3, "n_best": 3, "return_attention": True})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+    for result in run(scenario())["results"]:
+        att = result["attention"]
+        weights = np.array(att["weights"])
+        assert weights.shape == (len(att["target_tokens"]), len(att["source_tokens"]))
+        np.testing.assert_allclose(weights.sum(axis=1), 1.0, atol=1e-4)
+        assert att["target_tokens"][: len(result["tokens"])] == result["tokens"]
+
+
+BAD_BODIES = [
+    {"texts": ["one"], "beam_size": 0},
+    {"texts": ["one"], "beam_size": 17},
+    {"texts": ["one"], "beam_size": 2, "n_best": 3},
+    {"texts": ["one"], "beam_size": 4, "temperature": 0.7},
+    {"texts": ["one"], "length_penalty": -0.1},
+    {"texts": ["one"], "coverage_penalty": -1},
+    {"texts": ["one"], "max_length": 0},
+    {"texts": ["one"], "max_length": 5000},
+    {"texts": ["one"], "max_length": 3, "min_length": 3},
+    {"texts": ["one"], "top_p": 1.5},
+    {"texts": ["one"], "top_k": 0},
+    {"texts": ["one"], "temperature": 0},
+    {"texts": ["one"], "beam_size": "five"},
+    {"texts": ["one"], "no_repeat_ngram_size": -1},
+    {"texts": ["one"], "max_length_ratio": 0},
+    {"texts": ["one"], "unknown_option": 1},
+    {"texts": []},
+    {"texts": ["   "]},
+    {"texts": ["one " * 100]},
+]
+
+
+def test_every_bad_option_is_a_4xx_json(tiny_repo: Path) -> None:
+    app = create_app(settings(tiny_repo))
+
+    async def scenario() -> list[httpx.Response]:
+        async with serve(app) as client:
+            return [await client.post("/v1/models/tiny-mt/translate", json=b)
+                    for b in BAD_BODIES]
+
+    for body, r in zip(BAD_BODIES, run(scenario()), strict=True):
+        assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+        assert r.json()["error"], body
+
+
+def test_v2_infer_translates_with_parameters(tiny_repo: Path) -> None:
+    app = create_app(settings(tiny_repo))
+    params = {"beam_size": 3, "length_penalty": 0.5}
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], httpx.Response]:
+        async with serve(app) as client:
+            v2 = await client.post("/v2/models/tiny-mt/infer", json={
+                "parameters": params,
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                            "data": TEXTS[:2]}]})
+            v1 = await client.post("/v1/models/tiny-mt/translate",
+                                   json={"texts": TEXTS[:2], **params})
+            bad = await client.post("/v2/models/tiny-mt/infer", json={
+                "parameters": {"beam_size": 2, "n_best": 3},
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                            "data": TEXTS[:1]}]})
+            return v2.json(), v1.json(), bad
+
+    v2, v1, bad = run(scenario())
+    outputs = {o["name"]: o for o in v2["outputs"]}
+    assert outputs["translation"]["datatype"] == "BYTES" and outputs["score"]["datatype"] == "FP32"
+    assert outputs["translation"]["data"] == [r["translation"] for r in v1["results"]]
+    np.testing.assert_allclose(outputs["score"]["data"], [r["score"] for r in v1["results"]],
+                               rtol=1e-5)
+    assert bad.status_code == 400 and "n_best" in bad.json()["error"]
+
+
+def fake_factory(delay: float) -> Any:
+    def factory(s: Settings, path: Path, manifest: Manifest) -> Any:
+        if manifest.task != "translator":
+            return load_runtime(s, path, manifest)
+        return FakeTranslator(vocab_size=manifest.tokenizer.vocab_size, delay=delay,
+                              eos_slope=0.0)  # EOS never gets likelier: long decodes
+
+    return factory
+
+
+def test_overload_429_and_cancel_frees_rows(tiny_repo: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("service.engine.worker.DEFAULT_MAX_LIVE_HYPOTHESES", 5)
+    app = create_app(settings(tiny_repo, queue_size=2), fake_factory(delay=0.003))
+    long = {"beam_size": 5, "min_length": 30, "max_length": 40}
+
+    async def scenario() -> None:
+        async with serve(app) as client:
+            engine = worker_of(app).engine
+            url = "/v1/models/tiny-mt/translate"
+            first = asyncio.ensure_future(client.post(url, json={"texts": TEXTS[:1], **long}))
+            while engine.live_rows < 5:
+                await asyncio.sleep(0.002)
+            queued = asyncio.ensure_future(client.post(url, json={"texts": TEXTS[1:3], **long}))
+            while engine.queued < 2:
+                await asyncio.sleep(0.002)
+            over = await client.post(url, json={"texts": TEXTS[3:4]})
+            assert over.status_code == 429 and "Retry-After" in over.headers
+            assert "queue" in over.json()["error"]
+            first.cancel()  # the client goes away mid-decode
+            queued.cancel()
+            for f in (first, queued):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await f
+            for _ in range(500):
+                if engine.live_rows == 0 and engine.queued == 0:
+                    break
+                await asyncio.sleep(0.002)
+            assert engine.live_rows == 0 and engine.queued == 0
+            steps = engine.stats.steps
+            assert steps < 30  # nobody decoded to min_length 30
+            ok = await client.post(url, json={"texts": TEXTS[3:4], "beam_size": 2})
+            assert ok.status_code == 200 and ok.json()["results"][0]["hypotheses"]
+            metrics = (await client.get("/metrics")).text
+            for name in ("seqserve_decode_steps_total", "seqserve_generated_tokens_total",
+                         "seqserve_decoder_step_time_seconds_count",
+                         "seqserve_encoder_time_seconds_count", "seqserve_live_hypotheses",
+                         "seqserve_time_per_token_seconds_count"):
+                found = re.search(rf'^{name}{{model="tiny-mt"}} (\S+)', metrics, re.M)
+                assert found, name
+            steps_total = re.search(r'^seqserve_decode_steps_total{model="tiny-mt"} (\S+)',
+                                    metrics, re.M)
+            assert steps_total and float(steps_total.group(1)) == engine.stats.steps
+
+    run(scenario())
+
+
+def test_describe_lists_translator_limits(tiny_repo: Path) -> None:
+    app = create_app(settings(tiny_repo))
+
+    async def scenario() -> dict[str, Any]:
+        async with serve(app) as client:
+            return (await client.get("/v1/models/tiny-mt")).json()
+
+    info = run(scenario())
+    details = info["versions"][0]["details"]
+    assert details["limits"]["max_decode_length"] == 40
+    assert json.dumps(details)

@@ -22,6 +22,8 @@ run: $(STAMP)
 	$(BIN)/seqserve demo
 
 test: $(STAMP)
+	# system tools the deploy tests use (promtool, prometheus); no-op when present
+	bash deploy/install-test-tools.sh
 	$(BIN)/ruff check models export service tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra tests

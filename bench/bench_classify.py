@@ -94,7 +94,7 @@ async def _one_connection(host: str, port: int, payloads: list[bytes], lat: list
 
 def load(host: str, port: int, path: str, texts: list[str], concurrency: int,
          seconds: float) -> dict[str, Any]:
-    """Closed-loop load; returns req/s, p50/p99 (ms) and status counts."""
+    """Closed-loop load for `seconds`; returns req/s, latencies (s), time and status counts."""
     lat: list[float] = []
     codes: dict[int, int] = {}
 
@@ -107,14 +107,7 @@ def load(host: str, port: int, path: str, texts: list[str], concurrency: int,
         return time.perf_counter() - start
 
     elapsed = asyncio.run(main())
-    lat.sort()
-    return {
-        "rps": len(lat) / elapsed,
-        "p50_ms": lat[len(lat) // 2] * 1000,
-        "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
-        "requests": len(lat),
-        "codes": codes,
-    }
+    return {"rps": len(lat) / elapsed, "lat": lat, "seconds": elapsed, "codes": codes}
 
 
 # ---- servers ---------------------------------------------------------------------------
@@ -172,45 +165,39 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def serve_phase(args: argparse.Namespace, texts: list[str], tokens: dict[str, int],
-                max_batch: int) -> dict[str, Any]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "service.cli", "serve", "--repo", str(args.repo),
-           "--port", str(port), "--max-batch-size", str(max_batch),
-           "--max-wait-ms", str(args.max_wait_ms), "--intra-op-threads", str(args.threads),
-           "--queue-size", "1024", "--log-level", "warning",
-           "--max-batch-tokens", str(args.max_batch_tokens)]
-    proc = start(cmd, port)
-    try:
-        path = f"/v1/models/{args.model}/classify"
-        load("127.0.0.1", port, path, texts, args.concurrency, 2.0)  # warm
-        before = scrape(port)
-        result = load("127.0.0.1", port, path, texts, args.concurrency, args.seconds)
-        after = scrape(port)
-    finally:
-        stop(proc)
+def serve_cmd(args: argparse.Namespace, port: int, max_batch: int) -> list[str]:
+    return [sys.executable, "-m", "service.cli", "serve", "--repo", str(args.repo),
+            "--port", str(port), "--max-batch-size", str(max_batch),
+            "--max-wait-ms", str(args.max_wait_ms), "--intra-op-threads", str(args.threads),
+            "--queue-size", "1024", "--log-level", "warning",
+            "--max-batch-tokens", str(args.max_batch_tokens)]
+
+
+def noop_cmd(port: int) -> list[str]:
+    return [sys.executable, "-m", "uvicorn", "noop_app:app", "--port", str(port),
+            "--log-level", "warning", "--no-access-log"]
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rounds of one phase into one result (rates over total time, latencies pooled)."""
+    lat = sorted(x for p in parts for x in p["lat"])
+    seconds = sum(p["seconds"] for p in parts)
+    codes: dict[int, int] = {}
+    for p in parts:
+        for k, v in p["codes"].items():
+            codes[k] = codes.get(k, 0) + v
+    return {"rps": len(lat) / seconds, "p50_ms": lat[len(lat) // 2] * 1000,
+            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, "codes": codes}
+
+
+def batch_stats(before: dict[str, float], after: dict[str, float], mean_tokens: float
+                ) -> dict[str, float]:
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     batches = max(d.get("seqserve_batch_size_count", 0.0), 1.0)
     rows = d.get("seqserve_batch_size_sum", 0.0)
-    real = rows * (sum(tokens.values()) / len(tokens))  # mean real length x rows
-    result["mean_batch"] = rows / batches
-    result["padding_ratio"] = d.get("seqserve_batch_tokens_sum", 0.0) / max(real, 1.0)
-    return result
-
-
-def floor_phase(args: argparse.Namespace, texts: list[str]) -> dict[str, Any]:
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "noop_app.py").write_text(NOOP_APP)
-        cmd = [sys.executable, "-m", "uvicorn", "noop_app:app", "--port", str(port),
-               "--log-level", "warning", "--no-access-log"]
-        proc = start(cmd, port, env={"PYTHONPATH": tmp})
-        try:
-            path = f"/v1/models/{args.model}/classify"
-            load("127.0.0.1", port, path, texts, args.concurrency, 1.0)
-            return load("127.0.0.1", port, path, texts, args.concurrency, args.seconds)
-        finally:
-            stop(proc)
+    real = rows * mean_tokens  # the client cycles through the texts uniformly
+    return {"mean_batch": rows / batches,
+            "padding_ratio": d.get("seqserve_batch_tokens_sum", 0.0) / max(real, 1.0)}
 
 
 def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, Any]:
@@ -229,7 +216,7 @@ def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, A
     rates = {}
     for bs in (1, 8, 16, 32, 64):
         done, start, i = 0, time.perf_counter(), 0
-        while time.perf_counter() - start < max(1.0, args.seconds / 4):
+        while time.perf_counter() - start < max(1.0, args.seconds / 2):
             rows = [ids[(i + k) % len(ids)] for k in range(bs)]
             i += bs
             lengths = np.array([len(r) for r in rows], dtype=np.int64)
@@ -251,20 +238,44 @@ def run(args: argparse.Namespace) -> None:
     tok = Tokenizer.load(path / load_bundle(path).tokenizer.file)
     texts = request_texts(2048)
     ids = [tok.encode(t) for t in texts]
-    tokens = {t: len(i) for t, i in zip(texts, ids, strict=True)}
-    mean = sum(tokens.values()) / len(tokens)
-    print(f"model {args.model} ({path}); {len(texts)} texts, mean {mean:.1f} "
-          f"tokens (min {min(tokens.values())}, max {max(tokens.values())}); "
-          f"{args.concurrency} connections, {args.seconds:.0f}s per phase", flush=True)
-    print("[1/4] HTTP floor (no-op FastAPI) ...", flush=True)
-    floor = floor_phase(args, texts)
-    print("[2/4] bare ONNX Runtime ...", flush=True)
+    lengths = [len(i) for i in ids]
+    mean = sum(lengths) / len(lengths)
+    print(f"model {args.model} ({path}); {len(texts)} texts, mean {mean:.1f} tokens "
+          f"(min {min(lengths)}, max {max(lengths)}); {args.concurrency} connections, "
+          f"{args.rounds} rounds x {args.seconds:.0f}s per phase, phases interleaved", flush=True)
+    print("bare ONNX Runtime ...", flush=True)
     compute = compute_phase(args, ids)
-    print("[3/4] seqserve, batching on ...", flush=True)
-    on = serve_phase(args, texts, tokens, args.max_batch_size)
-    print("[4/4] seqserve, batching off (max batch 1) ...", flush=True)
-    off = serve_phase(args, texts, tokens, 1)
-    report(floor, compute, on, off)
+    ports = {"floor": free_port(), "on": free_port(), "off": free_port()}
+    procs = []
+    url_path = f"/v1/models/{args.model}/classify"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "noop_app.py").write_text(NOOP_APP)
+        try:
+            procs.append(start(noop_cmd(ports["floor"]), ports["floor"], {"PYTHONPATH": tmp}))
+            procs.append(start(serve_cmd(args, ports["on"], args.max_batch_size), ports["on"]))
+            procs.append(start(serve_cmd(args, ports["off"], 1), ports["off"]))
+            for port in ports.values():  # warm every path once
+                load("127.0.0.1", port, url_path, texts, args.concurrency, 1.0)
+            parts: dict[str, list[dict[str, Any]]] = {k: [] for k in ports}
+            stats: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+            for r in range(args.rounds):
+                for name, port in ports.items():
+                    before = scrape(port) if name != "floor" else {}
+                    parts[name].append(load("127.0.0.1", port, url_path, texts,
+                                            args.concurrency, args.seconds))
+                    if name != "floor":
+                        stats[name].append(batch_stats(before, scrape(port), mean))
+                print(f"  round {r + 1}/{args.rounds}: " + ", ".join(
+                    f"{k} {v[-1]['rps']:.0f} req/s" for k, v in parts.items()), flush=True)
+        finally:
+            for p in procs:
+                stop(p)
+    results = {k: merge(v) for k, v in parts.items()}
+    for name in ("on", "off"):
+        n = len(stats[name])
+        results[name]["mean_batch"] = sum(s["mean_batch"] for s in stats[name]) / n
+        results[name]["padding_ratio"] = sum(s["padding_ratio"] for s in stats[name]) / n
+    report(results["floor"], compute, results["on"], results["off"])
 
 
 def report(floor: dict[str, Any], compute: dict[str, Any], on: dict[str, Any],
@@ -324,7 +335,8 @@ def main() -> None:
     r.add_argument("--repo", type=Path, default=Path("model_repository"))
     r.add_argument("--model", default="bench-clf")
     r.add_argument("--concurrency", type=int, default=64)
-    r.add_argument("--seconds", type=float, default=10.0)
+    r.add_argument("--seconds", type=float, default=5.0, help="per phase per round")
+    r.add_argument("--rounds", type=int, default=3)
     r.add_argument("--max-batch-size", type=int, default=32)
     r.add_argument("--max-batch-tokens", type=int, default=4096)
     r.add_argument("--max-wait-ms", type=float, default=2.0)

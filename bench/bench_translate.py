@@ -7,7 +7,12 @@ request-level batching (an admitted batch runs to completion before the next is 
 Prints generated tokens/s, p50/p99 latency, the ratios, and the engine's decoder-step time
 per row at the batch sizes it actually ran.
 
+`--gpu-check` instead runs the engine with the TorchScript runtime on CUDA: outputs compared
+token by token with the same runtime on CPU, and tokens/s at 1, 32 and 256 concurrent
+requests. (Imports no pydantic/FastAPI, so it runs in a bare PyTorch image.)
+
     .venv/bin/python bench/bench_translate.py --repo model_repository --model numbers-en-fr
+    python3 bench/bench_translate.py --gpu-check --repo ... --data DIR_WITH_TEST_JSONL
 """
 
 from __future__ import annotations
@@ -31,8 +36,6 @@ from export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
 from models.tokenizer import Tokenizer  # noqa: E402
 from service.engine.engine import DecodingEngine, EngineConfig, StepStats  # noqa: E402
 from service.engine.search import DecodeLimits, SearchOptions  # noqa: E402
-from service.runtimes import load_runtime  # noqa: E402
-from service.settings import Settings  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -48,9 +51,72 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--beam-size", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op and torch threads")
     p.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="training run for (c) (default: the manifest's source run)")
     p.add_argument("--skip-eager", action="store_true")
+    p.add_argument("--gpu-check", action="store_true",
+                   help="TorchScript on CUDA vs CPU: equality and tokens/s at 1/32/256")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return p.parse_args()
+
+
+def make_runtime(kind: str, device: str, threads: int, path: Path, manifest: Manifest) -> Any:
+    """The bundle's runtime, built without the server settings."""
+    fmt = "onnx" if kind == "onnx" else "torchscript"
+    files = {g: path / str(spec.file(fmt)) for g, spec in manifest.graphs.items()}
+    if kind == "onnx":
+        from service.runtimes.onnx import OnnxRuntime
+
+        providers = ["CUDAExecutionProvider"] if device == "cuda" else []
+        return OnnxRuntime(files, [*providers, "CPUExecutionProvider"], threads, 1)
+    from service.runtimes.torchscript import TorchScriptRuntime
+
+    return TorchScriptRuntime(files, manifest, device=device, intra_op_threads=threads)
+
+
+class EagerRuntime:
+    """The eager model behind the runtime interface (GPU check fallback when the installed
+    torch cannot load the bundle's TorchScript files)."""
+
+    name = "eager"
+
+    def __init__(self, run_dir: Path | str, device: str) -> None:
+        import torch
+
+        from models.checkpoint import load_run
+
+        model, _, _ = load_run(run_dir)
+        self.model = model.to(device).eval()
+        self.device = torch.device(device)
+        self.providers = [device]
+
+    def run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        t = {k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device)
+             for k, v in inputs.items()}
+        m: Any = self.model
+        names: tuple[str, ...]
+        with torch.inference_mode():
+            if graph == "encoder":
+                out = m.encode(t["src_ids"], t["src_lengths"])
+                names = ("memory", "src_mask", "state")
+            else:
+                out = m.decode_step(t["prev_ids"], t["state"], t["memory"], t["src_mask"],
+                                    t["memory_index"], int(inputs["k"][0]))
+                names = ("new_state", "topk_logprobs", "topk_ids", "attention")
+        return {n: o.cpu().numpy() for n, o in zip(names, out, strict=True)}
+
+
+def gpu_runtime(device: str, args: argparse.Namespace, path: Path, manifest: Manifest) -> Any:
+    try:
+        runtime = make_runtime("torchscript", device, args.threads, path, manifest)
+        runtime.run("encoder", {"src_ids": np.array([[5, 6]]), "src_lengths": np.array([2])})
+        return runtime
+    except Exception as exc:  # e.g. files from a newer torch, or a graph pinned to the CPU
+        print(f"TorchScript on {device} failed ({exc!r:.200}); using the eager model",
+              file=sys.stderr)
+        return EagerRuntime(args.run_dir or manifest.source_run["path"], device)
 
 
 def test_sentences(data: str, n: int) -> list[str]:
@@ -126,7 +192,7 @@ async def eager_mode(manifest: Manifest, items: list[list[int]],
     from models.decoding import beam_search
 
     torch.set_num_threads(args.threads)
-    model, _, _ = load_run(manifest.source_run["path"])
+    model, _, _ = load_run(args.run_dir or manifest.source_run["path"])
     model.eval()
     pool = ThreadPoolExecutor(max_workers=1)  # one request at a time, as a plain server would
 
@@ -168,9 +234,10 @@ def step_table(stats: StepStats) -> list[tuple[str, int, float, float]]:
 def main() -> None:
     args = parse_args()
     path, manifest = bundle(args.repo, args.model)
-    settings = Settings(repo=args.repo, runtime=args.runtime, intra_op_threads=args.threads,
-                        inter_op_threads=1)
-    runtime = load_runtime(settings, path, manifest)
+    if args.gpu_check:
+        gpu_check(args, path, manifest)
+        return
+    runtime = make_runtime(args.runtime, "cpu", args.threads, path, manifest)
     tok = Tokenizer.load(path / manifest.tokenizer.file)
     t = manifest.tokenizer
     limits = DecodeLimits(t.bos_id, t.eos_id, t.vocab_size,
@@ -207,6 +274,53 @@ def report(results: dict[str, dict[str, float]], stats: StepStats, stats_b: Step
         print(f"{'rows':>9}{'steps':>8}{'ms/step':>10}{'us/row':>9}")
         for bucket, calls, ms, us in step_table(st):
             print(f"{bucket:>9}{calls:>8}{ms:>10.3f}{us:>9.1f}")
+
+
+def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
+    """Engine + TorchScript on CUDA: same tokens as on CPU; tokens/s at 1, 32, 256 clients."""
+    tok = Tokenizer.load(path / manifest.tokenizer.file)
+    t = manifest.tokenizer
+    limits = DecodeLimits(t.bos_id, t.eos_id, t.vocab_size,
+                          int(manifest.limits.get("max_decode_length", 128)))
+    items = [tok.encode(x) for x in test_sentences(args.data, args.sentences)]
+    options = SearchOptions(beam_size=args.beam_size)
+    outputs: dict[str, list[tuple[int, ...]]] = {}
+    figures: dict[str, Any] = {}
+    for device in ("cpu", "cuda"):
+        runtime = gpu_runtime(device, args, path, manifest)
+        print(f"{device}: runtime {runtime.name}", file=sys.stderr)
+        config = EngineConfig(max_live_hypotheses=256 * args.beam_size, max_queue=8192,
+                              max_admit=256)
+
+        async def all_at_once(runtime: Any = runtime, config: EngineConfig = config) -> Any:
+            async with DecodingEngine(runtime, limits, config) as engine:
+                return await engine.translate(items, options)
+
+        decoded = asyncio.run(all_at_once())
+        outputs[device] = [d.hypotheses[0].token_ids for d in decoded]
+        if device == "cuda":
+            for clients in (1, 32, 256):
+                async def sweep(clients: int = clients, runtime: Any = runtime,
+                                config: EngineConfig = config) -> Any:
+                    async with DecodingEngine(runtime, limits, config) as engine:
+                        await engine.translate(items[:8], options)  # warm-up
+
+                        async def one(src: list[int]) -> int:
+                            best = (await engine.translate([src], options))[0].hypotheses[0]
+                            return len(best.token_ids) - int(best.ended)
+
+                        return await drive(clients, items, one, f"cuda x{clients}")
+
+                figures[f"cuda_clients_{clients}"] = asyncio.run(sweep())
+    same = sum(a == b for a, b in zip(outputs["cpu"], outputs["cuda"], strict=True))
+    print(f"\nTorchScript cuda vs cpu: {same}/{len(items)} translations token-identical")
+    print(f"{'clients':>8}{'tokens/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+    for clients in (1, 32, 256):
+        r = figures[f"cuda_clients_{clients}"]
+        print(f"{clients:>8}{r['tokens_per_s']:>10.1f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({"identical": same, "total": len(items),
+                                         "figures": figures}, indent=2))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ if command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1;
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install-test-tools: run as root (apt-get install prometheus)" >&2
-    exit 1
+    # Not fatal: the promtool/Prometheus tests then skip and say why.
+    echo "install-test-tools: not root, cannot apt-get install prometheus;" \
+         "tests needing promtool/prometheus will be skipped" >&2
+    exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q

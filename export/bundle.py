@@ -69,6 +69,8 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
             progress: bool, opset: int, grid: dict[str, Any]) -> Path:
     from models.checkpoint import load_run
 
+    if not run.is_dir():
+        raise UserError(f"{run}: no such run directory")
     if not (run / "DONE").is_file():
         raise UserError(f"{run}: the run is not finished (no DONE file); train it to the end")
     started = time.perf_counter()

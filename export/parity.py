@@ -95,12 +95,12 @@ def _compare_outputs(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, ref: 
 
 def _row_invariance(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, batch_out: Arrays,
                     row: int, length: int, alone: Arrays, tol: float) -> None:
+    views = {out.name: row_view(out, batch_out[out.name], row, length) for out in spec.outputs}
     for out in spec.outputs:
-        valid, tail = row_view(out, batch_out[out.name], row, length)
-        if out.name == "topk_ids":
+        valid, tail = views[out.name]
+        if out.name == "topk_ids":  # (1, k): compared with tie tolerance
             bad, ties = topk_id_mismatches(alone["topk_ids"], alone["topk_logprobs"], valid,
-                                           row_view(spec.outputs[1], batch_out["topk_logprobs"],
-                                                    row, length)[0], tol)
+                                           views["topk_logprobs"][0], tol)
             tally.ids(fmt, bad, ties)
             continue
         diff = max_abs(valid, alone[out.name])

@@ -63,7 +63,8 @@ def run_gradient_diagnostics(
     (out_dir / JSON_NAME).write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
     plot_flow(cells, cfg, out_dir / FLOW_PNG)
     plot_spectral(cells, out_dir / SPECTRAL_PNG)
-    log(f"[diagnose] wrote {out_dir / JSON_NAME}, {FLOW_PNG}, {SPECTRAL_PNG}")
+    log(f"[diagnose] wrote {out_dir / JSON_NAME}, {FLOW_PNG}, {SPECTRAL_PNG} "
+        f"({time.perf_counter() - start:.1f}s)")
     return doc
 
 

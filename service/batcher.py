@@ -6,6 +6,11 @@ token budget) or the oldest row has waited `max_wait_s`, then takes the oldest r
 nearest neighbours by length (a contiguous window of the length-sorted queue, so padding stays
 small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
 An exception fails that batch's rows only; the loop goes on.
+
+Which rows: the queue, sorted by length, is split into contiguous groups that minimise the
+total cost sum(overhead + rows x longest) under the row and token limits (`plan_batch`); the
+group holding the oldest row runs. A padded model pays rows x longest row, so this trades
+padding against the fixed cost of a batch instead of always filling batches to the top.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ class BatcherConfig:
     """Most rows waiting; a submit that would exceed it raises QueueFull."""
     retry_after_s: float = 1.0
     """Retry-After of QueueFull / ShuttingDown."""
+    overhead_tokens: float = 64.0
+    """Fixed cost of one batch in padded-token units (calibrated by the worker's warm-up)."""
 
 
 class Batcher(Generic[P, R]):
@@ -102,6 +109,8 @@ class Batcher(Generic[P, R]):
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{name}")
+        self.overhead_tokens = config.overhead_tokens
+        """Per-batch fixed cost in token units; a worker may set it after measuring."""
         self.max_depth_seen = 0
         """Highest queue depth ever observed (tests check the bound)."""
         self.batches_run = 0
@@ -215,8 +224,10 @@ class Batcher(Generic[P, R]):
         anchor = self._pending[0]
         ordered = sorted(self._pending, key=lambda r: r.length)
         lengths = [r.length for r in ordered]
-        a = ordered.index(anchor)
-        i, j = best_window(lengths, a, self.config.max_batch_size, self.config.max_batch_tokens)
+        i, j = plan_batch(
+            lengths, ordered.index(anchor), self.config.max_batch_size,
+            self.config.max_batch_tokens, self.overhead_tokens,
+        )
         chosen = {id(r) for r in ordered[i:j]}
         batch = [r for r in self._pending if id(r) in chosen]  # FIFO order
         for r in batch:
@@ -264,28 +275,24 @@ class Batcher(Generic[P, R]):
         self.observer.on_depth(depth)
 
 
-def best_window(lengths: list[int], anchor: int, max_rows: int, max_tokens: int) -> tuple[int, int]:
-    """The slice [i, j) of sorted `lengths` holding `anchor` with the most rows, then the least
-    padding, such that rows <= max_rows and rows x lengths[j-1] <= max_tokens.
-
-    The anchor row alone always qualifies (a row longer than the budget runs by itself).
-    """
+def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
+               overhead: float) -> tuple[int, int]:
+    """The group [i, j) of sorted `lengths` holding `anchor` in the cheapest split of all rows
+    into contiguous groups, a group costing `overhead + rows x lengths[j-1]`, each group
+    within `max_rows` and `max_tokens` (a single row always forms a valid group)."""
     n = len(lengths)
-    prefix = [0]
-    for x in lengths:
-        prefix.append(prefix[-1] + x)
-    best = (anchor, anchor + 1)
-    best_key = (1, 0)
-    for i in range(max(0, anchor - max_rows + 1), anchor + 1):
-        j = anchor + 1
-        while j < n and j + 1 - i <= max_rows and (j + 1 - i) * lengths[j] <= max_tokens:
-            j += 1
-        rows = j - i
-        if rows * lengths[j - 1] > max_tokens and rows > 1:
-            continue
-        padding = rows * lengths[j - 1] - (prefix[j] - prefix[i])
-        key = (rows, -padding)
-        if key > best_key:
-            best, best_key = (i, j), key
-    return best
-
+    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of lengths[:j]
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[j - 1]
+        for i in range(j - 1, max(0, j - max_rows) - 1, -1):
+            rows = j - i
+            if rows > 1 and rows * longest > max_tokens:
+                break
+            cost = best[i] + overhead + rows * longest
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    j = n
+    while start[j] > anchor:
+        j = start[j]
+    return start[j], j

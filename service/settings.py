@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     """Padded-token budget of one batch: rows x longest row."""
     max_wait_ms: float = Field(default=2.0, ge=0)
     """Longest a batch waits for more rows after its first arrived."""
+    batch_overhead_tokens: float = Field(default=64.0, ge=0)
+    """Cost of starting a batch, in padded tokens: how much padding length grouping accepts
+    to run fewer, larger batches (0 = only equal lengths share a batch)."""
     queue_size: int = Field(default=256, ge=1)
     """Most texts waiting per model; beyond it requests get 429."""
     request_timeout_s: float = Field(default=30.0, gt=0)

@@ -21,6 +21,7 @@ OPTIONS: dict[str, tuple[typing.Any, str]] = {
     "max_batch_size": (int, "most rows per batch"),
     "max_batch_tokens": (int, "padded-token budget per batch (rows x longest row)"),
     "max_wait_ms": (float, "longest a batch waits to fill"),
+    "batch_overhead_tokens": (float, "batch start cost in padded tokens (length grouping)"),
     "queue_size": (int, "most texts waiting per model (beyond: 429)"),
     "request_timeout_s": (float, "per-request deadline (beyond: 504)"),
     "drain_timeout_s": (float, "on SIGTERM, time allowed for admitted work"),

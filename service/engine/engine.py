@@ -3,7 +3,8 @@
 One task owns the loop (vLLM `EngineCore.step` style: schedule, execute, update):
 
 1. admit waiting requests while the live-hypothesis budget allows (each request reserves
-   `beam_size` rows); their encoders run as one batch;
+   `beam_size` rows); their encoders run as one batch, on a thread of their own, while the
+   current decoder step runs, and they join the batch at the next step;
 2. run ONE `decoder_step` for every live hypothesis of every request (one runtime call);
 3. hand each request its rows (`RequestSearch.step`), gather the surviving state rows, and
    answer every request that finished, at once.
@@ -137,6 +138,9 @@ class DecodingEngine:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._encoder_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self._encoding: asyncio.Task[list[_Request]] | None = None  # admitted, being encoded
+        self._encoding_requests: list[_Request] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -152,6 +156,7 @@ class DecodingEngine:
             await self._task
             self._task = None
         self._executor.shutdown(wait=True)
+        self._encoder_pool.shutdown(wait=True)
 
     @property
     def live_rows(self) -> int:
@@ -207,26 +212,45 @@ class DecodingEngine:
     # -- the loop -------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Admitted requests are encoded on their own thread while the decoder step of the
+        active ones runs (both off the event loop); they join at the next step."""
         while True:
             self._drop_cancelled()
-            if not self._active and not self._waiting:
+            if not self._active and not self._waiting and self._encoding is None:
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             try:
-                admitted = self._admit()
-                if admitted:
-                    await self._encode(admitted)
+                if self._encoding is None:
+                    admitted = self._admit()
+                    if admitted:
+                        self._encoding = asyncio.ensure_future(self._encode(admitted))
+                        self._encoding_requests = admitted
                 if self._active:
                     await self._step()
+                elif self._encoding is not None:
+                    await asyncio.wait([self._encoding])  # nothing to overlap it with
+                if self._encoding is not None and self._encoding.done():
+                    self._join(self._encoding.result())
+                    self._encoding = None
             except Exception as exc:  # a bug here must not hang every waiting client
                 log.exception("decoding engine iteration failed")
+                if self._encoding is not None and self._encoding.done():
+                    self._active += self._encoding_requests
+                    self._encoding = None
                 for r in self._active:
                     self._fail(r, exc)
                 self._active, self._memory = [], None
             self._report_depth()
+
+    def _join(self, encoded: list[_Request]) -> None:
+        """Encoded requests enter the decoder batch (at a step boundary)."""
+        joined = [r for r in encoded if not r.future.done() and r.memory is not None]
+        if joined:
+            self._active.extend(joined)
+            self._memory = None
 
     def _admit(self) -> list[_Request]:
         cfg = self.config
@@ -256,11 +280,12 @@ class DecodingEngine:
 
     async def _call(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.runtime.run, graph, inputs)
+        pool = self._encoder_pool if graph == "encoder" else self._executor
+        return await loop.run_in_executor(pool, self.runtime.run, graph, inputs)
 
     # -- encoder --------------------------------------------------------------------------
 
-    async def _encode(self, requests: list[_Request]) -> None:
+    async def _encode(self, requests: list[_Request]) -> list[_Request]:
         """Encode the admitted requests as one batch; on a fault, one by one."""
         start = time.perf_counter()
         try:
@@ -271,10 +296,10 @@ class DecodingEngine:
                     await self._encode_batch([r])
                 except Exception as exc:  # only this request fails
                     self._fail(r, exc)
+                    r.memory = None
         if self.observer is not None:
             self.observer.on_encode(time.perf_counter() - start, len(requests))
-        self._active.extend(r for r in requests if not r.future.done())
-        self._memory = None
+        return requests
 
     async def _encode_batch(self, requests: list[_Request]) -> None:
         lengths = np.array([len(r.src_ids) for r in requests], dtype=np.int64)  # (n,)

@@ -291,10 +291,8 @@ class RequestSearch:
     def _sample(self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray | None,
                 attention: np.ndarray) -> np.ndarray:
         o = self.options
-        if allowed is None:
-            cand = np.arange(ids.shape[1])
-        else:
-            cand = np.flatnonzero(allowed[0])  # candidate columns, best first
+        # candidate columns, best first
+        cand = np.arange(ids.shape[1]) if allowed is None else np.flatnonzero(allowed[0])
         if cand.size == 0:  # every candidate blocked: end the hypothesis here
             self._finish(self.live[0])
             self.live = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Literal
+from urllib.parse import urlsplit
 
 from models.errors import UserError
 
@@ -46,6 +47,9 @@ class LoadConfig:
     """"raw" (lean asyncio HTTP/1.1 client, default) or "httpx" (for comparison)."""
 
     def __post_init__(self) -> None:
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserError(f"server URL must look like http://host:port, got {self.url!r}")
         if self.task not in TASKS:
             raise UserError(f"task must be one of {TASKS}, got {self.task!r}")
         if (self.rate is None) == (self.concurrency is None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -66,5 +67,8 @@ def write_results(
     paths["json"].write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     write_csv(paths["csv"], steps)
     if plots:
-        paths |= write_plots(out, steps, payload.get("slo_p99_ms"))
+        if importlib.util.find_spec("matplotlib") is None:
+            print("plots skipped: matplotlib is not installed (pip install matplotlib)")
+        else:
+            paths |= write_plots(out, steps, payload.get("slo_p99_ms"))
     return paths

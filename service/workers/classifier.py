@@ -61,6 +61,7 @@ class ClassifierWorker:
             max_wait_s=s.max_wait_ms / 1000.0,
             queue_size=s.queue_size,
             retry_after_s=s.retry_after_s,
+            overhead_tokens=s.batch_overhead_tokens,
         )
         self.batcher: Batcher[list[int], Row] = Batcher(
             self.compute, config, name=ctx.name, observer=ctx.metrics.batch_observer(ctx.name)

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 from deploy_support import REPO, free_port, http, running, tool, wait_for
-from dockerfile_sim import HOST_ONLY, env_pairs, exec_form, parse_dockerfile, simulate
+from dockerfile_sim import (
+    HOST_ONLY,
+    dockerignore_filter,
+    env_pairs,
+    exec_form,
+    expand,
+    ignored,
+    parse_dockerfile,
+    simulate,
+)
 
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ["cpu", "gpu"]
@@ -75,7 +84,7 @@ def test_runtime_stage_contract(target: str) -> None:
            if k.startswith("SEQSERVE_")}
     fields = {k.removeprefix("SEQSERVE_").lower(): v for k, v in env.items()}
     assert set(fields) <= set(Settings.model_fields), fields
-    device = Settings(**fields).device
+    device = Settings.model_validate(fields).device
     assert device == ("cuda" if target == "gpu" else "cpu")
 
 
@@ -153,3 +162,17 @@ def test_cpu_image_builds_and_serves(tmp_path: Path, tiny_repo: Path) -> None:
         status, body = http(f"{base}/v1/models/tiny-clf/classify", {"texts": ["one two"]})
         assert status == 200, body
     assert server.returncode == 0, server.log.read_text()[-3000:]
+
+
+def test_dockerignore_keeps_copy_sources_and_drops_the_rest() -> None:
+    df = parse_dockerfile(DOCKERFILE.read_text())
+    patterns = dockerignore_filter(REPO)
+    sources = [src for s in df.stages for i in s.all("COPY") if "from" not in i.flags
+               for src in i.args.split()[:-1]]
+    defaults = {**df.global_args, "BUNDLES_DIR": "deploy/bundles"}
+    for src in sources:
+        path = expand(src, defaults).strip("/").removeprefix("./")
+        assert path and not ignored(path, patterns), f"COPY source {src} is .dockerignored"
+        assert (REPO / path).exists(), f"COPY source {src} missing from the repository"
+    for heavy in (".venv", ".git", "runs", "data", "service/__pycache__"):
+        assert ignored(heavy, patterns), heavy

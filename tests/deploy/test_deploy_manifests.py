@@ -146,7 +146,7 @@ def test_args_parse_and_configmap_names_settings(rendered: Docs, overlay: str) -
     # The ConfigMap reaches the server: every value not overridden by a flag is in effect.
     as_fields = {k.removeprefix("SEQSERVE_").lower(): v for k, v in env.items()}
     with environ({}):
-        expected = Settings(**as_fields)
+        expected = Settings.model_validate(as_fields)
     for field in as_fields:
         if getattr(args, field, None) is None:
             assert getattr(settings, field) == getattr(expected, field), field

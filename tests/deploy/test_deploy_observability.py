@@ -123,3 +123,19 @@ def test_probe_paths_answer_on_a_live_server(rendered: Docs, overlay: str,
     for name, probe in probes(rendered[overlay]).items():
         status, body = http(f"{live_server}{probe['httpGet']['path']}")
         assert status == 200, (name, body)
+
+
+def _contract_metrics() -> set[str]:
+    text = (DEPLOY.parent / "docs" / "contracts.md").read_text()
+    section = text[text.index("## Metric names"):]
+    return set(re.findall(r"`(seqserve_[a-z0-9_]+)`", section))
+
+
+def test_every_contract_metric_is_exported_and_on_the_dashboard(metrics_text: str) -> None:
+    contract = _contract_metrics()
+    assert len(contract) >= 10
+    families = set(re.findall(r"^# TYPE (\S+) ", metrics_text, re.M))
+    assert contract - families == set(), "docs/contracts.md metrics the server lacks"
+    on_dashboard = set().union(*(referenced_metrics(e) for e in dashboard_exprs()))
+    shown = {m for m in contract if any(n == m or n.startswith(m + "_") for n in on_dashboard)}
+    assert contract - shown == set(), "contract metrics missing from the dashboard"

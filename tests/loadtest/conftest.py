@@ -131,9 +131,9 @@ def serve_app(app: Any, timeout_s: float = 60.0, **config: Any) -> Iterator[str]
         sock.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stub_server() -> Iterator[StubServer]:
-    """The stub app under uvicorn on a free 127.0.0.1 port for the module's tests."""
+    """The stub app under uvicorn on a free 127.0.0.1 port, shared by the load tool's tests."""
     calls: Counter[str] = Counter()
     with serve_app(make_stub_app(calls)) as url:
         yield StubServer(url, calls)

@@ -106,7 +106,7 @@ def test_locustfile_drives_the_server(stub_server: Any, texts_file: Path, tmp_pa
     }
     prefix = tmp_path / "locust"
     cmd = [locust, "-f", str(REPO / "deploy/loadtest/locustfile.py"), "--headless",
-           "--host", stub_server.url, "-u", "4", "-r", "4", "-t", "3s", "--only-summary",
+           "--host", stub_server.url, "-u", "4", "-r", "4", "-t", "2s", "--only-summary",
            "--csv", str(prefix), "--loglevel", "WARNING"]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, proc.stderr[-2000:]

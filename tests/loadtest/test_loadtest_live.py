@@ -127,13 +127,13 @@ def test_translate_counts_generated_tokens(stub_server: Any, texts_file: Path) -
 
 def test_sweep_finds_the_highest_rate_within_the_slo(stub_server: Any, texts_file: Path) -> None:
     """Serial 50 ms server: 5 req/s is far below capacity, 60 req/s is 3x over it."""
-    cfg = LoadConfig(stub_server.url, "serial", rate=5.0, duration_s=1.5)
+    cfg = LoadConfig(stub_server.url, "serial", rate=5.0, duration_s=1.0)
     lines: list[str] = []
     sweep = run_sweep(
         cfg, [5.0, 60.0, 80.0], texts=load_text_file(texts_file), slo_p99_ms=1000.0,
         progress=lines.append,
     )  # fmt: skip
-    # 60/s for 1.5 s is ~90 requests needing ~4.5 s of serial service: p99 >> 1 s, so the sweep
+    # 60/s for 1 s is ~60 requests needing ~3 s of serial service: p99 >> 1 s, so the sweep
     # stops there and never runs the 80/s step.
     assert [s.config.rate for s in sweep.steps] == [5.0, 60.0]
     assert sweep.passed == [True, False] and sweep.best_rate == 5.0

@@ -89,6 +89,8 @@ def test_config_checks_name_the_problem() -> None:
         LoadConfig("http://x", "m", rate=0)
     with pytest.raises(UserError, match="duration or a request count"):
         LoadConfig("http://x", "m", rate=1, duration_s=None)
+    with pytest.raises(UserError, match="http://host:port"):
+        LoadConfig("127.0.0.1:8000", "m", rate=1)
     cfg = LoadConfig("http://h:1/", "langid", "translate", concurrency=3)
     assert cfg.mode == "closed" and cfg.endpoint == "http://h:1/v1/models/langid/translate"
     assert cfg.with_rate(7).mode == "open"

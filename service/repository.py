@@ -81,8 +81,7 @@ class ModelRepository:
             return
         entry.worker, entry.state = worker, "ready"
         self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
-        log.info("model %s version %d ready (%s on %s)", entry.name, entry.version,
-                 entry.task, ",".join(getattr(worker, "providers", []) or []))
+        log.info("model %s version %d ready (%s)", entry.name, entry.version, entry.task)
 
     def _build(self, entry: ModelEntry) -> ModelWorker:
         """Verify, open the runtime and construct the worker (blocking; runs in a thread)."""

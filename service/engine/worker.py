@@ -134,6 +134,7 @@ class TranslatorWorker:
                 decoded = task.result()
                 call.queue_s = max(d.queue_s for d in decoded)
                 call.compute_s = max(d.decode_s for d in decoded)
+                call.batch_sizes.append(len(decoded))  # the middleware then records both
                 return decoded
             if gone in done:
                 raise ClientGone("client disconnected")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
 
 from service.repository import ModelEntry, ModelRepository
 from service.routes.deps import app_state, new_call
@@ -52,28 +55,30 @@ async def get_model(name: str, request: Request) -> ModelInfo:
 
 async def _classify(
     request: Request, name: str, version: str | None, body: ClassifyRequest, call: Call
-) -> ClassifyResponse:
+) -> JSONResponse:
     entry, worker = app_state(request).repository.worker(name, version, task="classifier")
-    assert isinstance(worker, ClassifierWorker)
-    results = await worker.classify(body.texts, body.top_k, body.return_attention, call)
-    return ClassifyResponse(model=name, version=entry.version, results=results)
+    classifier = cast(ClassifierWorker, worker)
+    results = await classifier.classify(body.texts, body.top_k, body.return_attention, call)
+    response = ClassifyResponse(model=name, version=entry.version, results=results)
+    # Already validated: skip FastAPI's second validation of the return value.
+    return JSONResponse(response.model_dump(exclude_none=True))
 
 
-@router.post("/models/{name}/classify", name="classify", response_model_exclude_none=True)
+@router.post("/models/{name}/classify", name="classify", response_model=ClassifyResponse)
 async def classify(
     name: str, body: ClassifyRequest, request: Request, call: Call = Depends(new_call)
-) -> ClassifyResponse:
+) -> JSONResponse:
     """Classify texts with the default (highest ready) version."""
     return await _classify(request, name, None, body, call)
 
 
 @router.post(
     "/models/{name}/versions/{version}/classify", name="classify",
-    response_model_exclude_none=True,
+    response_model=ClassifyResponse,
 )
 async def classify_version(
     name: str, version: str, body: ClassifyRequest, request: Request,
     call: Call = Depends(new_call),
-) -> ClassifyResponse:
+) -> JSONResponse:
     """Classify texts with one version."""
     return await _classify(request, name, version, body, call)

@@ -258,6 +258,11 @@ def test_overload_429_and_cancel_frees_rows(tiny_repo: Path,
                          "seqserve_time_per_token_seconds_count"):
                 found = re.search(rf'^{name}{{model="tiny-mt"}} (\S+)', metrics, re.M)
                 assert found, name
+            for name in ("seqserve_queue_time_seconds_count",
+                         "seqserve_compute_time_seconds_count",
+                         "seqserve_request_duration_seconds_count"):
+                assert re.search(rf'^{name}{{endpoint="translate",model="tiny-mt"}} [1-9]',
+                                 metrics, re.M), name
             steps_total = re.search(r'^seqserve_decode_steps_total{model="tiny-mt"} (\S+)',
                                     metrics, re.M)
             assert steps_total and float(steps_total.group(1)) == engine.stats.steps
@@ -274,5 +279,40 @@ def test_describe_lists_translator_limits(tiny_repo: Path) -> None:
 
     info = run(scenario())
     details = info["versions"][0]["details"]
-    assert details["limits"]["max_decode_length"] == 40
+    manifest = load_bundle(tiny_repo / "tiny-mt" / "1")
+    assert details["limits"]["max_decode_length"] == manifest.limits["max_decode_length"]
+    assert details["limits"]["max_live_hypotheses"] >= 16
     assert json.dumps(details)
+
+
+def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
+    """The worker's path for a client that left (499) or a deadline that passed (504)."""
+    import time
+
+    from service.errors import ClientGone, DeadlineExceeded
+    from service.workers.base import Call
+
+    app = create_app(settings(tiny_repo), fake_factory(delay=0.003))
+    long = TranslateOptions(beam_size=4, min_length=30, max_length=40).search_options()
+
+    async def scenario() -> None:
+        async with serve(app):
+            worker = worker_of(app)
+            sources = worker.encode(TEXTS[:2])
+            call = Call(deadline=time.monotonic() + 30)
+            task = asyncio.ensure_future(worker.decode(sources, long, call))
+            while worker.engine.live_rows < 8:
+                await asyncio.sleep(0.002)
+            call.disconnected.set()
+            with pytest.raises(ClientGone):
+                await task
+            late = Call(deadline=time.monotonic() + 0.05)
+            with pytest.raises(DeadlineExceeded):
+                await worker.decode(sources, long, late)
+            for _ in range(500):
+                if worker.engine.live_rows == 0:
+                    break
+                await asyncio.sleep(0.002)
+            assert worker.engine.live_rows == 0 and worker.engine.stats.steps < 60
+
+    run(scenario())

@@ -50,6 +50,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--beam-size", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op and torch threads")
+    p.add_argument("--groups", type=int, default=1, help="engine decoder-step groups")
     p.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="training run for (c) (default: the manifest's source run)")
@@ -169,7 +170,8 @@ async def engine_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]]
                       args: argparse.Namespace, continuous: bool) -> tuple[dict[str, float],
                                                                            StepStats]:
     config = EngineConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
-                          max_queue=4096, max_admit=64, continuous=continuous)
+                          max_queue=4096, max_admit=64, continuous=continuous,
+                          groups=args.groups)
     options = SearchOptions(beam_size=args.beam_size)
     async with DecodingEngine(runtime, limits, config) as engine:
         await engine.translate(items[:8], options)  # warm-up
@@ -246,7 +248,7 @@ def main() -> None:
     items = [tok.encode(x)[: int(manifest.limits.get("max_tokens", 256))] for x in texts]
     print(f"{args.model} v{manifest.version} ({args.runtime}), {len(items)} sentences "
           f"(mean {statistics.mean(map(len, items)):.1f} source tokens), {args.clients} "
-          f"clients, beam {args.beam_size}, {args.threads} thread(s)")
+          f"clients, beam {args.beam_size}, {args.threads} thread(s), {args.groups} group(s)")
     results: dict[str, dict[str, float]] = {}
     results["a_continuous"], stats = asyncio.run(engine_mode(runtime, limits, items, args, True))
     results["b_request_level"], stats_b = asyncio.run(

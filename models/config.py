@@ -167,7 +167,8 @@ class TrainConfig(_DictMixin):
     warmup_steps: int = 50
     """Linear learning-rate warm-up steps."""
     lr_schedule: str = "linear"
-    """After warm-up: constant | linear (decay to 10% at the last planned step)."""
+    """After warm-up: constant | linear (to 10% at the last planned step) | budget (linear,
+    or faster when the max_minutes budget runs out first)."""
     clip_norm: float = 1.0
     """Gradient-norm clipping threshold (<= 0 disables)."""
     label_smoothing: float = 0.0
@@ -197,8 +198,8 @@ class TrainConfig(_DictMixin):
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be > 0")
-        if self.lr_schedule not in ("constant", "linear"):
-            raise ValueError(f"lr_schedule={self.lr_schedule!r}: use constant or linear")
+        if self.lr_schedule not in ("constant", "linear", "budget"):
+            raise ValueError(f"lr_schedule={self.lr_schedule!r}: use constant, linear or budget")
         if not 0.0 <= self.scheduled_sampling <= 1.0:
             raise ValueError(f"scheduled_sampling={self.scheduled_sampling} must be in [0, 1]")
         if not 0.0 <= self.label_smoothing < 1.0:

@@ -4,8 +4,9 @@
 directory of docs/contracts.md (config.json, tokenizer.model, model.safetensors, metrics.json,
 metrics.csv, curves.png, test_metrics.json, DONE last) and returns the test metrics.
 
-`DEMO_CLASSIFIER` and `DEMO_TRANSLATOR` are the keyword arguments of the demo runs:
-`run_training(out_dir=..., **DEMO_CLASSIFIER)`.
+`DEMO_CLASSIFIER` and `DEMO_TRANSLATOR` describe the demo runs: {"task", "data", "model":
+model overrides, "train": training overrides}, used as
+`run_training(d["task"], d["data"], out_dir, d["model"], d["train"])`.
 """
 
 from __future__ import annotations
@@ -36,22 +37,21 @@ from models.translator import Translator
 DEMO_CLASSIFIER: dict[str, Any] = {
     "task": "classifier",
     "data": "langid",
-    "model_overrides": {"vocab_size": 1000},
-    "train_overrides": {"epochs": 6, "batch_size": 64, "lr": 3e-3, "max_minutes": 1.75,
-                        "patience": 2, "num_threads": 1, "tokenizer_type": "unigram"},
+    "model": {"vocab_size": 1000},
+    "train": {"epochs": 4, "batch_size": 64, "lr": 3e-3, "max_minutes": 2.0, "patience": 2,
+              "num_threads": 1, "tokenizer_type": "unigram"},
 }
 """Demo language-ID run: the canonical classifier shape (BiLSTM 2x128, additive pooling) with a
-small unigram vocabulary (1000 pieces compose unseen number words far better than 4000)."""
+small unigram vocabulary (1000 pieces compose unseen number words far better than 4000).
+One torch thread: on a shared 2-core machine two threads contend badly."""
 
 DEMO_TRANSLATOR: dict[str, Any] = {
     "task": "translator",
     "data": "numbers-en-fr",
-    "model_overrides": {"vocab_size": 4000, "cell": "gru", "hidden_size": 256,
-                        "embed_size": 128, "num_layers": 1, "dropout": 0.1,
-                        "attention": "additive"},
-    "train_overrides": {"epochs": 8, "batch_size": 64, "lr": 3e-3, "max_minutes": 1.5,
-                        "patience": 2, "num_threads": 1, "tokenizer_type": "word",
-                        "max_eval_examples": 1000},
+    "model": {"vocab_size": 4000, "cell": "gru", "hidden_size": 256, "embed_size": 128,
+              "num_layers": 1, "dropout": 0.1, "attention": "additive"},
+    "train": {"epochs": 4, "batch_size": 64, "lr": 3e-3, "max_minutes": 1.5, "patience": 2,
+              "num_threads": 1, "tokenizer_type": "word", "max_eval_examples": 1000},
 }
 """Demo en->fr numbers run: word-level (about 450 words) GRU translator, Bahdanau attention."""
 

@@ -57,8 +57,9 @@ class FitResult:
 class LRSchedule:
     """Linear warm-up, then constant or linear decay to 10% of the peak.
 
-    Decay progress is the larger of the step fraction and, under a time budget, the elapsed
-    fraction of the budget, so a run cut short by its budget still ends at a low rate.
+    "linear" decays by the fraction of planned steps done (reproducible). "budget" decays by
+    the larger of that and the elapsed fraction of the time budget, so a run cut short by its
+    budget still ends at a low rate (but then depends on the machine's speed).
     """
 
     cfg: TrainConfig
@@ -74,7 +75,7 @@ class LRSchedule:
         if cfg.lr_schedule == "constant":
             return 1.0
         progress = (self.step - cfg.warmup_steps) / max(1, self.total_steps - cfg.warmup_steps)
-        if self.budget_s < math.inf:
+        if cfg.lr_schedule == "budget" and self.budget_s < math.inf:
             progress = max(progress, (time.monotonic() - self.start) / self.budget_s)
         return max(0.1, 1.0 - 0.9 * min(1.0, progress))
 

@@ -42,26 +42,23 @@ class ServingMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.monotonic()
-        status = {"code": 500}
-        timing_headers = {"server-timing": "queue;dur=0, compute;dur=0"}
+        status = {"code": 500, "observed": 0}
         send_timed = self._timed_send(scope, send, start, status)
         try:
             if self.state.draining and not scope["path"].startswith(OPEN_WHILE_DRAINING):
-                status["code"] = 503
                 retry = {"retry-after": str(self.state.settings.retry_after_s)}
-                await send_error(send, 503, "server is shutting down", retry | timing_headers)
+                await send_error(send_timed, 503, "server is shutting down", retry)
                 return
             body = await self._read_body(scope, receive)
             if body is None:
-                status["code"] = 413
                 limit = self.state.settings.max_body_bytes
-                await send_error(
-                    send, 413, f"request body exceeds max_body_bytes ({limit})", timing_headers
-                )
+                await send_error(send_timed, 413, f"request body exceeds max_body_bytes ({limit})",
+                                 {})
                 return
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
-            self._observe(scope, status["code"], time.monotonic() - start)
+            if not status["observed"]:  # no response went out (an exception escaped)
+                self._observe(scope, status["code"], time.monotonic() - start)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None when it is (or announces itself) over the limit."""
@@ -87,12 +84,12 @@ class ServingMiddleware:
                 break
         return b"".join(chunks)
 
-    def _timed_send(
-        self, scope: Scope, send: Send, start: float, status: dict[str, int]
-    ) -> Send:
+    def _timed_send(self, scope: Scope, send: Send, start: float, status: dict[str, int]) -> Send:
         async def wrapped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = int(message["status"])
+                status["observed"] = 1  # before the client can see the answer
+                self._observe(scope, status["code"], time.monotonic() - start)
                 call = scope.get("state", {}).get("call")
                 queue_ms = call.queue_s * 1000 if call else 0.0
                 compute_ms = call.compute_s * 1000 if call else 0.0

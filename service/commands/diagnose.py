@@ -45,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="train at length T from the first step (default: lengths 2 -> T)")
     grad.add_argument("--probe-batch", type=int, default=128, help="rows averaged over")
     grad.add_argument("--seed", type=int, default=0)
-    grad.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    # One thread by default: the ops are tiny (B=64, H=64), and on the shared 2-core machine
+    # 2 threads ran the default command in 252 s against 18 s for 1 (OpenMP contention).
+    grad.add_argument("--threads", type=int, default=1,
+                      help="torch CPU threads (default 1; the small ops gain nothing from more)")
     grad.add_argument("--out", type=Path, required=True, help="output folder")
 
 

@@ -72,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     train_overrides: dict[str, object] = {}
     if args.demo_defaults:
         demo = DEMO_CLASSIFIER if args.task == "classifier" else DEMO_TRANSLATOR
-        model_overrides.update(demo["model_overrides"])
-        train_overrides.update(demo["train_overrides"])
+        model_overrides.update(demo["model"])
+        train_overrides.update(demo["train"])
     model_overrides.update(_overrides(args, _MODEL_FLAGS))
     train_overrides.update(_overrides(args, _TRAIN_FLAGS))
     metrics = run_training(args.task, args.data, args.out, model_overrides, train_overrides,

@@ -9,6 +9,10 @@ One task owns the loop (vLLM `EngineCore.step` style: schedule, execute, update)
 3. hand each request its rows (`RequestSearch.step`), gather the surviving state rows, and
    answer every request that finished, at once.
 
+With `EngineConfig.groups` G > 1 the requests are split into G groups whose steps take turns
+on the runtime thread: while one group's step computes, the loop updates another group's
+beams, so the Python bookkeeping hides behind the runtime (G = 1 is the plain loop above).
+
 New requests join at the next step. Each request's encoder memory is kept once, (S_i, D); the
 padded concatenation (N, S_max, D) that `decoder_step` reads through `memory_index` is rebuilt
 only when the set of requests changes. Runtime calls run in a one-thread executor, off the
@@ -29,82 +33,15 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from models.errors import UserError
-from service.engine.search import DecodeLimits, Hypothesis, RequestSearch, SearchOptions
+from service.engine.search import DecodeLimits, RequestSearch, SearchOptions
+from service.engine.types import Decoded, EngineConfig, EngineObserver, Runtime, StepStats
 from service.errors import BadRequest, InferenceFailed, QueueFull, ShuttingDown
 
 log = logging.getLogger("seqserve.engine")
-
-
-class Runtime(Protocol):
-    """The slice of the runtime interface the engine uses (docs/contracts.md)."""
-
-    def run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
-
-
-class EngineObserver(Protocol):
-    """Where the engine reports what it did (Prometheus in the server, nothing in tests)."""
-
-    def on_encode(self, seconds: float, batch: int) -> None: ...
-
-    def on_step(self, seconds: float, rows: int) -> None: ...
-
-    def on_finish(self, tokens: int, seconds: float) -> None: ...
-
-    def on_depth(self, waiting: int, live_rows: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Capacity and scheduling of one translator's engine."""
-
-    max_live_hypotheses: int = 256
-    """Rows reserved at once (sum of beam_size of admitted requests); keeps memory flat."""
-    max_queue: int = 512
-    """Requests waiting for admission; beyond it submissions get 429."""
-    max_admit: int = 64
-    """Requests encoded together in one admission batch."""
-    continuous: bool = True
-    """Step-level batching; False: request-level (a batch runs to completion first)."""
-    pad_id: int = 0
-    """Padding id of source batches."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_live_hypotheses", "max_queue", "max_admit"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1")
-
-
-@dataclass
-class StepStats:
-    """Decoder-step timings by row count (the benchmark prints time per row from it)."""
-
-    calls: dict[int, int] = field(default_factory=dict)
-    seconds: dict[int, float] = field(default_factory=dict)
-    steps: int = 0
-    generated_tokens: int = 0
-
-    def add(self, rows: int, seconds: float) -> None:
-        self.calls[rows] = self.calls.get(rows, 0) + 1
-        self.seconds[rows] = self.seconds.get(rows, 0.0) + seconds
-        self.steps += 1
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """One source's answer: n-best hypotheses (best first) and where its time went."""
-
-    hypotheses: list[Hypothesis]
-    queue_s: float
-    """Submission to admission (waiting for live-hypothesis room)."""
-    decode_s: float
-    """Admission to answer (encoder and every decoder step it took part in)."""
-    steps: int
-    """Decoder steps it took part in."""
 
 
 @dataclass(eq=False)
@@ -121,6 +58,29 @@ class _Request:
     slot: int = 0  # its row in the padded memory
 
 
+_StepResult = tuple[dict[str, np.ndarray], float] | Exception
+"""A decoder step's outputs and runtime seconds, or what it raised."""
+
+
+@dataclass(eq=False)
+class _Group:
+    """Requests that share one decoder_step call; groups take turns (see `_round`)."""
+
+    requests: list[_Request] = field(default_factory=list)
+    memory: tuple[np.ndarray, np.ndarray] | None = None  # padded (N, S, D), (N, S), cached
+    pending: asyncio.Future[tuple[list[_Request], _StepResult]] | None = None
+
+    def rows(self) -> int:
+        return sum(r.search.rows for r in self.requests)
+
+
+def _timed_run(runtime: Runtime, graph: str,
+               inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
+    start = time.perf_counter()
+    out = runtime.run(graph, inputs)
+    return out, time.perf_counter() - start
+
+
 class DecodingEngine:
     """See module doc. Start with `start()`, submit with `translate()`, stop with `stop()`."""
 
@@ -132,8 +92,8 @@ class DecodingEngine:
         self.observer = observer
         self.stats = StepStats()
         self._waiting: deque[_Request] = deque()
-        self._active: list[_Request] = []
-        self._memory: tuple[np.ndarray, np.ndarray] | None = None  # (N, S, D), (N, S)
+        self._groups = [_Group() for _ in range(self.config.groups)]
+        self._joining: list[_Request] = []  # encoded, not yet in a group
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -158,9 +118,18 @@ class DecodingEngine:
         self._executor.shutdown(wait=True)
         self._encoder_pool.shutdown(wait=True)
 
+    def abort(self, error: Exception) -> None:
+        """Fail every queued and admitted request with `error` (shutdown past its grace)."""
+        self._closing = True
+        active = [r for g in self._groups for r in g.requests]
+        for r in [*self._waiting, *active, *self._joining, *self._encoding_requests]:
+            if not r.future.done():
+                r.future.set_exception(error)
+        self._wake.set()
+
     @property
     def live_rows(self) -> int:
-        return sum(r.search.rows for r in self._active)
+        return sum(g.rows() for g in self._groups)
 
     @property
     def queued(self) -> int:
@@ -212,11 +181,15 @@ class DecodingEngine:
     # -- the loop -------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        """Admitted requests are encoded on their own thread while the decoder step of the
-        active ones runs (both off the event loop); they join at the next step."""
+        """Admitted requests are encoded on their own thread while decoder steps run (both off
+        the event loop); they join a group at its next step."""
         while True:
             self._drop_cancelled()
-            if not self._active and not self._waiting and self._encoding is None:
+            busy = any(g.requests or g.pending for g in self._groups)
+            if not busy and self._joining:
+                self._place_joining(self._groups[0])
+                busy = True
+            if not busy and not self._waiting and self._encoding is None:
                 if self._closing:
                     return
                 self._wake.clear()
@@ -228,35 +201,81 @@ class DecodingEngine:
                     if admitted:
                         self._encoding = asyncio.ensure_future(self._encode(admitted))
                         self._encoding_requests = admitted
-                if self._active:
-                    await self._step()
+                if busy:
+                    await self._round()
                 elif self._encoding is not None:
                     await asyncio.wait([self._encoding])  # nothing to overlap it with
                 if self._encoding is not None and self._encoding.done():
-                    self._join(self._encoding.result())
+                    self._joining += [r for r in self._encoding.result()
+                                      if not r.future.done() and r.memory is not None]
                     self._encoding = None
+                    if not busy:
+                        self._place_joining(min(self._groups, key=_Group.rows))
             except Exception as exc:  # a bug here must not hang every waiting client
                 log.exception("decoding engine iteration failed")
-                if self._encoding is not None and self._encoding.done():
-                    self._active += self._encoding_requests
-                    self._encoding = None
-                for r in self._active:
-                    self._fail(r, exc)
-                self._active, self._memory = [], None
+                self._fail_everything(exc)
             self._report_depth()
 
-    def _join(self, encoded: list[_Request]) -> None:
-        """Encoded requests enter the decoder batch (at a step boundary)."""
-        joined = [r for r in encoded if not r.future.done() and r.memory is not None]
-        if joined:
-            self._active.extend(joined)
-            self._memory = None
+    async def _round(self) -> None:
+        """One step of every group: collect a group's finished step, update its beams (while
+        the runtime computes the next group's step), place joining requests, relaunch it."""
+        for group in self._groups:
+            if group.pending is not None:
+                pending, group.pending = group.pending, None
+                await self._collect(group, *(await pending))
+            if not group.requests or group.rows() <= min(g.rows() for g in self._groups):
+                self._place_joining(group)
+            if group.requests:
+                group.pending = self._launch(group)
+
+    def _place_joining(self, group: _Group) -> None:
+        if self._joining:
+            group.requests += self._joining
+            group.memory = None
+            self._joining = []
+
+    def _launch(self, group: _Group) -> asyncio.Future[tuple[list[_Request], _StepResult]]:
+        """Start the group's decoder step on the runtime thread (queued behind any other)."""
+        requests = list(group.requests)
+        if group.memory is None:
+            group.memory = _pad_memory(requests)
+        inputs = _step_inputs(requests, *group.memory)
+        loop = asyncio.get_running_loop()
+
+        async def run() -> tuple[list[_Request], _StepResult]:
+            try:
+                return requests, await loop.run_in_executor(
+                    self._executor, _timed_run, self.runtime, "decoder_step", inputs)
+            except Exception as exc:
+                return requests, exc
+
+        return asyncio.ensure_future(run())
+
+    async def _collect(self, group: _Group, requests: list[_Request],
+                       result: _StepResult) -> None:
+        """Hand each request its rows of a finished step; answer the finished ones."""
+        if isinstance(result, Exception):
+            await self._step_one_by_one(requests)
+            group.memory = None  # the one-by-one steps moved the slots
+        else:
+            out, seconds = result
+            rows = sum(r.search.rows for r in requests)
+            self.stats.add(rows, seconds)
+            if self.observer is not None:
+                self.observer.on_step(seconds, rows)
+            offset = 0
+            for r in requests:
+                n = r.search.rows
+                self._advance(r, out, offset, n)
+                offset += n
+        self._retire(group)
 
     def _admit(self) -> list[_Request]:
         cfg = self.config
-        if not cfg.continuous and self._active:
+        active = [r for g in self._groups for r in g.requests]
+        if not cfg.continuous and (active or self._joining):
             return []
-        reserved = sum(r.search.options.beam_size for r in self._active)
+        reserved = sum(r.search.options.beam_size for r in [*active, *self._joining])
         admitted: list[_Request] = []
         while self._waiting and len(admitted) < cfg.max_admit:
             head = self._waiting[0]
@@ -271,17 +290,12 @@ class DecodingEngine:
         return admitted
 
     def _drop_cancelled(self) -> None:
-        kept = [r for r in self._active if not r.future.done()]
-        if len(kept) != len(self._active):
-            self._active = kept
-            self._memory = None
+        for group in self._groups:
+            if group.pending is None:  # a running step's requests leave when it is collected
+                self._retire(group)
+        self._joining = [r for r in self._joining if not r.future.done()]
         while self._waiting and self._waiting[0].future.done():
             self._waiting.popleft()
-
-    async def _call(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        loop = asyncio.get_running_loop()
-        pool = self._encoder_pool if graph == "encoder" else self._executor
-        return await loop.run_in_executor(pool, self.runtime.run, graph, inputs)
 
     # -- encoder --------------------------------------------------------------------------
 
@@ -306,53 +320,29 @@ class DecodingEngine:
         src = np.full((len(requests), int(lengths.max())), self.config.pad_id, np.int64)
         for i, r in enumerate(requests):
             src[i, : lengths[i]] = r.src_ids  # (n, S) right-padded
-        out = await self._call("encoder", {"src_ids": src, "src_lengths": lengths})
+        loop = asyncio.get_running_loop()
+        out = await loop.run_in_executor(self._encoder_pool, self.runtime.run, "encoder",
+                                         {"src_ids": src, "src_lengths": lengths})
         for i, r in enumerate(requests):
             r.memory = out["memory"][i, : lengths[i]].copy()  # (S_i, D)
             r.state = out["state"][i : i + 1].copy()  # (1, state_dim)
 
     # -- decoder step ---------------------------------------------------------------------
 
-    def _padded_memory(self) -> tuple[np.ndarray, np.ndarray]:
-        """(N, S_max, D) memory and (N, S_max) mask of the active requests (cached)."""
-        if self._memory is None:
-            self._memory = _pad_memory(self._active)
-        return self._memory
-
-    async def _step(self) -> None:
-        requests = self._active
-        memory, mask = self._padded_memory()
-        start = time.perf_counter()
-        try:
-            out = await self._call("decoder_step", _step_inputs(requests, memory, mask))
-        except Exception:
-            await self._step_one_by_one(requests)
-            return
-        seconds = time.perf_counter() - start
-        rows = sum(r.search.rows for r in requests)
-        self.stats.add(rows, seconds)
-        if self.observer is not None:
-            self.observer.on_step(seconds, rows)
-        offset = 0
-        for r in requests:
-            n = r.search.rows
-            self._advance(r, out, offset, n)
-            offset += n
-        self._retire()
-
     async def _step_one_by_one(self, requests: list[_Request]) -> None:
         """After a failed batched step: each request alone, so a fault stays with its owner."""
+        loop = asyncio.get_running_loop()
         for r in requests:
             if r.future.done():
                 continue
+            inputs = _step_inputs([r], *_pad_memory([r]))
             try:
-                out = await self._call("decoder_step", _step_inputs([r], *_pad_memory([r])))
+                out, _ = await loop.run_in_executor(
+                    self._executor, _timed_run, self.runtime, "decoder_step", inputs)
             except Exception as exc:
                 self._fail(r, exc)
                 continue
             self._advance(r, out, 0, r.search.rows)
-        self._memory = None
-        self._retire()
 
     def _advance(self, r: _Request, out: dict[str, np.ndarray], offset: int, n: int) -> None:
         if r.future.done():
@@ -365,10 +355,10 @@ class DecodingEngine:
         except Exception as exc:
             self._fail(r, exc)
 
-    def _retire(self) -> None:
-        """Answer finished requests now; keep the rest."""
+    def _retire(self, group: _Group) -> None:
+        """Answer the group's finished requests now; drop cancelled ones; keep the rest."""
         kept = []
-        for r in self._active:
+        for r in group.requests:
             if r.future.done():
                 continue
             if r.search.done:
@@ -381,9 +371,22 @@ class DecodingEngine:
                     self.observer.on_finish(tokens, now - r.admitted)
             else:
                 kept.append(r)
-        if len(kept) != len(self._active):
-            self._active = kept
-            self._memory = None
+        if len(kept) != len(group.requests):
+            group.requests, group.memory = kept, None
+
+    def _fail_everything(self, exc: Exception) -> None:
+        if self._encoding is not None and self._encoding.done():
+            self._joining += self._encoding_requests
+            self._encoding = None
+        for group in self._groups:
+            for r in group.requests:
+                self._fail(r, exc)
+            if group.pending is not None:
+                group.pending.cancel()
+            group.requests, group.memory, group.pending = [], None, None
+        for r in self._joining:
+            self._fail(r, exc)
+        self._joining = []
 
     def _fail(self, r: _Request, exc: Exception) -> None:
         if not r.future.done():

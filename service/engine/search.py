@@ -265,8 +265,7 @@ class RequestSearch:
             total[~allowed] = -np.inf
         flat = total.ravel()  # (R * k,)
         order = np.argsort(-flat, kind="stable")[: 2 * beam]
-        if allowed is not None:
-            order = order[np.isfinite(flat[order])]
+        order = order[np.isfinite(flat[order])]  # masked (or -inf / NaN from the model)
         if order.size == 0:  # every candidate blocked: the hypotheses end here, truncated
             for hyp in self.live:
                 self._finish(hyp)
@@ -291,9 +290,10 @@ class RequestSearch:
     def _sample(self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray | None,
                 attention: np.ndarray) -> np.ndarray:
         o = self.options
-        # candidate columns, best first
+        # candidate columns, best first; none left (all blocked): the hypothesis ends here
         cand = np.arange(ids.shape[1]) if allowed is None else np.flatnonzero(allowed[0])
-        if cand.size == 0:  # every candidate blocked: end the hypothesis here
+        cand = cand[np.isfinite(logprobs[0, cand])]
+        if cand.size == 0:
             self._finish(self.live[0])
             self.live = []
             return np.zeros(0, dtype=np.int64)

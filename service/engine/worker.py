@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from models.tokenizer import Piece, Tokenizer
 from service.engine.engine import Decoded, DecodingEngine, EngineConfig
 from service.engine.search import DecodeLimits, Hypothesis, SearchOptions
-from service.errors import BadRequest, ClientGone, DeadlineExceeded
+from service.errors import BadRequest, ClientGone, DeadlineExceeded, ShuttingDown
 from service.metrics import Metrics
 from service.schemas_translate import (
     AttentionMatrix,
@@ -83,11 +84,12 @@ class TranslatorWorker:
         self.ctx = ctx
         s = ctx.settings
         self.max_tokens = min(s.max_tokens, ctx.manifest.limits.get("max_tokens", s.max_tokens))
+        # `max_live_hypotheses` and `decode_groups` are read when the settings define them.
         config = EngineConfig(
             max_live_hypotheses=int(getattr(s, "max_live_hypotheses",
                                             DEFAULT_MAX_LIVE_HYPOTHESES)),
             max_queue=s.queue_size, max_admit=s.max_batch_size,
-            pad_id=ctx.manifest.tokenizer.pad_id)
+            groups=int(getattr(s, "decode_groups", 1)), pad_id=ctx.manifest.tokenizer.pad_id)
         self.engine = DecodingEngine(ctx.runtime, decode_limits(ctx), config,
                                      PrometheusObserver(ctx.metrics, ctx.name))
 
@@ -106,11 +108,14 @@ class TranslatorWorker:
                                         SearchOptions(beam_size=4, max_length=3))
 
     async def stop(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self.engine.stop(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        """Finish admitted and queued translations within `timeout`; then fail the rest."""
+        stopping = asyncio.ensure_future(self.engine.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=timeout)
+        if done:
+            return True
+        self.engine.abort(ShuttingDown("the server stopped before this translation finished"))
+        await asyncio.wait({stopping}, timeout=5.0)
+        return False
 
     # -- requests -----------------------------------------------------------------------
 
@@ -171,7 +176,8 @@ class TranslatorWorker:
     def _hypothesis(self, h: Hypothesis) -> TranslationHypothesis:
         tok = self.ctx.tokenizer
         ids = list(h.token_ids[:-1] if h.ended else h.token_ids)
-        return TranslationHypothesis(translation=tok.decode(ids), score=h.score,
+        score = h.score if math.isfinite(h.score) else -1e30  # JSON has no -inf
+        return TranslationHypothesis(translation=tok.decode(ids), score=score,
                                      tokens=[tok.id_to_piece(i) for i in ids], token_ids=ids)
 
     # -- description and OIP ------------------------------------------------------------

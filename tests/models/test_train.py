@@ -17,7 +17,7 @@ from service.cli import main
 torch.set_num_threads(1)
 
 MARKERS = {"red": "warm", "blue": "cold", "green": "cold", "orange": "warm", "grey": "dull"}
-FILLER = "the a of and to in is it on at by we".split()
+FILLER = ["the", "a", "of", "and", "to", "in", "is", "it", "on", "at", "by", "we"]
 
 
 def _classification(n: int, seed: int) -> list[dict[str, str]]:
@@ -75,7 +75,7 @@ def test_training_is_reproducible_for_a_seed(tmp_path: Path) -> None:
 def _reversal(n: int, seed: int) -> list[dict[str, str]]:
     """Reverse a short sequence of words: needs attention over the whole source."""
     rng = random.Random(seed)
-    words = "one two three four five six seven eight".split()
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight"]
     rows = []
     for _ in range(n):
         src = rng.choices(words, k=rng.randint(1, 5))

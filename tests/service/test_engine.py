@@ -57,7 +57,9 @@ async def _translate_all(engine: DecodingEngine, jobs: list[tuple[list[int], Sea
 @pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: repr(o)[13:60])
 def test_engine_equals_reference_search(options: SearchOptions) -> None:
     fake = FakeTranslator()
-    got = run(_translate_all(make_engine(fake), [(s, options) for s in SOURCES]))
+    groups = 1 + OPTION_SETS.index(options) % 2  # half the option sets with two groups
+    got = run(_translate_all(make_engine(fake, groups=groups),
+                             [(s, options) for s in SOURCES]))
     for src, hyps in zip(SOURCES, got, strict=True):
         memory, state = fake.encode_one(src)
         ref = reference_beam_search(
@@ -90,18 +92,21 @@ def test_results_identical_alone_and_concurrent() -> None:
              for i, src in enumerate(SOURCES)]
     alone = [run(_translate_all(make_engine(), [job]))[0] for job in jobs]
     rng.shuffle(idx := list(range(len(jobs))))
-    fake = FakeTranslator()
-    together = run(_translate_all(make_engine(fake, max_live_hypotheses=40),
-                                  [jobs[i] for i in idx]))
-    for pos, i in enumerate(idx):
-        assert [h.token_ids for h in together[pos]] == [h.token_ids for h in alone[i]]
-    assert max(rows for graph, rows in fake.calls if graph == "decoder_step") > 10  # batched
+    for groups in (1, 3):
+        fake = FakeTranslator()
+        engine = make_engine(fake, max_live_hypotheses=40, groups=groups)
+        together = run(_translate_all(engine, [jobs[i] for i in idx]))
+        for pos, i in enumerate(idx):
+            assert [h.token_ids for h in together[pos]] == [h.token_ids for h in alone[i]]
+        most = max(rows for graph, rows in fake.calls if graph == "decoder_step")
+        assert most > 10  # batched
 
 
-def test_continuous_batching_admits_new_requests_between_steps() -> None:
-    """A request submitted while another decodes shares its decoder steps."""
+@pytest.mark.parametrize("groups", [1, 2])
+def test_continuous_batching_admits_new_requests_between_steps(groups: int) -> None:
+    """A request submitted while another decodes joins it at the next step."""
     fake = FakeTranslator(delay=0.002)
-    engine = make_engine(fake)
+    engine = make_engine(fake, groups=groups)
     long_opts = SearchOptions(beam_size=4, min_length=20, max_length=30)
 
     async def scenario() -> None:
@@ -116,7 +121,10 @@ def test_continuous_batching_admits_new_requests_between_steps() -> None:
 
     run(scenario())
     rows = [r for g, r in fake.calls if g == "decoder_step"]
-    assert 5 in rows  # 4 beams + 1 greedy row in one step
+    if groups == 1:
+        assert 5 in rows  # 4 beams + 1 greedy row in one step
+    else:  # the greedy request got the other group: the two take turns
+        assert any(rows[i : i + 4] == [4, 1, 4, 1] for i in range(len(rows)))
 
 
 @pytest.mark.parametrize("continuous", [True, False])
@@ -180,7 +188,8 @@ def test_overload_gives_queue_full_and_cap_queues() -> None:
     assert max(r for g, r in fake.calls if g == "decoder_step") <= 5
 
 
-def test_fault_fails_only_the_affected_request() -> None:
+@pytest.mark.parametrize("groups", [1, 2])
+def test_fault_fails_only_the_affected_request(groups: int) -> None:
     poison = 23
 
     def fail_if(graph: str, inputs: dict[str, np.ndarray]) -> bool:
@@ -193,7 +202,7 @@ def test_fault_fails_only_the_affected_request() -> None:
     faulty = FakeTranslator(fail_if=fail_if)
 
     async def scenario() -> list[object]:
-        async with make_engine(faulty) as engine:
+        async with make_engine(faulty, groups=groups) as engine:
             return await asyncio.gather(*(engine.translate([s], opts) for s in SOURCES),
                                         return_exceptions=True)
 
@@ -223,3 +232,27 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy() -> None:
     other = SearchOptions(beam_size=1, temperature=1.5, seed=8)
     c = run(_translate_all(make_engine(), [(s, other) for s in SOURCES * 3]))
     assert [h[0].token_ids for h in c[: len(SOURCES)]] != [h[0].token_ids for h in a]
+
+
+def test_abort_fails_pending_work_and_stop_returns() -> None:
+    from service.errors import ShuttingDown
+
+    fake = FakeTranslator(delay=0.002)
+    engine = make_engine(fake, max_live_hypotheses=5)
+    opts = SearchOptions(beam_size=5, min_length=35, max_length=40)
+
+    async def scenario() -> None:
+        engine.start()
+        running = asyncio.ensure_future(engine.translate([SOURCES[0]], opts))
+        queued = asyncio.ensure_future(engine.translate([SOURCES[1]], opts))
+        while engine.live_rows < 5:
+            await asyncio.sleep(0.001)
+        engine.abort(ShuttingDown("stopped"))
+        for task in (running, queued):
+            with pytest.raises(ShuttingDown):
+                await task
+        await asyncio.wait_for(engine.stop(), 5)
+        with pytest.raises(ShuttingDown):
+            await engine.translate([SOURCES[2]], opts)
+
+    run(scenario())

@@ -87,13 +87,29 @@ def greedy_decode(model: StepModel, src_ids: Tensor, src_lengths: Tensor,
 
 @dataclass
 class _Beam:
-    """Live hypotheses of one request."""
+    """Live and finished hypotheses of one request."""
 
     request: int
     limit: int
+    alpha: float
     tokens: list[list[int]]
     logprobs: list[float]
     finished: list[Hypothesis]
+
+    def finish(self, tokens: list[int], logprob: float) -> None:
+        score = logprob / gnmt_length_penalty(len(tokens), self.alpha)
+        self.finished.append(Hypothesis(tokens, logprob, score))
+
+    def done(self, beam_size: int) -> bool:
+        """No live hypothesis can still enter the best beam_size finished ones: log-probs only
+        fall, and the length penalty is largest at the limit."""
+        if not self.tokens:
+            return True
+        if len(self.finished) < beam_size:
+            return False
+        kth = sorted((h.score for h in self.finished), reverse=True)[beam_size - 1]
+        best_live = max(self.logprobs) / gnmt_length_penalty(self.limit, self.alpha)
+        return best_live <= kth
 
 
 @torch.no_grad()
@@ -102,44 +118,39 @@ def beam_search(model: StepModel, src_ids: Tensor, src_lengths: Tensor, beam_siz
                 max_len: int | None = None) -> list[list[Hypothesis]]:
     """Beam search over a batch; every hypothesis row points at its request's memory.
 
+    Each step keeps beam_size live hypotheses per request; an eos candidate ranked inside the
+    top beam_size finishes. A request stops when no live hypothesis can beat its beam_size-th
+    finished score, or at its length limit.
+
     Inputs:  src_ids (B, S), src_lengths (B,); beam_size k; n_best results per request;
              length_penalty alpha of GNMT; max_len as in `greedy_decode`.
     Outputs: per request, up to n_best hypotheses, best first (score = logprob / lp(len)).
     """
     bos, eos, cap = _special_ids(model)
-    memory, src_mask, init_state = model.encode(src_ids, src_lengths)
-    beams = [_Beam(i, max_len or max_decode_length(int(n), cap), [[]], [0.0], [])
+    memory, src_mask, state = model.encode(src_ids, src_lengths)
+    beams = [_Beam(i, max_len or max_decode_length(int(n), cap), length_penalty, [[]], [0.0], [])
              for i, n in enumerate(src_lengths.tolist())]
-    state_rows = list(range(len(beams)))  # row of init_state behind each live hypothesis
-    state = init_state
+    state_rows = list(range(len(beams)))  # row of `state` behind each live hypothesis
     step = 0
-    while any(b.tokens for b in beams):
-        live = [b for b in beams if b.tokens]
+    while live := [b for b in beams if b.tokens]:
         prev = [(h[-1] if h else bos) for b in live for h in b.tokens]
         memory_index = [b.request for b in live for _ in b.tokens]
         state, top_lp, top_ids, _ = model.decode_step(
             torch.tensor(prev), state[torch.tensor(state_rows)], memory, src_mask,
             torch.tensor(memory_index), beam_size)
-        state_rows = []
-        row = 0
-        step += 1
+        state_rows, row, step = [], 0, step + 1
         for beam in live:
             width = len(beam.tokens)
-            kept = _advance(beam, top_lp[row:row + width].tolist(),
-                            top_ids[row:row + width].tolist(), beam_size, eos, step,
-                            length_penalty)
+            kept = _advance(beam, top_lp[row : row + width].tolist(),
+                            top_ids[row : row + width].tolist(), beam_size, eos, step)
             state_rows.extend(row + parent for parent in kept)
             row += width
-    results = []
-    for beam in beams:
-        ranked = sorted(beam.finished, key=lambda h: h.score, reverse=True)
-        results.append(ranked[:n_best])
-    return results
+    return [sorted(b.finished, key=lambda h: h.score, reverse=True)[:n_best] for b in beams]
 
 
 def _advance(beam: _Beam, logprobs: list[list[float]], ids: list[list[int]], beam_size: int,
-             eos: int, step: int, alpha: float) -> list[int]:
-    """Extend one request's beam by a step; returns the parent row of each kept hypothesis."""
+             eos: int, step: int) -> list[int]:
+    """Extend one request's beam by a step; returns the parent row of each live hypothesis."""
     candidates = sorted(
         ((beam.logprobs[p] + lp, p, tok) for p in range(len(beam.tokens))
          for lp, tok in zip(logprobs[p], ids[p], strict=True)),
@@ -147,16 +158,21 @@ def _advance(beam: _Beam, logprobs: list[list[float]], ids: list[list[int]], bea
     tokens: list[list[int]] = []
     scores: list[float] = []
     parents: list[int] = []
-    for total, parent, tok in candidates[:beam_size]:
-        seq = beam.tokens[parent] if tok == eos else [*beam.tokens[parent], tok]
-        if tok == eos or step >= beam.limit:
-            beam.finished.append(Hypothesis(seq, total, total / gnmt_length_penalty(len(seq),
-                                                                                  alpha)))
-        else:
-            tokens.append(seq)
-            scores.append(total)
-            parents.append(parent)
-    if len(beam.finished) >= beam_size:
-        tokens, scores, parents = [], [], []
+    for rank, (total, parent, tok) in enumerate(candidates):
+        if len(tokens) == beam_size:
+            break
+        if tok == eos:
+            if rank < beam_size:
+                beam.finish(beam.tokens[parent], total)
+            continue
+        tokens.append([*beam.tokens[parent], tok])
+        scores.append(total)
+        parents.append(parent)
     beam.tokens, beam.logprobs = tokens, scores
-    return parents
+    if step >= beam.limit:
+        for seq, total in zip(tokens, scores, strict=True):
+            beam.finish(seq, total)
+        beam.tokens, beam.logprobs = [], []
+    elif beam.done(beam_size):
+        beam.tokens, beam.logprobs = [], []
+    return parents if beam.tokens else []

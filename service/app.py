@@ -79,6 +79,9 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         version=_version(),
         description="Recurrent sequence models: classify, translate, KServe v2 inference.",
         lifespan=lifespan,
+        # Our own Prometheus metrics cover requests; FastAPI's OpenTelemetry hooks (newer
+        # releases) cost a third of the per-request time here. Older releases ignore this.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.seqserve = state
     _add_error_handlers(app)

@@ -32,6 +32,9 @@ MAX_DECODE_LENGTH = 1024
 
 Number = StrictFloat | StrictInt
 
+OIP_PARAMETERS = frozenset({"binary_data_output", "content_type", "headers", "timeout"})
+"""Request-level OIP parameters that belong to the protocol, not to the search."""
+
 
 class TranslateOptions(BaseModel):
     """Search options of one request; see `service.engine.search.SearchOptions`."""
@@ -91,9 +94,11 @@ class TranslateOptions(BaseModel):
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, Any] | None) -> TranslateOptions:
-        """Options from OIP request `parameters`; BadRequest (400) names what was wrong."""
+        """Options from OIP request `parameters` (protocol keys such as `binary_data_output`
+        are not search options and are skipped); BadRequest (400) names what was wrong."""
+        options = {k: v for k, v in (parameters or {}).items() if k not in OIP_PARAMETERS}
         try:
-            return cls.model_validate(parameters or {})
+            return cls.model_validate(options)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or 'parameters'}: {e['msg']}"

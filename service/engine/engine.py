@@ -365,7 +365,8 @@ class DecodingEngine:
                 now, results = time.perf_counter(), r.search.results()
                 r.future.set_result(Decoded(results, r.admitted - r.submitted,
                                             now - r.admitted, r.search.steps))
-                tokens = len(results[0].token_ids) if results else 0
+                best = results[0] if results else None
+                tokens = len(best.token_ids) - int(best.ended) if best else 0  # EOS not counted
                 self.stats.generated_tokens += tokens
                 if self.observer is not None:
                     self.observer.on_finish(tokens, now - r.admitted)

@@ -27,7 +27,8 @@ async def _watch_disconnect(request: Request, call: Call) -> None:
             return
 
 
-async def new_call(request: Request) -> AsyncIterator[Call]:
+@contextlib.asynccontextmanager
+async def call_scope(request: Request) -> AsyncIterator[Call]:
     """A Call with the request deadline; watches for disconnects while the handler runs."""
     state = app_state(request)
     call = Call(deadline=time.monotonic() + state.settings.request_timeout_s)
@@ -45,3 +46,9 @@ async def new_call(request: Request) -> AsyncIterator[Call]:
             await watcher
         if gauge is not None:
             gauge.dec()
+
+
+async def new_call(request: Request) -> AsyncIterator[Call]:
+    """`call_scope` as a FastAPI dependency (`call: Call = Depends(new_call)`)."""
+    async with call_scope(request) as call:
+        yield call

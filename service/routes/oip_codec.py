@@ -19,6 +19,8 @@ from service.schemas import V2InferRequest, V2RequestInput
 from service.workers.base import V2Tensor
 
 HEADER = "inference-header-content-length"
+TRANSPORT_KEYS = frozenset({"binary_data_output"})
+"""Request parameters that steer the encoding, not the model."""
 NUMERIC = {
     "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
     "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -106,6 +108,11 @@ def _from_binary(inp: V2RequestInput, raw: bytes) -> list[Any]:
     if len(raw) % np.dtype(dtype).itemsize:
         raise BadRequest(f"input {inp.name!r}: binary size is not a multiple of its dtype")
     return list(np.frombuffer(raw, dtype=dtype).tolist())
+
+
+def request_parameters(request: V2InferRequest) -> dict[str, Any]:
+    """The request-level parameters a model sees (transport keys removed)."""
+    return {k: v for k, v in (request.parameters or {}).items() if k not in TRANSPORT_KEYS}
 
 
 def wants_binary(request: V2InferRequest, name: str) -> bool:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import cast
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.repository import ModelEntry, ModelRepository
-from service.routes.deps import app_state, new_call
+from service.routes.deps import app_state, call_scope
 from service.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -17,7 +17,6 @@ from service.schemas import (
     ModelList,
     ModelVersionInfo,
 )
-from service.workers.base import Call
 from service.workers.classifier import ClassifierWorker
 
 ERRORS: dict[int | str, dict[str, object]] = {
@@ -54,22 +53,20 @@ async def get_model(name: str, request: Request) -> ModelInfo:
 
 
 async def _classify(
-    request: Request, name: str, version: str | None, body: ClassifyRequest, call: Call
+    request: Request, name: str, version: str | None, body: ClassifyRequest
 ) -> JSONResponse:
     entry, worker = app_state(request).repository.worker(name, version, task="classifier")
     classifier = cast(ClassifierWorker, worker)
-    results = await classifier.classify(body.texts, body.top_k, body.return_attention, call)
-    response = ClassifyResponse(model=name, version=entry.version, results=results)
-    # Already validated: skip FastAPI's second validation of the return value.
-    return JSONResponse(response.model_dump(exclude_none=True))
+    async with call_scope(request) as call:
+        results = await classifier.classify(body.texts, body.top_k, body.return_attention, call)
+    # The shape of ClassifyResponse, built as plain data (no second validation pass).
+    return JSONResponse({"model": name, "version": entry.version, "results": results})
 
 
 @router.post("/models/{name}/classify", name="classify", response_model=ClassifyResponse)
-async def classify(
-    name: str, body: ClassifyRequest, request: Request, call: Call = Depends(new_call)
-) -> JSONResponse:
+async def classify(name: str, body: ClassifyRequest, request: Request) -> JSONResponse:
     """Classify texts with the default (highest ready) version."""
-    return await _classify(request, name, None, body, call)
+    return await _classify(request, name, None, body)
 
 
 @router.post(
@@ -77,8 +74,7 @@ async def classify(
     response_model=ClassifyResponse,
 )
 async def classify_version(
-    name: str, version: str, body: ClassifyRequest, request: Request,
-    call: Call = Depends(new_call),
+    name: str, version: str, body: ClassifyRequest, request: Request
 ) -> JSONResponse:
     """Classify texts with one version."""
-    return await _classify(request, name, version, body, call)
+    return await _classify(request, name, version, body)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from service.errors import ModelNotReady
 from service.repository import ModelEntry
 from service.routes import oip_codec
-from service.routes.deps import app_state, new_call
-from service.schemas import ErrorResponse, V2ModelMetadata, V2ServerMetadata
-from service.workers.base import Call
+from service.routes.deps import app_state, call_scope
+from service.schemas import ErrorResponse, V2InferResponse, V2ModelMetadata, V2ServerMetadata
 
 ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": ErrorResponse} for code in (400, 404, 413, 429, 500, 503, 504)
@@ -71,11 +70,14 @@ async def model_version_ready(name: str, version: str, request: Request) -> JSON
     return _ready(request, name, version)
 
 
-async def _infer(request: Request, name: str, version: str | None, call: Call) -> Response:
+async def _infer(request: Request, name: str, version: str | None) -> Response:
     entry, worker = app_state(request).repository.worker(name, version)
     body = await request.body()
     req, tail = oip_codec.parse_request(body, request.headers.get(oip_codec.HEADER))
-    outputs = await worker.v2_infer(oip_codec.decode_inputs(req, tail), call)
+    inputs = oip_codec.decode_inputs(req, tail)
+    async with call_scope(request) as call:
+        call.parameters = oip_codec.request_parameters(req)
+        outputs = await worker.v2_infer(inputs, call)
     wanted = {o.name for o in req.outputs} if req.outputs else None
     outputs = [o for o in outputs if wanted is None or o.name in wanted]
     return _response(entry, req.id, outputs, req)
@@ -105,14 +107,15 @@ def _response(entry: ModelEntry, rid: str | None, outputs: list[Any], req: Any) 
     )
 
 
-@router.post("/models/{name}/infer", name="v2_infer")
-async def infer(name: str, request: Request, call: Call = Depends(new_call)) -> Response:
-    """OIP inference: JSON tensors or the binary tensor data extension."""
-    return await _infer(request, name, None, call)
+@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse)
+async def infer(name: str, request: Request) -> Response:
+    """OIP inference. Body: an OIP inference request (`{"id"?, "parameters"?, "inputs": [{"name",
+    "datatype", "shape", "data" | "parameters": {"binary_data_size"}}], "outputs"?}`), JSON
+    tensors or the binary tensor data extension (`Inference-Header-Content-Length`)."""
+    return await _infer(request, name, None)
 
 
-@router.post("/models/{name}/versions/{version}/infer", name="v2_infer")
-async def infer_version(
-    name: str, version: str, request: Request, call: Call = Depends(new_call)
-) -> Response:
-    return await _infer(request, name, version, call)
+@router.post("/models/{name}/versions/{version}/infer", name="v2_infer",
+             response_model=V2InferResponse)
+async def infer_version(name: str, version: str, request: Request) -> Response:
+    return await _infer(request, name, version)

@@ -84,6 +84,8 @@ class Call:
     """time.monotonic() at which the request gives up (504)."""
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the client went away; queued rows are then dropped."""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """OIP request-level `parameters` (v2 infer), minus the binary-extension keys."""
     queue_s: float = 0.0
     compute_s: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)

@@ -12,7 +12,6 @@ import numpy as np
 from models.tokenizer import Piece
 from service.batcher import Batcher, BatcherConfig
 from service.errors import BadRequest
-from service.schemas import Classification, LabelProbability, TokenAttention
 from service.workers.base import Call, V2Tensor, WorkerContext
 
 Row = tuple[np.ndarray, np.ndarray]
@@ -36,6 +35,16 @@ def length_buckets(max_tokens: int) -> list[int]:
         out.append(n)
         n *= 2
     return [*out, max_tokens]
+
+
+def check_unicode(text: str, i: int) -> None:
+    """JSON may carry lone surrogates ("\\ud800") that no tokenizer can take: a 400."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"texts[{i}] is not valid Unicode ({exc.reason})") from exc
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -110,6 +119,7 @@ class ClassifierWorker:
         for i, text in enumerate(texts):
             if len(text) > s.max_chars:
                 raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {s.max_chars}")
+            check_unicode(text, i)
             pieces = self.ctx.tokenizer.encode_with_offsets(text) if offsets else None
             ids = [p.id for p in pieces] if pieces is not None else self.ctx.tokenizer.encode(text)
             if not ids:
@@ -131,7 +141,8 @@ class ClassifierWorker:
 
     async def classify(
         self, texts: list[str], top_k: int, return_attention: bool, call: Call
-    ) -> list[Classification]:
+    ) -> list[dict[str, Any]]:
+        """One `Classification` (as plain data) per text."""
         encoded = self.encode(texts, offsets=return_attention)
         rows = await self.run_rows(encoded, call)
         return [
@@ -141,20 +152,20 @@ class ClassifierWorker:
 
     def _result(
         self, e: Encoded, logits: np.ndarray, att: np.ndarray, top_k: int, with_att: bool
-    ) -> Classification:
+    ) -> dict[str, Any]:
         probs = softmax(logits)  # (C,)
         order = np.argsort(-probs, kind="stable")[: min(top_k, len(self.labels))]
-        top = [LabelProbability(label=self.labels[j], probability=float(probs[j])) for j in order]
-        attention = None
+        top = [{"label": self.labels[j], "probability": float(probs[j])} for j in order]
+        out: dict[str, Any] = {
+            "label": top[0]["label"], "score": top[0]["probability"], "top_k": top,
+            "num_tokens": len(e.ids), "truncated": e.truncated,
+        }
         if with_att and e.pieces is not None:
-            attention = [
-                TokenAttention(token=p.piece, weight=float(w), start=p.start, end=p.end)
+            out["attention"] = [
+                {"token": p.piece, "weight": float(w), "start": p.start, "end": p.end}
                 for p, w in zip(e.pieces, att, strict=True)
             ]
-        return Classification(
-            label=top[0].label, score=top[0].probability, top_k=top,
-            num_tokens=len(e.ids), truncated=e.truncated, attention=attention,
-        )
+        return out
 
     # -- description and OIP -----------------------------------------------------------
 

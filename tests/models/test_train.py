@@ -134,3 +134,18 @@ def test_cli_reports_bad_options_and_task_mismatch_without_traceback(
                  "--hidden", "7", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "hidden_size" in err and "Traceback" not in err
+
+
+def test_metrics_on_hand_checked_cases() -> None:
+    from models.metrics import accuracy, macro_f1, translation_metrics
+
+    predictions, labels = [0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0]
+    assert accuracy(predictions, labels) == pytest.approx(4 / 6)
+    # per class F1: c0 = 2*1/(2+1+1) = .5, c1 = 2/(2+0+1) = 2/3, c2 = 4/(4+1+0) = .8
+    assert macro_f1(predictions, labels, 3) == pytest.approx((0.5 + 2 / 3 + 0.8) / 3)
+    refs = ["deux cent trente et un euros", "mille neuf cent quatre-vingt-dix-neuf"]
+    perfect = translation_metrics(refs, [refs[0] + " ", refs[1]])
+    assert perfect == {"exact_match": 1.0, "chrf": pytest.approx(100.0),
+                       "bleu": pytest.approx(100.0)}
+    half = translation_metrics(["deux cent", "mille un"], ["deux cent", "mille"])
+    assert half["exact_match"] == 0.5 and 0 < half["chrf"] < 100

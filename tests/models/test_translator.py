@@ -135,3 +135,37 @@ def test_scheduled_sampling_changes_inputs_but_keeps_shapes() -> None:
 def test_bad_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         TranslatorConfig(vocab_size=50, **{field: value})  # type: ignore[arg-type]
+
+
+class _TableModel:
+    """A fake step model whose next-token distribution depends only on the step:
+    step 0: a .6, eos .25, b .15; step 1: a .6, eos .4; step 2: a ~1; step 3: eos ~1.
+    Best sequence: a a a (p ~ .36); short ones end early: [] (.25), [a] (.24)."""
+
+    config = TranslatorConfig(vocab_size=6, hidden_size=2, max_length=12)
+    TABLE = [{4: 0.6, 3: 0.25, 5: 0.15}, {4: 0.6, 3: 0.4}, {4: 0.998}, {3: 0.998}]
+
+    def encode(self, src_ids: torch.Tensor, src_lengths: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = src_ids.shape[0]
+        return torch.zeros(rows, 1, 1), torch.ones(rows, 1, dtype=torch.bool), torch.zeros(rows, 1)
+
+    def decode_step(self, prev_ids: torch.Tensor, state: torch.Tensor, memory: torch.Tensor,
+                    src_mask: torch.Tensor, memory_index: torch.Tensor, k: int | torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        probs = torch.full((len(prev_ids), 6), 1e-4)
+        for row, step in enumerate(state[:, 0].long().tolist()):
+            for tok, p in self.TABLE[min(step, 3)].items():
+                probs[row, tok] = p
+        top_lp, top_ids = torch.topk(probs.log(), int(k), dim=-1)
+        return state + 1, top_lp, top_ids, torch.ones(len(prev_ids), 1)
+
+
+def test_beam_search_does_not_stop_on_early_short_hypotheses() -> None:
+    model = _TableModel()
+    src, lengths = torch.tensor([[5, 5]]), torch.tensor([2])
+    assert greedy_decode(model, src, lengths) == [[4, 4, 4]]
+    best = beam_search(model, src, lengths, beam_size=2, n_best=2, length_penalty=0.0)[0]
+    assert [h.tokens for h in best] == [[4, 4, 4], []]
+    assert best[0].logprob == pytest.approx(float(torch.tensor([0.6, 0.6, 0.998, 0.998]).log()
+                                                  .sum()), abs=1e-5)

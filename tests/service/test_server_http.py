@@ -144,6 +144,13 @@ BAD = [
      400),
     ("post", f"/v1/models/{MODEL}/classify",
      {"content": b"", "headers": {"content-type": "application/json"}}, 422),
+    ("post", f"/v1/models/{MODEL}/classify", {"content": b'{"texts": ["\\ud800"]}',
+                                              "headers": {"content-type": "application/json"}},
+     400),
+    ("post", f"/v2/models/{MODEL}/infer", {"content": b'{"inputs": [{"name": "text", '
+     b'"datatype": "BYTES", "shape": [1], "data": ["\\udfff x"]}]}'}, 400),
+    ("post", f"/v1/models/{MODEL}/classify", {"json": {"texts": ["a"], "top_k": 1.5}}, 422),
+    ("post", f"/v1/models/{MODEL}/classify", {"content": b'{"texts": ["a"]} extra'}, 422),
     ("post", f"/v1/models/{MODEL}/classify",
      {"content": b"x" * 30_000, "headers": {"content-type": "application/json"}}, 413),
     ("post", f"/v2/models/{MODEL}/infer", {"content": b"{nope"}, 400),
@@ -237,3 +244,30 @@ def test_openapi_lists_the_routes(server: str) -> None:
     spec = json.loads(httpx.get(f"{server}/openapi.json").text)
     paths = set(spec["paths"])
     assert {"/v1/models/{name}/classify", "/v2/models/{name}/infer", "/v1/models"} <= paths
+
+
+def test_mutated_bodies_never_get_500(server: str) -> None:
+    import random
+
+    rng = random.Random(0)
+    seeds = [json.dumps({"texts": ["one two", "vingt \u00e9t\u00e9"], "top_k": 2}).encode(),
+             json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                     "data": ["un deux"]}]}).encode()]
+    paths = [f"/v1/models/{MODEL}/classify", f"/v2/models/{MODEL}/infer"]
+    with httpx.Client(base_url=server, timeout=30) as c:
+        for k in range(120):
+            which = k % 2
+            body = bytearray(seeds[which])
+            for _ in range(rng.randint(1, 4)):
+                pos = rng.randrange(len(body))
+                op = rng.random()
+                if op < 0.4:
+                    body[pos] = rng.randrange(256)
+                elif op < 0.7:
+                    del body[pos]
+                else:
+                    body.insert(pos, rng.choice(b'{}[]",:\\0-9eE\xff\xc3u'))
+            r = c.post(paths[which], content=bytes(body),
+                       headers={"content-type": "application/json"})
+            assert r.status_code < 500, (bytes(body), r.text)
+            assert "error" in r.json() or r.status_code == 200

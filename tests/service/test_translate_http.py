@@ -275,6 +275,9 @@ def test_describe_lists_translator_limits(tiny_repo: Path) -> None:
 
     async def scenario() -> dict[str, Any]:
         async with serve(app) as client:
+            for name in ("tiny-clf", "no-such-model"):  # not a translator: 404 with a reason
+                r = await client.post(f"/v1/models/{name}/translate", json={"texts": ["one"]})
+                assert r.status_code == 404 and name in r.json()["error"]
             return (await client.get("/v1/models/tiny-mt")).json()
 
     info = run(scenario())

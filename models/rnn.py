@@ -26,10 +26,20 @@ def make_rnn(cell: str, input_size: int, hidden_size: int, num_layers: int = 1,
                   dropout=dropout if num_layers > 1 else 0.0)
 
 
+def time_positions(lengths: Tensor, max_len: int) -> Tensor:
+    """(1, T) int64 positions 0..T-1 on the device of `lengths`.
+
+    Built from `lengths` by tensor ops rather than `torch.arange(..., device=...)`, because
+    `torch.jit.trace` freezes an explicit device into the graph: a TorchScript twin traced on
+    the CPU would then mix CPU and CUDA tensors when run on a GPU.
+    """
+    ones = torch.ones_like(lengths[:1]).expand(max_len)  # (T,)
+    return (ones.cumsum(0) - 1).unsqueeze(0)  # (1, T)
+
+
 def length_mask(lengths: Tensor, max_len: int) -> Tensor:
     """(B,) lengths -> (B, T) bool, True on valid positions."""
-    positions = torch.arange(max_len, device=lengths.device)  # (T,)
-    return positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
+    return time_positions(lengths, max_len) < lengths.unsqueeze(1)  # (B, T)
 
 
 def reverse_index(lengths: Tensor, max_len: int) -> Tensor:
@@ -37,7 +47,7 @@ def reverse_index(lengths: Tensor, max_len: int) -> Tensor:
 
     index[b, t] = lengths[b] - 1 - t for t < lengths[b], else t. It is its own inverse.
     """
-    positions = torch.arange(max_len, device=lengths.device).unsqueeze(0)  # (1, T)
+    positions = time_positions(lengths, max_len)  # (1, T)
     reversed_pos = lengths.unsqueeze(1) - 1 - positions  # (B, T)
     return torch.where(positions < lengths.unsqueeze(1), reversed_pos, positions)  # (B, T)
 
@@ -85,7 +95,8 @@ class PaddingSafeRNN(nn.Module):
             if layer > 0:
                 layer_in = self.dropout(layer_in)
             fwd, _ = self.forward_layers[layer](layer_in)  # (B, T, H)
-            fwd_final = fwd[torch.arange(fwd.shape[0], device=x.device), last]  # (B, H)
+            index = last.view(-1, 1, 1).expand(-1, 1, fwd.shape[2])  # (B, 1, H)
+            fwd_final = fwd.gather(1, index).squeeze(1)  # (B, H) at each row's last token
             if rev is None:
                 out, final = fwd, fwd_final
             else:

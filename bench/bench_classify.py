@@ -2,6 +2,7 @@
 
     python bench/bench_classify.py make-bundle --repo /tmp/bench_repo      # canonical, untrained
     python bench/bench_classify.py run --repo model_repository --model langid
+    python bench/bench_classify.py gpu-check --repo model_repository --model langid  # GPU box
 
 `run` measures, in one go and under the same load (C concurrent keep-alive connections, one
 text of 10-60 words per request, a raw asyncio HTTP/1.1 client to keep client cost small):
@@ -331,6 +332,60 @@ def make_bundle(args: argparse.Namespace) -> None:
     print(f"bundle: {out}")
 
 
+def gpu_check(args: argparse.Namespace) -> None:
+    """TorchScript runtime on `--device` vs CPU: parity, seq/s at batch 1/64/256 (length-grouped
+    rows), then the server (--runtime torchscript) under the same 64-connection load."""
+    import numpy as np
+
+    from export.manifest import list_bundles, load_bundle
+    from models.tokenizer import Tokenizer
+    from service.runtimes import graph_files
+    from service.runtimes.torchscript import TorchScriptRuntime
+
+    path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
+    manifest = load_bundle(path)
+    tok = Tokenizer.load(path / manifest.tokenizer.file)
+    texts = json.loads(args.texts.read_text()) if args.texts else request_texts(1024)
+    ids = [tok.encode(t) for t in texts]
+    files = graph_files(path, manifest, "torchscript")
+    cpu = TorchScriptRuntime(files, manifest, "cpu")
+    dev = TorchScriptRuntime(files, manifest, args.device)
+
+    def feed(rows: list[list[int]]) -> dict[str, Any]:
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        x = np.zeros((len(rows), int(lengths.max())), dtype=np.int64)
+        for k, r in enumerate(rows):
+            x[k, : len(r)] = r
+        return {"input_ids": x, "lengths": lengths}
+
+    for bs in (1, 7, 64, 256):
+        a, b = cpu.run("classifier", feed(ids[:bs])), dev.run("classifier", feed(ids[:bs]))
+        diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+        print(f"parity {args.device} vs cpu, batch {bs}: max abs diff {diff:.2e}", flush=True)
+    grouped = sorted(ids, key=len)
+    for bs in (1, 64, 256):
+        dev.run("classifier", feed(grouped[:bs]))
+        n, t0, i = 0, time.perf_counter(), 0
+        while time.perf_counter() - t0 < args.seconds:
+            dev.run("classifier", feed([grouped[(i + k) % len(grouped)] for k in range(bs)]))
+            i, n = i + 7 * bs, n + bs
+        rate = n / (time.perf_counter() - t0)
+        print(f"torchscript {args.device} batch {bs}: {rate:.0f} seq/s", flush=True)
+    for max_batch in (64, 1):
+        port = free_port()
+        cmd = [*serve_cmd(args, port, max_batch), "--runtime", "torchscript", "--device",
+               args.device]
+        proc = start(cmd, port)
+        try:
+            url_path = f"/v1/models/{args.model}/classify"
+            load("127.0.0.1", port, url_path, texts, args.concurrency, 1.0)
+            r = merge([load("127.0.0.1", port, url_path, texts, args.concurrency, args.seconds)])
+        finally:
+            stop(proc)
+        print(f"server torchscript {args.device}, max batch {max_batch}: {r['rps']:.0f} req/s, "
+              f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, {r['codes']}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -348,8 +403,18 @@ def main() -> None:
     r.add_argument("--max-batch-tokens", type=int, default=4096)
     r.add_argument("--max-wait-ms", type=float, default=2.0)
     r.add_argument("--threads", type=int, default=1, help="ORT intra-op threads")
+    g = sub.add_parser("gpu-check", help="TorchScript on CUDA: parity, throughput, server")
+    g.add_argument("--repo", type=Path, default=Path("model_repository"))
+    g.add_argument("--model", default="bench-clf")
+    g.add_argument("--device", default="cuda")
+    g.add_argument("--texts", type=Path, help="JSON list of texts (default: generated)")
+    g.add_argument("--concurrency", type=int, default=64)
+    g.add_argument("--seconds", type=float, default=3.0)
+    g.add_argument("--max-batch-tokens", type=int, default=16384)
+    g.add_argument("--max-wait-ms", type=float, default=2.0)
+    g.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = default)")
     args = p.parse_args()
-    make_bundle(args) if args.cmd == "make-bundle" else run(args)
+    {"make-bundle": make_bundle, "run": run, "gpu-check": gpu_check}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -10,23 +10,29 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models.classifier import Classifier
-from models.config import ClassifierConfig, TranslatorConfig
+from models.config import ClassifierConfig, TaggerConfig, TranslatorConfig
 from models.errors import UserError
+from models.tagger import Tagger
 from models.translator import Translator
 
 if TYPE_CHECKING:
     from models.tokenizer import Tokenizer
 
-TASKS = ("classifier", "translator")
+TASKS = ("classifier", "translator", "tagger")
 CHECKPOINT = "model.safetensors"
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.model"
 
 
-def build_model(task: str, model_config: dict[str, Any]) -> Classifier | Translator:
+Model = Classifier | Translator | Tagger
+
+
+def build_model(task: str, model_config: dict[str, Any]) -> Model:
     """A freshly initialised model from a task name and a model config dict."""
     if task == "classifier":
         return Classifier(ClassifierConfig.from_dict(model_config))
+    if task == "tagger":
+        return Tagger(TaggerConfig.from_dict(model_config))
     if task == "translator":
         return Translator(TranslatorConfig.from_dict(model_config))
     raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
@@ -52,7 +58,7 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
     return config
 
 
-def load_run(run_dir: str | Path) -> tuple[Classifier | Translator, dict[str, Any], Tokenizer]:
+def load_run(run_dir: str | Path) -> tuple[Model, dict[str, Any], Tokenizer]:
     """Rebuild a run's best eager model (eval mode), its resolved config and its tokenizer."""
     from models.tokenizer import Tokenizer
 

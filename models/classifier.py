@@ -22,7 +22,7 @@ class Classifier(nn.Module):
         c = config
         self.embedding = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_id)
         self.rnn = PaddingSafeRNN(c.cell, c.embed_size, c.hidden_size, c.num_layers,
-                                  c.bidirectional, c.dropout)
+                                  c.bidirectional, c.dropout, c.proj_size, c.peephole, c.cifg)
         size = self.rnn.output_size
         self.pool = AttentionPooling(c.attention, size, size // 2)
         self.head = nn.Sequential(

@@ -15,12 +15,14 @@ CELLS = ("rnn", "lstm", "gru")
 ATTENTIONS = ("additive", "dot", "general")
 
 
-def _check_common(cfg: ClassifierConfig | TranslatorConfig) -> None:
+def _check_common(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> None:
     if cfg.cell not in CELLS:
         raise ValueError(f"cell={cfg.cell!r} is unknown: use one of {', '.join(CELLS)}")
-    if cfg.attention not in ATTENTIONS:
+    _check_variant(cfg)
+    attention = getattr(cfg, "attention", "additive")
+    if attention not in ATTENTIONS:
         raise ValueError(
-            f"attention={cfg.attention!r} is unknown: use one of {', '.join(ATTENTIONS)}"
+            f"attention={attention!r} is unknown: use one of {', '.join(ATTENTIONS)}"
         )
     for name in ("vocab_size", "embed_size", "hidden_size", "num_layers", "max_length"):
         if getattr(cfg, name) < 1:
@@ -29,6 +31,17 @@ def _check_common(cfg: ClassifierConfig | TranslatorConfig) -> None:
         raise ValueError(f"dropout={cfg.dropout} must be in [0, 1)")
     if not 0 <= cfg.pad_id < cfg.vocab_size:
         raise ValueError(f"pad_id={cfg.pad_id} must lie inside vocab_size={cfg.vocab_size}")
+
+
+def _check_variant(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> None:
+    """proj_size / peephole / cifg are LSTM variants (models/lstm_variants.py)."""
+    if (cfg.proj_size or cfg.peephole or cfg.cifg) and cfg.cell != "lstm":
+        raise ValueError(f"proj_size/peephole/cifg need cell='lstm' (got cell={cfg.cell!r}): "
+                         "set cell='lstm' or turn the variant off")
+    hidden = getattr(cfg, "encoder_hidden", cfg.hidden_size)
+    if not 0 <= cfg.proj_size < hidden:
+        raise ValueError(f"proj_size={cfg.proj_size} must be in [0, {hidden}) (the RNN hidden "
+                         "size per direction): use a smaller proj_size or 0 for none")
 
 
 class _DictMixin:
@@ -80,6 +93,12 @@ class ClassifierConfig(_DictMixin):
     """Longest input in tokens the model is exported and served for."""
     pad_id: int = 0
     """Padding token id (embedding row kept at zero)."""
+    proj_size: int = 0
+    """LSTM recurrent projection size P (0 = none); outputs and h are P wide (P < H)."""
+    peephole: bool = False
+    """LSTM peephole connections (gates also see the cell state)."""
+    cifg: bool = False
+    """LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -90,8 +109,8 @@ class ClassifierConfig(_DictMixin):
 
     @property
     def output_size(self) -> int:
-        """Width of the RNN outputs: H times the number of directions."""
-        return self.hidden_size * (2 if self.bidirectional else 1)
+        """Width of the RNN outputs: H (or P with a projection) times the directions."""
+        return (self.proj_size or self.hidden_size) * (2 if self.bidirectional else 1)
 
 
 @dataclass(frozen=True)
@@ -122,6 +141,12 @@ class TranslatorConfig(_DictMixin):
     """Begin-of-sequence id (first decoder input)."""
     eos_id: int = 3
     """End-of-sequence id (decoding stops)."""
+    proj_size: int = 0
+    """Encoder LSTM recurrent projection size P (0 = none); outputs and h are P wide (P < H)."""
+    peephole: bool = False
+    """Encoder LSTM peephole connections (gates also see the cell state)."""
+    cifg: bool = False
+    """Encoder LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -130,6 +155,9 @@ class TranslatorConfig(_DictMixin):
                 f"hidden_size={self.hidden_size} must be even with bidirectional=True "
                 "(each direction gets half): use an even hidden_size"
             )
+        if self.attention == "dot" and self.memory_size != self.hidden_size:
+            raise ValueError(f"attention='dot' needs memory_size={self.memory_size} == "
+                             f"hidden_size={self.hidden_size}: drop proj_size or use 'general'")
         for name in ("bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ValueError(f"{name}={getattr(self, name)} must lie inside vocab_size")
@@ -140,6 +168,11 @@ class TranslatorConfig(_DictMixin):
         return self.hidden_size // 2 if self.bidirectional else self.hidden_size
 
     @property
+    def memory_size(self) -> int:
+        """Width of the encoder memory: H, or the directions' projections concatenated."""
+        return (self.proj_size or self.encoder_hidden) * (2 if self.bidirectional else 1)
+
+    @property
     def state_layers(self) -> int:
         """Number of (L, H) blocks packed in the flat decoder state: L, or 2L for LSTM (h, c)."""
         return self.num_layers * (2 if self.cell == "lstm" else 1)
@@ -148,6 +181,48 @@ class TranslatorConfig(_DictMixin):
     def state_dim(self) -> int:
         """Width of the flat decoder state per row."""
         return self.state_layers * self.hidden_size
+
+
+@dataclass(frozen=True)
+class TaggerConfig(_DictMixin):
+    """Embedding -> stacked (bi)RNN -> per-token linear softmax head (sequence labeling)."""
+
+    vocab_size: int = 4000
+    """Tokenizer vocabulary size (embedding rows)."""
+    num_labels: int = 12
+    """Number of tags C."""
+    embed_size: int = 64
+    """Token embedding width E."""
+    hidden_size: int = 96
+    """RNN hidden size H per direction."""
+    num_layers: int = 2
+    """Stacked RNN layers."""
+    cell: str = "lstm"
+    """Recurrent cell: rnn | lstm | gru."""
+    bidirectional: bool = True
+    """Run a backward direction too (output width 2H)."""
+    dropout: float = 0.1
+    """Dropout between RNN layers and before the head."""
+    max_length: int = 128
+    """Longest input in tokens the model is exported and served for."""
+    pad_id: int = 0
+    """Padding token id (embedding row kept at zero)."""
+    proj_size: int = 0
+    """LSTM recurrent projection size P (0 = none); outputs and h are P wide (P < H)."""
+    peephole: bool = False
+    """LSTM peephole connections (gates also see the cell state)."""
+    cifg: bool = False
+    """LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if self.num_labels < 2:
+            raise ValueError(f"num_labels={self.num_labels} must be >= 2: a tagger needs 2+")
+
+    @property
+    def output_size(self) -> int:
+        """Width of the RNN outputs: H (or P with a projection) times the directions."""
+        return (self.proj_size or self.hidden_size) * (2 if self.bidirectional else 1)
 
 
 @dataclass(frozen=True)
@@ -191,6 +266,11 @@ class TrainConfig(_DictMixin):
     """Use at most this many training examples (0 = all)."""
     max_eval_examples: int = 0
     """Validate on at most this many examples per epoch (0 = all); test uses all."""
+    tbptt: int = 0
+    """Truncated BPTT chunk length K in steps (0 = full BPTT); classifier and tagger only."""
+    gradient_flow_every: int = 0
+    """Measure gradient flow (models/diagnostics.py) every N steps into gradient_flow.jsonl
+    (0 = off)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size", "num_threads", "bucket_chunk"):
@@ -210,3 +290,5 @@ class TrainConfig(_DictMixin):
             )
         if self.max_minutes < 0 or self.patience < 0 or self.warmup_steps < 0:
             raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
+        if self.tbptt < 0 or self.gradient_flow_every < 0:
+            raise ValueError("tbptt and gradient_flow_every must be >= 0 (0 = off)")

@@ -6,7 +6,16 @@ fixes that but does not survive ONNX export. Here every layer runs two unidirect
 the forward one over the padded batch as is (causal, so padding after a row cannot reach its
 valid positions) and the backward one over each row reversed *within its own length*
 (index[b, t] = len_b - 1 - t for t < len_b, else t), gathered back afterwards. Padded output
-positions are zeroed. Both directions export as native ONNX LSTM/GRU/RNN ops.
+positions are zeroed. Both directions export as native ONNX LSTM/GRU/RNN ops, or, for the
+LSTM variants (projection, peepholes, CIFG: models/lstm_variants.py), as an ONNX Loop of
+standard ops; `rnn_form` says which ("native" | "loop").
+
+Truncated BPTT (`tbptt = K > 0`, training only): each direction of each layer runs in chunks of
+K steps, carrying its recurrent state into the next chunk detached, so no gradient crosses a
+chunk boundary through the recurrence. The forward direction chunks left to right from t = 0;
+the backward direction runs over each row reversed within its length, so its chunks go right
+to left from each row's own last token. The values are those of full BPTT; only gradients are
+cut. Layers above still see every position of the layer below at the same time step.
 """
 
 from __future__ import annotations
@@ -14,6 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from models.lstm_variants import VariantLSTM
+
+RNNState = Tensor | tuple[Tensor, Tensor]
 _CELL_MODULES: dict[str, type[nn.RNN] | type[nn.LSTM] | type[nn.GRU]] = {
     "rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
@@ -24,6 +36,37 @@ def make_rnn(cell: str, input_size: int, hidden_size: int, num_layers: int = 1,
     module = _CELL_MODULES[cell]
     return module(input_size, hidden_size, num_layers=num_layers, batch_first=True,
                   dropout=dropout if num_layers > 1 else 0.0)
+
+
+def make_layer(cell: str, input_size: int, hidden_size: int, proj_size: int = 0,
+               peephole: bool = False, cifg: bool = False) -> nn.Module:
+    """One batch-first unidirectional layer: native nn.RNN/LSTM/GRU, or `VariantLSTM` when an
+    LSTM variant is asked for. Both take `(x, state)` and return `(out, state)`."""
+    if proj_size or peephole or cifg:
+        if cell != "lstm":
+            raise ValueError(f"proj_size/peephole/cifg need cell='lstm', not {cell!r}")
+        return VariantLSTM(input_size, hidden_size, proj_size, peephole, cifg)
+    return make_rnn(cell, input_size, hidden_size)
+
+
+def detach_state(state: RNNState) -> RNNState:
+    """The recurrent state cut from the graph (h, or (h, c) for LSTMs)."""
+    if isinstance(state, tuple):
+        return state[0].detach(), state[1].detach()
+    return state.detach()
+
+
+def run_chunked(layer: nn.Module, x: Tensor, chunk: int) -> Tensor:
+    """Truncated BPTT: run `layer` over x (B, T, I) in chunks of `chunk` steps, passing the
+    final state of each chunk detached into the next. Returns out (B, T, P)."""
+    outs: list[Tensor] = []
+    state: RNNState | None = None
+    for start in range(0, x.shape[1], chunk):
+        out, state = layer(x[:, start : start + chunk], state)  # (B, K, P)
+        assert state is not None
+        state = detach_state(state)
+        outs.append(out)
+    return torch.cat(outs, dim=1)  # (B, T, P)
 
 
 def time_positions(lengths: Tensor, max_len: int) -> Tensor:
@@ -67,22 +110,33 @@ class PaddingSafeRNN(nn.Module):
     """
 
     def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1,
-                 bidirectional: bool = True, dropout: float = 0.0) -> None:
+                 bidirectional: bool = True, dropout: float = 0.0, proj_size: int = 0,
+                 peephole: bool = False, cifg: bool = False) -> None:
         super().__init__()
         self.cell = cell
         self.hidden_size = hidden_size
         self.num_layers = num_layers
         self.bidirectional = bidirectional
         self.num_directions = 2 if bidirectional else 1
-        self.output_size = hidden_size * self.num_directions
+        self.output_size = (proj_size or hidden_size) * self.num_directions
+        self.rnn_form = "loop" if (proj_size or peephole or cifg) else "native"
+        self.tbptt = 0
+        """Truncated-BPTT chunk length while training (0 = full BPTT); see module doc."""
         self.dropout = nn.Dropout(dropout)
         self.forward_layers = nn.ModuleList()
         self.backward_layers = nn.ModuleList()
         for layer in range(num_layers):
             size_in = input_size if layer == 0 else self.output_size
-            self.forward_layers.append(make_rnn(cell, size_in, hidden_size))
-            if bidirectional:
-                self.backward_layers.append(make_rnn(cell, size_in, hidden_size))
+            for direction in range(self.num_directions):
+                layers = self.backward_layers if direction else self.forward_layers
+                layers.append(make_layer(cell, size_in, hidden_size, proj_size, peephole, cifg))
+
+    def _run(self, layer: nn.Module, x: Tensor) -> Tensor:
+        """One direction of one layer over x (B, T, I) -> (B, T, P), chunked under TBPTT."""
+        if self.training and self.tbptt > 0:
+            return run_chunked(layer, x, self.tbptt)
+        out, _ = layer(x)
+        return out  # type: ignore[no-any-return]
 
     def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         max_len = x.shape[1]
@@ -94,14 +148,14 @@ class PaddingSafeRNN(nn.Module):
         for layer in range(self.num_layers):
             if layer > 0:
                 layer_in = self.dropout(layer_in)
-            fwd, _ = self.forward_layers[layer](layer_in)  # (B, T, H)
+            fwd = self._run(self.forward_layers[layer], layer_in)  # (B, T, H)
             index = last.view(-1, 1, 1).expand(-1, 1, fwd.shape[2])  # (B, 1, H)
             fwd_final = fwd.gather(1, index).squeeze(1)  # (B, H) at each row's last token
             if rev is None:
                 out, final = fwd, fwd_final
             else:
                 bwd_in = gather_time(layer_in, rev)  # (B, T, I) each row reversed in its length
-                bwd_rev, _ = self.backward_layers[layer](bwd_in)  # (B, T, H)
+                bwd_rev = self._run(self.backward_layers[layer], bwd_in)  # (B, T, H)
                 bwd = gather_time(bwd_rev, rev)  # (B, T, H) back in original order
                 out = torch.cat([fwd, bwd], dim=-1)  # (B, T, 2H)
                 final = torch.cat([fwd_final, bwd[:, 0]], dim=-1)  # (B, 2H)

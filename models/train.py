@@ -4,8 +4,8 @@
 directory of docs/contracts.md (config.json, tokenizer.model, model.safetensors, metrics.json,
 metrics.csv, curves.png, test_metrics.json, DONE last) and returns the test metrics.
 
-`DEMO_CLASSIFIER` and `DEMO_TRANSLATOR` describe the demo runs: {"task", "data", "model":
-model overrides, "train": training overrides}, used as
+`DEMO_CLASSIFIER`, `DEMO_TRANSLATOR` and `DEMO_TAGGER` describe the demo runs: {"task", "data",
+"model": model overrides, "train": training overrides}, used as
 `run_training(d["task"], d["data"], out_dir, d["model"], d["train"])`.
 """
 
@@ -24,14 +24,16 @@ from torch import Tensor, nn
 
 from models.checkpoint import CHECKPOINT, CONFIG, TASKS, TOKENIZER, load_checkpoint
 from models.classifier import Classifier
-from models.config import ClassifierConfig, TrainConfig, TranslatorConfig
+from models.config import ClassifierConfig, TaggerConfig, TrainConfig, TranslatorConfig
 from models.data.dataset import Dataset
 from models.data.registry import load_dataset
 from models.errors import DataError, UserError
+from models.tagger import Tagger
 from models.tokenizer import Tokenizer, train_tokenizer
 from models.train_data import Encoded, encode_classification, encode_translation
 from models.train_eval import evaluate_classifier, evaluate_translator
 from models.train_loop import FitResult, TaskSpec, fit
+from models.train_tagger import collate_tagging, encode_tagging, evaluate_tagger
 from models.translator import Translator
 
 DEMO_CLASSIFIER: dict[str, Any] = {
@@ -55,7 +57,21 @@ DEMO_TRANSLATOR: dict[str, Any] = {
 }
 """Demo en->fr numbers run: word-level (about 450 words) GRU translator, Bahdanau attention."""
 
-_TASK_DATA = {"classifier": "classification", "translator": "translation"}
+DEMO_TAGGER: dict[str, Any] = {
+    "task": "tagger",
+    "data": "numbers-tags",
+    "data_size": 3000,
+    "model": {"vocab_size": 800, "cell": "lstm", "hidden_size": 64, "embed_size": 48,
+              "num_layers": 1, "dropout": 0.1, "max_length": 64},
+    "train": {"epochs": 3, "batch_size": 32, "lr": 5e-3, "max_minutes": 0.75, "patience": 2,
+              "num_threads": 1, "tokenizer_type": "unigram"},
+}
+"""Demo number-word tagger: 1-layer BiLSTM 64 on 3000 tagged phrases, well under a minute.
+Its `data_size` goes to `run_training(..., data_size=...)`."""
+
+_TASK_DATA = {"classifier": "classification", "translator": "translation", "tagger": "tagging"}
+Model = Classifier | Translator | Tagger
+ModelConfig = ClassifierConfig | TranslatorConfig | TaggerConfig
 
 
 def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
@@ -79,11 +95,10 @@ def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
     tok = _train_tokenizer(ds, out, task, model_overrides or {}, cfg)
     model_cfg = _model_config(task, model_overrides or {}, tok, ds)
     torch.manual_seed(cfg.seed)
-    model: Classifier | Translator = (Classifier(model_cfg) if isinstance(model_cfg,
-                                      ClassifierConfig) else Translator(model_cfg))
+    model = _build(model_cfg, cfg)
     splits = _encode_splits(ds, tok, model_cfg, cfg)
     config = {"task": task, "model": model_cfg.to_dict(), "train": cfg.to_dict(),
-              "labels": list(ds.labels) if task == "classifier" else [],
+              "labels": list(ds.labels) if task != "translator" else [],
               "data": {"spec": str(data) if not isinstance(data, Dataset) else ds.name,
                        "name": ds.name, "size": data_size, "seed": data_seed,
                        "counts": ds.counts()},
@@ -95,7 +110,7 @@ def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
     spec = _task_spec(model, valid, ds, tok, cfg)
     result = fit(model, spec, splits["train"][0], cfg, out, progress)
     load_checkpoint(model, out / CHECKPOINT)
-    test_metrics = _test(model, spec, splits["test"], tok, cfg, result, started)
+    test_metrics = _test(model, spec, splits["test"], tok, cfg, result, started, ds.labels)
     (out / "test_metrics.json").write_text(json.dumps(test_metrics, indent=2) + "\n")
     (out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     return test_metrics
@@ -114,17 +129,33 @@ def _seed_everything(seed: int, threads: int) -> None:
     random.seed(seed)
 
 
+def _build(model_cfg: ModelConfig, cfg: TrainConfig) -> Model:
+    """The fresh model; truncated BPTT (cfg.tbptt) is switched on in its RNN."""
+    model: Model
+    if isinstance(model_cfg, ClassifierConfig):
+        model = Classifier(model_cfg)
+    elif isinstance(model_cfg, TaggerConfig):
+        model = Tagger(model_cfg)
+    else:
+        if cfg.tbptt:
+            raise UserError("--tbptt applies to classifiers and taggers, not translators")
+        return Translator(model_cfg)
+    model.rnn.tbptt = cfg.tbptt
+    return model
+
+
 def _train_tokenizer(ds: Dataset, out: Path, task: str, overrides: dict[str, Any],
                      cfg: TrainConfig) -> Tokenizer:
     """The sentencepiece model on the training split (joint source+target for translators)."""
-    default = ClassifierConfig.vocab_size if task == "classifier" else TranslatorConfig.vocab_size
+    default = {"classifier": ClassifierConfig.vocab_size, "tagger": TaggerConfig.vocab_size,
+               "translator": TranslatorConfig.vocab_size}[task]
     size = int(overrides.get("vocab_size", default))
     return train_tokenizer(ds.texts("train"), out / TOKENIZER, size,
                            model_type=cfg.tokenizer_type, seed=cfg.seed)  # type: ignore[arg-type]
 
 
 def _model_config(task: str, overrides: dict[str, Any], tok: Tokenizer,
-                  ds: Dataset) -> ClassifierConfig | TranslatorConfig:
+                  ds: Dataset) -> ModelConfig:
     """Defaults + overrides, with vocab (and labels) taken from the tokenizer and data."""
     fixed: dict[str, Any] = {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}
     try:
@@ -132,6 +163,9 @@ def _model_config(task: str, overrides: dict[str, Any], tok: Tokenizer,
             fixed["num_labels"] = len(ds.labels)
             return ClassifierConfig.from_dict({**ClassifierConfig().to_dict(), **overrides,
                                                **fixed})
+        if task == "tagger":
+            fixed["num_labels"] = len(ds.labels)
+            return TaggerConfig.from_dict({**TaggerConfig().to_dict(), **overrides, **fixed})
         fixed.update(bos_id=tok.bos_id, eos_id=tok.eos_id)
         return TranslatorConfig.from_dict({**TranslatorConfig().to_dict(), **overrides, **fixed})
     except (ValueError, TypeError) as exc:
@@ -142,7 +176,7 @@ Split = tuple[list[Encoded], list[str]]
 LossFn = Callable[[nn.Module, dict[str, Tensor], float], Tensor]
 
 
-def _encode_splits(ds: Dataset, tok: Tokenizer, model_cfg: ClassifierConfig | TranslatorConfig,
+def _encode_splits(ds: Dataset, tok: Tokenizer, model_cfg: ModelConfig,
                    cfg: TrainConfig) -> dict[str, Split]:
     """Tokenized splits with their raw references (translation targets; empty otherwise)."""
     out: dict[str, Split] = {}
@@ -152,7 +186,9 @@ def _encode_splits(ds: Dataset, tok: Tokenizer, model_cfg: ClassifierConfig | Tr
             rows = rows[: cfg.max_train_examples]
         if not rows:
             raise DataError(f"{ds.name}: the {name} split is empty")
-        if isinstance(model_cfg, ClassifierConfig):
+        if isinstance(model_cfg, TaggerConfig):
+            out[name] = (encode_tagging(rows, tok, ds.labels, model_cfg.max_length), [])
+        elif isinstance(model_cfg, ClassifierConfig):
             out[name] = (encode_classification(rows, tok, ds.labels, model_cfg.max_length), [])
         else:
             out[name] = (encode_translation(rows, tok, model_cfg.max_length),
@@ -164,8 +200,15 @@ def _limit(split: Split, n: int) -> Split:
     return (split[0][:n], split[1][:n]) if n else split
 
 
-def _task_spec(model: Classifier | Translator, valid: Split, ds: Dataset, tok: Tokenizer,
+def _task_spec(model: Model, valid: Split, ds: Dataset, tok: Tokenizer,
                cfg: TrainConfig) -> TaskSpec:
+    if isinstance(model, Tagger):
+        tagger = model
+        return TaskSpec("tagger", _tagger_loss(cfg.label_smoothing),
+                        lambda m: evaluate_tagger(tagger, valid[0], cfg.eval_batch_size,
+                                                  ds.labels),
+                        ("token_accuracy", "macro_f1"), (0, 0, model.config.pad_id),
+                        collate_tagging)
     if isinstance(model, Classifier):
         return TaskSpec("classifier", _classifier_loss(cfg.label_smoothing),
                         lambda m: evaluate_classifier(model, valid[0], cfg.eval_batch_size),
@@ -185,6 +228,15 @@ def _classifier_loss(smoothing: float) -> LossFn:
     return loss
 
 
+def _tagger_loss(smoothing: float) -> LossFn:
+    def loss(model: nn.Module, batch: dict[str, Tensor], prob: float) -> Tensor:
+        logits, _ = model(batch["ids"], batch["lengths"])  # (B, T, C)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["tags"].reshape(-1),
+                               ignore_index=-100, label_smoothing=smoothing)
+
+    return loss
+
+
 def _translator_loss(smoothing: float) -> LossFn:
     def loss(model: nn.Module, batch: dict[str, Tensor], prob: float) -> Tensor:
         _, value = model(batch["ids"], batch["lengths"], batch["tgt_in"], batch["tgt_out"],
@@ -195,11 +247,13 @@ def _translator_loss(smoothing: float) -> LossFn:
     return loss
 
 
-def _test(model: Classifier | Translator, spec: TaskSpec, test: Split, tok: Tokenizer,
-          cfg: TrainConfig, result: FitResult, started: float) -> dict[str, Any]:
+def _test(model: Model, spec: TaskSpec, test: Split, tok: Tokenizer, cfg: TrainConfig,
+          result: FitResult, started: float, labels: list[str]) -> dict[str, Any]:
     """Best checkpoint on the full test split, plus run facts."""
-    if isinstance(model, Classifier):
-        metrics: dict[str, Any] = evaluate_classifier(model, test[0], cfg.eval_batch_size)
+    if isinstance(model, Tagger):
+        metrics: dict[str, Any] = evaluate_tagger(model, test[0], cfg.eval_batch_size, labels)
+    elif isinstance(model, Classifier):
+        metrics = evaluate_classifier(model, test[0], cfg.eval_batch_size)
     else:
         metrics = evaluate_translator(model, test[0], test[1], tok, cfg.eval_batch_size)
     metrics.update(split="test", examples=len(test[0]), best_epoch=result.best_epoch,

@@ -40,6 +40,8 @@ class TaskSpec:
     """Validation metrics that rank checkpoints, most important first (higher is better)."""
     collate_ids: tuple[int, int, int] = (2, 3, 0)
     """bos, eos, pad ids for `collate`."""
+    collate_fn: Callable[..., dict[str, Tensor]] = collate
+    """(examples, bos, eos, pad) -> batch tensors (the tagger has its own)."""
 
 
 @dataclass
@@ -105,12 +107,14 @@ def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainCo
     budget = cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
     deadline = start + budget
     scheduler = LRSchedule(cfg, steps_per_epoch * cfg.epochs, start, budget)
+    monitor = gradient_monitor(model, cfg, out_dir, progress)
     for epoch in range(1, cfg.epochs + 1):
         generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
         batches = bucketed_batches(lengths, cfg.batch_size, cfg.bucket_chunk, generator)
         prob = sampling_prob(cfg, epoch)
         row, out_of_time = _train_epoch(model, spec, train, batches, optimizer, scheduler, cfg,
-                                        prob, deadline, f"{spec.name} epoch {epoch}", progress)
+                                        prob, deadline, f"{spec.name} epoch {epoch}", progress,
+                                        monitor)
         row = {"epoch": epoch, **row, **{f"valid_{k}": v for k, v in spec.evaluate(model).items()}}
         row["seconds"] = round(time.monotonic() - start, 2)
         result.history.append(row)
@@ -142,14 +146,15 @@ def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainCo
 def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
                  batches: list[list[int]], optimizer: torch.optim.Optimizer,
                  scheduler: LRSchedule, cfg: TrainConfig, prob: float,
-                 deadline: float, desc: str, progress: bool) -> tuple[dict[str, Any], bool]:
+                 deadline: float, desc: str, progress: bool,
+                 monitor: Callable[[int], object] | None = None) -> tuple[dict[str, Any], bool]:
     """One pass over the batches; returns the epoch row and whether the time ran out."""
     model.train()
     losses, norms = RunningMean(), RunningMean()
     out_of_time, lr = False, cfg.lr
     bar = tqdm(batches, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
     for step, index in enumerate(bar):
-        batch = collate([train[i] for i in index], *spec.collate_ids)
+        batch = spec.collate_fn([train[i] for i in index], *spec.collate_ids)
         loss = spec.loss(model, batch, prob)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -160,6 +165,8 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
             norms.add({"total": float(total)})
         lr = scheduler.apply(optimizer)
         optimizer.step()
+        if monitor is not None:
+            monitor(scheduler.step)
         losses.add({"loss": float(loss.detach())}, len(index))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{losses.means()['loss']:.4f}")
@@ -173,6 +180,35 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
            "batches": step + 1 if batches else 0, "grad_norm_total": total_norm,
            "grad_norm": means}
     return row, out_of_time
+
+
+def gradient_monitor(model: nn.Module, cfg: TrainConfig, out_dir: Path,
+                     progress: bool) -> Callable[[int], object] | None:
+    """With cfg.gradient_flow_every = N > 0: a `step -> None` hook measuring the gradient flow
+    (models/diagnostics.py) of the first forward RNN layer every N optimizer steps into
+    out_dir/gradient_flow.jsonl. None when off, or (with a note) for an LSTM variant layer,
+    which the measurement's cell view cannot unroll."""
+    if cfg.gradient_flow_every <= 0:
+        return None
+    from models.diagnostics import gradient_flow_callback
+
+    rnn = getattr(model, "rnn", None) or getattr(model, "encoder", None)
+    layer = rnn.forward_layers[0] if rnn is not None else None
+    if not isinstance(layer, nn.RNNBase):
+        if progress:
+            tqdm.write("gradient flow: only native RNN/LSTM/GRU layers are measured; skipped")
+        return None
+    path = out_dir / "gradient_flow.jsonl"
+    path.unlink(missing_ok=True)
+    hook = gradient_flow_callback(cfg.gradient_flow_every, out_path=path, batch_size=16)
+
+    def measure(step: int) -> None:
+        record = hook(step, layer)
+        if record is not None and progress:
+            tqdm.write(f"gradient flow at step {step}: decay factor per step "
+                       f"{record['decay_factor_per_step']:.4f}")
+
+    return measure
 
 
 def write_history(result: FitResult, out_dir: Path, plot: bool = True) -> None:

@@ -6,6 +6,10 @@ states to the decoder's initial h (and c for LSTM). Decoder: a unidirectional RN
 target embeddings, global attention of its top output over the memory (additive, dot or
 general score), attentional vector tanh(W [h; context]) -> vocabulary logits.
 
+LSTM variants (proj_size, peephole, cifg) apply to the encoder; the decoder stays a native
+cell, because its state layout is the decode_step contract. With a projection the memory is
+`memory_size` wide (the directions' projections) instead of H.
+
 Teacher forcing runs the whole target at once; `decode_step` runs one step for R hypothesis
 rows with the same code, so training, eager decoding and the exported step graph agree.
 """
@@ -32,12 +36,14 @@ class Translator(nn.Module):
         self.embedding = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_id)
         self.dropout = nn.Dropout(c.dropout)
         self.encoder = PaddingSafeRNN(c.cell, c.embed_size, c.encoder_hidden, c.num_layers,
-                                      c.bidirectional, c.dropout)
-        self.bridge_h = nn.Linear(flat, flat)
-        self.bridge_c = nn.Linear(flat, flat) if c.cell == "lstm" else None
+                                      c.bidirectional, c.dropout, c.proj_size, c.peephole,
+                                      c.cifg)
+        mem, finals = c.memory_size, c.num_layers * c.memory_size
+        self.bridge_h = nn.Linear(finals, flat)
+        self.bridge_c = nn.Linear(finals, flat) if c.cell == "lstm" else None
         self.decoder = make_rnn(c.cell, c.embed_size, size, c.num_layers, c.dropout)
-        self.attention = DecoderAttention(c.attention, size, size, size)
-        self.combine = nn.Linear(2 * size, size)
+        self.attention = DecoderAttention(c.attention, size, mem, size)
+        self.combine = nn.Linear(size + mem, size)
         self.output = nn.Linear(size, c.vocab_size)
 
     # ---------------------------------------------------------------- state packing

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"
     """Log level of the server."""
+    switch_interval_ms: float = Field(default=0.5, gt=0)
+    """Python's GIL switch interval for `seqserve serve` (default 5 ms makes the batch thread
+    wait behind the busy event loop after every runtime call; 0.5 ms measured ~15% faster)."""
 
     @field_validator("providers", mode="before")
     @classmethod

@@ -32,6 +32,7 @@ OPTIONS: dict[str, tuple[typing.Any, str]] = {
     "max_tokens": (int, "most tokens per text"),
     "max_body_bytes": (int, "largest request body"),
     "log_level": (str, "log level"),
+    "switch_interval_ms": (float, "GIL switch interval of the server process"),
 }
 FLAGS_BOOL = {
     "truncate": "truncate texts over max_tokens instead of rejecting them",
@@ -71,6 +72,7 @@ def settings_from_args(args: argparse.Namespace) -> typing.Any:
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    import sys
 
     from models.errors import UserError
     from service.app import create_app
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    sys.setswitchinterval(settings.switch_interval_ms / 1000.0)  # process-wide: set here only
     app = create_app(settings)
     server = build_server(app, app.state.seqserve)
     server.run()

@@ -81,4 +81,4 @@ def test_load_run_explains_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="model.safetensors"):
         load_run(tmp_path)
     with pytest.raises(UserError, match="unknown task"):
-        build_model("tagger", {})
+        build_model("parser", {})

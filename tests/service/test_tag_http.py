@@ -1,0 +1,162 @@
+"""Tag endpoints end to end: a tiny trained tagger bundle through ONNX Runtime in the real app.
+
+Every answered token slices the original text back (`text[start:end] == token`), results do
+not depend on the batch, OIP v2 infer returns the same tokens, and bad inputs are 4xx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
+from tagger_support import train_tiny_tagger  # noqa: E402
+
+TEXTS = [
+    "the twenty-first of march nineteen eighty-seven",
+    "  Forty-two   thousand and\tsix ",
+    "five euros and ten cents",
+    "one hundred and twentieth",
+    "zzz 12 émigré",
+]
+
+
+@pytest.fixture(scope="module")
+def tag_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from export.bundle import export_run
+
+    run = train_tiny_tagger(tmp_path_factory.mktemp("tag-run"))
+    repo = tmp_path_factory.mktemp("tag-repo")
+    export_run(run, repo, "tiny-tag", version=1, progress=False)
+    return repo
+
+
+def settings(repo: Path, **overrides: Any) -> Settings:
+    return Settings(repo=repo, intra_op_threads=1, inter_op_threads=1, warmup=False,
+                    **overrides)
+
+
+@contextlib.asynccontextmanager
+async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test",
+                                     timeout=60) as client:
+            yield client
+
+
+def _run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, timeout=90))
+
+
+def test_tag_round_trip_offsets_and_labels(tag_repo: Path) -> None:
+    from models.data.tags import TAGS, tagged
+
+    async def go() -> list[httpx.Response]:
+        async with serve(create_app(settings(tag_repo))) as c:
+            return [await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS}),
+                    await c.get("/v1/models")]
+
+    r, listing = _run(go())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "tiny-tag" and body["version"] == 1
+    assert listing.status_code == 200 and "tiny-tag" in listing.text
+    for text, result in zip(TEXTS, body["results"], strict=True):
+        tokens = result["tokens"]
+        assert [t["token"] for t in tokens] == text.split()
+        for t in tokens:
+            assert text[t["start"] : t["end"]] == t["token"]
+            assert t["label"] in TAGS and 0.0 < t["probability"] <= 1.0
+        assert result["num_tokens"] >= len(tokens) and result["truncated"] is False
+    gold = tagged("date", datetime.date(1987, 3, 21))[1]
+    got = [t["label"] for t in body["results"][0]["tokens"]]
+    assert sum(g == p for g, p in zip(gold, got, strict=True)) >= len(gold) - 1
+
+
+def test_results_do_not_depend_on_the_batch(tag_repo: Path) -> None:
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with serve(create_app(settings(tag_repo, max_wait_ms=50))) as c:
+            together = (await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS})).json()
+            alone = [(await c.post("/v1/models/tiny-tag/tag", json={"texts": [t]})).json()
+                     for t in TEXTS]
+            return together, alone
+
+    together, alone = _run(go())
+    for i, single in enumerate(alone):
+        a, b = together["results"][i]["tokens"], single["results"][0]["tokens"]
+        assert [t["label"] for t in a] == [t["label"] for t in b]
+        assert max(abs(x["probability"] - y["probability"]) for x, y in zip(a, b,
+                                                                            strict=True)) <= 1e-5
+
+
+def test_oip_v2_infer_returns_json_tokens(tag_repo: Path) -> None:
+    async def go() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        async with serve(create_app(settings(tag_repo))) as c:
+            meta = await c.get("/v2/models/tiny-tag")
+            infer = await c.post("/v2/models/tiny-tag/infer", json={
+                "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                            "data": TEXTS[:2]}]})
+            v1 = await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS[:2]})
+            return meta, infer, v1
+
+    meta, infer, v1 = _run(go())
+    assert meta.status_code == 200 and meta.json()["outputs"][0]["name"] == "tags"
+    assert infer.status_code == 200, infer.text
+    (out,) = infer.json()["outputs"]
+    assert out["name"] == "tags" and out["datatype"] == "BYTES" and out["shape"] == [2]
+    assert [json.loads(x) for x in out["data"]] == [r["tokens"] for r in v1.json()["results"]]
+
+
+@pytest.mark.parametrize(("path", "payload", "status"), [
+    ("/v1/models/tiny-tag/tag", {"texts": []}, 422),
+    ("/v1/models/tiny-tag/tag", {"texts": [""]}, 400),
+    ("/v1/models/tiny-tag/tag", {"texts": ["   "]}, 400),
+    ("/v1/models/tiny-tag/tag", {"texts": [3]}, 422),
+    ("/v1/models/tiny-tag/tag", {"texts": ["one"], "extra": 1}, 422),
+    ("/v1/models/tiny-tag/tag", {"texts": ["one " * 200]}, 400),
+    ("/v1/models/tiny-tag/tag", {"texts": ["\ud800"]}, 400),
+    ("/v1/models/nope/tag", {"texts": ["one"]}, 404),
+    ("/v1/models/tiny-tag/classify", {"texts": ["one"]}, 404),
+    ("/v2/models/tiny-tag/infer", {"inputs": [{"name": "txt", "datatype": "BYTES",
+                                               "shape": [1], "data": ["one"]}]}, 400),
+    ("/v2/models/tiny-tag/infer", {"inputs": [{"name": "text", "datatype": "BYTES",
+                                               "shape": [0], "data": []}]}, 400),
+])
+def test_bad_inputs_are_4xx(tag_repo: Path, path: str, payload: dict[str, Any],
+                            status: int) -> None:
+    async def go() -> httpx.Response:
+        async with serve(create_app(settings(tag_repo))) as c:
+            return await c.post(path, json=payload)
+
+    r = _run(go())
+    assert r.status_code == status, r.text
+    assert "error" in r.json() or "detail" in r.json()
+
+
+def test_truncation_marks_words_without_a_label(tag_repo: Path) -> None:
+    text = "one two three " * 30
+
+    async def go() -> httpx.Response:
+        async with serve(create_app(settings(tag_repo, truncate=True))) as c:
+            return await c.post("/v1/models/tiny-tag/tag", json={"texts": [text]})
+
+    r = _run(go())
+    assert r.status_code == 200, r.text
+    result = r.json()["results"][0]
+    assert result["truncated"] is True and result["num_tokens"] == 40
+    tokens = result["tokens"]
+    assert len(tokens) == 90 and tokens[0]["label"] is not None and tokens[-1]["label"] is None

@@ -100,6 +100,22 @@ def gather_time(x: Tensor, index: Tensor) -> Tensor:
     return x.gather(1, index.unsqueeze(-1).expand_as(x))  # (B, T, D)
 
 
+def zero_state(layer: nn.RNNBase, x: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+    """The zero initial state of a native unidirectional layer for x (B, T, I), built from x.
+
+    Passed explicitly because a layer called without one makes its zeros in Python, and
+    `torch.jit.trace` then bakes a CPU constant into the TorchScript twin (it fails on CUDA
+    with "hidden tensor at cpu"); this way the state follows the input's device and batch.
+    """
+    base = torch.zeros_like(x[:, 0, :1]).unsqueeze(0)  # (1, B, 1)
+    out_size = getattr(layer, "proj_size", 0) or layer.hidden_size
+    h0 = base.expand(layer.num_layers, -1, out_size).contiguous()  # (L, B, P)
+    if isinstance(layer, nn.LSTM):
+        c0 = base.expand(layer.num_layers, -1, layer.hidden_size).contiguous()  # (L, B, H)
+        return h0, c0
+    return h0
+
+
 class PaddingSafeRNN(nn.Module):
     """Stacked RNN/LSTM/GRU, optionally bidirectional, whose rows ignore batch padding.
 
@@ -135,7 +151,10 @@ class PaddingSafeRNN(nn.Module):
         """One direction of one layer over x (B, T, I) -> (B, T, P), chunked under TBPTT."""
         if self.training and self.tbptt > 0:
             return run_chunked(layer, x, self.tbptt)
-        out, _ = layer(x)
+        if isinstance(layer, nn.RNNBase):
+            out, _ = layer(x, zero_state(layer, x))
+        else:
+            out, _ = layer(x)
         return out  # type: ignore[no-any-return]
 
     def forward(self, x: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,7 @@ from service.app import create_app
 from service.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from tagger_support import train_tiny_tagger  # noqa: E402
+from tagger_support import train_tiny_tagger, write_untrained_tagger  # noqa: E402
 
 TEXTS = [
     "the twenty-first of march nineteen eighty-seven",
@@ -62,11 +62,25 @@ def _run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(asyncio.wait_for(coro, timeout=90))
 
 
-def test_tag_round_trip_offsets_and_labels(tag_repo: Path) -> None:
+@pytest.fixture(scope="module")
+def variant_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-var/1: an untrained tagger with every LSTM variant (the "loop" export form)."""
+    from export.bundle import export_run
+
+    run = write_untrained_tagger(tmp_path_factory.mktemp("var-run"), peephole=True, cifg=True,
+                                 proj_size=6)
+    repo = tmp_path_factory.mktemp("var-repo")
+    export_run(run, repo, "tiny-var", version=1, progress=False,
+               grid={"batch_sizes": (1, 4), "lengths": (1, 9)})
+    return repo
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "torchscript"])
+def test_tag_round_trip_offsets_and_labels(tag_repo: Path, runtime: str) -> None:
     from models.data.tags import TAGS, tagged
 
     async def go() -> list[httpx.Response]:
-        async with serve(create_app(settings(tag_repo))) as c:
+        async with serve(create_app(settings(tag_repo, runtime=runtime))) as c:
             return [await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS}),
                     await c.get("/v1/models")]
 
@@ -87,17 +101,24 @@ def test_tag_round_trip_offsets_and_labels(tag_repo: Path) -> None:
     assert sum(g == p for g, p in zip(gold, got, strict=True)) >= len(gold) - 1
 
 
-def test_results_do_not_depend_on_the_batch(tag_repo: Path) -> None:
+@pytest.mark.parametrize(("repo_name", "runtime"), [
+    ("tag_repo", "onnx"), ("variant_repo", "onnx"), ("variant_repo", "torchscript")])
+def test_results_do_not_depend_on_the_batch(repo_name: str, runtime: str,
+                                            request: pytest.FixtureRequest) -> None:
+    repo: Path = request.getfixturevalue(repo_name)
+    model = "tiny-tag" if repo_name == "tag_repo" else "tiny-var"
+
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with serve(create_app(settings(tag_repo, max_wait_ms=50))) as c:
-            together = (await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS})).json()
-            alone = [(await c.post("/v1/models/tiny-tag/tag", json={"texts": [t]})).json()
-                     for t in TEXTS]
+        async with serve(create_app(settings(repo, max_wait_ms=50, runtime=runtime))) as c:
+            url = f"/v1/models/{model}/tag"
+            together = (await c.post(url, json={"texts": TEXTS})).json()
+            alone = [(await c.post(url, json={"texts": [t]})).json() for t in TEXTS]
             return together, alone
 
     together, alone = _run(go())
     for i, single in enumerate(alone):
         a, b = together["results"][i]["tokens"], single["results"][0]["tokens"]
+        assert [TEXTS[i][t["start"] : t["end"]] for t in a] == TEXTS[i].split()
         assert [t["label"] for t in a] == [t["label"] for t in b]
         assert max(abs(x["probability"] - y["probability"]) for x, y in zip(a, b,
                                                                             strict=True)) <= 1e-5
@@ -128,7 +149,7 @@ def test_oip_v2_infer_returns_json_tokens(tag_repo: Path) -> None:
     ("/v1/models/tiny-tag/tag", {"texts": [3]}, 422),
     ("/v1/models/tiny-tag/tag", {"texts": ["one"], "extra": 1}, 422),
     ("/v1/models/tiny-tag/tag", {"texts": ["one " * 200]}, 400),
-    ("/v1/models/tiny-tag/tag", {"texts": ["\ud800"]}, 400),
+    ("/v1/models/tiny-tag/tag", b'{"texts": ["\\ud800"]}', 400),  # a lone surrogate
     ("/v1/models/nope/tag", {"texts": ["one"]}, 404),
     ("/v1/models/tiny-tag/classify", {"texts": ["one"]}, 404),
     ("/v2/models/tiny-tag/infer", {"inputs": [{"name": "txt", "datatype": "BYTES",
@@ -136,10 +157,13 @@ def test_oip_v2_infer_returns_json_tokens(tag_repo: Path) -> None:
     ("/v2/models/tiny-tag/infer", {"inputs": [{"name": "text", "datatype": "BYTES",
                                                "shape": [0], "data": []}]}, 400),
 ])
-def test_bad_inputs_are_4xx(tag_repo: Path, path: str, payload: dict[str, Any],
+def test_bad_inputs_are_4xx(tag_repo: Path, path: str, payload: dict[str, Any] | bytes,
                             status: int) -> None:
     async def go() -> httpx.Response:
         async with serve(create_app(settings(tag_repo))) as c:
+            if isinstance(payload, bytes):
+                return await c.post(path, content=payload,
+                                    headers={"content-type": "application/json"})
             return await c.post(path, json=payload)
 
     r = _run(go())

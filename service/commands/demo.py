@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     for task, (dataset, model) in (("classifier", CLASSIFIER), ("translator", TRANSLATOR)):
         runs[model] = _train(task, dataset, work, retrain=args.retrain)
     train_s = time.perf_counter() - started
-    print(f"\n== test-split metrics (training wall time {train_s / 60:.1f} min) ==")
+    print(f"\n== test-split metrics (this command's data + training time {train_s / 60:.1f} min;"
+          " reused runs count 0) ==")
     for model, run_dir in runs.items():
         print(f"{model:>16}: {_format_metrics(_read_json(run_dir / 'test_metrics.json'))}")
     for model, run_dir in runs.items():
@@ -102,9 +103,7 @@ def _source_path(manifest: Any) -> str | None:
 
 
 def _serve(repo: Path, host: str, port: int) -> int:
-    import uvicorn
-
-    from service.app import create_app
+    from service.commands.serve import serve
     from service.settings import Settings
 
     settings = Settings(repo=repo, host=host, port=port)
@@ -119,10 +118,10 @@ def _serve(repo: Path, host: str, port: int) -> int:
         f"curl -s -X POST {base}/v1/models/{TRANSLATOR[1]}/translate "
         "-H 'content-type: application/json' "
         "-d '{\"texts\": [\"two hundred and forty-one\"], \"beam_size\": 5}'\n"
-        f"curl -s {base}/metrics | grep seqserve_requests_total\n"
+        f"curl -s {base}/metrics | grep seqserve_requests_total\n",
+        flush=True,
     )
-    uvicorn.run(create_app(settings), host=host, port=port, timeout_graceful_shutdown=None)
-    return 0
+    return serve(settings)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -71,6 +71,11 @@ def settings_from_args(args: argparse.Namespace) -> typing.Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    return serve(settings_from_args(args))
+
+
+def serve(settings: typing.Any) -> int:
+    """Serve until SIGTERM/SIGINT, then drain admitted work (also used by `seqserve demo`)."""
     import logging
     import sys
 
@@ -78,7 +83,6 @@ def run(args: argparse.Namespace) -> int:
     from service.app import create_app
     from service.shutdown import build_server
 
-    settings = settings_from_args(args)
     if not settings.repo.is_dir():
         raise UserError(f"{settings.repo}: model repository folder does not exist")
     logging.basicConfig(

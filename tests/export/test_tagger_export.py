@@ -16,6 +16,7 @@ from tagger_support import train_tiny_tagger, write_untrained_tagger
 from export.bundle import export_run
 from export.manifest import load_bundle
 from models.checkpoint import load_run
+from models.tagger import Tagger
 
 GRID = {"batch_sizes": (1, 3, 8), "lengths": (1, 7, 24)}
 VARIANTS: list[dict[str, Any]] = [
@@ -63,6 +64,7 @@ def test_onnx_tagger_matches_eager_on_new_lengths(tiny_tagger_bundle: Path) -> N
 
     manifest = load_bundle(tiny_tagger_bundle)
     model, config, _ = load_run(manifest.source_run["path"])
+    assert isinstance(model, Tagger)
     session = ort.InferenceSession(str(tiny_tagger_bundle / "tagger.onnx"),
                                    providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(3)

@@ -33,6 +33,11 @@ class TorchScriptRuntime:
         if inter_op_threads:
             with contextlib.suppress(RuntimeError):  # settable once per process only
                 torch.set_num_interop_threads(inter_op_threads)
+        if device == "cuda":
+            # fp32 means fp32: cuDNN's RNN kernels use TF32 by default, which moved logits by
+            # ~3e-3 against the CPU on an H200; parity with the exported reference wins.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         self.device = torch.device(device)
         self.providers: list[str] = [str(self.device)]
         self.modules = {}

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import datetime
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from tagger_support import train_tiny_tagger, write_untrained_tagger
 
 from service.app import create_app
 from service.settings import Settings
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-from tagger_support import train_tiny_tagger, write_untrained_tagger  # noqa: E402
 
 TEXTS = [
     "the twenty-first of march nineteen eighty-seven",

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
     max_body_bytes: int = Field(default=1_048_576, ge=1)
     """Largest request body; bigger is refused before it is read."""
+    max_live_hypotheses: int = Field(default=1024, ge=1)
+    """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
+    decode_groups: int = Field(default=2, ge=1, le=8)
+    """Translators: live requests split into this many groups whose decoder steps take turns,
+    so one group's beam bookkeeping overlaps the other's step (1 = one call per step)."""
     warmup: bool = True
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"

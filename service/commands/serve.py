@@ -31,6 +31,8 @@ OPTIONS: dict[str, tuple[typing.Any, str]] = {
     "max_chars": (int, "most characters per text"),
     "max_tokens": (int, "most tokens per text"),
     "max_body_bytes": (int, "largest request body"),
+    "max_live_hypotheses": (int, "translators: most live beam hypotheses per step"),
+    "decode_groups": (int, "translators: decoder-step groups that take turns (1 = one)"),
     "log_level": (str, "log level"),
     "switch_interval_ms": (float, "GIL switch interval of the server process"),
 }

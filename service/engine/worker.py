@@ -24,7 +24,6 @@ from service.schemas_translate import (
 )
 from service.workers.base import Call, V2Tensor, WorkerContext
 
-DEFAULT_MAX_LIVE_HYPOTHESES = 256
 """Live-hypothesis cap when the settings have no `max_live_hypotheses`."""
 
 
@@ -83,12 +82,10 @@ class TranslatorWorker:
         self.ctx = ctx
         s = ctx.settings
         self.max_tokens = min(s.max_tokens, ctx.manifest.limits.get("max_tokens", s.max_tokens))
-        # `max_live_hypotheses` and `decode_groups` are read when the settings define them.
         config = EngineConfig(
-            max_live_hypotheses=int(getattr(s, "max_live_hypotheses",
-                                            DEFAULT_MAX_LIVE_HYPOTHESES)),
+            max_live_hypotheses=s.max_live_hypotheses,
             max_queue=s.queue_size, max_admit=s.max_batch_size,
-            groups=int(getattr(s, "decode_groups", 1)), pad_id=ctx.manifest.tokenizer.pad_id)
+            groups=s.decode_groups, pad_id=ctx.manifest.tokenizer.pad_id)
         self.engine = DecodingEngine(ctx.runtime, decode_limits(ctx), config,
                                      PrometheusObserver(ctx.metrics, ctx.name))
 

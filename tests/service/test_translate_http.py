@@ -218,10 +218,9 @@ def fake_factory(delay: float) -> Any:
     return factory
 
 
-def test_overload_429_and_cancel_frees_rows(tiny_repo: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("service.engine.worker.DEFAULT_MAX_LIVE_HYPOTHESES", 5)
-    app = create_app(settings(tiny_repo, queue_size=2), fake_factory(delay=0.003))
+def test_overload_429_and_cancel_frees_rows(tiny_repo: Path) -> None:
+    app = create_app(settings(tiny_repo, queue_size=2, max_texts=2, max_live_hypotheses=5),
+                     fake_factory(delay=0.003))
     long = {"beam_size": 5, "min_length": 30, "max_length": 40}
 
     async def scenario() -> None:

@@ -30,6 +30,20 @@ async def send_error(send: Send, status: int, message: str, headers: dict[str, s
     await send({"type": "http.response.body", "body": body})
 
 
+FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
+
+
+def _json_by_default(scope: Scope) -> Scope:
+    """Every POST body here is JSON (or the OIP binary extension, which names its own type):
+    a body sent with no content type or as a form (what `curl -d` sends) is read as JSON
+    instead of failing validation with a confusing message."""
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+    given = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+    if given.split(b";")[0].strip().lower() not in FORM_OR_NONE:
+        return scope
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+
+
 class ServingMiddleware:
     """See the module docstring."""
 
@@ -55,6 +69,8 @@ class ServingMiddleware:
                 await send_error(send_timed, 413, f"request body exceeds max_body_bytes ({limit})",
                                  {})
                 return
+            if scope["method"] == "POST":
+                scope = _json_by_default(scope)
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)

@@ -271,3 +271,17 @@ def test_mutated_bodies_never_get_500(server: str) -> None:
                        headers={"content-type": "application/json"})
             assert r.status_code < 500, (bytes(body), r.text)
             assert "error" in r.json() or r.status_code == 200
+
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded"])
+def test_json_body_without_json_content_type_is_read_as_json(server: str,
+                                                             content_type: str | None) -> None:
+    """`curl -d '{...}'` (form content type) and bodies with no content type are JSON here."""
+    body = json.dumps({"texts": ["one two three"], "top_k": 2}).encode()
+    headers = {"content-type": content_type} if content_type else {}
+    with httpx.Client(base_url=server, timeout=30) as c:
+        r = c.post(f"/v1/models/{MODEL}/classify", content=body, headers=headers)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["results"][0]["top_k"]) == 2
+        bad = c.post(f"/v1/models/{MODEL}/classify", content=b"texts=one", headers=headers)
+        assert bad.status_code in (400, 422) and "error" in bad.json()

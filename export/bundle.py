@@ -33,6 +33,7 @@ from export.manifest import (
 from export.parity import ParityGrid, check_parity
 from export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
 from export.summary import format_summary
+from export.tagger_graphs import rnn_form
 from models.errors import BundleError, UserError
 
 FORMATS = ("onnx", "torchscript")
@@ -137,7 +138,7 @@ def _write_graphs(defs: list[GraphDef], out: Path, formats: tuple[str, ...], ops
             _say(progress, f"wrote {file} ({time.perf_counter() - t0:.1f} s)")
         spec = gdef.spec
         graphs[gdef.name] = GraphSpec(spec.inputs, spec.outputs, files.get("onnx"),
-                                      files.get("torchscript"))
+                                      files.get("torchscript"), rnn_form(gdef.name, gdef.module))
     return graphs
 
 

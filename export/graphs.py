@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from export.manifest import GraphSpec, TensorSpec
+from export.tagger_graphs import TAGGER_SPEC, TaggerGraph
 
 # Dims that are fixed by the contract rather than symbolic: `k` is int64 [1].
 FIXED_DIMS: dict[tuple[str, int], int] = {("k", 0): 1}
@@ -68,6 +69,7 @@ SPECS: dict[str, GraphSpec] = {
     "classifier": CLASSIFIER_SPEC,
     "encoder": ENCODER_SPEC,
     "decoder_step": DECODER_STEP_SPEC,
+    "tagger": TAGGER_SPEC,
 }
 
 
@@ -145,6 +147,8 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
     ids = ids.masked_fill(torch.arange(11).unsqueeze(0) >= lengths.unsqueeze(1), 0)
     if task == "classifier":
         return [GraphDef("classifier", ClassifierGraph(model).eval(), (ids, lengths))]
+    if task == "tagger":
+        return [GraphDef("tagger", TaggerGraph(model).eval(), (ids, lengths))]
     encoder = EncoderGraph(model).eval()
     with torch.no_grad():
         memory, src_mask, state = encoder(ids, lengths)  # (N, S, D), (N, S), (N, state_dim)

@@ -22,8 +22,9 @@ from models.errors import BundleError
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
-TASKS = ("classifier", "translator")
-GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step")}
+TASKS = ("classifier", "translator", "tagger")
+GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
+                  "tagger": ("tagger",)}
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class GraphSpec:
     """File name of the ONNX graph inside the bundle, or None when not exported."""
     torchscript: str | None = None
     """File name of the TorchScript twin inside the bundle, or None when not exported."""
+    rnn_form: str | None = None
+    """How its recurrent layers are exported: "native" ONNX RNN ops or a "loop" of standard
+    ops (LSTM variants); None in older manifests."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GraphSpec:
@@ -65,6 +69,7 @@ class GraphSpec:
             outputs=tuple(TensorSpec.from_dict(x) for x in d["outputs"]),
             onnx=d.get("onnx"),
             torchscript=d.get("torchscript"),
+            rnn_form=d.get("rnn_form"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,6 +78,8 @@ class GraphSpec:
             out["onnx"] = self.onnx
         if self.torchscript is not None:
             out["torchscript"] = self.torchscript
+        if self.rnn_form is not None:
+            out["rnn_form"] = self.rnn_form
         out["inputs"] = [t.to_dict() for t in self.inputs]
         out["outputs"] = [t.to_dict() for t in self.outputs]
         return out

@@ -32,6 +32,7 @@ ROUTERS = [
     "service.routes.v1",
     "service.routes.v2",
     "service.routes.translate",
+    "service.routes.tag",
 ]
 """Modules with a `router`; a missing module (a task not installed) is skipped."""
 

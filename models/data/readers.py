@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from models.data.dataset import SPLITS, TASK_FIELDS, Dataset, Example, Task, split_of
+from models.data.tags import check_row
 from models.errors import DataError
 
 SUFFIXES = (".csv", ".tsv", ".jsonl")
@@ -74,6 +75,10 @@ def _read_delimited(path: Path, text: str, delimiter: str) -> tuple[Task, list[E
                 f"({delimiter!r}-separated), got {len(values)}"
             )
         row = dict(zip(header, values, strict=True))
+        if task == "tagging":  # tags column: whitespace-separated, one per word
+            rows.append(check_row({**row, "tags": row["tags"].split()},
+                                  f"{path} line {reader.line_num}"))
+            continue
         rows.append(_check(row, fields, path, reader.line_num))
     return task, rows
 
@@ -96,6 +101,9 @@ def _read_jsonl(path: Path, text: str) -> tuple[Task, list[Example]]:
             raise DataError(f"{path} line {number}: expected a JSON object, got {obj!r:.60}")
         if task is None:
             task = _task_of(list(obj), path, number)
+        if task == "tagging":
+            rows.append(check_row(obj, f"{path} line {number}"))
+            continue
         # numbers are fine as labels ({"label": 3}); null, lists and objects are not
         row = {k: str(v) if _is_number(v) else v for k, v in obj.items()}
         row = _check(row, TASK_FIELDS[task], path, number)
@@ -135,11 +143,19 @@ def _carve(rows: list[Example], field: str) -> dict[str, list[Example]]:
     return splits
 
 
+def _labels(rows: list[Example], task: str) -> set[str]:
+    if task == "tagging":
+        return {tag for row in rows for tag in row["tags"]}
+    return {row["label"] for row in rows}
+
+
 def read_user_data(spec: str | Path) -> Dataset:
     """A folder with train.* (and valid.*, test.*) or a single file of user data.
 
     A missing valid/test (or a single file) is carved out of train by a hash of each input.
-    For classification every valid/test label must occur in train.
+    For classification and tagging every valid/test label must occur in train. Tagging rows
+    are {"text", "tags": [one tag per whitespace word]} (JSONL) or a whitespace-separated
+    `tags` column (CSV/TSV).
     """
     spec = Path(spec)
     files = {s: _find(spec, s) for s in SPLITS} if spec.is_dir() else {"train": spec}
@@ -147,7 +163,7 @@ def read_user_data(spec: str | Path) -> Dataset:
     if train is None:
         raise DataError(f"{spec}: no train file (train.csv, train.tsv or train.jsonl)")
     task, train_rows = read_file(train)
-    src, out = TASK_FIELDS[task]
+    src, _ = TASK_FIELDS[task]
     splits = {"train": train_rows}
     for split in ("valid", "test"):
         path = files.get(split)
@@ -162,10 +178,10 @@ def read_user_data(spec: str | Path) -> Dataset:
         for split in ("valid", "test"):
             splits.setdefault(split, carved[split])
     labels: list[str] = []
-    if task == "classification":
-        labels = sorted({row[out] for row in splits["train"]})
+    if task in ("classification", "tagging"):
+        labels = sorted(_labels(splits["train"], task))
         for split in ("valid", "test"):
-            unseen = sorted({row[out] for row in splits[split]} - set(labels))
+            unseen = sorted(_labels(splits[split], task) - set(labels))
             if unseen:
                 raise DataError(
                     f"{files.get(split) or spec}: labels {unseen[:5]} do not occur in train"

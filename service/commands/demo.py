@@ -18,6 +18,7 @@ HELP = "Run the built-in demo: data, training, export and serving."
 
 CLASSIFIER = ("langid", "langid")  # (dataset, model name)
 TRANSLATOR = ("numbers-en-fr", "numbers-en-fr")
+TAGGER = ("numbers-tags", "numbers-tags")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     repo: Path = args.repo or work / "model_repository"
     started = time.perf_counter()
     runs = {}
-    for task, (dataset, model) in (("classifier", CLASSIFIER), ("translator", TRANSLATOR)):
+    for task, (dataset, model) in (("classifier", CLASSIFIER), ("translator", TRANSLATOR),
+                                   ("tagger", TAGGER)):
         runs[model] = _train(task, dataset, work, retrain=args.retrain)
     train_s = time.perf_counter() - started
     print(f"\n== test-split metrics (this command's data + training time {train_s / 60:.1f} min;"
@@ -50,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _train(task: str, dataset: str, work: Path, retrain: bool) -> Path:
     from models.data.registry import write_dataset
-    from models.train import DEMO_CLASSIFIER, DEMO_TRANSLATOR, run_training
+    from models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR, run_training
 
     data_dir = work / "data" / dataset
     if not (data_dir / "meta.json").exists():
@@ -61,7 +63,8 @@ def _train(task: str, dataset: str, work: Path, retrain: bool) -> Path:
         print(f"== {task} run {run_dir} is finished; reusing it (--retrain to train again)")
         return run_dir
     print(f"== training {task} on {dataset} -> {run_dir}")
-    overrides = DEMO_CLASSIFIER if task == "classifier" else DEMO_TRANSLATOR
+    overrides = {"classifier": DEMO_CLASSIFIER, "translator": DEMO_TRANSLATOR,
+                 "tagger": DEMO_TAGGER}[task]
     run_training(
         task,
         str(data_dir),
@@ -118,6 +121,9 @@ def _serve(repo: Path, host: str, port: int) -> int:
         f"curl -s -X POST {base}/v1/models/{TRANSLATOR[1]}/translate "
         "-H 'content-type: application/json' "
         "-d '{\"texts\": [\"two hundred and forty-one\"], \"beam_size\": 5}'\n"
+        f"curl -s -X POST {base}/v1/models/{TAGGER[1]}/tag "
+        "-H 'content-type: application/json' "
+        "-d '{\"texts\": [\"the first of may two thousand and five\"]}'\n"
         f"curl -s {base}/metrics | grep seqserve_requests_total\n",
         flush=True,
     )

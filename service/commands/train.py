@@ -1,4 +1,4 @@
-"""`seqserve train classifier|translator --data SPEC --out RUN_DIR [options]`."""
+"""`seqserve train classifier|translator|tagger --data SPEC --out RUN_DIR [options]`."""
 
 from __future__ import annotations
 
@@ -6,24 +6,27 @@ import argparse
 import json
 
 NAME = "train"
-HELP = "Train a classifier or translator into a run directory."
+HELP = "Train a classifier, translator or tagger into a run directory."
 
 # argparse dest -> config field
 _MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "embed": "embed_size",
                 "layers": "num_layers", "attention": "attention", "dropout": "dropout",
                 "vocab_size": "vocab_size", "max_length": "max_length",
-                "bidirectional": "bidirectional"}
+                "bidirectional": "bidirectional", "proj_size": "proj_size",
+                "peephole": "peephole", "cifg": "cifg"}
 _TRAIN_FLAGS = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
                 "max_minutes": "max_minutes", "patience": "patience",
                 "scheduled_sampling": "scheduled_sampling", "clip_norm": "clip_norm",
                 "weight_decay": "weight_decay", "label_smoothing": "label_smoothing",
                 "tokenizer_type": "tokenizer_type", "threads": "num_threads",
                 "max_train_examples": "max_train_examples",
-                "max_eval_examples": "max_eval_examples"}
+                "max_eval_examples": "max_eval_examples", "tbptt": "tbptt",
+                "gradient_flow_every": "gradient_flow_every"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", choices=["classifier", "translator"], help="model family")
+    parser.add_argument("task", choices=["classifier", "translator", "tagger"],
+                        help="model family")
     parser.add_argument("--data", required=True,
                         help="built-in dataset name, dataset folder, or CSV/TSV/JSONL data")
     parser.add_argument("--out", required=True, help="run directory to write")
@@ -41,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--vocab-size", type=int, help="target tokenizer vocabulary size")
     model.add_argument("--max-length", type=int, help="longest input in tokens")
     model.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None)
+    model.add_argument("--proj-size", type=int, help="LSTM recurrent projection size (0 = none)")
+    model.add_argument("--peephole", action=argparse.BooleanOptionalAction, default=None,
+                       help="LSTM peephole connections")
+    model.add_argument("--cifg", action=argparse.BooleanOptionalAction, default=None,
+                       help="LSTM coupled input-forget gate")
     train = parser.add_argument_group("training")
     train.add_argument("--epochs", type=int)
     train.add_argument("--batch-size", type=int)
@@ -57,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--threads", type=int, help="torch threads")
     train.add_argument("--max-train-examples", type=int)
     train.add_argument("--max-eval-examples", type=int)
+    train.add_argument("--tbptt", type=int, help="truncated BPTT chunk length (0 = full BPTT)")
+    train.add_argument("--gradient-flow-every", type=int,
+                       help="measure gradient flow every N steps (gradient_flow.jsonl)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -66,12 +77,14 @@ def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, obj
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.train import DEMO_CLASSIFIER, DEMO_TRANSLATOR, run_training
+    from models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR, run_training
 
     model_overrides: dict[str, object] = {}
     train_overrides: dict[str, object] = {}
     if args.demo_defaults:
-        demo = DEMO_CLASSIFIER if args.task == "classifier" else DEMO_TRANSLATOR
+        demo = {"classifier": DEMO_CLASSIFIER, "translator": DEMO_TRANSLATOR,
+                "tagger": DEMO_TAGGER}[args.task]
+        args.size = args.size or demo.get("data_size")
         model_overrides.update(demo["model"])
         train_overrides.update(demo["train"])
     model_overrides.update(_overrides(args, _MODEL_FLAGS))

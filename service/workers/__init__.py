@@ -13,6 +13,7 @@ from service.workers.base import Call, ModelWorker, V2Tensor, WorkerContext
 WORKERS: dict[str, str] = {
     "classifier": "service.workers.classifier:ClassifierWorker",
     "translator": "service.engine.worker:TranslatorWorker",
+    "tagger": "service.workers.tagger:TaggerWorker",
 }
 
 

@@ -149,3 +149,19 @@ def test_training_run_learns(tmp_path: Path) -> None:
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["task"] == "tagger" and config["labels"] == sorted(tagdata.TAGS)
     assert (tmp_path / "run" / "DONE").is_file()
+
+
+def test_user_tagging_files(tmp_path: Path) -> None:
+    rows = [{"text": f"w{i} and w{i + 1}", "tags": ["noun", "conj", "noun"]} for i in range(60)]
+    jsonl = tmp_path / "tags.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ds = load_dataset(jsonl)
+    assert ds.task == "tagging" and ds.labels == ["conj", "noun"]
+    assert sum(len(v) for v in ds.splits.values()) == 60
+    tsv = tmp_path / "tags.tsv"
+    tsv.write_text("text\ttags\n" + "".join(f"{r['text']}\t{' '.join(r['tags'])}\n"
+                                          for r in rows))
+    assert load_dataset(tsv).splits["train"][0]["tags"] == ["noun", "conj", "noun"]
+    jsonl.write_text(json.dumps({"text": "a b", "tags": "x y"}) + "\n")
+    with pytest.raises(DataError, match="list"):
+        load_dataset(jsonl)

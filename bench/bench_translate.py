@@ -46,7 +46,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--model", default="numbers-en-fr")
     p.add_argument("--data", default="numbers-en-fr",
                    help="built-in dataset name or folder with test.jsonl")
-    p.add_argument("--sentences", type=int, default=256)
+    p.add_argument("--sentences", type=int, default=2000,
+                   help="sentences per mode (enough for a few seconds of decoding)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--beam-size", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op and torch threads")

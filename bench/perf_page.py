@@ -245,7 +245,32 @@ def row_steps(steps: list[list[Any]]) -> float:
     return sum(calls * ms / 1e3 / (us / 1e6) for _, calls, ms, us in steps if us > 0)
 
 
-def render(out: Path, page: Path) -> None:
+def run_summary(out: Path) -> list[str]:
+    """The headline figures of one run, as table cells."""
+    meta = json.loads((out / "meta.json").read_text())
+    clf, tr = load_section(out, "classify"), load_section(out, "translate")
+    cells = [f"{meta['started'][11:16]}", f"{loads_of(clf)} / {loads_of(tr)}"]
+    for runs in (clf, tr):
+        if "onnx" in runs:
+            ok_rate, best, _ = saturation(runs["onnx"])
+            cells.append(f"{best:.0f} ({fmt_rate(ok_rate).split(' ')[0]})")
+        else:
+            cells.append("-")
+    bc = parse_bench_classify((out / "bench_classify.log").read_text())
+    cells.append(bc["on_ceiling"][0] if bc["on_ceiling"] else "-")
+    cells.append(f"{bc['on_off'][0]}x" if bc["on_off"] else "-")
+    for tag in ("g1-onnx", "g2-onnx"):
+        f = out / f"bench_translate-{tag}.json"
+        if not f.exists():
+            cells.append("-")
+            continue
+        r = json.loads(f.read_text())["results"]
+        a, b = r["a_continuous"], r["b_request_level"]
+        cells.append(f"{a['tokens_per_s']:.0f}, {a['tokens_per_s'] / b['tokens_per_s']:.2f}x")
+    return cells
+
+
+def render(out: Path, page: Path, others: list[Path] | None = None) -> None:
     meta = json.loads((out / "meta.json").read_text())
     fl = json.loads((out / "flops.json").read_text())
     peak1 = next(p for p in fl["peak"] if p["threads"] == 1)["flops_per_s"]
@@ -387,12 +412,12 @@ def render(out: Path, page: Path) -> None:
     for s in ("onnx", "torchscript"):
         if s not in tr:
             continue
-        ok_rate, best, toks = saturation(tr[s])
-        tr_sat[s] = best
-        per_req_tokens = (toks or 0) / best
-        fl_req = translation_flops(tf, src_tok, (per_req_tokens + 1) * BEAM)
-        gf = best * fl_req
-        w(f"| {s} | {fmt_rate(ok_rate)} | {best:.0f} | {toks or 0:.0f} | {gf / 1e9:.2f} | "
+        tr_rate, tr_best, tr_toks = saturation(tr[s])
+        tr_sat[s] = tr_best
+        toks = tr_toks or 0.0
+        fl_req = translation_flops(tf, src_tok, (toks / tr_best + 1) * BEAM)
+        gf = tr_best * fl_req
+        w(f"| {s} | {fmt_rate(tr_rate)} | {tr_best:.0f} | {toks:.0f} | {gf / 1e9:.2f} | "
           f"{gf / peak1:.1%} |")
     w("")
     w("### Latency at fixed rates: ONNX Runtime vs TorchScript")
@@ -515,13 +540,31 @@ def render(out: Path, page: Path) -> None:
     w(f"- At the test split's {src_tok:.1f} source tokens a decoder row-step executes "
       f"{step_exec / 1e6:.2f} MFLOP, of which {1 - step_min / step_exec:.0%} is the attention "
       "key projection recomputed every step. Exporting the projected keys from the encoder "
-      "(an `encoder` output, passed to `decoder_step` in place of `memory`) would remove it; "
+      "(a third `encoder` output, passed to `decoder_step` beside `memory`) would remove it; "
       "the engine's throughput would rise by up to that share where the decoder step "
       "dominates. Fractions above count executed FLOPs; useful FLOPs are lower by that share.")
     w("- The classifier's served rate is far below bare ONNX Runtime's arithmetic rate: the "
       f"test-split texts are short ({clf_tok:.0f} tokens), so per-request HTTP and Python work, "
       "not the model, bounds the server.")
     w("")
+    # ---- repeatability
+    runs = [out, *(others or [])]
+    if len(runs) > 1:
+        w("### Run-to-run spread")
+        w("")
+        w("The same script run several times in a row on this shared machine (the first row "
+          "is the run shown above; load average 1-minute ranges during the classify / "
+          "translate load runs). Earlier runs are kept by renaming bench_results/perf and "
+          "listed with `python bench/perf_page.py --render-only --also "
+          "bench_results/perf_run1 ...`:")
+        w("")
+        w("| run (UTC) | load avg | langid onnx best ok req/s (highest rate in SLO) | "
+          "numbers-en-fr onnx best ok req/s (in SLO) | issue 4 on/ceiling | issue 4 on/off | "
+          "issue 5 groups 1: (a) tok/s, (a)/(b) | groups 2: (a) tok/s, (a)/(b) |")
+        w("| --- |" + " ---: |" * 7)
+        for r in runs:
+            w("| " + " | ".join(run_summary(r)) + " |")
+        w("")
     # ---- gpu
     w("## 4. GPU (H200), measured earlier by the lead; not re-measured here")
     w("")
@@ -558,12 +601,14 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=8.0, help="seconds per load point")
     p.add_argument("--quick", action="store_true", help="short smoke run")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--also", type=Path, nargs="*", default=[],
+                   help="earlier result folders for the run-to-run spread table")
     args = p.parse_args()
     if args.quick:
         args.duration = 2.0
     if not args.render_only:
         measure(args, args.out)
-    render(args.out, args.page)
+    render(args.out, args.page, args.also)
 
 
 if __name__ == "__main__":

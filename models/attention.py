@@ -84,16 +84,24 @@ class DecoderAttention(nn.Module):
         else:
             raise ValueError(f"attention={kind!r} is unknown: use additive, dot or general")
 
-    def scores(self, query: Tensor, memory: Tensor) -> Tensor:
-        """Unnormalised scores (B, Tq, S)."""
+    def keys(self, memory: Tensor) -> Tensor:
+        """Memory projected for scoring: (B, S, D) -> (B, S, A | Hq | D). Depends on the
+        memory only, so a decoder computes it once per request, not once per step and beam."""
+        if self.kind == "dot":
+            return memory  # (B, S, D)
+        return self.key_proj(memory)  # (B, S, A) additive, (B, S, Hq) general
+
+    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
+        """Unnormalised scores (B, Tq, S) of query (B, Tq, Hq) against `keys(memory)`."""
         if self.kind == "additive":
             q = self.query_proj(query).unsqueeze(2)  # (B, Tq, 1, A)
-            k = self.key_proj(memory).unsqueeze(1)  # (B, 1, S, A)
-            return self.score(torch.tanh(q + k)).squeeze(-1)  # (B, Tq, S)
-        keys = self.key_proj(memory) if self.kind == "general" else memory  # (B, S, Hq)
+            return self.score(torch.tanh(q + keys.unsqueeze(1))).squeeze(-1)  # (B, Tq, S)
         return query @ keys.transpose(1, 2)  # (B, Tq, S)
 
-    def forward(self, query: Tensor, memory: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        weights = masked_softmax(self.scores(query, memory), mask.unsqueeze(1))  # (B, Tq, S)
+    def forward(self, query: Tensor, memory: Tensor, mask: Tensor,
+                keys: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """`keys` = `self.keys(memory)` when the caller already has it (row-aligned)."""
+        keys = self.keys(memory) if keys is None else keys
+        weights = masked_softmax(self.scores(query, keys), mask.unsqueeze(1))  # (B, Tq, S)
         context = weights @ memory  # (B, Tq, D)
         return context, weights

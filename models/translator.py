@@ -75,16 +75,17 @@ class Translator(nn.Module):
             state = torch.cat([state, torch.tanh(self.bridge_c(flat))], dim=-1)  # (B, 2L*H)
         return memory, src_mask, state
 
-    def _decode(self, tgt_in: Tensor, state: Tensor, memory: Tensor,
-                src_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _decode(self, tgt_in: Tensor, state: Tensor, memory: Tensor, src_mask: Tensor,
+                keys: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Run the decoder over given inputs.
 
-        Inputs:  tgt_in (B, T) int64, state (B, state_dim), memory (B, S, H), src_mask (B, S).
+        Inputs:  tgt_in (B, T) int64, state (B, state_dim), memory (B, S, H), src_mask (B, S),
+                 keys: `attention.keys(memory)` row-aligned with memory, or None.
         Outputs: logits (B, T, V), attention (B, T, S), new_state (B, state_dim).
         """
         y = self.dropout(self.embedding(tgt_in))  # (B, T, E)
         out, hidden = self.decoder(y, self._unpack(state))  # (B, T, H)
-        context, attention = self.attention(out, memory, src_mask)  # (B, T, H), (B, T, S)
+        context, attention = self.attention(out, memory, src_mask, keys)  # (B,T,H), (B,T,S)
         vec = torch.tanh(self.combine(torch.cat([out, context], dim=-1)))  # (B, T, H)
         logits = self.output(self.dropout(vec))  # (B, T, V)
         return logits, attention, self._pack(hidden)
@@ -99,9 +100,12 @@ class Translator(nn.Module):
         Outputs: new_state (R, state_dim), topk_logprobs (R, k), topk_ids (R, k) int64,
                  attention (R, S).
         """
+        keys = self.attention.keys(memory).index_select(0, memory_index)  # (R, S, A)
         mem = memory.index_select(0, memory_index)  # (R, S, H)
         mask = src_mask.index_select(0, memory_index)  # (R, S)
-        logits, attention, new_state = self._decode(prev_ids.unsqueeze(1), state, mem, mask)
+        # keys are projected once per request (N rows), then shared by its R/N hypotheses
+        logits, attention, new_state = self._decode(prev_ids.unsqueeze(1), state, mem, mask,
+                                                    keys)
         logprobs = F.log_softmax(logits[:, 0], dim=-1)  # (R, V)
         kk = k.reshape(()) if isinstance(k, Tensor) else k
         top_lp, top_ids = torch.topk(logprobs, kk, dim=-1)  # type: ignore[arg-type]  # (R, k)
@@ -136,8 +140,9 @@ class Translator(nn.Module):
         argmax with probability `prob`, else the gold token. Returns logits (B, T, V)."""
         steps: list[Tensor] = []
         prev = tgt_in[:, 0]  # (B,)
+        keys = self.attention.keys(memory)  # (B, S, A) once for all steps
         for t in range(tgt_in.shape[1]):
-            logits, _, state = self._decode(prev.unsqueeze(1), state, memory, src_mask)
+            logits, _, state = self._decode(prev.unsqueeze(1), state, memory, src_mask, keys)
             steps.append(logits)  # (B, 1, V)
             if t + 1 < tgt_in.shape[1]:
                 use_model = torch.rand(prev.shape, device=prev.device) < prob  # (B,)

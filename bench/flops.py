@@ -10,9 +10,10 @@ Counting rules (multiply-add = 2 FLOPs; element-wise ops, softmax, top-k are not
   head per sequence (2*D*head + 2*head*classes);
 - translator: encoder per source token, bridge per sentence, and per decoder row-step (one
   hypothesis, one step) the decoder cell, the attention query projection, per source token the
-  key projection (the exported `decoder_step` re-projects the memory at every step for every
-  row: "executed"; projecting it once per request would leave the "minimal" count), the score
-  and the context, then combine (2*(H+mem)*H) and the output layer (2*H*V).
+  key projection (the exported `decoder_step` projects the memory once per request per step and
+  shares it among the request's beam rows: "executed" charges each row 1/beam of it; projecting
+  it once per request in the encoder would leave the "minimal" count), the score and the
+  context, then combine (2*(H+mem)*H) and the output layer (2*H*V).
 
 The peak is the best rate of a large fp32 matrix multiply (n x n, 2*n^3 FLOPs) on the given
 number of threads (the thread count the server's runtime uses), the better of ONNX Runtime's
@@ -75,7 +76,7 @@ def classifier_flops(cfg: dict[str, Any]) -> dict[str, int]:
             "per_sequence": head}
 
 
-def translator_flops(cfg: dict[str, Any]) -> dict[str, int]:
+def translator_flops(cfg: dict[str, Any], beam: int = 5) -> dict[str, int]:
     """Encoder per source token, bridge per sentence, decoder per row-step (fixed part and the
     part per source token, executed and minimal), key projection once per source token."""
     bi = bool(cfg.get("bidirectional", True))
@@ -100,7 +101,7 @@ def translator_flops(cfg: dict[str, Any]) -> dict[str, int]:
         query, key, per_src = 0, 0, 2 * h + 2 * mem
     fixed = dec_cell + query + 2 * (h + mem) * h + 2 * h * v
     return {"encoder_per_src_token": encoder, "bridge_per_sentence": bridge,
-            "step_fixed": fixed, "step_per_src_executed": key + per_src,
+            "step_fixed": fixed, "step_per_src_executed": key // beam + per_src,
             "step_per_src_minimal": per_src, "key_proj_per_src_token": key}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ class AppState:
     draining: bool = False
     """Shutdown began: readiness false, new work refused."""
     extras: dict[str, object] = field(default_factory=dict)
+    drain_started: float | None = None
+    """time.monotonic() when draining began: one drain budget covers HTTP and batchers."""
 
     @property
     def ready(self) -> bool:
@@ -57,7 +60,14 @@ class AppState:
     def begin_drain(self) -> None:
         if not self.draining:
             log.info("draining: readiness false, new requests get 503")
+            self.drain_started = time.monotonic()
         self.draining = True
+
+    def drain_left(self) -> float:
+        """Seconds left of `drain_timeout_s` since draining began (uvicorn's wait for open
+        requests spends the same budget, so the process exits inside one drain timeout)."""
+        spent = time.monotonic() - (self.drain_started or time.monotonic())
+        return max(0.0, self.settings.drain_timeout_s - spent)
 
 
 def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
@@ -72,7 +82,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         log.info("ready: %s", "yes" if state.ready else "no model is ready")
         yield
         state.begin_drain()
-        drained = await state.repository.stop_all(settings.drain_timeout_s)
+        drained = await state.repository.stop_all(state.drain_left())
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
     app = FastAPI(

@@ -119,6 +119,8 @@ class ServingMiddleware:
         return wrapped
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
+        if scope["path"].startswith(OPEN_WHILE_DRAINING):
+            return  # probes and scrapes are not traffic: a draining pod's 503 probes no error
         route = scope.get("route")
         endpoint = getattr(route, "name", None) or "unmatched"
         name = scope.get("path_params", {}).get("name")

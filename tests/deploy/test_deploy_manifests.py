@@ -158,13 +158,14 @@ def test_args_parse_and_configmap_names_settings(rendered: Docs, overlay: str) -
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_grace_period_covers_prestop_and_drain(rendered: Docs, overlay: str) -> None:
-    """SIGTERM comes after preStop; the server then may wait shutdown_delay_s, uvicorn's
-    graceful shutdown (drain_timeout_s) and the batchers' drain (drain_timeout_s again)."""
+    """SIGTERM comes after preStop; the server then may wait shutdown_delay_s, then spends
+    one drain budget (drain_timeout_s, shared by uvicorn's wait for open requests and the
+    batchers' drain) plus a margin of 5 s for the process to exit."""
     docs = rendered[overlay]
     settings = effective_settings(docs)
     grace = pod_spec(docs)["terminationGracePeriodSeconds"]
-    needed = pre_stop_sleep_s(docs) + settings.shutdown_delay_s + 2 * settings.drain_timeout_s
-    assert grace > needed, f"grace {grace} s <= preStop + delay + 2 x drain = {needed} s"
+    needed = pre_stop_sleep_s(docs) + settings.shutdown_delay_s + settings.drain_timeout_s + 5
+    assert grace > needed, f"grace {grace} s <= preStop + delay + drain + 5 = {needed} s"
     assert pre_stop_sleep_s(docs) > 0
 
 

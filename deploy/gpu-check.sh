@@ -21,3 +21,23 @@ echo "== translator: decoding engine with TorchScript on CUDA"
 "$PY" bench/bench_translate.py --gpu-check --repo model_repository --model numbers-en-fr \
     --data data/numbers-en-fr --sentences 512 --json "$OUT/translator.json" 2>&1 \
     | tee "$OUT/translator.log"
+echo "== HTTP under load: seqserve serve (TorchScript on CUDA) and seqserve loadtest as separate processes"
+DEVICE="${DEVICE:-cuda}"
+PORT="${PORT:-8431}"
+"$PY" -m service.cli serve --repo model_repository --runtime torchscript --device "$DEVICE" \
+    --port "$PORT" --max-batch-size 64 --log-level warning > "$OUT/serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 1 300); do
+    "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/v2/health/ready')" \
+        2>/dev/null && break
+    sleep 1
+done
+for spec in "langid classify data/langid/test.jsonl" \
+            "numbers-en-fr translate data/numbers-en-fr/test.jsonl"; do
+    set -- $spec
+    "$PY" -m service.cli loadtest "http://127.0.0.1:$PORT" --model "$1" --task "$2" \
+        --texts "$3" --concurrency 64 --duration 10 --out "$OUT/load_$1" --no-plots --quiet \
+        2>&1 | tee "$OUT/load_$1.log"
+done
+kill -TERM "$SERVER"; wait "$SERVER" || true

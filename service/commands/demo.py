@@ -79,6 +79,7 @@ def _train(task: str, dataset: str, work: Path, retrain: bool) -> Path:
 def _export(run_dir: Path, repo: Path, name: str) -> Path:
     from export.bundle import export_run
     from export.manifest import list_bundles, load_bundle
+    from models.errors import BundleError
 
     run_path = str(run_dir.resolve())
     for bundle_name, _version, path in list_bundles(repo):
@@ -86,23 +87,14 @@ def _export(run_dir: Path, repo: Path, name: str) -> Path:
             continue
         try:
             manifest = load_bundle(path, verify=True)
-        except Exception as exc:  # a broken bundle is reported, not reused
+        except BundleError as exc:  # a broken bundle is reported, not reused
             print(f"== ignoring {path}: {exc}")
             continue
-        if _source_path(manifest) == run_path:
+        if manifest.source_run.get("path") == run_path:
             print(f"== {name}: verified bundle {path} already holds run {run_dir}")
             return Path(path)
     print(f"== exporting {run_dir} -> {repo}/{name}")
     return Path(export_run(run_dir, repo, name, progress=True))
-
-
-def _source_path(manifest: Any) -> str | None:
-    data = manifest if isinstance(manifest, dict) else getattr(manifest, "data", None)
-    if data is None and hasattr(manifest, "source_run"):
-        source = manifest.source_run
-    else:
-        source = (data or {}).get("source_run", {})
-    return source.get("path") if isinstance(source, dict) else None
 
 
 def _serve(repo: Path, host: str, port: int) -> int:

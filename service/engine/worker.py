@@ -22,7 +22,7 @@ from service.schemas_translate import (
     Translation,
     TranslationHypothesis,
 )
-from service.workers.base import Call, V2Tensor, WorkerContext
+from service.workers.base import Call, V2Tensor, WorkerContext, v2_texts
 
 """Live-hypothesis cap when the settings have no `max_live_hypotheses`."""
 
@@ -203,14 +203,7 @@ class TranslatorWorker:
         if parameters is None:
             parameters = call.parameters
         options = TranslateOptions.from_parameters(parameters)
-        text = inputs.get("text")
-        if text is None or len(inputs) != 1:
-            raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
-        if text.datatype != "BYTES" or len(text.shape) != 1:
-            raise BadRequest("input 'text' must be BYTES with shape [n]")
-        texts = [as_text(x, i) for i, x in enumerate(text.data)]
-        if not texts:
-            raise BadRequest("input 'text' is empty")
+        texts = v2_texts(inputs)
         results = await self.translate(texts, options, call)
         n = len(results)
         return [V2Tensor("translation", "BYTES", [n], [r.translation for r in results]),
@@ -231,14 +224,3 @@ def encode_text(tok: Tokenizer, text: str, i: int, max_tokens: int, max_chars: i
                          "(the server is set to reject, not truncate)")
     pieces = pieces[:max_tokens]
     return Source([p.id for p in pieces], [p.piece for p in pieces], truncated)
-
-
-def as_text(x: object, i: int) -> str:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bytes):
-        try:
-            return x.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"text[{i}] is not valid UTF-8") from exc
-    raise BadRequest(f"text[{i}] must be a string, got {type(x).__name__}")

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol, TypeVar
 from export.manifest import Manifest
 from models.tokenizer import Tokenizer
 from service.batcher import Timing
-from service.errors import ClientGone, DeadlineExceeded
+from service.errors import BadRequest, ClientGone, DeadlineExceeded
 from service.metrics import Metrics
 from service.runtimes.base import Runtime
 from service.settings import Settings
@@ -46,6 +46,31 @@ class V2Tensor:
     datatype: str
     shape: list[int]
     data: list[Any]
+
+
+def v2_texts(inputs: dict[str, V2Tensor]) -> list[str]:
+    """The texts of an OIP infer request: exactly one input `text`, BYTES, shape [n], n >= 1,
+    each element a str or UTF-8 bytes (every task's `v2_infer` takes its texts this way)."""
+    text = inputs.get("text")
+    if text is None or len(inputs) != 1:
+        raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
+    if text.datatype != "BYTES" or len(text.shape) != 1:
+        raise BadRequest("input 'text' must be BYTES with shape [n]")
+    texts = [_as_text(x, i) for i, x in enumerate(text.data)]
+    if not texts:
+        raise BadRequest("input 'text' is empty")
+    return texts
+
+
+def _as_text(x: object, i: int) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bytes):
+        try:
+            return x.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"text[{i}] is not valid UTF-8") from exc
+    raise BadRequest(f"text[{i}] must be a string, got {type(x).__name__}")
 
 
 class ModelWorker(Protocol):

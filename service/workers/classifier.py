@@ -12,7 +12,7 @@ import numpy as np
 from models.tokenizer import Piece
 from service.batcher import Batcher, BatcherConfig
 from service.errors import BadRequest
-from service.workers.base import Call, V2Tensor, WorkerContext
+from service.workers.base import Call, V2Tensor, WorkerContext, v2_texts
 
 Row = tuple[np.ndarray, np.ndarray]
 """One text's result: logits (C,) and attention weights (length,)."""
@@ -189,14 +189,7 @@ class ClassifierWorker:
         return inputs, outputs
 
     async def v2_infer(self, inputs: dict[str, V2Tensor], call: Call) -> list[V2Tensor]:
-        text = inputs.get("text")
-        if text is None or len(inputs) != 1:
-            raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
-        if text.datatype != "BYTES" or len(text.shape) != 1:
-            raise BadRequest("input 'text' must be BYTES with shape [n]")
-        texts = [_as_text(x, i) for i, x in enumerate(text.data)]
-        if not texts:
-            raise BadRequest("input 'text' is empty")
+        texts = v2_texts(inputs)
         rows = await self.run_rows(self.encode(texts), call)
         probs = np.stack([softmax(logits) for logits, _ in rows]).astype(np.float32)  # (n, C)
         labels = [self.labels[int(j)] for j in probs.argmax(axis=1)]
@@ -205,17 +198,3 @@ class ClassifierWorker:
             V2Tensor("label", "BYTES", [n], labels),
             V2Tensor("probabilities", "FP32", [n, c], [float(x) for x in probs.reshape(-1)]),
         ]
-
-
-def _as_text(x: object, i: int) -> str:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bytes):
-        try:
-            return x.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"text[{i}] is not valid UTF-8") from exc
-    raise BadRequest(f"text[{i}] must be a string, got {type(x).__name__}")
-
-
-

@@ -13,9 +13,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from models.word_align import align
-from service.errors import BadRequest
-from service.workers.base import Call, V2Tensor
-from service.workers.classifier import ClassifierWorker, Encoded, _as_text
+from service.workers.base import Call, V2Tensor, v2_texts
+from service.workers.classifier import ClassifierWorker, Encoded
 
 TagRow = tuple[np.ndarray, np.ndarray]
 """One text's result: best label index (T,) and its probability (T,) per piece."""
@@ -60,14 +59,7 @@ class TaggerWorker(ClassifierWorker):
         return inputs, outputs
 
     async def v2_infer(self, inputs: dict[str, V2Tensor], call: Call) -> list[V2Tensor]:
-        text = inputs.get("text")
-        if text is None or len(inputs) != 1:
-            raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
-        if text.datatype != "BYTES" or len(text.shape) != 1:
-            raise BadRequest("input 'text' must be BYTES with shape [n]")
-        texts = [_as_text(x, i) for i, x in enumerate(text.data)]
-        if not texts:
-            raise BadRequest("input 'text' is empty")
+        texts = v2_texts(inputs)
         results = await self.tag(texts, call)
         data = [json.dumps(r["tokens"], ensure_ascii=False) for r in results]
         return [V2Tensor("tags", "BYTES", [len(data)], data)]

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
+from fastapi import FastAPI
 
 from service.batcher import Batcher, BatcherConfig
+from service.settings import Settings
 
 
 class FakeRuntime:
@@ -102,3 +106,24 @@ def copy_repo(src: Path, dst: Path) -> Path:
 
     shutil.copytree(src, dst)
     return dst
+
+
+def settings(repo: Path, **overrides: Any) -> Settings:
+    """Test settings: one runtime thread, no warm-up."""
+    return Settings(repo=repo, intra_op_threads=1, inter_op_threads=1, warmup=False,
+                    **overrides)
+
+
+@contextlib.asynccontextmanager
+async def serve_asgi(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with its lifespan, behind an in-process httpx client (no socket)."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test",
+                                     timeout=60) as client:
+            yield client
+
+
+def run_bounded(coro):  # type: ignore[no-untyped-def]
+    """asyncio.run with a 90 s bound, so a hung scenario fails instead of hanging CI."""
+    return asyncio.run(asyncio.wait_for(coro, timeout=90))

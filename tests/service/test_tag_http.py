@@ -6,21 +6,17 @@ not depend on the batch, OIP v2 infer returns the same tokens, and bad inputs ar
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from service_fakes import run_bounded, serve_asgi, settings
 from tagger_support import train_tiny_tagger, write_untrained_tagger
 
 from service.app import create_app
-from service.settings import Settings
 
 TEXTS = [
     "the twenty-first of march nineteen eighty-seven",
@@ -41,24 +37,6 @@ def tag_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
-def settings(repo: Path, **overrides: Any) -> Settings:
-    return Settings(repo=repo, intra_op_threads=1, inter_op_threads=1, warmup=False,
-                    **overrides)
-
-
-@contextlib.asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test",
-                                     timeout=60) as client:
-            yield client
-
-
-def _run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(asyncio.wait_for(coro, timeout=90))
-
-
 @pytest.fixture(scope="module")
 def variant_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-var/1: an untrained tagger with every LSTM variant (the "loop" export form)."""
@@ -77,11 +55,11 @@ def test_tag_round_trip_offsets_and_labels(tag_repo: Path, runtime: str) -> None
     from models.data.tags import TAGS, tagged
 
     async def go() -> list[httpx.Response]:
-        async with serve(create_app(settings(tag_repo, runtime=runtime))) as c:
+        async with serve_asgi(create_app(settings(tag_repo, runtime=runtime))) as c:
             return [await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS}),
                     await c.get("/v1/models")]
 
-    r, listing = _run(go())
+    r, listing = run_bounded(go())
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model"] == "tiny-tag" and body["version"] == 1
@@ -106,13 +84,13 @@ def test_results_do_not_depend_on_the_batch(repo_name: str, runtime: str,
     model = "tiny-tag" if repo_name == "tag_repo" else "tiny-var"
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with serve(create_app(settings(repo, max_wait_ms=50, runtime=runtime))) as c:
+        async with serve_asgi(create_app(settings(repo, max_wait_ms=50, runtime=runtime))) as c:
             url = f"/v1/models/{model}/tag"
             together = (await c.post(url, json={"texts": TEXTS})).json()
             alone = [(await c.post(url, json={"texts": [t]})).json() for t in TEXTS]
             return together, alone
 
-    together, alone = _run(go())
+    together, alone = run_bounded(go())
     for i, single in enumerate(alone):
         a, b = together["results"][i]["tokens"], single["results"][0]["tokens"]
         assert [TEXTS[i][t["start"] : t["end"]] for t in a] == TEXTS[i].split()
@@ -123,7 +101,7 @@ def test_results_do_not_depend_on_the_batch(repo_name: str, runtime: str,
 
 def test_oip_v2_infer_returns_json_tokens(tag_repo: Path) -> None:
     async def go() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
-        async with serve(create_app(settings(tag_repo))) as c:
+        async with serve_asgi(create_app(settings(tag_repo))) as c:
             meta = await c.get("/v2/models/tiny-tag")
             infer = await c.post("/v2/models/tiny-tag/infer", json={
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
@@ -131,7 +109,7 @@ def test_oip_v2_infer_returns_json_tokens(tag_repo: Path) -> None:
             v1 = await c.post("/v1/models/tiny-tag/tag", json={"texts": TEXTS[:2]})
             return meta, infer, v1
 
-    meta, infer, v1 = _run(go())
+    meta, infer, v1 = run_bounded(go())
     assert meta.status_code == 200 and meta.json()["outputs"][0]["name"] == "tags"
     assert infer.status_code == 200, infer.text
     (out,) = infer.json()["outputs"]
@@ -157,13 +135,13 @@ def test_oip_v2_infer_returns_json_tokens(tag_repo: Path) -> None:
 def test_bad_inputs_are_4xx(tag_repo: Path, path: str, payload: dict[str, Any] | bytes,
                             status: int) -> None:
     async def go() -> httpx.Response:
-        async with serve(create_app(settings(tag_repo))) as c:
+        async with serve_asgi(create_app(settings(tag_repo))) as c:
             if isinstance(payload, bytes):
                 return await c.post(path, content=payload,
                                     headers={"content-type": "application/json"})
             return await c.post(path, json=payload)
 
-    r = _run(go())
+    r = run_bounded(go())
     assert r.status_code == status, r.text
     assert "error" in r.json() or "detail" in r.json()
 
@@ -172,10 +150,10 @@ def test_truncation_marks_words_without_a_label(tag_repo: Path) -> None:
     text = "one two three " * 30
 
     async def go() -> httpx.Response:
-        async with serve(create_app(settings(tag_repo, truncate=True))) as c:
+        async with serve_asgi(create_app(settings(tag_repo, truncate=True))) as c:
             return await c.post("/v1/models/tiny-tag/tag", json={"texts": [text]})
 
-    r = _run(go())
+    r = run_bounded(go())
     assert r.status_code == 200, r.text
     result = r.json()["results"][0]
     assert result["truncated"] is True and result["num_tokens"] == 40

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
+from service_fakes import run_bounded, serve_asgi, settings
 from test_engine_reference import reference_beam_search
 
 from export.manifest import Manifest, load_bundle
@@ -31,24 +31,6 @@ from service.settings import Settings
 
 TEXTS = ["one two three", "twenty", "forty fifty hundred thousand and un deux",
          "six seven", "cinq six sept huit neuf dix vingt", "eleven twelve twenty thirty"]
-
-
-def settings(repo: Path, **overrides: Any) -> Settings:
-    return Settings(repo=repo, intra_op_threads=1, inter_op_threads=1, warmup=False,
-                    **overrides)
-
-
-@contextlib.asynccontextmanager
-async def serve(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test",
-                                     timeout=60) as client:
-            yield client
-
-
-def run(coro):  # type: ignore[no-untyped-def]
-    return asyncio.run(asyncio.wait_for(coro, timeout=90))
 
 
 def worker_of(app: FastAPI, name: str = "tiny-mt") -> TranslatorWorker:
@@ -106,14 +88,14 @@ def test_server_equals_reference_and_is_batch_invariant(tiny_repo: Path) -> None
     app = create_app(settings(tiny_repo))
 
     async def scenario() -> list[dict[str, Any]]:
-        async with serve(app) as client:
+        async with serve_asgi(app) as client:
             posts = [client.post("/v1/models/tiny-mt/translate", json={"texts": TEXTS, **o})
                      for o in OPTIONS]  # every option set at once: batched together
             answers = await asyncio.gather(*posts)
             assert max(worker_of(app).engine.stats.calls) > 5  # rows of several requests
         return [a.json() for a in answers]
 
-    for opts, body in zip(OPTIONS, run(scenario()), strict=True):
+    for opts, body in zip(OPTIONS, run_bounded(scenario()), strict=True):
         options = TranslateOptions.model_validate(opts).search_options()
         for text, result in zip(TEXTS, body["results"], strict=True):
             ref = onnx_reference(tiny_repo, text, options)
@@ -131,13 +113,13 @@ def test_attention_rows_sum_to_one(tiny_repo: Path) -> None:
     app = create_app(settings(tiny_repo))
 
     async def scenario() -> dict[str, Any]:
-        async with serve(app) as client:
+        async with serve_asgi(app) as client:
             r = await client.post("/v1/models/tiny-mt/versions/1/translate", json={
                 "texts": TEXTS[:3], "beam_size": 3, "n_best": 3, "return_attention": True})
             assert r.status_code == 200, r.text
             return r.json()
 
-    for result in run(scenario())["results"]:
+    for result in run_bounded(scenario())["results"]:
         att = result["attention"]
         weights = np.array(att["weights"])
         assert weights.shape == (len(att["target_tokens"]), len(att["source_tokens"]))
@@ -172,11 +154,11 @@ def test_every_bad_option_is_a_4xx_json(tiny_repo: Path) -> None:
     app = create_app(settings(tiny_repo))
 
     async def scenario() -> list[httpx.Response]:
-        async with serve(app) as client:
+        async with serve_asgi(app) as client:
             return [await client.post("/v1/models/tiny-mt/translate", json=b)
                     for b in BAD_BODIES]
 
-    for body, r in zip(BAD_BODIES, run(scenario()), strict=True):
+    for body, r in zip(BAD_BODIES, run_bounded(scenario()), strict=True):
         assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
         assert r.json()["error"], body
 
@@ -186,7 +168,7 @@ def test_v2_infer_translates_with_parameters(tiny_repo: Path) -> None:
     params = {"beam_size": 3, "length_penalty": 0.5}
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], httpx.Response]:
-        async with serve(app) as client:
+        async with serve_asgi(app) as client:
             v2 = await client.post("/v2/models/tiny-mt/infer", json={
                 "parameters": params,
                 "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
@@ -199,7 +181,7 @@ def test_v2_infer_translates_with_parameters(tiny_repo: Path) -> None:
                             "data": TEXTS[:1]}]})
             return v2.json(), v1.json(), bad
 
-    v2, v1, bad = run(scenario())
+    v2, v1, bad = run_bounded(scenario())
     outputs = {o["name"]: o for o in v2["outputs"]}
     assert outputs["translation"]["datatype"] == "BYTES" and outputs["score"]["datatype"] == "FP32"
     assert outputs["translation"]["data"] == [r["translation"] for r in v1["results"]]
@@ -224,7 +206,7 @@ def test_overload_429_and_cancel_frees_rows(tiny_repo: Path) -> None:
     long = {"beam_size": 5, "min_length": 30, "max_length": 40}
 
     async def scenario() -> None:
-        async with serve(app) as client:
+        async with serve_asgi(app) as client:
             engine = worker_of(app).engine
             url = "/v1/models/tiny-mt/translate"
             first = asyncio.ensure_future(client.post(url, json={"texts": TEXTS[:1], **long}))
@@ -266,20 +248,20 @@ def test_overload_429_and_cancel_frees_rows(tiny_repo: Path) -> None:
                                     metrics, re.M)
             assert steps_total and float(steps_total.group(1)) == engine.stats.steps
 
-    run(scenario())
+    run_bounded(scenario())
 
 
 def test_describe_lists_translator_limits(tiny_repo: Path) -> None:
     app = create_app(settings(tiny_repo))
 
     async def scenario() -> dict[str, Any]:
-        async with serve(app) as client:
+        async with serve_asgi(app) as client:
             for name in ("tiny-clf", "no-such-model"):  # not a translator: 404 with a reason
                 r = await client.post(f"/v1/models/{name}/translate", json={"texts": ["one"]})
                 assert r.status_code == 404 and name in r.json()["error"]
             return (await client.get("/v1/models/tiny-mt")).json()
 
-    info = run(scenario())
+    info = run_bounded(scenario())
     details = info["versions"][0]["details"]
     manifest = load_bundle(tiny_repo / "tiny-mt" / "1")
     assert details["limits"]["max_decode_length"] == manifest.limits["max_decode_length"]
@@ -298,7 +280,7 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
     long = TranslateOptions(beam_size=4, min_length=30, max_length=40).search_options()
 
     async def scenario() -> None:
-        async with serve(app):
+        async with serve_asgi(app):
             worker = worker_of(app)
             sources = worker.encode(TEXTS[:2])
             call = Call(deadline=time.monotonic() + 30)
@@ -317,4 +299,4 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
                 await asyncio.sleep(0.002)
             assert worker.engine.live_rows == 0 and worker.engine.stats.steps < 60
 
-    run(scenario())
+    run_bounded(scenario())

@@ -55,7 +55,8 @@ def test_raw_client_matches_httpx(stub_server: Any) -> None:
 
 
 def test_raw_client_reconnects_after_the_server_drops_idle_connections() -> None:
-    from conftest import make_stub_app, serve_app
+    from conftest import make_stub_app
+    from server_support import serve_app
 
     calls: Counter[str] = Counter()
 

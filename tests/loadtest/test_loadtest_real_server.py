@@ -18,7 +18,7 @@ TEXTS = ["one two three", "twenty", "forty five thousand and six", "un deux", "c
 
 @pytest.fixture(scope="module")
 def real_server(tiny_repo: Path) -> Iterator[str]:
-    from conftest import serve_app
+    from server_support import serve_app
 
     from service.app import create_app
     from service.settings import Settings

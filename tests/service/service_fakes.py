@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,28 +76,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def serve_in_thread(app: Any, port: int | None = None, timeout: float = 60.0
-                    ) -> Iterator[str]:
+def serve_in_thread(app: Any, timeout: float = 60.0) -> contextlib.AbstractContextManager[str]:
     """Run `app` under a real uvicorn on 127.0.0.1 in a thread; yields the base URL."""
-    import uvicorn
+    from server_support import serve_app  # here: server subprocesses import this module bare
 
-    port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            lifespan="on", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    return serve_app(app, timeout_s=timeout)
 
 
 def copy_repo(src: Path, dst: Path) -> Path:

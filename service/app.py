@@ -1,73 +1,33 @@
 """`create_app(settings)`: the FastAPI app. Nothing is built at import time.
 
 The lifespan loads the repository (verify, load, warm up) and only then reports ready; on
-shutdown readiness turns false first, new work gets 503, and admitted work drains.
-Routers are registered by module path (task-specific ones, such as the translator's, join
-by adding their module to `ROUTERS`).
+shutdown readiness turns false first, new work gets 503, and admitted work drains. Every
+router of `service.api` is included here by a plain import; every error is mapped to its JSON
+answer here and nowhere else.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from service.api import classify, health, models, tag, translate
+from service.api.common import describe_errors
+from service.api.oip import routes as oip
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
 from service.repository import ModelRepository, RuntimeFactory
 from service.settings import Settings
+from service.state import AppState
 
 log = logging.getLogger("seqserve.app")
-
-ROUTERS = [
-    "service.routes.health",
-    "service.routes.v1",
-    "service.routes.v2",
-    "service.routes.translate",
-    "service.routes.tag",
-]
-"""Modules with a `router`; a missing module (a task not installed) is skipped."""
-
-
-@dataclass
-class AppState:
-    """What routes and middleware share (app.state.seqserve)."""
-
-    settings: Settings
-    metrics: Metrics
-    repository: ModelRepository
-    started: bool = False
-    """Lifespan startup finished (repository loaded and warmed up)."""
-    draining: bool = False
-    """Shutdown began: readiness false, new work refused."""
-    extras: dict[str, object] = field(default_factory=dict)
-    drain_started: float | None = None
-    """time.monotonic() when draining began: one drain budget covers HTTP and batchers."""
-
-    @property
-    def ready(self) -> bool:
-        return self.started and not self.draining and self.repository.any_ready()
-
-    def begin_drain(self) -> None:
-        if not self.draining:
-            log.info("draining: readiness false, new requests get 503")
-            self.drain_started = time.monotonic()
-        self.draining = True
-
-    def drain_left(self) -> float:
-        """Seconds left of `drain_timeout_s` since draining began (uvicorn's wait for open
-        requests spends the same budget, so the process exits inside one drain timeout)."""
-        spent = time.monotonic() - (self.drain_started or time.monotonic())
-        return max(0.0, self.settings.drain_timeout_s - spent)
 
 
 def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
@@ -96,23 +56,10 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     )
     app.state.seqserve = state
     _add_error_handlers(app)
-    for module in ROUTERS:
-        router = _router(module)
-        if router is not None:
-            app.include_router(router)
+    for module in (health, models, classify, translate, tag, oip):
+        app.include_router(module.router)
     app.add_middleware(ServingMiddleware, state=state)
     return app
-
-
-def _router(module_name: str) -> APIRouter | None:
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        return None
-    router: APIRouter = module.router
-    return router
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -131,7 +78,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, describe_validation(exc.errors()))
+        return _error(422, describe_errors(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -144,18 +91,6 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def bug(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, f"internal error ({type(exc).__name__}); this is a server bug")
-
-
-def describe_validation(errors: object) -> str:
-    """One line per pydantic error: `body.texts.0: Input should be a valid string`."""
-    parts = []
-    for e in errors if isinstance(errors, list | tuple) else []:
-        loc = ".".join(str(x) for x in e.get("loc", ()))
-        if e.get("type") == "json_invalid":
-            parts.append(f"malformed JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
-        else:
-            parts.append(f"{loc}: {e.get('msg')}")
-    return "; ".join(parts) or "invalid request"
 
 
 def _version() -> str:

@@ -1,4 +1,5 @@
 """Domain errors of the server, each with its HTTP status; mapped to responses in `app.py`.
+(A body over `max_body_bytes` is refused by the middleware before any route runs.)
 
 Route handlers and workers raise these and hold no try/except: one exception handler turns
 every `ServiceError` into `{"error": message}` with its status (and `Retry-After` where set).
@@ -26,12 +27,6 @@ class BadRequest(ServiceError):
     """Input the server will not process: wrong shape, empty, over a limit."""
 
     status = 400
-
-
-class PayloadTooLarge(ServiceError):
-    """Request body over `max_body_bytes`."""
-
-    status = 413
 
 
 class ModelNotFound(ServiceError):

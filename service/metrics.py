@@ -1,12 +1,10 @@
 """Prometheus metrics of one app (a private CollectorRegistry, never the global one).
 
-Names and labels follow docs/contracts.md. Translator metrics live here too so that the
-decoding engine records into the same registry.
+Names and labels follow docs/contracts.md. `ModelMetrics` is the one adapter through which
+the schedulers (batcher, decoding engine) record into it.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -78,29 +76,47 @@ class Metrics:
         """Body and content type of `/metrics`."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-    def batch_observer(self, model: str) -> BatchMetrics:
-        """The batcher-side instruments of one model, labels bound."""
-        return BatchMetrics(
-            batch_size=self.batch_size.labels(model),
-            batch_tokens=self.batch_tokens.labels(model),
-            padding_ratio=self.padding_ratio.labels(model),
-            queue_depth=self.queue_depth.labels(model),
-        )
+    def observer(self, model: str) -> ModelMetrics:
+        """The scheduler-side instruments of one model, labels bound (a scheduling Observer)."""
+        return ModelMetrics(self, model)
 
 
-@dataclass
-class BatchMetrics:
-    """What a batcher records per batch (label-bound children of `Metrics`)."""
+class ModelMetrics:
+    """Records what a batcher or decoding engine reports (`service.scheduling.base.Observer`)
+    into the app's instruments, labels bound to one model."""
 
-    batch_size: Histogram
-    batch_tokens: Histogram
-    padding_ratio: Histogram
-    queue_depth: Gauge
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        m = metrics
+        self.batch_size = m.batch_size.labels(model)
+        self.batch_tokens = m.batch_tokens.labels(model)
+        self.padding_ratio = m.padding_ratio.labels(model)
+        self.queue_depth = m.queue_depth.labels(model)
+        self.live = m.live_hypotheses.labels(model)
+        self.encoder_time = m.encoder_time.labels(model)
+        self.step_time = m.decoder_step_time.labels(model)
+        self.steps = m.decode_steps.labels(model)
+        self.tokens = m.generated_tokens.labels(model)
+        self.per_token = m.time_per_token.labels(model)
 
     def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
         self.batch_size.observe(rows)
         self.batch_tokens.observe(padded_tokens)
         self.padding_ratio.observe(padded_tokens / max(real_tokens, 1))
 
-    def on_depth(self, depth: int) -> None:
-        self.queue_depth.set(depth)
+    def on_depth(self, waiting: int, live_rows: int | None = None) -> None:
+        self.queue_depth.set(waiting)
+        if live_rows is not None:
+            self.live.set(live_rows)
+
+    def on_encode(self, seconds: float, batch: int) -> None:
+        self.encoder_time.observe(seconds)
+
+    def on_step(self, seconds: float, rows: int) -> None:
+        self.step_time.observe(seconds)
+        self.batch_size.observe(rows)
+        self.steps.inc()
+
+    def on_finish(self, tokens: int, seconds: float) -> None:
+        self.tokens.inc(tokens)
+        if tokens:
+            self.per_token.observe(seconds / tokens)

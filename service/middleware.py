@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from service.app import AppState
+    from service.state import AppState
 
 OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
 
@@ -131,7 +131,7 @@ class ServingMiddleware:
         m.requests.labels(model, endpoint, str(status)).inc()
         m.request_duration.labels(model, endpoint).observe(seconds)
         call = scope.get("state", {}).get("call")
-        if call is not None and call.batch_sizes:
+        if call is not None and call.computed:
             m.queue_time.labels(model, endpoint).observe(call.queue_s)
             m.compute_time.labels(model, endpoint).observe(call.compute_s)
 

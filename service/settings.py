@@ -1,7 +1,9 @@
 """Server settings: `SEQSERVE_*` environment variables, with CLI flags on top.
 
 Nothing is read at import time: `Settings()` reads the environment when called, and
-`create_app(settings)` takes the object it is given (tests pass their own).
+`create_app(settings)` takes the object it is given (tests pass their own). Each field's
+docstring is its description, which `seqserve serve --help` shows with the field's flag
+(`service.cli.serve` generates the flags from these fields).
 """
 
 from __future__ import annotations
@@ -12,13 +14,15 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+from service.runtimes.base import RuntimeSpec
+from service.scheduling.beam import MAX_BEAM_SIZE
 
 
 class Settings(BaseSettings):
     """Everything `seqserve serve` can be told; each field is also `SEQSERVE_<FIELD>`."""
 
-    model_config = SettingsConfigDict(env_prefix="SEQSERVE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="SEQSERVE_", extra="ignore", frozen=True,
+                                      use_attribute_docstrings=True)
 
     repo: Path = Path("model_repository")
     """Model repository: `repo/NAME/VERSION/` bundles."""
@@ -65,7 +69,7 @@ class Settings(BaseSettings):
     """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
     max_body_bytes: int = Field(default=1_048_576, ge=1)
     """Largest request body; bigger is refused before it is read."""
-    max_live_hypotheses: int = Field(default=1024, ge=1)
+    max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
     """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
     decode_groups: int = Field(default=2, ge=1, le=8)
     """Translators: live requests split into this many groups whose decoder steps take turns,
@@ -99,10 +103,7 @@ class Settings(BaseSettings):
             )
         return self
 
-    def ort_providers(self) -> list[str]:
-        """The ONNX Runtime provider list: as given, or the default for `device`."""
-        if self.providers:
-            return list(self.providers)
-        if self.device == "cuda":
-            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        return ["CPUExecutionProvider"]
+    def runtime_spec(self) -> RuntimeSpec:
+        """The runtime every bundle is loaded with."""
+        return RuntimeSpec(self.runtime, self.device, tuple(self.providers),
+                           self.intra_op_threads, self.inter_op_threads)

@@ -1,6 +1,8 @@
-"""Runtime selection: `load_runtime(settings, bundle_dir, manifest)`.
+"""The runtimes layer: ONNX Runtime and TorchScript behind one small interface (`base`).
 
-Each runtime module is imported only when chosen, so the ONNX path never imports torch.
+`load_runtime(spec, bundle_dir, manifest)` builds the chosen runtime; each runtime module is
+imported only when chosen, so the ONNX path never imports torch. This layer imports no web
+framework, no pydantic and no `Settings` (a checked rule: it runs in the engine process).
 """
 
 from __future__ import annotations
@@ -8,8 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from export.manifest import Manifest
-from service.runtimes.base import Runtime, RuntimeUnavailable
-from service.settings import Settings
+from service.runtimes.base import Runtime, RuntimeSpec, RuntimeUnavailable
 
 
 def graph_files(bundle_dir: Path, manifest: Manifest, fmt: str) -> dict[str, Path]:
@@ -23,26 +24,26 @@ def graph_files(bundle_dir: Path, manifest: Manifest, fmt: str) -> dict[str, Pat
     return files
 
 
-def load_runtime(settings: Settings, bundle_dir: Path, manifest: Manifest) -> Runtime:
-    """Build the runtime `settings.runtime` for one bundle; raises RuntimeUnavailable."""
-    if settings.runtime == "onnx":
+def load_runtime(spec: RuntimeSpec, bundle_dir: Path, manifest: Manifest) -> Runtime:
+    """Build the runtime `spec.kind` for one bundle; raises RuntimeUnavailable."""
+    if spec.kind == "onnx":
         from service.runtimes.onnx import OnnxRuntime
 
         return OnnxRuntime(
             graph_files(bundle_dir, manifest, "onnx"),
-            providers=settings.ort_providers(),
-            intra_op_threads=settings.intra_op_threads,
-            inter_op_threads=settings.inter_op_threads,
+            providers=spec.ort_providers(),
+            intra_op_threads=spec.intra_op_threads,
+            inter_op_threads=spec.inter_op_threads,
         )
     from service.runtimes.torchscript import TorchScriptRuntime
 
     return TorchScriptRuntime(
         graph_files(bundle_dir, manifest, "torchscript"),
         manifest,
-        device=settings.device,
-        intra_op_threads=settings.intra_op_threads,
-        inter_op_threads=settings.inter_op_threads,
+        device=spec.device,
+        intra_op_threads=spec.intra_op_threads,
+        inter_op_threads=spec.inter_op_threads,
     )
 
 
-__all__ = ["Runtime", "RuntimeUnavailable", "graph_files", "load_runtime"]
+__all__ = ["Runtime", "RuntimeSpec", "RuntimeUnavailable", "graph_files", "load_runtime"]

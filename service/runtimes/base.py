@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -22,3 +23,27 @@ class Runtime(Protocol):
 
 class RuntimeUnavailable(Exception):
     """The runtime cannot serve as configured (missing file, provider fell back, no CUDA)."""
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """Which runtime to build and how (the server derives it from its settings)."""
+
+    kind: Literal["onnx", "torchscript"] = "onnx"
+    """Graph format that runs: ONNX Runtime or TorchScript (imports torch)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device; with onnx it picks the default provider list."""
+    providers: tuple[str, ...] = field(default_factory=tuple)
+    """Ordered ONNX Runtime providers; empty: the default for `device`."""
+    intra_op_threads: int = 0
+    """Threads inside one operator (0 = runtime default)."""
+    inter_op_threads: int = 0
+    """Threads across operators (0 = runtime default)."""
+
+    def ort_providers(self) -> list[str]:
+        """The ONNX Runtime provider list: as given, or the default for `device`."""
+        if self.providers:
+            return list(self.providers)
+        if self.device == "cuda":
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]

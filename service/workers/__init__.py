@@ -1,34 +1,21 @@
-"""Worker registry: task name -> "module:Class" of its ModelWorker.
+"""The workers layer: one worker per task family, texts in and plain data out.
 
-Imported by path so that a task whose module is not installed fails only the bundles of that
-task (reported as failed with the reason) instead of the whole server.
+Workers import `scheduling` (their models' `submit`) and the torch-free contract modules of
+`models` and `export`; never FastAPI or pydantic. `ROW_WORKERS` maps the tasks served by a
+batcher to their worker class; translators have `TranslatorWorker` over a decoding engine.
 """
 
 from __future__ import annotations
 
-import importlib
+from service.workers.base import Call, ModelWorker, TextLimits, WorkerContext
+from service.workers.classifier import ClassifierWorker
+from service.workers.tagger import TaggerWorker
+from service.workers.translator import TranslatorWorker
 
-from service.workers.base import Call, ModelWorker, V2Tensor, WorkerContext
-
-WORKERS: dict[str, str] = {
-    "classifier": "service.workers.classifier:ClassifierWorker",
-    "translator": "service.engine.worker:TranslatorWorker",
-    "tagger": "service.workers.tagger:TaggerWorker",
+ROW_WORKERS: dict[str, type[ClassifierWorker] | type[TaggerWorker]] = {
+    "classifier": ClassifierWorker,
+    "tagger": TaggerWorker,
 }
 
-
-def worker_class(task: str) -> type[ModelWorker]:
-    """The worker class registered for `task`; raises LookupError saying why not."""
-    target = WORKERS.get(task)
-    if target is None:
-        raise LookupError(f"no worker is registered for task {task!r}")
-    module_name, _, attr = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise LookupError(f"worker module {module_name} for task {task!r} is missing") from exc
-    cls: type[ModelWorker] = getattr(module, attr)
-    return cls
-
-
-__all__ = ["WORKERS", "Call", "ModelWorker", "V2Tensor", "WorkerContext", "worker_class"]
+__all__ = ["ROW_WORKERS", "Call", "ModelWorker", "TextLimits", "TranslatorWorker",
+           "WorkerContext"]

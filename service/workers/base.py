@@ -1,8 +1,10 @@
-"""What the repository knows of a model worker, and the per-request call context.
+"""What every worker shares: the one input contract, the per-request context, one wait.
 
-A worker serves one loaded bundle version of one task. The repository builds it with
-`WORKERS[task](ctx)` (see `service.workers`), awaits `start()` (which warms up) before the
-model is ready, and awaits `stop(timeout)` at shutdown (drain, not cancel).
+A worker serves one loaded bundle version of one task: texts in, plain data out (no FastAPI,
+no pydantic). It turns texts into token rows with `encode_texts` (every task and protocol
+goes through it), submits them to its scheduled model (`service.scheduling.models`) and
+waits with `Call.wait`, which enforces the request's deadline and drops the work of a client
+that left.
 """
 
 from __future__ import annotations
@@ -10,110 +12,98 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from export.manifest import Manifest
-from models.tokenizer import Tokenizer
-from service.batcher import Timing
+from models.tokenizer import Piece, Tokenizer
 from service.errors import BadRequest, ClientGone, DeadlineExceeded
-from service.metrics import Metrics
-from service.runtimes.base import Runtime
-from service.settings import Settings
-
-T = TypeVar("T")
+from service.scheduling.base import Timing
+from service.scheduling.models import DecodeModel, RowModel
 
 
-@dataclass
-class WorkerContext:
-    """Everything a worker is built from."""
+@dataclass(frozen=True)
+class TextLimits:
+    """The input limits of one model (the server's settings, capped by the bundle)."""
 
-    name: str
-    version: int
-    path: Path
-    manifest: Manifest
-    runtime: Runtime
-    tokenizer: Tokenizer
-    settings: Settings
-    metrics: Metrics
-
-
-@dataclass
-class V2Tensor:
-    """One decoded OIP tensor (inputs and outputs): data flattened row-major."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list[Any]
+    max_texts: int
+    """Most texts in one request."""
+    max_chars: int
+    """Most characters in one text."""
+    max_tokens: int
+    """Most tokens in one text."""
+    truncate: bool
+    """Over `max_tokens`: cut (and say so) instead of refusing."""
 
 
-def v2_texts(inputs: dict[str, V2Tensor]) -> list[str]:
-    """The texts of an OIP infer request: exactly one input `text`, BYTES, shape [n], n >= 1,
-    each element a str or UTF-8 bytes (every task's `v2_infer` takes its texts this way)."""
-    text = inputs.get("text")
-    if text is None or len(inputs) != 1:
-        raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
-    if text.datatype != "BYTES" or len(text.shape) != 1:
-        raise BadRequest("input 'text' must be BYTES with shape [n]")
-    texts = [_as_text(x, i) for i, x in enumerate(text.data)]
+@dataclass(frozen=True)
+class Encoded:
+    """One text after tokenization and the token limit."""
+
+    ids: list[int]
+    pieces: list[Piece] | None
+    """Pieces with character offsets (only when asked for: 10x slower than ids alone)."""
+    truncated: bool
+
+
+def check_unicode(text: str, i: int) -> None:
+    """JSON may carry lone surrogates ("\\ud800") that no tokenizer can take: a 400."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"texts[{i}] is not valid Unicode ({exc.reason})") from exc
+
+
+def encode_texts(tok: Tokenizer, texts: list[str], limits: TextLimits,
+                 offsets: bool = False) -> list[Encoded]:
+    """The one input contract: texts -> token rows under `limits`, or BadRequest naming the
+    text and the limit (count, type, Unicode, characters, empty, tokens)."""
     if not texts:
-        raise BadRequest("input 'text' is empty")
-    return texts
+        raise BadRequest("no texts: send at least one")
+    if len(texts) > limits.max_texts:
+        raise BadRequest(f"too many texts: {len(texts)} > max_texts {limits.max_texts}")
+    return [_encode(tok, text, i, limits, offsets) for i, text in enumerate(texts)]
 
 
-def _as_text(x: object, i: int) -> str:
-    if isinstance(x, str):
-        return x
-    if isinstance(x, bytes):
-        try:
-            return x.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise BadRequest(f"text[{i}] is not valid UTF-8") from exc
-    raise BadRequest(f"text[{i}] must be a string, got {type(x).__name__}")
+def _encode(tok: Tokenizer, text: str, i: int, limits: TextLimits, offsets: bool) -> Encoded:
+    if not isinstance(text, str):
+        raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
+    if len(text) > limits.max_chars:
+        raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {limits.max_chars}")
+    check_unicode(text, i)
+    pieces = tok.encode_with_offsets(text) if offsets else None
+    ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
+    if not ids:
+        raise BadRequest(f"texts[{i}] is empty (no tokens)")
+    truncated = len(ids) > limits.max_tokens
+    if truncated and not limits.truncate:
+        raise BadRequest(f"texts[{i}] has {len(ids)} tokens > max_tokens {limits.max_tokens} "
+                         "(the server is set to reject, not truncate)")
+    kept = pieces[: limits.max_tokens] if pieces is not None else None
+    return Encoded(ids[: limits.max_tokens], kept, truncated)
 
 
-class ModelWorker(Protocol):
-    """A served model version. Translators (service.engine) implement it as well."""
+class HasTiming(Protocol):
+    @property
+    def timing(self) -> Timing: ...
 
-    task: ClassVar[str]
 
-    def __init__(self, ctx: WorkerContext) -> None: ...
-
-    async def start(self) -> None:
-        """Start background tasks and warm up; ready once it returns."""
-        ...
-
-    async def stop(self, timeout: float) -> bool:
-        """Refuse new work, finish admitted work within `timeout`; True when all finished."""
-        ...
-
-    def describe(self) -> dict[str, Any]:
-        """Task-specific facts for GET /v1/models/{name} (labels, limits)."""
-        ...
-
-    def v2_signature(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """OIP metadata `inputs` and `outputs`: [{name, datatype, shape}]."""
-        ...
-
-    async def v2_infer(self, inputs: dict[str, V2Tensor], call: Call) -> list[V2Tensor]:
-        """OIP infer on decoded inputs; raises BadRequest for wrong names/types/shapes."""
-        ...
+T = TypeVar("T", bound=HasTiming)
 
 
 @dataclass
 class Call:
-    """One HTTP request's deadline, disconnect signal and where its time went."""
+    """One request's deadline, disconnect signal and where its time went."""
 
     deadline: float
     """time.monotonic() at which the request gives up (504)."""
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the client went away; queued rows are then dropped."""
-    parameters: dict[str, Any] = field(default_factory=dict)
-    """OIP request-level `parameters` (v2 infer), minus the binary-extension keys."""
+    """Set when the client went away; its queued work is then dropped."""
     queue_s: float = 0.0
     compute_s: float = 0.0
-    batch_sizes: list[int] = field(default_factory=list)
+    computed: bool = False
+    """True once a result arrived (its queue and compute time are then known)."""
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -121,10 +111,11 @@ class Call:
     def record(self, timing: Timing) -> None:
         self.queue_s = max(self.queue_s, timing.queue_s)
         self.compute_s = max(self.compute_s, timing.compute_s)
-        self.batch_sizes.append(timing.batch_size)
+        self.computed = True
 
-    async def wait_all(self, futures: list[asyncio.Future[tuple[T, Timing]]]) -> list[T]:
-        """Await every row; on deadline or disconnect cancel the rest (the batcher drops them)."""
+    async def wait(self, futures: list[asyncio.Future[T]]) -> list[T]:
+        """Await every future; on deadline or disconnect cancel the rest (the schedulers drop
+        cancelled work before it costs compute) and raise DeadlineExceeded / ClientGone."""
         gathered: asyncio.Future[Any] = asyncio.gather(*futures)
         gone: asyncio.Future[Any] = asyncio.ensure_future(self.disconnected.wait())
         try:
@@ -133,23 +124,56 @@ class Call:
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if gathered in done:
-                pairs = gathered.result()
-                for _, timing in pairs:
-                    self.record(timing)
-                return [result for result, _ in pairs]
+                results: list[T] = gathered.result()
+                for r in results:
+                    self.record(r.timing)
+                return results
             if gone in done:
                 raise ClientGone("client disconnected")
-            raise DeadlineExceeded(
-                f"request deadline passed ({self.remaining():.3f}s left); the work was dropped"
-            )
+            raise DeadlineExceeded("request deadline passed; its work was dropped")
         finally:
             gone.cancel()
             gathered.add_done_callback(_retrieve)
             for f in futures:
-                f.cancel()  # rows still queued are dropped by the batcher
+                f.cancel()  # no-op when done; queued rows are dropped, live ones freed
 
 
 def _retrieve(f: asyncio.Future[Any]) -> None:
     """Mark a future's exception as seen (we already answered the request)."""
     if not f.cancelled():
         f.exception()
+
+
+M = TypeVar("M", RowModel, DecodeModel)
+
+
+@dataclass
+class WorkerContext(Generic[M]):
+    """Everything a worker is built from."""
+
+    name: str
+    version: int
+    manifest: Manifest
+    tokenizer: Tokenizer
+    limits: TextLimits
+    model: M
+    """The scheduled model: its `submit` takes token rows (and search options)."""
+
+
+class ModelWorker(Protocol):
+    """A served model version: its task's methods plus a description."""
+
+    task: ClassVar[str]
+
+    def describe(self) -> dict[str, Any]:
+        """Task-specific facts for GET /v1/models/{name} (labels, limits, runtime)."""
+        ...
+
+
+def describe_common(ctx: WorkerContext[Any]) -> dict[str, Any]:
+    """What every task's description holds: limits, runtime, providers, metrics, created."""
+    m, model = ctx.manifest, ctx.model.describe()
+    limits = {"max_tokens": ctx.limits.max_tokens, **model.pop("limits", {}),
+              "bundle": dict(m.limits)}
+    return {"limits": limits, **model, "metrics": dict(m.source_run.get("test_metrics") or {}),
+            "created": m.created}

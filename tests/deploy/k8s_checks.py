@@ -105,7 +105,7 @@ def parse_container_cli(docs: list[dict[str, Any]]) -> argparse.Namespace:
 
 def effective_settings(docs: list[dict[str, Any]]) -> Any:
     """Settings as the pod's server computes them: ConfigMap env, CLI flags on top."""
-    from service.commands.serve import settings_from_args
+    from service.cli.serve import settings_from_args
 
     args = parse_container_cli(docs)
     assert args.command == "serve"

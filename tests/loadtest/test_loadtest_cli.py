@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from models.errors import UserError
-from service.commands import loadtest as command
+from service.cli import loadtest as command
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[2]

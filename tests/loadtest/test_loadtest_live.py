@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from service.loadtest.config import LoadConfig
-from service.loadtest.runner import RunResult, run_load
-from service.loadtest.sweep import run_sweep
-from service.loadtest.texts import TextSampler, load_text_file
+from loadtest.config import LoadConfig
+from loadtest.runner import RunResult, run_load
+from loadtest.sweep import run_sweep
+from loadtest.texts import TextSampler, load_text_file
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from service.loadtest.config import LoadConfig
-from service.loadtest.runner import run_load
-from service.loadtest.texts import TextSampler
+from loadtest.config import LoadConfig
+from loadtest.runner import run_load
+from loadtest.texts import TextSampler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 from fastapi import FastAPI
 
-from service.batcher import Batcher, BatcherConfig
+from service.scheduling.batcher import Batcher, BatcherConfig
 from service.settings import Settings
 
 

@@ -11,7 +11,7 @@ import httpx
 from service_fakes import FakeRuntime, fake_factory, serve_in_thread
 
 from service.app import create_app
-from service.batcher import Batcher
+from service.scheduling.batcher import Batcher
 from service.settings import Settings
 
 MODEL = "tiny-clf"
@@ -23,8 +23,8 @@ def _app(tiny_repo: Path, runtime: FakeRuntime, **settings: Any) -> Any:
 
 
 def _batcher(app: Any) -> Batcher[Any, Any]:
-    worker = app.state.seqserve.repository.entries[MODEL][1].worker
-    batcher: Batcher[Any, Any] = worker.batcher
+    model = app.state.seqserve.repository.entries[MODEL][1].model
+    batcher: Batcher[Any, Any] = model.batcher
     return batcher
 
 

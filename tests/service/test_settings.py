@@ -8,7 +8,7 @@ import pytest
 
 from models.errors import UserError
 from service.cli import build_parser, main
-from service.commands.serve import settings_from_args
+from service.cli.serve import settings_from_args
 from service.settings import Settings
 
 
@@ -25,10 +25,16 @@ def test_env_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.max_batch_size, s.truncate) == (4, False)
 
 
-def test_every_settings_field_has_a_flag() -> None:
-    from service.commands.serve import FLAGS_BOOL, OPTIONS
-
-    assert set(Settings.model_fields) == set(OPTIONS) | set(FLAGS_BOOL)
+def test_every_settings_field_has_a_flag_with_its_description_and_default(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for name, field in Settings.model_fields.items():
+        assert "--" + name.replace("_", "-") in text, name
+        assert f"SEQSERVE_{name.upper()}" in text, name
+        assert field.description and " ".join(field.description.split()) in text, name
+    assert "[default: 16;" in text and "[default: onnx;" in text
 
 
 def test_invalid_settings_are_user_errors(tmp_path: Path) -> None:

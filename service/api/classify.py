@@ -1,0 +1,71 @@
+"""Classify: POST /v1/models/{name}/classify (and /versions/{v}/classify)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, StrictBool, StrictInt
+
+from service.api.common import ERRORS, TextsRequest, app_state, call_scope
+from service.workers.classifier import ClassifierWorker
+
+router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
+
+
+class ClassifyRequest(TextsRequest):
+    """POST /v1/models/{name}/classify body."""
+
+    top_k: StrictInt = Field(1, ge=1, le=1000, description="How many labels to return per text.")
+    return_attention: StrictBool = Field(
+        False, description="Return each token's attention weight with its text span."
+    )
+
+
+class LabelProbability(BaseModel):
+    label: str
+    probability: float
+
+
+class TokenAttention(BaseModel):
+    token: str = Field(description="The tokenizer's piece.")
+    weight: float = Field(description="Attention pooling weight (sums to 1 over the text).")
+    start: int = Field(description="Character offset in the text where the piece starts.")
+    end: int = Field(description="Character offset after the piece.")
+
+
+class Classification(BaseModel):
+    label: str
+    score: float = Field(description="Probability of `label`.")
+    top_k: list[LabelProbability]
+    num_tokens: int = Field(description="Tokens the model saw (after truncation).")
+    truncated: bool = Field(description="True when the text was cut to the token limit.")
+    attention: list[TokenAttention] | None = None
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    version: int
+    results: list[Classification]
+
+
+async def _classify(request: Request, name: str, version: str | None,
+                    body: ClassifyRequest) -> JSONResponse:
+    entry, worker = app_state(request).repository.worker(name, version, ClassifierWorker)
+    async with call_scope(request) as call:
+        results = await worker.classify(body.texts, body.top_k, body.return_attention, call)
+    # The shape of ClassifyResponse, built as plain data (no second validation pass).
+    return JSONResponse({"model": name, "version": entry.version, "results": results})
+
+
+@router.post("/models/{name}/classify", name="classify", response_model=ClassifyResponse)
+async def classify(name: str, body: ClassifyRequest, request: Request) -> JSONResponse:
+    """Classify texts with the default (highest ready) version."""
+    return await _classify(request, name, None, body)
+
+
+@router.post("/models/{name}/versions/{version}/classify", name="classify",
+             response_model=ClassifyResponse)
+async def classify_version(name: str, version: str, body: ClassifyRequest,
+                           request: Request) -> JSONResponse:
+    """Classify texts with one version."""
+    return await _classify(request, name, version, body)

@@ -1,0 +1,92 @@
+"""What every route shares: the app state, the per-request `Call`, the error schema, the texts
+field and the one formatter of validation errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from service.state import AppState
+from service.workers.base import Call
+
+HARD_MAX_TEXTS = 4096
+"""Schema ceiling of texts per request (settings.max_texts is the live limit)."""
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 500, 503, 504)
+}
+"""The error answers every POST route documents."""
+
+
+class TextsRequest(BaseModel):
+    """Base of the v1 request bodies: a non-empty list of texts, no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[StrictStr] = Field(min_length=1, max_length=HARD_MAX_TEXTS,
+                                   description="Texts (non-empty list).")
+
+
+def describe_errors(errors: Sequence[Any] | object, flags: bool = False) -> str:
+    """One line per pydantic error, `loc: message` (`body.texts.0: Input should be a valid
+    string`); with `flags`, the location is written as a CLI flag (`--n-best: ...`)."""
+    parts = []
+    for e in errors if isinstance(errors, list | tuple) else []:
+        if e.get("type") == "json_invalid":
+            parts.append(f"malformed JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            continue
+        loc = [str(x) for x in e.get("loc", ())]
+        message = str(e.get("msg")).removeprefix("Value error, ")
+        if flags:
+            where = "--" + "-".join(loc).replace("_", "-") if loc else ""
+            message = message.replace("_", "-")
+        else:
+            where = ".".join(loc)
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts) or "invalid request"
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.seqserve
+    return state
+
+
+async def _watch_disconnect(request: Request, call: Call) -> None:
+    """Set `call.disconnected` when the server reports the client gone."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            call.disconnected.set()
+            return
+
+
+@contextlib.asynccontextmanager
+async def call_scope(request: Request) -> AsyncIterator[Call]:
+    """A Call with the request deadline; watches for disconnects while the handler runs."""
+    state = app_state(request)
+    call = Call(deadline=time.monotonic() + state.settings.request_timeout_s)
+    request.state.call = call
+    name = request.path_params.get("name", "")
+    gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None
+    if gauge is not None:
+        gauge.inc()
+    watcher = asyncio.create_task(_watch_disconnect(request, call))
+    try:
+        yield call
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        if gauge is not None:
+            gauge.dec()

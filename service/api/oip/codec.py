@@ -1,0 +1,169 @@
+"""OIP (KServe v2) tensor coding: JSON `data` and the binary tensor data extension.
+
+Binary extension: the body is the JSON header (its length in the `Inference-Header-Content-
+Length` header) followed by each binary input's bytes in input order, sized by the input's
+`parameters.binary_data_size`. BYTES elements are 4-byte little-endian lengths + bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from service.api.common import describe_errors
+from service.api.oip.schemas import V2InferRequest, V2RequestInput
+from service.errors import BadRequest
+
+HEADER = "inference-header-content-length"
+PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "content_type", "headers", "timeout"})
+"""Request-level parameters that belong to the protocol (encoding, transport), not to the
+model: removed before a task sees the parameters."""
+NUMERIC = {
+    "BOOL": np.bool_, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+}
+
+
+@dataclass
+class V2Tensor:
+    """One decoded OIP tensor (inputs and outputs): data flattened row-major."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any]
+
+
+def parse_request(body: bytes, header_length: str | None) -> tuple[V2InferRequest, bytes]:
+    """Split and validate the JSON header; returns it and the binary tail."""
+    split = len(body)
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise BadRequest(f"bad Inference-Header-Content-Length {header_length!r}")
+        split = int(header_length)
+    try:
+        text = body[:split].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("request body is not valid UTF-8") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+    try:
+        return V2InferRequest.model_validate(data), body[split:]
+    except ValidationError as exc:
+        raise BadRequest(f"invalid inference request: {describe_errors(exc.errors())}") from exc
+
+
+def decode_inputs(request: V2InferRequest, tail: bytes) -> dict[str, V2Tensor]:
+    """Every input as a V2Tensor with flat data (BYTES as bytes or str)."""
+    out: dict[str, V2Tensor] = {}
+    offset = 0
+    for inp in request.inputs:
+        if any(d < 0 for d in inp.shape):
+            raise BadRequest(f"input {inp.name!r}: shape {inp.shape} has a negative dim")
+        count = int(np.prod(inp.shape)) if inp.shape else 1
+        size = (inp.parameters or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+                raise BadRequest(f"input {inp.name!r}: binary_data_size does not fit the body")
+            data = _from_binary(inp, tail[offset: offset + size])
+            offset += size
+        else:
+            data = _flatten(inp.data)
+        if len(data) != count:
+            raise BadRequest(
+                f"input {inp.name!r}: shape {inp.shape} needs {count} elements, got {len(data)}"
+            )
+        if inp.name in out:
+            raise BadRequest(f"input {inp.name!r} given twice")
+        out[inp.name] = V2Tensor(inp.name, inp.datatype, list(inp.shape), data)
+    if offset != len(tail):
+        raise BadRequest("binary body is longer than the inputs' binary_data_size")
+    return out
+
+
+def _flatten(data: Any) -> list[Any]:
+    if data is None:
+        raise BadRequest("an input has no data")
+    if not isinstance(data, list):
+        return [data]
+    flat: list[Any] = []
+    for x in data:
+        flat.extend(_flatten(x) if isinstance(x, list) else [x])
+    return flat
+
+
+def _from_binary(inp: V2RequestInput, raw: bytes) -> list[Any]:
+    if inp.datatype == "BYTES":
+        items, pos = [], 0
+        while pos < len(raw):
+            if pos + 4 > len(raw):
+                raise BadRequest(f"input {inp.name!r}: truncated BYTES element")
+            (n,) = struct.unpack_from("<I", raw, pos)
+            pos += 4
+            if pos + n > len(raw):
+                raise BadRequest(f"input {inp.name!r}: truncated BYTES element")
+            items.append(raw[pos: pos + n])
+            pos += n
+        return items
+    dtype = NUMERIC.get(inp.datatype)
+    if dtype is None:
+        raise BadRequest(f"input {inp.name!r}: unknown datatype {inp.datatype!r}")
+    if len(raw) % np.dtype(dtype).itemsize:
+        raise BadRequest(f"input {inp.name!r}: binary size is not a multiple of its dtype")
+    return list(np.frombuffer(raw, dtype=dtype).tolist())
+
+
+def request_parameters(request: V2InferRequest) -> dict[str, Any]:
+    """The request-level parameters a model sees (protocol keys removed)."""
+    return {k: v for k, v in (request.parameters or {}).items() if k not in PROTOCOL_PARAMETERS}
+
+
+def input_texts(inputs: dict[str, V2Tensor]) -> list[str]:
+    """The texts of an infer request: exactly one input `text`, BYTES, shape [n], n >= 1,
+    each element a str or UTF-8 bytes (every task takes its texts this way)."""
+    text = inputs.get("text")
+    if text is None or len(inputs) != 1:
+        raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
+    if text.datatype != "BYTES" or len(text.shape) != 1:
+        raise BadRequest("input 'text' must be BYTES with shape [n]")
+    texts = [_as_text(x, i) for i, x in enumerate(text.data)]
+    if not texts:
+        raise BadRequest("input 'text' is empty")
+    return texts
+
+
+def _as_text(x: object, i: int) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bytes):
+        try:
+            return x.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadRequest(f"text[{i}] is not valid UTF-8") from exc
+    raise BadRequest(f"text[{i}] must be a string, got {type(x).__name__}")
+
+
+def wants_binary(request: V2InferRequest, name: str) -> bool:
+    """Whether output `name` was asked for in binary (per output, else request-wide)."""
+    for out in request.outputs or []:
+        if out.name == name and out.parameters and "binary_data" in out.parameters:
+            return bool(out.parameters["binary_data"])
+    return bool((request.parameters or {}).get("binary_data_output", False))
+
+
+def encode_binary(t: V2Tensor) -> bytes:
+    if t.datatype == "BYTES":
+        parts = []
+        for x in t.data:
+            b = x if isinstance(x, bytes) else str(x).encode("utf-8")
+            parts.append(struct.pack("<I", len(b)) + b)
+        return b"".join(parts)
+    return np.asarray(t.data, dtype=NUMERIC[t.datatype]).tobytes()

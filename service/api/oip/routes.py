@@ -1,0 +1,119 @@
+"""Open Inference Protocol (KServe v2) REST: server/model metadata, readiness and infer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from service.api.common import ERRORS, app_state, call_scope
+from service.api.oip import codec, tasks
+from service.api.oip.schemas import V2InferResponse, V2ModelMetadata, V2ServerMetadata
+from service.errors import BadRequest
+from service.repository import ModelEntry
+
+router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
+
+
+@router.get("", name="v2_server_metadata")
+async def server_metadata(request: Request) -> V2ServerMetadata:
+    return V2ServerMetadata(
+        name="seqserve", version=request.app.version, extensions=["binary_tensor_data"]
+    )
+
+
+def _metadata(request: Request, name: str, version: str | None) -> V2ModelMetadata:
+    repo = app_state(request).repository
+    entry, worker = repo.ready(name, version)
+    inputs, outputs = tasks.signature(worker)
+    versions = [str(v) for v, e in sorted(repo.versions(name).items()) if e.state == "ready"]
+    return V2ModelMetadata.model_validate({
+        "name": name, "versions": versions, "platform": f"seqserve_{entry.task}",
+        "inputs": inputs, "outputs": outputs,
+    })
+
+
+@router.get("/models/{name}", name="v2_model_metadata")
+async def model_metadata(name: str, request: Request) -> V2ModelMetadata:
+    return _metadata(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}", name="v2_model_metadata")
+async def model_version_metadata(name: str, version: str, request: Request) -> V2ModelMetadata:
+    return _metadata(request, name, version)
+
+
+def _ready(request: Request, name: str, version: str | None) -> JSONResponse:
+    entry = app_state(request).repository.entry(name, version)
+    ok = entry.state == "ready" and not app_state(request).draining
+    body: dict[str, Any] = {"name": name, "version": str(entry.version), "ready": ok}
+    if not ok:
+        body["error"] = f"model {name!r} version {entry.version} is not ready ({entry.state})"
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/models/{name}/ready", name="v2_model_ready")
+async def model_ready(name: str, request: Request) -> JSONResponse:
+    return _ready(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready")
+async def model_version_ready(name: str, version: str, request: Request) -> JSONResponse:
+    return _ready(request, name, version)
+
+
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    entry, worker = app_state(request).repository.ready(name, version)
+    body = await request.body()
+    req, tail = codec.parse_request(body, request.headers.get(codec.HEADER))
+    inputs = codec.decode_inputs(req, tail)
+    produced = {o["name"] for o in tasks.signature(worker)[1]}
+    asked = [o.name for o in req.outputs or []]
+    unknown = sorted(set(asked) - produced)
+    if unknown:
+        raise BadRequest(f"unknown requested output(s) {unknown}; this model has "
+                         f"{sorted(produced)}")
+    async with call_scope(request) as call:
+        outputs = await tasks.infer(worker, inputs, codec.request_parameters(req), call)
+    outputs = [o for o in outputs if not asked or o.name in asked]
+    return _response(entry, req.id, outputs, req)
+
+
+def _response(entry: ModelEntry, rid: str | None, outputs: list[Any], req: Any) -> Response:
+    head: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
+    if rid is not None:
+        head["id"] = rid
+    blobs, listed = [], []
+    for t in outputs:
+        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if codec.wants_binary(req, t.name):
+            blob = codec.encode_binary(t)
+            item["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            item["data"] = [x.decode() if isinstance(x, bytes) else x for x in t.data]
+        listed.append(item)
+    head["outputs"] = listed
+    text = json.dumps(head).encode()
+    if not blobs:
+        return Response(text, media_type="application/json")
+    return Response(
+        text + b"".join(blobs), media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(text))},
+    )
+
+
+@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse)
+async def infer(name: str, request: Request) -> Response:
+    """OIP inference. Body: an OIP inference request (`{"id"?, "parameters"?, "inputs": [{"name",
+    "datatype", "shape", "data" | "parameters": {"binary_data_size"}}], "outputs"?}`), JSON
+    tensors or the binary tensor data extension (`Inference-Header-Content-Length`)."""
+    return await _infer(request, name, None)
+
+
+@router.post("/models/{name}/versions/{version}/infer", name="v2_infer",
+             response_model=V2InferResponse)
+async def infer_version(name: str, version: str, request: Request) -> Response:
+    return await _infer(request, name, version)

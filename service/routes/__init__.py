@@ -1,1 +1,0 @@
-"""HTTP routes; each module exposes `router` (registered by `service.app.ROUTERS`)."""

@@ -1,0 +1,271 @@
+"""Dynamic batcher: one per model, model-free, one asyncio task owns the queue.
+
+Callers `submit` rows (payload + token length) and await futures. The loop task waits for the
+first row, lets more arrive until the batch is full (max rows, or rows x longest row at the
+token budget) or the oldest row has waited `max_wait_s`, then takes the oldest row plus its
+nearest neighbours by length (a contiguous window of the length-sorted queue, so padding stays
+small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
+An exception fails that batch's rows only; the loop goes on.
+
+Which rows: the queue, sorted by length, is split into contiguous groups that minimise the
+total cost sum(overhead + rows x longest) under the row and token limits (`plan_batch`); the
+group holding the oldest row runs. A padded model pays rows x longest row, so this trades
+padding against the fixed cost of a batch instead of always filling batches to the top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
+from service.scheduling.base import NullObserver, Observer, Timed, Timing
+
+log = logging.getLogger("seqserve.batcher")
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Row(Generic[P, R]):
+    payload: P
+    length: int
+    deadline: float  # time.monotonic() seconds
+    future: asyncio.Future[Timed[R]]
+    enqueued: float = field(default_factory=time.monotonic)
+    queued: bool = True  # counted in the batcher's live depth
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    """Limits of one batcher."""
+
+    max_batch_size: int = 32
+    """Most rows per batch."""
+    max_batch_tokens: int = 4096
+    """Padded-token budget per batch: rows x longest row."""
+    max_wait_s: float = 0.002
+    """Longest the oldest row waits for the batch to fill."""
+    queue_size: int = 256
+    """Most rows waiting; a submit that would exceed it raises QueueFull."""
+    retry_after_s: float = 1.0
+    """Retry-After of QueueFull / ShuttingDown."""
+    overhead_tokens: float = 64.0
+    """Fixed cost of starting one batch, in padded-token units: how much padding length
+    grouping accepts to run fewer, larger batches (0: only equal lengths share a batch)."""
+
+
+class Batcher(Generic[P, R]):
+    """Batches rows for `compute(payloads) -> results` (one result per payload, same order)."""
+
+    def __init__(
+        self,
+        compute: Callable[[list[P]], Sequence[R]],
+        config: BatcherConfig,
+        *,
+        name: str = "model",
+        observer: Observer | None = None,
+    ) -> None:
+        self.compute = compute
+        self.config = config
+        self.name = name
+        self.observer: Observer = observer or NullObserver()
+        self._pending: deque[_Row[P, R]] = deque()
+        self._live = 0  # pending rows whose future is not done (cancelled rows leave at once)
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{name}")
+        self.max_depth_seen = 0
+        """Highest queue depth ever observed (tests check the bound)."""
+        self.batches_run = 0
+        """Batches handed to `compute` (failed ones included)."""
+
+    @property
+    def depth(self) -> int:
+        """Rows waiting for a batch (cancelled rows excluded)."""
+        return self._live
+
+    def start(self) -> None:
+        """Start the loop task on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    def submit(
+        self, rows: Sequence[tuple[P, int]], deadline: float
+    ) -> list[asyncio.Future[Timed[R]]]:
+        """Admit all `(payload, length)` rows or none; returns one future per row."""
+        if self._closing:
+            raise ShuttingDown("server is shutting down", retry_after=self.config.retry_after_s)
+        if self._live + len(rows) > self.config.queue_size:
+            raise QueueFull(
+                f"model {self.name!r} queue is full ({self._live} of "
+                f"{self.config.queue_size} waiting)",
+                retry_after=self.config.retry_after_s,
+            )
+        loop = asyncio.get_running_loop()
+        futures = []
+        for payload, length in rows:
+            row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future())
+            row.future.add_done_callback(functools.partial(self._on_done, row))
+            self._pending.append(row)
+            futures.append(row.future)
+        self._live += len(rows)
+        self._depth_changed()
+        self._wake.set()
+        return futures
+
+    async def close(self, timeout: float) -> bool:
+        """Refuse new rows, finish the queued ones within `timeout`; True when all finished."""
+        self._closing = True
+        self._wake.set()
+        drained = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except TimeoutError:
+                drained = False
+                self._task.cancel()
+                for row in self._pending:
+                    self._dequeue(row)
+                    if not row.future.done():
+                        row.future.set_exception(ShuttingDown("drain timeout passed"))
+                self._pending.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        return drained
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._fill()
+            self._drop_dead()
+            batch = self._take_batch()
+            if batch:
+                await self._execute(batch)
+
+    async def _fill(self) -> None:
+        """Wait until the batch is full or the oldest row has waited max_wait_s."""
+        close_at = self._pending[0].enqueued + self.config.max_wait_s
+        while not self._closing and not self._full():
+            left = close_at - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+
+    def _full(self) -> bool:
+        live = [r.length for r in self._pending if not r.future.done()]
+        if len(live) >= self.config.max_batch_size:
+            return True
+        return len(live) * max(live, default=0) >= self.config.max_batch_tokens
+
+    def _drop_dead(self) -> None:
+        """Remove rows nobody waits for (future done) or whose deadline passed."""
+        now = time.monotonic()
+        keep: deque[_Row[P, R]] = deque()
+        for row in self._pending:
+            if row.future.done():
+                continue
+            if row.deadline <= now:
+                self._dequeue(row)
+                row.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                continue
+            keep.append(row)
+        if len(keep) != len(self._pending):
+            self._pending = keep
+            self._depth_changed()
+
+    def _take_batch(self) -> list[_Row[P, R]]:
+        if not self._pending:
+            return []
+        anchor = self._pending[0]
+        ordered = sorted(self._pending, key=lambda r: r.length)
+        lengths = [r.length for r in ordered]
+        i, j = plan_batch(
+            lengths, ordered.index(anchor), self.config.max_batch_size,
+            self.config.max_batch_tokens, self.config.overhead_tokens,
+        )
+        chosen = {id(r) for r in ordered[i:j]}
+        batch = [r for r in self._pending if id(r) in chosen]  # FIFO order
+        for r in batch:
+            self._dequeue(r)
+        self._pending = deque(r for r in self._pending if id(r) not in chosen)
+        self._depth_changed()
+        return batch
+
+    async def _execute(self, batch: list[_Row[P, R]]) -> None:
+        lengths = [r.length for r in batch]
+        self.observer.on_batch(len(batch), len(batch) * max(lengths), sum(lengths))
+        self.batches_run += 1
+        start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        payloads = [r.payload for r in batch]
+        try:
+            results = await loop.run_in_executor(self._executor, self.compute, payloads)
+            if len(results) != len(batch):
+                raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
+        except Exception as exc:  # one batch fails, the loop goes on
+            log.exception("model %s: batch of %d failed", self.name, len(batch))
+            for row in batch:
+                if not row.future.done():
+                    row.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+            return
+        compute_s = time.monotonic() - start
+        for row, result in zip(batch, results, strict=True):
+            if not row.future.done():
+                timing = Timing(start - row.enqueued, compute_s, len(batch))
+                row.future.set_result(Timed(result, timing))
+
+    def _dequeue(self, row: _Row[P, R]) -> None:
+        if row.queued:
+            row.queued = False
+            self._live -= 1
+
+    def _on_done(self, row: _Row[P, R], _: object) -> None:
+        if row.queued and row.future.cancelled():
+            self._dequeue(row)
+            self._depth_changed()
+
+    def _depth_changed(self) -> None:
+        depth = self._live
+        self.max_depth_seen = max(self.max_depth_seen, depth)
+        self.observer.on_depth(depth)
+
+
+def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
+               overhead: float) -> tuple[int, int]:
+    """The group [i, j) of sorted `lengths` holding `anchor` in the cheapest split of all rows
+    into contiguous groups, a group costing `overhead + rows x lengths[j-1]`, each group
+    within `max_rows` and `max_tokens` (a single row always forms a valid group)."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of lengths[:j]
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[j - 1]
+        for i in range(j - 1, max(0, j - max_rows) - 1, -1):
+            rows = j - i
+            if rows > 1 and rows * longest > max_tokens:
+                break
+            cost = best[i] + overhead + rows * longest
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    j = n
+    while start[j] > anchor:
+        j = start[j]
+    return start[j], j

@@ -1,0 +1,58 @@
+"""Translator worker: texts -> source token rows -> the decoding engine -> n-best translations."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from service.scheduling.beam import Hypothesis, SearchOptions
+from service.scheduling.decoding import Decoded
+from service.scheduling.models import DecodeModel
+from service.workers.base import Call, Encoded, WorkerContext, describe_common, encode_texts
+
+
+class TranslatorWorker:
+    """Serves one translator bundle version."""
+
+    task: ClassVar[str] = "translator"
+
+    def __init__(self, ctx: WorkerContext[DecodeModel]) -> None:
+        self.ctx = ctx
+
+    async def translate(self, texts: list[str], options: SearchOptions,
+                        call: Call) -> list[dict[str, Any]]:
+        """One translation per text: the best hypothesis, the n-best list and, when
+        `options.return_attention`, the attention matrix of the best one."""
+        encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
+                               offsets=options.return_attention)
+        futures = self.ctx.model.submit([e.ids for e in encoded], options)
+        decoded: list[Decoded] = await call.wait(futures)
+        return [self._translation(e, d.hypotheses, options.return_attention)
+                for e, d in zip(encoded, decoded, strict=True)]
+
+    def _translation(self, source: Encoded, hyps: list[Hypothesis],
+                     with_attention: bool) -> dict[str, Any]:
+        out = [self._hypothesis(h) for h in hyps]
+        best = out[0] if out else {"translation": "", "score": 0.0, "tokens": [], "token_ids": []}
+        result: dict[str, Any] = {"translation": best["translation"], "score": best["score"],
+                                  "tokens": best["tokens"], "hypotheses": out,
+                                  "truncated": source.truncated}
+        matrix = hyps[0].attention_matrix() if with_attention and hyps else None
+        if matrix is not None:
+            tok = self.ctx.tokenizer
+            result["attention"] = {
+                "source_tokens": [p.piece for p in source.pieces or []],
+                "target_tokens": [tok.id_to_piece(i) for i in hyps[0].token_ids],
+                "weights": matrix.astype(float).tolist(),  # (L, S)
+            }
+        return result
+
+    def _hypothesis(self, h: Hypothesis) -> dict[str, Any]:
+        tok = self.ctx.tokenizer
+        ids = list(h.token_ids[:-1] if h.ended else h.token_ids)
+        score = h.score if math.isfinite(h.score) else -1e30  # JSON has no -inf
+        return {"translation": tok.decode(ids), "score": score,
+                "tokens": [tok.id_to_piece(i) for i in ids], "token_ids": ids}
+
+    def describe(self) -> dict[str, Any]:
+        return describe_common(self.ctx)

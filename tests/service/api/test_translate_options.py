@@ -1,0 +1,38 @@
+"""The translate options schema: every limit and combination is declared once, here."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from service.api.translate import TranslateOptions
+from service.errors import BadRequest
+from service.scheduling.beam import MAX_BEAM_SIZE
+from service.settings import Settings
+
+
+@pytest.mark.parametrize("bad", [
+    {"beam_size": 0}, {"beam_size": 2, "n_best": 3}, {"length_penalty": -1.0},
+    {"coverage_penalty": -0.1}, {"beam_size": 3, "temperature": 0.5}, {"top_p": 0.0},
+    {"beam_size": 1, "top_k": 0}, {"max_length": 0}, {"max_length_ratio": -1.0},
+    {"min_length": -1}, {"beam_size": 1, "temperature": 0.0},
+    {"beam_size": MAX_BEAM_SIZE + 1}, {"n_best": 2, "temperature": 0.7},
+    {"min_length": 5, "max_length": 5}, {"beam_size": 2.0}, {"top_k": 123.0},
+])
+def test_bad_options_are_refused(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        TranslateOptions(**bad)  # type: ignore[arg-type]
+    with pytest.raises(BadRequest, match="bad translate parameters"):
+        TranslateOptions.from_parameters(bad)
+
+
+def test_defaults_are_documented_not_rewritten() -> None:
+    assert TranslateOptions().search_options().beam_size == 5
+    sampled = TranslateOptions(temperature=0.7)
+    assert sampled.beam_size is None and sampled.search_options().beam_size == 1
+    assert TranslateOptions(beam_size=1, top_k=5).search_options().top_k == 5
+
+
+def test_settings_keep_room_for_the_largest_beam() -> None:
+    with pytest.raises(ValidationError, match="max_live_hypotheses"):
+        Settings(max_live_hypotheses=MAX_BEAM_SIZE - 1)

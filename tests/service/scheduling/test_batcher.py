@@ -1,0 +1,191 @@
+"""Batcher unit tests with a model-free compute function."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from service_fakes import make_batcher
+
+from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
+from service.scheduling.batcher import plan_batch
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_plan_batch_splits_short_from_long() -> None:
+    lengths = [1, 1, 1, 1, 50, 50, 50, 50]
+    assert plan_batch(lengths, 0, max_rows=8, max_tokens=10_000, overhead=10) == (0, 4)
+    assert plan_batch(lengths, 5, max_rows=8, max_tokens=10_000, overhead=10) == (4, 8)
+    # a huge fixed cost per batch makes one full batch the cheapest
+    assert plan_batch(lengths, 5, max_rows=8, max_tokens=10_000, overhead=1e6) == (0, 8)
+
+
+def test_plan_batch_respects_row_and_token_limits() -> None:
+    lengths = [3] * 10 + [40]
+    for anchor in range(len(lengths)):
+        i, j = plan_batch(lengths, anchor, max_rows=4, max_tokens=100, overhead=1e6)
+        assert i <= anchor < j and j - i <= 4
+        assert j - i == 1 or (j - i) * lengths[j - 1] <= 100
+    assert plan_batch([500, 600], 1, max_rows=4, max_tokens=100, overhead=0) == (1, 2)
+
+
+def test_batches_close_at_max_size_and_group_by_length() -> None:
+    seen: list[list[int]] = []
+
+    def compute(rows: list[int]) -> list[int]:
+        seen.append(list(rows))
+        return [r * 10 for r in rows]
+
+    async def main() -> list[int]:
+        b = make_batcher(compute, max_batch_size=4, max_wait_s=0.2, max_batch_tokens=10_000)
+        b.start()
+        lengths = [1, 50, 2, 51, 3, 52, 4, 53]
+        futs = b.submit([(n, n) for n in lengths], deadline=time.monotonic() + 10)
+        out = [t.value for t in await asyncio.gather(*futs)]
+        await b.close(5)
+        return out
+
+    out = run(main())
+    assert out == [n * 10 for n in [1, 50, 2, 51, 3, 52, 4, 53]]
+    assert sorted(map(sorted, seen)) == [[1, 2, 3, 4], [50, 51, 52, 53]]
+
+
+def test_token_budget_limits_rows() -> None:
+    seen: list[int] = []
+
+    def compute(rows: list[int]) -> list[int]:
+        seen.append(len(rows))
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=64, max_batch_tokens=100, max_wait_s=0.05)
+        b.start()
+        futs = b.submit([(i, 30) for i in range(7)], deadline=time.monotonic() + 10)
+        await asyncio.gather(*futs)
+        await b.close(5)
+
+    run(main())
+    assert max(seen) <= 3 and sum(seen) == 7  # 3 x 30 <= 100 < 4 x 30
+
+
+def test_queue_full_rejects_whole_request_and_bound_holds() -> None:
+    gate = threading.Event()
+
+    def compute(rows: list[int]) -> list[int]:
+        gate.wait(10)
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=1, queue_size=4, max_wait_s=0.0)
+        b.start()
+        first = b.submit([(0, 1)], deadline=time.monotonic() + 10)
+        await asyncio.sleep(0.05)  # first row is computing, queue empty
+        futs = b.submit([(i, 1) for i in range(4)], deadline=time.monotonic() + 10)
+        with pytest.raises(QueueFull) as err:
+            b.submit([(9, 1)], deadline=time.monotonic() + 10)
+        assert err.value.retry_after is not None and err.value.status == 429
+        assert b.depth == 4 and b.max_depth_seen == 4
+        gate.set()
+        await asyncio.gather(*first, *futs)
+        await b.close(5)
+
+    run(main())
+
+
+def test_deadline_passed_in_queue_is_dropped_before_compute() -> None:
+    computed: list[int] = []
+    gate = threading.Event()
+
+    def compute(rows: list[int]) -> list[int]:
+        gate.wait(10)
+        computed.extend(rows)
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=1, max_wait_s=0.0)
+        b.start()
+        slow = b.submit([(1, 1)], deadline=time.monotonic() + 10)
+        await asyncio.sleep(0.05)
+        late = b.submit([(2, 1)], deadline=time.monotonic() + 0.05)
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.gather(*slow)
+        with pytest.raises(DeadlineExceeded):
+            await late[0]
+        await b.close(5)
+
+    run(main())
+    assert computed == [1]
+
+
+def test_cancelled_rows_never_reach_compute() -> None:
+    computed: list[int] = []
+    gate = threading.Event()
+
+    def compute(rows: list[int]) -> list[int]:
+        gate.wait(10)
+        computed.extend(rows)
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=8, max_wait_s=0.0)
+        b.start()
+        busy = b.submit([(0, 1)], deadline=time.monotonic() + 10)
+        await asyncio.sleep(0.05)
+        gone = b.submit([(i, 1) for i in range(1, 6)], deadline=time.monotonic() + 10)
+        kept = b.submit([(99, 1)], deadline=time.monotonic() + 10)
+        for f in gone:
+            f.cancel()
+        gate.set()
+        await asyncio.gather(*busy, *kept)
+        await b.close(5)
+        assert b.depth == 0
+
+    run(main())
+    assert computed == [0, 99]
+
+
+def test_exception_fails_only_its_batch_and_loop_continues() -> None:
+    calls = {"n": 0}
+
+    def compute(rows: list[int]) -> list[int]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=2, max_wait_s=0.0)
+        b.start()
+        first = b.submit([(1, 1), (2, 1)], deadline=time.monotonic() + 10)
+        results = await asyncio.gather(*first, return_exceptions=True)
+        assert all(isinstance(r, InferenceFailed) for r in results)
+        second = b.submit([(3, 1)], deadline=time.monotonic() + 10)
+        assert [t.value for t in await asyncio.gather(*second)] == [3]
+        await b.close(5)
+
+    run(main())
+
+
+def test_close_drains_queued_work_and_refuses_new() -> None:
+    def compute(rows: list[int]) -> list[int]:
+        time.sleep(0.02)
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=2, max_wait_s=0.0)
+        b.start()
+        futs = b.submit([(i, 1) for i in range(10)], deadline=time.monotonic() + 10)
+        closing = asyncio.ensure_future(b.close(10))
+        await asyncio.sleep(0)
+        with pytest.raises(ShuttingDown):
+            b.submit([(99, 1)], deadline=time.monotonic() + 10)
+        assert await closing is True
+        assert [t.value for t in await asyncio.gather(*futs)] == list(range(10))
+
+    run(main())

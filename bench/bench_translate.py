@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
 from models.tokenizer import Tokenizer  # noqa: E402
-from service.engine.engine import DecodingEngine, EngineConfig, StepStats  # noqa: E402
-from service.engine.search import DecodeLimits, SearchOptions  # noqa: E402
+from service.scheduling.beam import DecodeLimits, SearchOptions  # noqa: E402
+from service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 

@@ -138,3 +138,24 @@ def tiny_repo(tmp_path_factory: pytest.TempPathFactory, tiny_classifier_run: Pat
     export_run(tiny_classifier_run, repo, "tiny-clf", version=1, progress=False)
     export_run(tiny_translator_run, repo, "tiny-mt", version=1, progress=False)
     return repo
+
+
+@pytest.fixture(scope="session")
+def tiny_tagger_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tagger_support import train_tiny_tagger
+
+    return train_tiny_tagger(tmp_path_factory.mktemp("tiny-tagger-run"))
+
+
+@pytest.fixture(scope="session")
+def tiny_full_repo(tmp_path_factory: pytest.TempPathFactory, tiny_repo: Path,
+                   tiny_tagger_run: Path) -> Path:
+    """tiny_repo plus "tiny-tag" v1: one model of every task (do not modify: shared)."""
+    import shutil
+
+    from export.bundle import export_run
+
+    repo = tmp_path_factory.mktemp("full_repository") / "repo"
+    shutil.copytree(tiny_repo, repo)
+    export_run(tiny_tagger_run, repo, "tiny-tag", version=1, progress=False)
+    return repo

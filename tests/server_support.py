@@ -39,3 +39,46 @@ def serve_app(app: Any, timeout_s: float = 60.0, **config: Any) -> Iterator[str]
         server.should_exit = True
         thread.join(15)
         sock.close()
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection on a plain socket: what was sent is exactly what
+    the server saw, and a reset or a close after an answer shows (httpx would reconnect)."""
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.host = f"{host}:{port}"
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.buffer = b""
+
+    def request(self, method: str, path: str, body: bytes = b"",
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """Send one request, read its whole answer: (status, lower-case headers, body)."""
+        head = {"host": self.host, "content-length": str(len(body)), **(headers or {})}
+        lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
+        self.sock.sendall("\r\n".join(lines).encode() + b"\r\n\r\n" + body)
+        return self.read_response()
+
+    def read_response(self) -> tuple[int, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buffer:
+            self._fill()
+        raw_head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        status_line, *header_lines = raw_head.decode("latin-1").split("\r\n")
+        headers = {}
+        for line in header_lines:
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        size = int(headers.get("content-length", "0"))
+        while len(self.buffer) < size:
+            self._fill()
+        body, self.buffer = self.buffer[:size], self.buffer[size:]
+        return int(status_line.split()[1]), headers, body
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionResetError("the server closed the connection")
+        self.buffer += chunk
+
+    def close(self) -> None:
+        self.sock.close()

@@ -1,7 +1,9 @@
 """Locust scenarios for seqserve with the same request mixes as `seqserve loadtest`.
 
 Each request carries texts drawn uniformly (with replacement) from a texts file, so request
-lengths replay the file's distribution; 429/503 answers count as failures named "shed".
+lengths replay the file's distribution; 429/503 answers count as failures named "shed". Texts,
+sampling and request bodies come from the load tool's own modules (`loadtest.texts`,
+`loadtest.protocol`), so both tools send the same requests.
 
     SEQSERVE_LOADTEST_TEXTS=texts.txt SEQSERVE_LOADTEST_MODEL=langid \\
       locust -f deploy/loadtest/locustfile.py --host http://127.0.0.1:8000 ClassifyUser
@@ -21,41 +23,27 @@ their weights come from the class attributes below.
 
 from __future__ import annotations
 
-import json
 import os
-import random
 from functools import lru_cache
-from pathlib import Path
 
 from locust import HttpUser, constant, task
 
-TEXT_KEYS = ("text", "source", "src", "sentence")
+from loadtest.protocol import SHED_STATUSES, build_payload
+from loadtest.texts import TextSampler, load_text_file
+
 FALLBACK_TEXTS = (
     "hello world",
     "forty two thousand and seven",
     "the sixteenth of september twenty forty-seven",
     "bonjour tout le monde",
 )
-SHED_STATUSES = (429, 503)
-
-
-def _line_text(line: str) -> str | None:
-    if not line.lstrip().startswith("{"):
-        return line.strip() or None
-    obj = json.loads(line)
-    return next((obj[k] for k in TEXT_KEYS if isinstance(obj.get(k), str)), None)
 
 
 @lru_cache(maxsize=4)
 def load_texts(path: str | None) -> tuple[str, ...]:
-    """Texts from a file (one per line or JSONL); a small built-in list without a file."""
-    if not path:
-        return FALLBACK_TEXTS
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    texts = tuple(t for t in (_line_text(line) for line in lines if line.strip()) if t)
-    if not texts:
-        raise ValueError(f"{path}: no texts")
-    return texts
+    """Texts from a file (the load tool's reader: one per line or JSONL); a small built-in
+    list without a file."""
+    return tuple(load_text_file(path)) if path else FALLBACK_TEXTS
 
 
 def _env_int(name: str, default: int) -> int:
@@ -67,12 +55,12 @@ class _SeqserveUser(HttpUser):
     wait_time = constant(float(os.environ.get("SEQSERVE_LOADTEST_WAIT", "0")))
 
     def on_start(self) -> None:
-        self.texts = load_texts(os.environ.get("SEQSERVE_LOADTEST_TEXTS"))
+        texts = load_texts(os.environ.get("SEQSERVE_LOADTEST_TEXTS"))
+        self.sampler = TextSampler(texts, seed=id(self))
         self.per_request = _env_int("SEQSERVE_LOADTEST_TEXTS_PER_REQUEST", 1)
-        self.rng = random.Random()
 
     def draw(self) -> list[str]:
-        return [self.rng.choice(self.texts) for _ in range(self.per_request)]
+        return self.sampler.draw(self.per_request)
 
     def post(self, path: str, name: str, body: dict[str, object]) -> None:
         with self.client.post(path, json=body, name=name, catch_response=True) as response:
@@ -92,7 +80,8 @@ class ClassifyUser(_SeqserveUser):
     @task
     def classify(self) -> None:
         model = os.environ.get("SEQSERVE_LOADTEST_MODEL", "langid")
-        self.post(f"/v1/models/{model}/classify", "classify", {"texts": self.draw()})
+        self.post(f"/v1/models/{model}/classify", "classify",
+                  build_payload("classify", self.draw(), 1))
 
 
 class TranslateUser(_SeqserveUser):
@@ -104,5 +93,5 @@ class TranslateUser(_SeqserveUser):
     def translate(self) -> None:
         model = os.environ.get("SEQSERVE_LOADTEST_TRANSLATE_MODEL", "numbers-en-fr")
         beam = _env_int("SEQSERVE_LOADTEST_BEAM_SIZE", 5)
-        body = {"texts": self.draw(), "beam_size": beam}
-        self.post(f"/v1/models/{model}/translate", "translate", body)
+        self.post(f"/v1/models/{model}/translate", "translate",
+                  build_payload("translate", self.draw(), beam))

@@ -45,8 +45,11 @@ class Encoded:
     truncated: bool
 
 
-def check_unicode(text: str, i: int) -> None:
-    """JSON may carry lone surrogates ("\\ud800") that no tokenizer can take: a 400."""
+def check_text(text: str, i: int) -> None:
+    """Text no tokenizer should see is a 400: lone surrogates ("\\ud800", which JSON can
+    carry) and NUL (which C APIs read as the end of the text)."""
+    if "\x00" in text:
+        raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
     if text.isascii():
         return
     try:
@@ -58,7 +61,7 @@ def check_unicode(text: str, i: int) -> None:
 def encode_texts(tok: Tokenizer, texts: list[str], limits: TextLimits,
                  offsets: bool = False) -> list[Encoded]:
     """The one input contract: texts -> token rows under `limits`, or BadRequest naming the
-    text and the limit (count, type, Unicode, characters, empty, tokens)."""
+    text and the limit (count, type, Unicode, NUL, characters, empty, tokens)."""
     if not texts:
         raise BadRequest("no texts: send at least one")
     if len(texts) > limits.max_texts:
@@ -71,7 +74,7 @@ def _encode(tok: Tokenizer, text: str, i: int, limits: TextLimits, offsets: bool
         raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
     if len(text) > limits.max_chars:
         raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {limits.max_chars}")
-    check_unicode(text, i)
+    check_text(text, i)
     pieces = tok.encode_with_offsets(text) if offsets else None
     ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
     if not ids:

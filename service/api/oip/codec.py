@@ -53,7 +53,9 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[V2InferReques
         raise BadRequest("request body is not valid UTF-8") from exc
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except RecursionError as exc:
+        raise BadRequest("malformed JSON: nested too deeply") from exc
+    except ValueError as exc:  # JSONDecodeError, or an integer over Python's digit limit
         raise BadRequest(f"malformed JSON: {exc}") from exc
     try:
         return V2InferRequest.model_validate(data), body[split:]
@@ -76,7 +78,7 @@ def decode_inputs(request: V2InferRequest, tail: bytes) -> dict[str, V2Tensor]:
             data = _from_binary(inp, tail[offset: offset + size])
             offset += size
         else:
-            data = _flatten(inp.data)
+            data = _elements(inp)
         if len(data) != count:
             raise BadRequest(
                 f"input {inp.name!r}: shape {inp.shape} needs {count} elements, got {len(data)}"
@@ -89,14 +91,28 @@ def decode_inputs(request: V2InferRequest, tail: bytes) -> dict[str, V2Tensor]:
     return out
 
 
-def _flatten(data: Any) -> list[Any]:
-    if data is None:
-        raise BadRequest("an input has no data")
-    if not isinstance(data, list):
+def _elements(inp: V2RequestInput) -> list[Any]:
+    """An input's JSON `data` flattened row-major: a flat list, or lists nested exactly as
+    its shape (anything else is a 400)."""
+    if inp.data is None:
+        raise BadRequest(f"input {inp.name!r} has no data")
+    if not isinstance(inp.data, list):
+        raise BadRequest(f"input {inp.name!r}: data must be a list")
+    if not any(isinstance(x, list) for x in inp.data):
+        return inp.data
+    return _nested(inp.data, list(inp.shape), inp.name)
+
+
+def _nested(data: Any, shape: list[int], name: str) -> list[Any]:
+    if not shape:
+        if isinstance(data, list):
+            raise BadRequest(f"input {name!r}: data is nested deeper than its shape")
         return [data]
+    if not isinstance(data, list) or len(data) != shape[0]:
+        raise BadRequest(f"input {name!r}: data nesting does not follow its shape")
     flat: list[Any] = []
     for x in data:
-        flat.extend(_flatten(x) if isinstance(x, list) else [x])
+        flat += _nested(x, shape[1:], name)
     return flat
 
 

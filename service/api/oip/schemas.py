@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 
 class V2RequestInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: StrictStr
     shape: list[StrictInt]
     datatype: StrictStr
@@ -16,11 +18,15 @@ class V2RequestInput(BaseModel):
 
 
 class V2RequestOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     name: StrictStr
     parameters: dict[str, Any] | None = None
 
 
 class V2InferRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     id: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     inputs: list[V2RequestInput] = Field(min_length=1)

@@ -1,0 +1,204 @@
+"""One table of bad inputs, sent to every POST route (v1 and OIP v2, default and pinned version,
+classifier, translator and tagger) of a real server over one keep-alive connection per route.
+
+For every case and route: a 4xx with a JSON `{"error": ...}` body, no 5xx, no reset and no
+hang (the next, good request on the same connection gets its 200), and the server stays
+ready. A case is written once: texts and options become a v1 body or an OIP body by the
+route's protocol; raw bodies are sent as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from server_support import RawConnection
+from service_fakes import serve_in_thread
+
+from service.app import create_app
+from service.settings import Settings
+
+LIMITS = {"max_texts": 4, "max_chars": 500, "max_tokens": 64, "max_body_bytes": 200_000}
+MODELS = {"classifier": "tiny-clf", "translator": "tiny-mt", "tagger": "tiny-tag"}
+V1_VERB = {"classifier": "classify", "translator": "translate", "tagger": "tag"}
+ROUTES = [(task, protocol, pinned) for task in MODELS for protocol in ("v1", "v2")
+          for pinned in (False, True)]
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One bad input: `texts` + `options` (built per protocol), or a `raw` body, or a whole
+    OIP `oip` body (which is also a bad v1 body: it has no `texts`)."""
+
+    name: str
+    texts: Any = field(default_factory=lambda: ["one two"])
+    options: dict[str, Any] = field(default_factory=dict)
+    raw: bytes | None = None
+    oip: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self, protocol: str) -> bytes:
+        if self.raw is not None:
+            return self.raw
+        if self.oip is not None:
+            return json.dumps(self.oip).encode()
+        if protocol == "v1":
+            return json.dumps({"texts": self.texts, **self.options}).encode()
+        shape = [len(self.texts)] if isinstance(self.texts, list) else [2]
+        body: dict[str, Any] = {"inputs": [{"name": "text", "datatype": "BYTES",
+                                            "shape": shape, "data": self.texts}]}
+        if self.options:
+            body["parameters"] = self.options
+        return json.dumps(body).encode()
+
+
+def oip(data: Any, shape: list[int] | None = None, datatype: str = "BYTES",
+        name: str = "text", **extra: Any) -> dict[str, Any]:
+    inp = {"name": name, "datatype": datatype, "shape": [1] if shape is None else shape,
+           "data": data}
+    return {"inputs": [inp], **extra}
+
+
+DEEP = 50_000
+CASES = [
+    # -- texts: encodings and characters
+    Bad("lone high surrogate", texts=["two \ud800 hundred"]),
+    Bad("lone low surrogate", texts=["\udfff"]),
+    Bad("invalid utf-8", raw=b'{"texts": ["\xff\xfe one"]}'),
+    Bad("utf-8 encoded surrogate", raw=b'{"texts": ["\xed\xa0\x80"]}'),
+    Bad("nul character", texts=["one\u0000two"]),
+    Bad("empty text", texts=[""]),
+    Bad("whitespace only", texts=["  \t\n "]),
+    # -- texts: sizes
+    Bad("more characters than max_chars", texts=["x" * 501]),
+    Bad("more tokens than max_tokens", texts=["one " * 120]),
+    Bad("more texts than max_texts", texts=["one"] * 5),
+    Bad("no texts", texts=[]),
+    Bad("body over max_body_bytes", raw=b'{"texts": ["' + b"x" * 200_001 + b'"]}'),
+    # -- texts: types
+    Bad("text is a number", texts=[5]),
+    Bad("text is null", texts=[None]),
+    Bad("text is a list", texts=[["one"]]),
+    Bad("text is an object", texts=[{"text": "one"}]),
+    Bad("text is a bool", texts=[True]),
+    Bad("texts is a string", texts="one two"),
+    # -- the body
+    Bad("malformed json", raw=b'{"texts": ['),
+    Bad("empty body", raw=b""),
+    Bad("json null", raw=b"null"),
+    Bad("json array", raw=b'["one"]'),
+    Bad("json string", raw=b'"one"'),
+    Bad("trailing garbage", raw=b'{"texts": ["one"]} extra'),
+    Bad("deeply nested arrays", raw=b"[" * DEEP + b"]" * DEEP),
+    Bad("deeply nested field", raw=b'{"texts": ' + b"[" * DEEP + b"]" * DEEP + b"}"),
+    Bad("number with 5000 digits", raw=b'{"texts": ["one"], "top_k": 1' + b"0" * 5000 + b"}"),
+    Bad("unknown field", options={"bogus": 1}),
+    # -- options: out of range, wrong type, combinations
+    Bad("negative top_k", options={"top_k": -5}),
+    Bad("float top_k", options={"top_k": 123.0}),
+    Bad("infinite top_k", raw=b'{"texts": ["one"], "top_k": 1e400}'),
+    Bad("NaN top_k", raw=b'{"texts": ["one"], "top_k": NaN}'),
+    Bad("beam_size zero", options={"beam_size": 0}),
+    Bad("beam_size 1000", options={"beam_size": 1000}),
+    Bad("beam_size as a string", options={"beam_size": "5"}),
+    Bad("sampling with a beam", options={"temperature": 0.7, "beam_size": 5}),
+    Bad("n_best over beam_size", options={"beam_size": 2, "n_best": 3}),
+    Bad("return_attention as a string", options={"return_attention": "yes"}),
+    Bad("min_length over max_length", options={"min_length": 9, "max_length": 3}),
+    Bad("beam_size over the schema limit", options={"beam_size": 17}),
+    Bad("max_length over the schema limit", options={"max_length": 5000}),
+    Bad("negative length_penalty", options={"length_penalty": -0.1}),
+    Bad("negative coverage_penalty", options={"coverage_penalty": -1}),
+    Bad("top_p over 1", options={"top_p": 1.5}),
+    Bad("temperature zero", options={"temperature": 0}),
+    Bad("negative no_repeat_ngram_size", options={"no_repeat_ngram_size": -1}),
+    Bad("max_length_ratio zero", options={"max_length_ratio": 0}),
+    # -- OIP shapes, dtypes and fields (to a v1 route these are bodies without texts)
+    Bad("oip wrong datatype", oip=oip([1.0], datatype="FP32")),
+    Bad("oip shape larger than data", oip=oip(["one"], shape=[3])),
+    Bad("oip negative dim", oip=oip(["one"], shape=[-1])),
+    Bad("oip two-dimensional text", oip=oip([["one"]], shape=[1, 1])),
+    Bad("oip nested data under a flat shape", oip=oip([[["one"]]], shape=[1])),
+    Bad("oip wrong input name", oip=oip(["one"], name="txt")),
+    Bad("oip no data", oip={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}]}),
+    Bad("oip no inputs", oip={"inputs": []}),
+    Bad("oip empty text tensor", oip=oip([], shape=[0])),
+    Bad("oip two inputs", oip={"inputs": [oip(["a"])["inputs"][0], oip(["b"])["inputs"][0]]}),
+    Bad("oip unknown requested output", oip=oip(["one"], outputs=[{"name": "nope"}])),
+    Bad("oip unknown top-level field", oip=oip(["one"], bogus=1)),
+    Bad("oip binary size beyond the body",
+        oip={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                         "parameters": {"binary_data_size": 99}}]}),
+    Bad("oip bad header length", oip=oip(["one"]),
+        headers={"inference-header-content-length": "abc"}),
+    Bad("oip parameters not an object", oip=oip(["one"], parameters=[1, 2])),
+]
+GOOD = {"v1": json.dumps({"texts": ["one two"], "beam_size": 1}).encode(),
+        "v2": json.dumps(oip(["one two"], parameters={"beam_size": 1})).encode()}
+GOOD_NO_OPTIONS = {"v1": json.dumps({"texts": ["one two"]}).encode(),
+                   "v2": json.dumps(oip(["one two"])).encode()}
+
+
+def test_the_table_is_big_enough() -> None:
+    assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_full_repo: Path) -> Iterator[str]:
+    settings = Settings(repo=tiny_full_repo, intra_op_threads=1, warmup=False, **LIMITS)
+    with serve_in_thread(create_app(settings)) as url:
+        yield url
+
+
+def route(task: str, protocol: str, pinned: bool) -> str:
+    base = f"/{protocol}/models/{MODELS[task]}" + ("/versions/1" if pinned else "")
+    return f"{base}/{V1_VERB[task]}" if protocol == "v1" else f"{base}/infer"
+
+
+@pytest.mark.parametrize(("task", "protocol", "pinned"), ROUTES,
+                         ids=[f"{t}-{p}{'-pinned' if v else ''}" for t, p, v in ROUTES])
+def test_every_bad_input_is_a_4xx_and_the_connection_stays_usable(
+        server: str, task: str, protocol: str, pinned: bool) -> None:
+    path = route(task, protocol, pinned)
+    good = (GOOD if task == "translator" else GOOD_NO_OPTIONS)[protocol]
+    conn = RawConnection(server, timeout=30)
+    try:
+        for case in CASES:
+            headers = {"content-type": "application/json", **case.headers}
+            status, head, body = conn.request("POST", path, case.body(protocol), headers)
+            assert 400 <= status < 500, (case.name, path, status, body[:300])
+            error = json.loads(body)["error"]
+            assert isinstance(error, str) and error, (case.name, path)
+            assert head.get("connection") != "close", (case.name, path, head)
+            status, _, body = conn.request("POST", path, good,
+                                           {"content-type": "application/json"})
+            assert status == 200, (case.name, "then good", path, status, body[:300])
+        status, _, _ = conn.request("GET", "/v2/health/ready")
+        assert status == 200
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("task", "protocol", "pinned"), ROUTES[::2],
+                         ids=[f"{t}-{p}" for t, p, _ in ROUTES[::2]])
+def test_unknown_model_version_or_task_is_404(server: str, task: str, protocol: str,
+                                              pinned: bool) -> None:
+    path = route(task, protocol, pinned)
+    other = next(m for t, m in MODELS.items() if t != task)
+    wrong = [path.replace(MODELS[task], "no-such-model"),
+             path.replace(f"models/{MODELS[task]}", f"models/{MODELS[task]}/versions/9"),
+             path.replace(f"models/{MODELS[task]}", f"models/{MODELS[task]}/versions/x")]
+    if protocol == "v1":  # a model of another task behind this task's verb
+        wrong.append(path.replace(MODELS[task], other))
+    conn = RawConnection(server, timeout=30)
+    try:
+        for p in wrong:
+            status, _, body = conn.request("POST", p, GOOD_NO_OPTIONS[protocol],
+                                           {"content-type": "application/json"})
+            assert status == 404 and json.loads(body)["error"], (p, status, body)
+    finally:
+        conn.close()

@@ -38,6 +38,7 @@ COPY pyproject.toml README.md ./
 COPY models/ models/
 COPY export/ export/
 COPY service/ service/
+COPY loadtest/ loadtest/
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[cpu]"
 
@@ -77,6 +78,7 @@ COPY pyproject.toml README.md ./
 COPY models/ models/
 COPY export/ export/
 COPY service/ service/
+COPY loadtest/ loadtest/
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[gpu]"
 

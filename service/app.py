@@ -20,29 +20,38 @@ from starlette.exceptions import HTTPException
 from service.api import classify, health, models, tag, translate
 from service.api.common import describe_errors
 from service.api.oip import routes as oip
+from service.engine.client import EngineClient
+from service.engine.loading import RuntimeFactory
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
-from service.repository import ModelRepository, RuntimeFactory
+from service.repository import ModelRepository
 from service.settings import Settings
 from service.state import AppState
 
 log = logging.getLogger("seqserve.app")
 
 
-def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
-    """Build the app for `settings`; `runtime_factory` replaces the real runtimes in tests."""
+def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None,
+               engine: EngineClient | None = None) -> FastAPI:
+    """Build the app for `settings`. Its models run in this process, or, given an `engine`
+    client, in the engine process. `runtime_factory` replaces the real runtimes in tests."""
     metrics = Metrics()
-    state = AppState(settings, metrics, ModelRepository(settings, metrics, runtime_factory))
+    repository = ModelRepository(settings, metrics, runtime_factory, engine)
+    state = AppState(settings, metrics, repository)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if engine is not None:
+            await engine.start()
         await state.repository.load_all()
         state.started = True
         log.info("ready: %s", "yes" if state.ready else "no model is ready")
         yield
         state.begin_drain()
         drained = await state.repository.stop_all(state.drain_left())
+        if engine is not None:
+            await engine.close()
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
     app = FastAPI(

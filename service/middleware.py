@@ -33,15 +33,15 @@ async def send_error(send: Send, status: int, message: str, headers: dict[str, s
 FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
 
 
-def _json_by_default(scope: Scope) -> Scope:
+def _json_by_default(scope: Scope) -> None:
     """Every POST body here is JSON (or the OIP binary extension, which names its own type):
     a body sent with no content type or as a form (what `curl -d` sends) is read as JSON
-    instead of failing validation with a confusing message."""
+    instead of failing validation with a confusing message. Changes `scope` in place: the
+    router records the matched route in this same dict, which the request metrics read."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
     given = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
-    if given.split(b";")[0].strip().lower() not in FORM_OR_NONE:
-        return scope
-    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+    if given.split(b";")[0].strip().lower() in FORM_OR_NONE:
+        scope["headers"] = [*headers, (b"content-type", b"application/json")]
 
 
 class ServingMiddleware:
@@ -70,7 +70,7 @@ class ServingMiddleware:
                                  {})
                 return
             if scope["method"] == "POST":
-                scope = _json_by_default(scope)
+                _json_by_default(scope)
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)

@@ -236,3 +236,6 @@ def test_json_body_without_json_content_type_is_read_as_json(server: str,
         assert len(r.json()["results"][0]["top_k"]) == 2
         bad = c.post(f"/v1/models/{MODEL}/classify", content=b"texts=one", headers=headers)
         assert bad.status_code in (400, 422) and "error" in bad.json()
+        metrics = c.get("/metrics").text
+    label = 'endpoint="classify",model="tiny-clf",status="200"'  # the route is known
+    assert f"seqserve_requests_total{{{label}}}" in metrics

@@ -86,7 +86,7 @@ def compiled_map(name: str) -> bytes:
         sentence_iterator=iter(["a b c"]), model_writer=writer, vocab_size=7,
         model_type="word", normalization_rule_name=name, hard_vocab_limit=False,
         minloglevel=2)
-    proto = model_pb2.ModelProto()
+    proto = model_pb2.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(writer.getvalue())
     return bytes(proto.normalizer_spec.precompiled_charsmap)
 

@@ -203,7 +203,7 @@ def _named(model: bytes, normalization: str) -> bytes:
     """`model` with its normalizer named (SentencePiece names a rule TSV "user_defined")."""
     from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-    proto = model_pb2.ModelProto()
+    proto = model_pb2.ModelProto()  # type: ignore[attr-defined]
     proto.ParseFromString(model)
     proto.normalizer_spec.name = normalization
     return bytes(proto.SerializeToString())
@@ -227,5 +227,5 @@ def _train_spm(corpus: list[str], writer: io.BytesIO, vocab_size: int, model_typ
         shuffle_input_sentence=False,
         max_sentence_length=1 << 16,
         minloglevel=2,
-        **rule,
+        **rule,  # type: ignore[arg-type]
     )

@@ -8,7 +8,8 @@ capitals, full stop...), references are `num2words(n, lang="fr")` lowercased wit
 and expected tags come from a small lexicon below. Numbers below 100 are building blocks that
 training always sees: they are checked all, one by one.
 
-    .venv/bin/python bench/surface_check.py --translator runs/numbers-en-fr --tagger runs/numbers-tags
+    .venv/bin/python bench/surface_check.py --translator runs/numbers-en-fr \
+        --tagger runs/numbers-tags
     .venv/bin/python bench/surface_check.py --url http://127.0.0.1:8000   # the served models
 
 Translations use beam 5 with no length penalty (the server's default search) in both modes.
@@ -17,6 +18,7 @@ Translations use beam 5 with no length penalty (the server's default search) in 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import random
 import re
@@ -45,12 +47,19 @@ WAYS: dict[str, Writer] = {
     "quoted, extra spaces": lambda s: '  "' + "  ".join(s.split()) + '" ',
 }
 SMALL_WAYS = ("num2words as it comes (commas, \"and\")", "Capitalised + full stop", "ALL CAPS")
-LEXICON = {**dict.fromkeys("zero one two three four five six seven eight nine".split(), "unit"),
-           **dict.fromkeys("ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
-                           "eighteen nineteen".split(), "teen"),
-           **dict.fromkeys("twenty thirty forty fifty sixty seventy eighty ninety".split(),
-                           "ten"),
-           "hundred": "hundred", "thousand": "scale", "and": "conj", "a": "article"}
+_UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_TEENS = ("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+          "eighteen", "nineteen")
+_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+LEXICON = {**dict.fromkeys(_UNITS, "unit"), **dict.fromkeys(_TEENS, "teen"),
+           **dict.fromkeys(_TENS, "ten"), "hundred": "hundred", "thousand": "scale",
+           "and": "conj", "a": "article"}
+
+
+EN_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+             "September", "October", "November", "December")
+FR_MONTHS = ("janvier", "février", "mars", "avril", "mai", "juin", "juillet", "août",
+             "septembre", "octobre", "novembre", "décembre")
 
 
 def french(n: int, to: str = "cardinal") -> str:
@@ -62,8 +71,10 @@ def expected_tags(text: str) -> list[str]:
     return [LEXICON[re.sub(r"[^a-z-]", "", w.lower()).split("-")[0]] for w in text.split()]
 
 
-def held_out(rng: random.Random, n: int, lo: int, hi: int, log: bool = True) -> list[int]:
-    """`n` distinct values in [lo, hi] that the built-in training split never holds."""
+def held_out(rng: random.Random, n: int, lo: int, hi: int, log: bool = True,
+             key: Callable[[int], int | str] = lambda v: v) -> list[int]:
+    """`n` distinct values in [lo, hi] whose split key the built-in training split (seed 0)
+    never holds."""
     out: set[int] = set()
     while len(out) < n:
         if log:
@@ -71,7 +82,7 @@ def held_out(rng: random.Random, n: int, lo: int, hi: int, log: bool = True) -> 
             v = rng.randint(max(lo, 10 ** (digits - 1)), min(hi, 10**digits - 1))
         else:
             v = rng.randint(lo, hi)
-        if split_for(v, 0) != "train":
+        if split_for(key(v), 0) != "train":
             out.add(v)
     return sorted(out)
 
@@ -94,7 +105,34 @@ def cases(seed: int, count: int) -> dict[str, list[tuple[str, str]]]:
     rows["year: num2words + final full stop"] = [
         (num2words(y, lang="en", to="year") + ".", french(y))
         for y in held_out(rng, count // 3, 1000, 2099, log=False)]
+    rows["amount: Capitalised, commas, full stop"] = [
+        amount(u, c, rng.choice(("EUR", "USD"))) for u, c in zip(
+            held_out(rng, count // 3, 100, 99_999),
+            [rng.randint(1, 99) for _ in range(count // 3)], strict=True)]
+    rows["date: Capitalised, comma after the month"] = [
+        date(dt.date.fromordinal(d)) for d in held_out(
+            rng, count // 3, dt.date(1900, 1, 1).toordinal(), dt.date(2099, 12, 31).toordinal(),
+            log=False, key=lambda d: dt.date.fromordinal(d).isoformat())]
     return rows
+
+
+def amount(units: int, cents: int, code: str) -> tuple[str, str]:
+    """("Twelve thousand, three hundred and four dollars and five cents.", French)."""
+    en_unit, fr_unit = ("euro", "euro") if code == "EUR" else ("dollar", "dollar")
+    fr_cent = "centime" if code == "EUR" else "cent"
+    source = (f"{num2words(units, lang='en')} {en_unit}{'s' * (units > 1)} and "
+              f"{num2words(cents, lang='en')} cent{'s' * (cents > 1)}.")
+    target = (f"{french(units)} {fr_unit}{'s' * (units > 1)} et "
+              f"{french(cents)} {fr_cent}{'s' * (cents > 1)}")
+    return source[:1].upper() + source[1:], target
+
+
+def date(day: dt.date) -> tuple[str, str]:
+    """("The twenty-first of March, two thousand and five", French)."""
+    source = (f"The {num2words(day.day, lang='en', to='ordinal')} of {EN_MONTHS[day.month - 1]},"
+              f" {num2words(day.year, lang='en', to='year')}")
+    fr_day = "premier" if day.day == 1 else french(day.day)
+    return source, f"le {fr_day} {FR_MONTHS[day.month - 1]} {french(day.year)}"
 
 
 class Eager:

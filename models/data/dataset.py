@@ -1,8 +1,8 @@
 """The in-memory dataset type shared by built-in generators, readers and training.
 
 Torch-free. An example is a plain dict of strings, exactly one JSON line of the on-disk format
-(docs/contracts.md): `{"text", "label"}` for classification, `{"source", "target"}` (plus an
-optional `"kind"`) for translation, `{"text", "tags"}` (a list, one tag per whitespace word)
+(docs/contracts.md): `{"text", "label"}` for classification, `{"source", "target"}` (plus
+optional `"kind"` and `"form"`) for translation, `{"text", "tags"}` (a list, one tag per whitespace word)
 for tagging.
 """
 

@@ -2,8 +2,8 @@
 
 Torch-free. An example is a plain dict of strings, exactly one JSON line of the on-disk format
 (docs/contracts.md): `{"text", "label"}` for classification, `{"source", "target"}` (plus
-optional `"kind"` and `"form"`) for translation, `{"text", "tags"}` (a list, one tag per whitespace word)
-for tagging.
+optional `"kind"` and `"form"`) for translation, `{"text", "tags"}` (a list, one tag per
+whitespace word) for tagging.
 """
 
 from __future__ import annotations

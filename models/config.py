@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Self
 
+from models.normalization import RULES
+
 CELLS = ("rnn", "lstm", "gru")
 ATTENTIONS = ("additive", "dot", "general")
 
@@ -262,6 +264,9 @@ class TrainConfig(_DictMixin):
     """Batches per length-sorted chunk (length bucketing); 1 = no bucketing."""
     tokenizer_type: str = "unigram"
     """sentencepiece model type: unigram | bpe | word | char."""
+    tokenizer_normalization: str = ""
+    """Tokenizer normalization (models/normalization.py RULES); "" = the dataset's own
+    (`Dataset.normalization`: "nmt_nfkc_cf_punct" for the number datasets), else nmt_nfkc_cf."""
     max_train_examples: int = 0
     """Use at most this many training examples (0 = all)."""
     max_eval_examples: int = 0
@@ -288,6 +293,9 @@ class TrainConfig(_DictMixin):
             raise ValueError(
                 f"tokenizer_type={self.tokenizer_type!r}: use unigram, bpe, word or char"
             )
+        if self.tokenizer_normalization and self.tokenizer_normalization not in RULES:
+            raise ValueError(f"tokenizer_normalization={self.tokenizer_normalization!r}: use "
+                             f"one of {', '.join(RULES)} (or \"\" for the dataset's own)")
         if self.max_minutes < 0 or self.patience < 0 or self.warmup_steps < 0:
             raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
         if self.tbptt < 0 or self.gradient_flow_every < 0:

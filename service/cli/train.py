@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 NAME = "train"
 HELP = "Train a classifier, translator or tagger into a run directory."
@@ -19,6 +20,7 @@ _TRAIN_FLAGS = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "see
                 "scheduled_sampling": "scheduled_sampling", "clip_norm": "clip_norm",
                 "weight_decay": "weight_decay", "label_smoothing": "label_smoothing",
                 "tokenizer_type": "tokenizer_type", "threads": "num_threads",
+                "tokenizer_normalization": "tokenizer_normalization",
                 "max_train_examples": "max_train_examples",
                 "max_eval_examples": "max_eval_examples", "tbptt": "tbptt",
                 "gradient_flow_every": "gradient_flow_every"}
@@ -62,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--weight-decay", type=float)
     train.add_argument("--label-smoothing", type=float)
     train.add_argument("--tokenizer-type", choices=["unigram", "bpe", "word", "char"])
+    train.add_argument("--tokenizer-normalization",
+                       help="nmt_nfkc_cf | nmt_nfkc_cf_punct | nmt_nfkc | nfkc | nfkc_cf | "
+                            "identity (default: the dataset's own, else nmt_nfkc_cf)")
     train.add_argument("--threads", type=int, help="torch threads")
     train.add_argument("--max-train-examples", type=int)
     train.add_argument("--max-eval-examples", type=int)
@@ -92,4 +97,10 @@ def run(args: argparse.Namespace) -> int:
     metrics = run_training(args.task, args.data, args.out, model_overrides, train_overrides,
                            progress=not args.quiet, data_size=args.size)
     print(json.dumps({"run_dir": args.out, "test": metrics}, indent=2))
+    if metrics.get("forms"):
+        from models.forms_eval import format_table
+
+        search = f" (translations: {metrics['search']})" if "search" in metrics else ""
+        print(f"test split per surface form{search}:", file=sys.stderr)
+        print("\n".join(format_table(metrics["forms"])), file=sys.stderr)
     return 0

@@ -7,7 +7,6 @@ engine ends the server with a non-zero status; SIGTERM under load loses nothing 
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import json

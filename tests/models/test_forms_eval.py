@@ -20,7 +20,7 @@ from models.forms_eval import (
 from models.normalization import PUNCT_AS_SPACE
 from models.train import run_training
 from service.cli import main
-from service.commands.demo import _format_metrics, _print_forms
+from service.cli.demo import _format_metrics, _print_forms
 
 torch.set_num_threads(1)
 

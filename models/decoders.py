@@ -65,10 +65,17 @@ class StepOut(NamedTuple):
 class DecoderParts(Protocol):
     """The translator modules a decoder step uses (the `Translator` has them)."""
 
-    config: TranslatorConfig
-    decoder: nn.RNNBase
-    attention: DecoderAttention | None
-    combine: nn.Linear
+    @property
+    def config(self) -> TranslatorConfig: ...
+
+    @property
+    def decoder(self) -> nn.RNNBase: ...
+
+    @property
+    def attention(self) -> DecoderAttention | None: ...
+
+    @property
+    def combine(self) -> nn.Linear: ...
 
 
 def top_hidden(hidden: RNNState) -> Tensor:
@@ -153,10 +160,10 @@ def run(parts: DecoderParts, y: Tensor, hidden: RNNState, extra: Tensor | None,
         zeros = _no_attention(mem).unsqueeze(1).expand(-1, y.shape[1], -1)  # (B, T, S)
         return StepOut(o, hidden, extra, zeros)
     outs: list[Tensor] = []
-    weights: list[Tensor] = []
+    rows: list[Tensor] = []
     for t in range(y.shape[1]):
         result = step(parts, y[:, t], hidden, extra, mem)
         hidden, extra = result.hidden, result.extra
         outs.append(result.out)  # (B, H)
-        weights.append(result.attention)  # (B, S)
-    return StepOut(torch.stack(outs, 1), hidden, extra, torch.stack(weights, 1))
+        rows.append(result.attention)  # (B, S)
+    return StepOut(torch.stack(outs, 1), hidden, extra, torch.stack(rows, 1))

@@ -24,7 +24,13 @@ from torch import Tensor, nn
 
 from models.checkpoint import CHECKPOINT, CONFIG, TASKS, TOKENIZER, load_checkpoint
 from models.classifier import Classifier
-from models.config import ClassifierConfig, TaggerConfig, TrainConfig, TranslatorConfig
+from models.config import (
+    ClassifierConfig,
+    TaggerConfig,
+    TrainConfig,
+    TranslatorConfig,
+    translator_overrides,
+)
 from models.data.dataset import Dataset
 from models.data.registry import load_dataset
 from models.errors import DataError, UserError
@@ -167,7 +173,8 @@ def _model_config(task: str, overrides: dict[str, Any], tok: Tokenizer,
             fixed["num_labels"] = len(ds.labels)
             return TaggerConfig.from_dict({**TaggerConfig().to_dict(), **overrides, **fixed})
         fixed.update(bos_id=tok.bos_id, eos_id=tok.eos_id)
-        return TranslatorConfig.from_dict({**TranslatorConfig().to_dict(), **overrides, **fixed})
+        return TranslatorConfig.from_dict({**TranslatorConfig().to_dict(),
+                                           **translator_overrides(overrides), **fixed})
     except (ValueError, TypeError) as exc:
         raise UserError(f"bad model option: {exc}") from exc
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         attention = answer["results"][0].get("attention")
         if attention:
-            plot_attention(attention, args.plot)
+            plot_attention(attention, args.plot, answer.get("decoder"))
             print(f"attention heatmap -> {args.plot}", file=sys.stderr)
     return 0
 
@@ -94,6 +94,10 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     manifest = load_bundle(path)
     if manifest.task != "translator":
         raise UserError(f"model {args.model!r} is a {manifest.task}, not a translator")
+    if not manifest.has_attention and (options.return_attention or options.coverage_penalty):
+        raise UserError(f"model {args.model!r} v{version} has no attention (decoder "
+                        f"{manifest.decoder!r}: fixed context): drop --plot and "
+                        "--coverage-penalty")
     settings = Settings(repo=args.repo, runtime=args.runtime, device=args.device,
                         warmup=False, truncate=True)
     ctx = WorkerContext(args.model, version, path, manifest,
@@ -108,7 +112,8 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
         seconds = time.perf_counter() - started
     finally:
         await worker.stop(60.0)
-    return {"model": args.model, "version": version, "seconds": round(seconds, 4),
+    return {"model": args.model, "version": version, "decoder": manifest.decoder or "luong",
+            "seconds": round(seconds, 4),
             "results": [r.model_dump(exclude_none=True) for r in results]}
 
 
@@ -127,8 +132,15 @@ def _print(answer: dict[str, Any]) -> None:
                 print(f"  {i}. {h['score']:9.4f}  {h['translation']}")
 
 
-def plot_attention(attention: dict[str, Any], out: Path) -> Path:
-    """Heatmap of target x source attention weights, tokens on the axes (PNG)."""
+ROW_MEANING = {
+    "bahdanau": "row t: alignment computed from s(t-1), before target token t",
+    "luong": "row t: alignment computed from h(t), the state that emits target token t",
+}
+
+
+def plot_attention(attention: dict[str, Any], out: Path, decoder: str | None = None) -> Path:
+    """Heatmap of target x source attention weights, tokens on the axes (PNG); the title says
+    which state each row's alignment was computed from (ROW_MEANING)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,6 +156,8 @@ def plot_attention(attention: dict[str, Any], out: Path) -> Path:
     ax.set_yticks(range(len(tgt)), tgt)
     ax.set_xlabel("source tokens")
     ax.set_ylabel("target tokens")
+    if decoder in ROW_MEANING:
+        ax.set_title(f"{decoder} attention ({ROW_MEANING[decoder]})", fontsize=8)
     fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

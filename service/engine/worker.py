@@ -144,8 +144,21 @@ class TranslatorWorker:
             gone.cancel()
             task.cancel()  # no-op when done; else its sources' rows are freed at the next step
 
+    def check_options(self, options: TranslateOptions) -> None:
+        """Options that read the attention are refused for a decoder without one."""
+        m = self.ctx.manifest
+        if m.has_attention:
+            return
+        asked = [name for name, on in (("return_attention", options.return_attention),
+                                       ("coverage_penalty", options.coverage_penalty > 0)) if on]
+        if asked:
+            raise BadRequest(f"model {self.ctx.name!r} v{self.ctx.version} has no attention "
+                             f"(decoder {m.decoder!r}: fixed context, no alignment): "
+                             f"drop {' and '.join(asked)}")
+
     async def translate(self, texts: list[str], options: TranslateOptions,
                         call: Call) -> list[Translation]:
+        self.check_options(options)
         sources = self.encode(texts)
         decoded = await self.decode(sources, options.search_options(), call)
         return [self.result(s, d.hypotheses, options.return_attention)
@@ -184,6 +197,7 @@ class TranslatorWorker:
                        "queue_size": cfg.max_queue, "bundle": dict(m.limits)},
             "runtime": self.ctx.runtime.name,
             "providers": self.providers,
+            "decoder": m.decoder or "luong",
             "metrics": dict(m.source_run.get("test_metrics") or {}),
             "created": m.created,
         }

@@ -57,11 +57,14 @@ DEMO_TRANSLATOR: dict[str, Any] = {
     "task": "translator",
     "data": "numbers-en-fr",
     "model": {"vocab_size": 4000, "cell": "gru", "hidden_size": 256, "embed_size": 128,
-              "num_layers": 1, "dropout": 0.1, "attention": "additive"},
+              "num_layers": 1, "dropout": 0.1, "decoder": "luong", "attention": "additive"},
     "train": {"epochs": 4, "batch_size": 64, "lr": 3e-3, "max_minutes": 1.5, "patience": 2,
               "num_threads": 1, "tokenizer_type": "word", "max_eval_examples": 1000},
 }
-"""Demo en->fr numbers run: word-level (about 450 words) GRU translator, Bahdanau attention."""
+"""Demo en->fr numbers run: word-level (about 450 words) GRU translator, Luong decoder with the
+additive (concat) score and no input feeding: measured against Bahdanau and input feeding on
+this data it was as accurate, the fastest to train and the cheapest decoder step
+(docs/decoders.md)."""
 
 DEMO_TAGGER: dict[str, Any] = {
     "task": "tagger",

@@ -1,7 +1,8 @@
 """Benchmark (not a test): the translator's teacher-forced training step per decoder, and
 the ways to run the stepwise recurrence that Bahdanau and Luong input feeding need.
 
-One forward + backward of a padded batch (median of --repeats after warm-up), side by side:
+One forward + backward of a padded batch (median of --repeats after 5 warm-up rounds; the
+cases run round robin, so a change in machine load hits all of them alike), side by side:
 
 - luong one-shot:   today's order, the RNN over the whole target in one call (the reference)
 - luong stepped:    the same model pushed through the step loop (`decoders.step` per t):
@@ -112,21 +113,17 @@ def _agrees(model: Translator, batch: tuple[Tensor, ...], run: Callable[..., Ste
     return bool(torch.allclose(got, expected, atol=1e-4))
 
 
-def _time(model: Translator, batch: tuple[Tensor, ...], run: Callable[..., StepOut],
-          repeats: int) -> float:
+def _step_once(model: Translator, batch: tuple[Tensor, ...],
+               run: Callable[..., StepOut]) -> float:
+    """Seconds of one forward + backward with `run` as the teacher-forced decoder."""
     original = decoders.run
     decoders.run = run  # type: ignore[assignment]
     try:
-        model.train()
-        times = []
-        for i in range(repeats + 5):
-            start = time.perf_counter()
-            _, loss = model(*batch)
-            assert loss is not None
-            loss.backward()
-            if i >= 5:
-                times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e3
+        start = time.perf_counter()
+        _, loss = model(*batch)
+        assert loss is not None
+        loss.backward()
+        return time.perf_counter() - start
     finally:
         decoders.run = original
 
@@ -153,14 +150,23 @@ def main() -> None:
     ]
     print(f"fwd+bwd per batch, median of {args.repeats}: B={b} S={s} T={t} E={args.embed} "
           f"H={args.hidden} V={v}, GRU, {args.threads} thread(s)")
-    reference = None
+    built = []
     for name, overrides, run in cases:
         model = Translator(TranslatorConfig(**{**base, **overrides}))  # type: ignore[arg-type]
         run = run or _scripted_bahdanau(model)
-        same = "same logits" if _agrees(model, batch, run) else "LOGITS DIFFER"
-        ms = _time(model, batch, run, args.repeats)
-        reference = reference or ms
-        print(f"  {name:24} {ms:8.2f} ms   x{ms / reference:5.2f}   ({same})")
+        agrees = _agrees(model, batch, run)  # in eval mode
+        built.append((name, model.train(), run, agrees))
+    times: dict[str, list[float]] = {name: [] for name, *_ in built}
+    for i in range(args.repeats + 5):  # round robin: load changes hit every case alike
+        for name, model, run, _ in built:
+            seconds = _step_once(model, batch, run)
+            if i >= 5:
+                times[name].append(seconds)
+    reference = statistics.median(times[built[0][0]])
+    for name, _, _, same in built:
+        ms = statistics.median(times[name]) * 1e3
+        agree = "same logits" if same else "LOGITS DIFFER"
+        print(f"  {name:24} {ms:8.2f} ms   x{ms / (reference * 1e3):5.2f}   ({agree})")
 
 
 if __name__ == "__main__":

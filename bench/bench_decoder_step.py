@@ -2,8 +2,8 @@
 
 For each bundle, R hypothesis rows (--rows, default 32 and 256) over R / beam requests whose
 sources are test-split sentences: the encoder graph runs once, then decoder_step is timed on
-that input (median of --repeats after warm-up; one ORT intra-op thread by default, as the
-server's default). Side by side in one run, so the bundles see the same machine load.
+that input (median of --repeats after 10 warm-up rounds; one ORT intra-op thread by default).
+The bundles run round robin in one process, so a change in machine load hits all alike.
 
     .venv/bin/python bench/bench_decoder_step.py --repo REPO --models mt-none mt-bahdanau ...
 """
@@ -14,6 +14,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +56,10 @@ def _sources(tok: Tokenizer, texts: list[str], n: int) -> tuple[np.ndarray, np.n
     return ids, lengths
 
 
-def time_step(bundle: Path, texts: list[str], rows: int, beam: int, k: int, repeats: int,
-              threads: int) -> float:
-    """Median decoder_step milliseconds for `rows` rows (rows / beam requests)."""
+def step_case(bundle: Path, texts: list[str], rows: int, beam: int, k: int,
+              threads: int) -> Callable[[], float]:
+    """A callable timing one decoder_step call (seconds) on `rows` rows (rows / beam
+    requests of test sources, encoded once)."""
     manifest = load_bundle(bundle)
     tok = Tokenizer.load(bundle / manifest.tokenizer.file)
     encoder = _session(bundle / "encoder.onnx", threads)
@@ -68,13 +70,13 @@ def time_step(bundle: Path, texts: list[str], rows: int, beam: int, k: int, repe
     feed = {"prev_ids": np.full(rows, manifest.tokenizer.bos_id, np.int64),
             "state": np.ascontiguousarray(state[index]), "memory": memory, "src_mask": mask,
             "memory_index": index, "k": np.array([k], np.int64)}
-    times = []
-    for i in range(repeats + 10):
+
+    def once() -> float:
         start = time.perf_counter()
         step.run(None, feed)
-        if i >= 10:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        return time.perf_counter() - start
+
+    return once
 
 
 def main() -> None:
@@ -88,6 +90,14 @@ def main() -> None:
         bundles[name] = versions[-1]
     print(f"decoder_step under ONNX Runtime (CPU, {args.threads} intra-op thread), median of "
           f"{args.repeats}; rows = {args.beam} hypotheses per request, k = {args.k}")
+    cases = {(name, rows): step_case(bundle, texts, rows, args.beam, args.k, args.threads)
+             for name, bundle in bundles.items() for rows in args.rows}
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in cases}
+    for i in range(args.repeats + 10):  # round robin: load changes hit every bundle alike
+        for key, once in cases.items():
+            seconds = once()
+            if i >= 10:
+                times[key].append(seconds)
     header = "".join(f" {r:>6} rows ms  us/row" for r in args.rows)
     print(f"  {'bundle':16} {'decoder':11}{header}")
     for name, bundle in bundles.items():
@@ -96,7 +106,7 @@ def main() -> None:
         decoder = (manifest.decoder or "luong") + ("+if" if model_cfg.get("input_feeding") else "")
         cells = ""
         for rows in args.rows:
-            ms = time_step(bundle, texts, rows, args.beam, args.k, args.repeats, args.threads)
+            ms = statistics.median(times[(name, rows)]) * 1e3
             cells += f" {ms:14.3f} {1e3 * ms / rows:7.1f}"
         print(f"  {name:16} {decoder:11}{cells}")
 

@@ -133,8 +133,8 @@ def _print(answer: dict[str, Any]) -> None:
 
 
 ROW_MEANING = {
-    "bahdanau": "row t: alignment computed from s(t-1), before target token t",
-    "luong": "row t: alignment computed from h(t), the state that emits target token t",
+    "bahdanau": "row t: aligned from s(t-1),\nbefore target token t is emitted",
+    "luong": "row t: aligned from h(t),\nthe state that emits target token t",
 }
 
 
@@ -157,7 +157,7 @@ def plot_attention(attention: dict[str, Any], out: Path, decoder: str | None = N
     ax.set_xlabel("source tokens")
     ax.set_ylabel("target tokens")
     if decoder in ROW_MEANING:
-        ax.set_title(f"{decoder} attention ({ROW_MEANING[decoder]})", fontsize=8)
+        ax.set_title(f"{decoder} attention, {ROW_MEANING[decoder]}", fontsize=8)
     fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,9 @@ The state carried between steps is the RNN state plus `extra`: the fixed context
 o_{t-1} (luong with input feeding) or nothing; the translator packs both into its one flat
 per-row state tensor. `run` is the teacher-forced target: one RNN call over the whole target
 where nothing computed feeds the next step (luong without input feeding, none), else `step`
-in a loop: bench/bench_decoder_loop.py measured a TorchScript-scripted loop and a hand-written
-cell at most ~10% faster at small sizes and no faster at the demo's, so the loop steps the
-same `nn.GRU/LSTM/RNN` module as `decode_step` does.
+in a loop that steps the same `nn.GRU/LSTM/RNN` module `decode_step` does: a TorchScript-
+scripted loop measured about 6% faster at the demo's size and no faster at H 64
+(bench/bench_decoder_loop.py, docs/decoders.md), not worth a second implementation per cell.
 """
 
 from __future__ import annotations

@@ -47,7 +47,8 @@ def format_parity(report: dict[str, Any]) -> list[str]:
 def format_summary(bundle: Path, manifest: Manifest, seconds: float | None = None) -> str:
     """Files with sizes, graphs, and parity figures of a written bundle."""
     took = f" in {seconds:.1f} s" if seconds is not None else ""
-    lines = [f"bundle {bundle} ({manifest.task} {manifest.name} v{manifest.version}, "
+    decoder = f", decoder {manifest.decoder}" if manifest.decoder else ""
+    lines = [f"bundle {bundle} ({manifest.task} {manifest.name} v{manifest.version}{decoder}, "
              f"opset {manifest.opset}){took}"]
     for name in sorted(p.name for p in bundle.iterdir()):
         lines.append(f"  {name:<22} {_size((bundle / name).stat().st_size):>10}")

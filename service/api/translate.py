@@ -129,7 +129,11 @@ class TranslationHypothesis(BaseModel):
 class AttentionMatrix(BaseModel):
     source_tokens: list[str]
     target_tokens: list[str] = Field(description="Generated pieces, EOS included when emitted.")
-    weights: list[list[float]] = Field(description="target x source; each row sums to 1.")
+    weights: list[list[float]] = Field(
+        description="target x source; each row sums to 1. Row t is the alignment behind "
+                    "target token t: computed from h_t (luong decoder) or from s_{t-1} "
+                    "(bahdanau). A fixed-context model (decoder none) has no attention: "
+                    "return_attention is refused with 400.")
 
 
 class Translation(BaseModel):

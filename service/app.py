@@ -8,6 +8,7 @@ answer here and nowhere else.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,13 +17,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Receive, Scope, Send
 
 from service.api import classify, health, models, tag, translate
 from service.api.common import describe_errors
+from service.api.fast import FastPath
 from service.api.oip import routes as oip
 from service.engine.client import EngineClient
 from service.engine.loading import RuntimeFactory
-from service.errors import ServiceError
+from service.errors import ServiceError, error_answer
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
 from service.repository import ModelRepository
@@ -54,7 +57,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
             await engine.close()
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
-    app = FastAPI(
+    app = SeqserveApp(
         title="seqserve",
         version=_version(),
         description="Recurrent sequence models: classify, translate, KServe v2 inference.",
@@ -67,8 +70,20 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     _add_error_handlers(app)
     for module in (health, models, classify, translate, tag, oip):
         app.include_router(module.router)
-    app.add_middleware(ServingMiddleware, state=state)
+    app.serving = ServingMiddleware(functools.partial(FastAPI.__call__, app), state,
+                                    FastPath(state))
     return app
+
+
+class SeqserveApp(FastAPI):
+    """The FastAPI app behind `ServingMiddleware`, which sits outside FastAPI's own stack:
+    body limit, drain, Server-Timing and metrics for every request, and the inference routes
+    answered by the hot path (`service.api.fast`) without FastAPI's per-request machinery."""
+
+    serving: ServingMiddleware
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.serving(scope, receive, send)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -80,10 +95,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        headers = None
-        if exc.retry_after is not None:
-            headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
-        return _error(exc.status, exc.message, headers)
+        status, headers, message = error_answer(exc)
+        return _error(status, message, {k.decode(): v.decode() for k, v in headers})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

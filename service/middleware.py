@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
+    from service.api.fast import FastPath
     from service.state import AppState
 
 OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
@@ -45,11 +46,14 @@ def _json_by_default(scope: Scope) -> None:
 
 
 class ServingMiddleware:
-    """See the module docstring."""
+    """See the module docstring. With `fast`, the inference POST routes are answered by the
+    hot path (`service.api.fast`) and everything else by `app`."""
 
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
+    def __init__(self, app: ASGIApp, state: AppState, fast: FastPath | None = None) -> None:
         self.app = app
         self.state = state
+        self.fast = fast
+        self._series: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,7 +75,11 @@ class ServingMiddleware:
                 return
             if scope["method"] == "POST":
                 _json_by_default(scope)
-            await self.app(scope, _replay(body, receive), send_timed)
+            route = self.fast.match(scope) if self.fast is not None else None
+            if route is not None and self.fast is not None:
+                await self.fast(scope, body, receive, send_timed, route)
+            else:
+                await self.app(scope, _replay(body, receive), send_timed)
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)
                 self._observe(scope, status["code"], time.monotonic() - start)
@@ -121,19 +129,31 @@ class ServingMiddleware:
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
         if scope["path"].startswith(OPEN_WHILE_DRAINING):
             return  # probes and scrapes are not traffic: a draining pod's 503 probes no error
-        route = scope.get("route")
-        endpoint = getattr(route, "name", None) or "unmatched"
+        endpoint = scope.get("endpoint_name") or getattr(scope.get("route"), "name", None)
         name = scope.get("path_params", {}).get("name")
         model = ""
         if name is not None:
             model = name if name in self.state.repository.entries else "unknown"
-        m = self.state.metrics
-        m.requests.labels(model, endpoint, str(status)).inc()
-        m.request_duration.labels(model, endpoint).observe(seconds)
+        requests, duration, queue, compute = self._children(model, endpoint or "unmatched",
+                                                            status)
+        requests.inc()
+        duration.observe(seconds)
         call = scope.get("state", {}).get("call")
         if call is not None and call.computed:
-            m.queue_time.labels(model, endpoint).observe(call.queue_s)
-            m.compute_time.labels(model, endpoint).observe(call.compute_s)
+            queue.observe(call.queue_s)
+            compute.observe(call.compute_s)
+
+    def _children(self, model: str, endpoint: str, status: int) -> tuple[Any, ...]:
+        """The label-bound series of one (model, endpoint, status), looked up once."""
+        key = (model, endpoint, status)
+        found = self._series.get(key)
+        if found is None:
+            m = self.state.metrics
+            found = self._series[key] = (
+                m.requests.labels(model, endpoint, str(status)),
+                m.request_duration.labels(model, endpoint),
+                m.queue_time.labels(model, endpoint), m.compute_time.labels(model, endpoint))
+        return found
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

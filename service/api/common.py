@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from starlette.types import Receive, Scope
 
 from service.state import AppState
 from service.workers.base import Call
@@ -62,26 +63,26 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-async def _watch_disconnect(request: Request, call: Call) -> None:
-    """Set `call.disconnected` when the server reports the client gone."""
+async def _watch_disconnect(receive: Receive, call: Call) -> None:
+    """Set `call.disconnected` when the server reports the client gone (the body was read)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             call.disconnected.set()
             return
 
 
 @contextlib.asynccontextmanager
-async def call_scope(request: Request) -> AsyncIterator[Call]:
-    """A Call with the request deadline; watches for disconnects while the handler runs."""
-    state = app_state(request)
+async def request_call(state: AppState, scope: Scope, receive: Receive) -> AsyncIterator[Call]:
+    """A Call with the request deadline, recorded in the ASGI scope (Server-Timing and the
+    request metrics read it) and counted in flight; watches for the client leaving."""
     call = Call(deadline=time.monotonic() + state.settings.request_timeout_s)
-    request.state.call = call
-    name = request.path_params.get("name", "")
+    scope.setdefault("state", {})["call"] = call
+    name = scope.get("path_params", {}).get("name", "")
     gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None
     if gauge is not None:
         gauge.inc()
-    watcher = asyncio.create_task(_watch_disconnect(request, call))
+    watcher = asyncio.create_task(_watch_disconnect(receive, call))
     try:
         yield call
     finally:
@@ -90,3 +91,10 @@ async def call_scope(request: Request) -> AsyncIterator[Call]:
             await watcher
         if gauge is not None:
             gauge.dec()
+
+
+@contextlib.asynccontextmanager
+async def call_scope(request: Request) -> AsyncIterator[Call]:
+    """`request_call` for a FastAPI route."""
+    async with request_call(app_state(request), request.scope, request.receive) as call:
+        yield call

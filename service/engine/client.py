@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 import service.errors as errors
 from service.engine import protocol as p
+from service.engine.transport import Channel
 from service.scheduling.base import Timed, Timing
 from service.scheduling.beam import Hypothesis, SearchOptions
 from service.scheduling.decoding import Decoded
@@ -49,23 +49,17 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._state: asyncio.Future[p.State] | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._channel: Channel | None = None
 
     async def start(self) -> None:
-        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.address)
-        self._sock = sock
-        self._reader = asyncio.ensure_future(self._read())
+        self._channel = Channel(sock, self._on_frames)
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._sock is not None:
-            self._sock.close()
+        if self._channel is not None:
+            self._channel.close()
         for pending in self._pending.values():
             _fail(pending, errors.ShuttingDown("this API process is stopping"))
         self._pending.clear()
@@ -107,18 +101,12 @@ class EngineClient:
             self._send(p.Cancel(rid))
 
     def _send(self, msg: p.ToEngine) -> None:
-        if self._sock is None:
+        if self._channel is None:
             raise EngineUnavailable("the engine client is not started")
-        self._sock.send(p.encoder.encode(msg))
+        self._channel.send([p.encoder.encode(msg)])
 
-    async def _read(self) -> None:
-        assert self._sock is not None
-        while True:
-            payload = await self._sock.recv()
-            try:
-                self._deliver(p.api_decoder.decode(payload))
-            except Exception:  # a bad frame must not stop every other request's replies
-                log.exception("could not deliver an engine reply")
+    def _on_frames(self, frames: list[bytes]) -> None:
+        self._deliver(p.api_decoder.decode(frames[-1]))
 
     def _deliver(self, msg: p.ToApi) -> None:
         if isinstance(msg, p.State):

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from export.manifest import list_bundles
 from service.engine import protocol as p
 from service.engine.loading import RuntimeFactory, build_served
 from service.engine.options import EngineOptions
+from service.engine.transport import Channel
 from service.errors import ModelNotReady, ServiceError, ShuttingDown
 from service.metrics import Metrics
 from service.scheduling.base import Timed
@@ -48,7 +48,7 @@ class EngineServer:
         self.states: list[p.ModelState] = []
         self.inflight: dict[Key, asyncio.Future[Any]] = {}
         self.closing = False
-        self.sock: zmq.asyncio.Socket | None = None
+        self.channel: Channel | None = None
 
     # -- loading ----------------------------------------------------------------------
 
@@ -83,26 +83,13 @@ class EngineServer:
     # -- serving ----------------------------------------------------------------------
 
     async def serve(self, address: str, stop: asyncio.Event) -> None:
-        """Answer requests on `address` until `stop` is set and nothing is in flight."""
-        ctx = zmq.asyncio.Context.instance()
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(address)
-        receiving = asyncio.ensure_future(self.sock.recv_multipart())
-        stopping = asyncio.ensure_future(stop.wait())
-        try:
-            while True:
-                await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if receiving.done():
-                    identity, payload = receiving.result()
-                    receiving = asyncio.ensure_future(self.sock.recv_multipart())
-                    self.handle(identity, payload)
-                if stopping.done():
-                    self.closing = True
-                    break
-        finally:
-            receiving.cancel()
-            stopping.cancel()
+        """Answer requests on `address` until `stop` is set."""
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(address)
+        self.channel = Channel(sock, self._on_frames)
+        await stop.wait()
+        self.closing = True
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, let admitted work finish within `timeout`; True when it did."""
@@ -111,9 +98,13 @@ class EngineServer:
         results = await asyncio.gather(*(m.stop(timeout) for m in self.models.values()))
         while self.inflight and time.monotonic() < deadline:  # replies still going out
             await asyncio.sleep(0.01)
-        if self.sock is not None:
-            self.sock.close(linger=1000)
+        if self.channel is not None:
+            self.channel.close()
         return all(results) and not self.inflight
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        identity, payload = frames
+        self.handle(identity, payload)
 
     def handle(self, identity: bytes, payload: bytes) -> None:
         msg = p.engine_decoder.decode(payload)
@@ -163,8 +154,8 @@ class EngineServer:
             self._send(identity, _rows(rid, gathered.result()))
 
     def _send(self, identity: bytes, msg: p.ToApi) -> None:
-        if self.sock is not None and not self.sock.closed:
-            self.sock.send_multipart([identity, p.encoder.encode(msg)])
+        if self.channel is not None and not self.channel.socket.closed:
+            self.channel.send([identity, p.encoder.encode(msg)])
 
 
 def _failure(rid: int, exc: BaseException) -> p.Failure:

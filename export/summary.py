@@ -26,8 +26,9 @@ def format_parity(report: dict[str, Any]) -> list[str]:
              f"(batch sizes {grid.get('batch_sizes')}, lengths {grid.get('lengths')}); "
              f"bounds {tol.get('parity')} / invariance {tol.get('invariance')}; "
              f"{report.get('seconds')} s"]
+    invariance = "max |row in batch - row alone| / max(1, |row alone|)"
     for title, key in (("max |format - reference|", "parity_max_abs"),
-                       ("max |row in batch - row alone|", "invariance_max_abs")):
+                       (invariance, "invariance_max_diff")):
         table: dict[str, dict[str, float]] = report.get(key, {})
         if table:
             lines.append(f"  {title}:")

@@ -49,7 +49,8 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
             await engine.start()
         await state.repository.load_all()
         state.started = True
-        log.info("ready: %s", "yes" if state.ready else "no model is ready")
+        pending = "; ".join(state.repository.not_ready()) or "no model"
+        log.info("ready: %s", "yes" if state.ready else f"no ({pending})")
         yield
         state.begin_drain()
         drained = await state.repository.stop_all(state.drain_left())

@@ -184,9 +184,11 @@ class ModelRepository:
         entry = self.entry(name, version)
         if entry.state != "ready" or entry.worker is None:
             why = f": {entry.reason}" if entry.reason else ""
+            # a failed version stays failed until the server is redeployed: no Retry-After
+            retry = None if entry.state == "failed" else self.settings.retry_after_s
             raise ModelNotReady(
                 f"model {name!r} version {entry.version} is {entry.state}{why}",
-                retry_after=self.settings.retry_after_s,
+                retry_after=retry,
             )
         return entry, entry.worker
 
@@ -201,8 +203,16 @@ class ModelRepository:
             raise ModelNotFound(f"model {name!r} is a {worker.task}, not a {kind.task}")
         return entry, worker
 
-    def any_ready(self) -> bool:
-        return any(e.state == "ready" for v in self.entries.values() for e in v.values())
+    def serving(self, strict: bool) -> bool:
+        """Whether the server may take traffic: every version ready (strict; Triton's
+        default), or at least one (relaxed). An empty repository serves nothing."""
+        states = [e.state == "ready" for v in self.entries.values() for e in v.values()]
+        return bool(states) and (all(states) if strict else any(states))
+
+    def not_ready(self) -> list[str]:
+        """"name/version: state (reason)" of every version that is not ready."""
+        return [f"{e.name}/{e.version}: {e.state}" + (f" ({e.reason})" if e.reason else "")
+                for v in self.entries.values() for e in v.values() if e.state != "ready"]
 
 
 def _parse_version(version: int | str) -> int | None:

@@ -85,6 +85,10 @@ class Settings(BaseSettings):
     decode_groups: int = Field(default=2, ge=1, le=8)
     """Translators: live requests split into this many groups whose decoder steps take turns,
     so one group's beam bookkeeping overlaps the other's step (1 = one call per step)."""
+    readiness: Literal["all", "any"] = "all"
+    """When /v2/health/ready says ready: every model version loaded (all: strict, Triton's
+    default; a failed bundle keeps the instance out of the load balancer) or at least one
+    (any)."""
     warmup: bool = True
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"

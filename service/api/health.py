@@ -14,7 +14,13 @@ def _readiness(request: Request) -> JSONResponse:
     state = app_state(request)
     if state.ready:
         return JSONResponse({"ready": True})
-    why = "draining" if state.draining else "loading" if not state.started else "no ready model"
+    if state.draining:
+        why = "draining"
+    elif not state.started:
+        why = "loading"
+    else:
+        pending = state.repository.not_ready()
+        why = "; ".join(pending) if pending else "no model in the repository"
     return JSONResponse({"ready": False, "error": f"not ready: {why}"}, status_code=503)
 
 
@@ -26,7 +32,8 @@ async def live() -> dict[str, bool]:
 
 @router.get("/v2/health/ready", name="health_ready", tags=["health"])
 async def ready(request: Request) -> JSONResponse:
-    """200 once the models are loaded and warmed up; 503 while loading or draining."""
+    """200 once every model version is loaded and warmed up (`--readiness any`: at least one);
+    503 with the reason while loading, draining, or when a version failed."""
     return _readiness(request)
 
 

@@ -17,9 +17,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from service.access_log import add_access_log
 from service.api import classify, health, models, tag, translate
 from service.api.common import describe_errors
 from service.api.oip import routes as oip
+from service.auth import add_api_keys
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
@@ -58,7 +60,9 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     _add_error_handlers(app)
     for module in (health, models, classify, translate, tag, oip):
         app.include_router(module.router)
+    add_api_keys(app, settings)  # inside ServingMiddleware: 401s are counted and timed
     app.add_middleware(ServingMiddleware, state=state)
+    add_access_log(app, settings)  # outermost: request id, one line per request
     return app
 
 
@@ -89,8 +93,11 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug")
+        # Logged once, with the request's id, by service.access_log (not here). This answer
+        # is sent outside every middleware: it carries the request id itself.
+        rid = getattr(request.state, "request_id", None)
+        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug",
+                      {"X-Request-Id": rid} if rid else None)
 
 
 def _version() -> str:

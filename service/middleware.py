@@ -36,12 +36,14 @@ FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
 def _json_by_default(scope: Scope) -> Scope:
     """Every POST body here is JSON (or the OIP binary extension, which names its own type):
     a body sent with no content type or as a form (what `curl -d` sends) is read as JSON
-    instead of failing validation with a confusing message."""
+    instead of failing validation with a confusing message. Changes `scope` in place, so the
+    middleware outside sees what the router adds to it (route, path params)."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
     given = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
     if given.split(b";")[0].strip().lower() not in FORM_OR_NONE:
         return scope
-    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+    scope["headers"] = [*headers, (b"content-type", b"application/json")]
+    return scope
 
 
 class ServingMiddleware:

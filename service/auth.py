@@ -1,7 +1,8 @@
 """API keys (off by default): `Authorization: Bearer KEY` on inference and model routes.
 
-`settings.api_key` is one key, or `@PATH`: a file of keys, one per line (blank lines and lines
-starting with `#` are skipped), read once when the app is built. Health (`/v2/health/*`,
+`settings.api_key` holds the keys, one per line (a single key is the usual case), or is
+`@PATH`: a file of keys, one per line; blank lines and lines starting with `#` are skipped.
+They are read once, when the app is built. Health (`/v2/health/*`,
 `/health/*`) and `/metrics` stay open unless `auth_health` / `auth_metrics`; the API
 description (`/openapi.json`, `/docs`, `/redoc`) stays open so that `/docs` can load it.
 
@@ -39,23 +40,21 @@ class ApiKeyError(UserError):
 
 
 def load_keys(secret: SecretStr) -> list[bytes]:
-    """The keys `secret` names: itself, or the lines of the file after `@`."""
+    """SHA-256 digests of the keys `secret` holds: one key per line of its value or, when it
+    is `@PATH`, of that file (blank lines and `#` comments skipped)."""
     value = secret.get_secret_value().strip()
+    where = "api_key"
     if value.startswith("@"):
         path = Path(value[1:])
+        where = f"api_key file {path}"
         try:
-            text = path.read_text(encoding="utf-8")
+            value = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ApiKeyError(f"api_key file {path}: cannot read it ({type(exc).__name__})"
-                              ) from exc
-        keys = [line.strip() for line in text.splitlines()]
-        keys = [k for k in keys if k and not k.startswith("#")]
-        if not keys:
-            raise ApiKeyError(f"api_key file {path} holds no key")
-    else:
-        keys = [value]
-    if not all(keys):
-        raise ApiKeyError("api_key is empty: give a key, or @FILE, or unset it")
+            raise ApiKeyError(f"{where}: cannot read it ({type(exc).__name__})") from exc
+    keys = [line.strip() for line in value.splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        raise ApiKeyError(f"{where} holds no key: give a key or @FILE, or unset api_key")
     return [hashlib.sha256(k.encode()).digest() for k in keys]
 
 

@@ -84,8 +84,8 @@ class Settings(BaseSettings):
     """One line per request: method, route, model, status, queue/compute/total ms and the
     request id (the client's request id header, or a new id; sent back in the response)."""
     api_key: SecretStr | None = None
-    """API key required as `Authorization: Bearer KEY` on inference and model routes; `@PATH`
-    reads a file of keys, one per line (# comments); unset = no keys. Never logged."""
+    """API key required as `Authorization: Bearer KEY` on inference and model routes (several:
+    one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged."""
     auth_health: bool = False
     """With api_key: also require a key on the health routes (probes then need it too)."""
     auth_metrics: bool = False

@@ -84,6 +84,8 @@ def test_key_files_and_comparison(tmp_path: Path) -> None:
             load_keys(bad)
     digests = load_keys(SecretStr(KEY))
     assert key_matches(KEY.encode(), digests) and not key_matches(b"k3y", digests)
+    digests = load_keys(SecretStr(f"{KEY}\n{OTHER}\n"))  # a Secret's value, several keys
+    assert key_matches(KEY.encode(), digests) and key_matches(OTHER.encode(), digests)
 
 
 def test_the_flag_shows_no_secret(capsys: pytest.CaptureFixture[str],

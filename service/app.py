@@ -25,6 +25,7 @@ from service.auth import add_api_keys
 from service.errors import ServiceError
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
+from service.openapi import install as install_openapi
 from service.repository import ModelRepository, RuntimeFactory
 from service.settings import Settings
 from service.state import AppState
@@ -60,6 +61,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     _add_error_handlers(app)
     for module in (health, models, classify, translate, tag, oip):
         app.include_router(module.router)
+    install_openapi(app, state)  # the live limits and one infer operation per model
     add_api_keys(app, settings)  # inside ServingMiddleware: 401s are counted and timed
     app.add_middleware(ServingMiddleware, state=state)
     add_access_log(app, settings)  # outermost: request id, one line per request

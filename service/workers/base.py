@@ -10,6 +10,7 @@ that left.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -45,11 +46,25 @@ class Encoded:
     truncated: bool
 
 
+BLANK = ("\\x01-\\x20\\x7f\\x8f\\x9f\\xa0\\u061c\\u1680\\u2000-\\u200c\\u200e\\u200f\\u2028\\u2029"
+         "\\u202f\\u205f\\u2581\\u3000\\ufeff\\ufffd")
+"""Characters a tokenizer drops (as a regex class body): control characters, whitespace and
+the few format characters SentencePiece's normalisation removes. A text of only these (or
+of nothing) has no tokens."""
+TEXT_PATTERN = f"^[^\\x00]*[^\\x00{BLANK}][^\\x00]*$"
+"""What a text must match (no NUL, at least one visible character): the server's rule and the
+`pattern` the OpenAPI document declares (the same text in Python and ECMA regex syntax)."""
+_VISIBLE = re.compile(f"[^\\x00{BLANK}]")
+
+
 def check_text(text: str, i: int) -> None:
     """Text no tokenizer should see is a 400: lone surrogates ("\\ud800", which JSON can
-    carry) and NUL (which C APIs read as the end of the text)."""
+    carry), NUL (which C APIs read as the end of the text) and text with nothing visible
+    (empty, whitespace or control characters only: it has no tokens)."""
     if "\x00" in text:
         raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
+    if _VISIBLE.search(text) is None:
+        raise BadRequest(f"texts[{i}] is empty (no visible characters, so no tokens)")
     if text.isascii():
         return
     try:

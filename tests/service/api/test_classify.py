@@ -192,9 +192,21 @@ def test_metrics_counts_equal_requests_sent(tiny_repo: Path) -> None:
 
 
 def test_openapi_lists_the_routes(server: str) -> None:
+    """The live document: the configured limits, one OIP infer operation per served model."""
     spec = json.loads(httpx.get(f"{server}/openapi.json").text)
     paths = set(spec["paths"])
-    assert {"/v1/models/{name}/classify", "/v2/models/{name}/infer", "/v1/models"} <= paths
+    assert {"/v1/models/{name}/classify", f"/v2/models/{MODEL}/infer",
+            f"/v2/models/{MODEL}/versions/1/infer", "/v1/models"} <= paths
+    assert "/v2/models/{name}/infer" not in paths  # its body depends on the model
+    texts = spec["components"]["schemas"]["ClassifyRequest"]["properties"]["texts"]
+    assert (texts["maxItems"], texts["items"]["maxLength"], texts["items"]["minLength"]) == \
+        (8, 500, 1)
+    infer = spec["paths"][f"/v2/models/{MODEL}/infer"]["post"]
+    body = infer["requestBody"]["content"]["application/json"]["schema"]
+    output = body["properties"]["outputs"]["anyOf"][0]["items"]
+    assert output["properties"]["name"]["enum"] == ["label", "probabilities"]
+    assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
 
 
 def test_mutated_bodies_never_get_500(server: str) -> None:

@@ -46,6 +46,7 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes) -> None:
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self._blank: str | None = None
         self.model_proto = model_proto
         """The serialized model (the bytes of tokenizer.model)."""
         specials = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
@@ -74,6 +75,19 @@ class Tokenizer:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.model_proto)
         return path
+
+    def blank_characters(self) -> str:
+        """The characters this tokenizer drops, as a regex class body (`\\x01-\\x20...`):
+        those its normalization turns into nothing or whitespace (control and format
+        characters, spaces, and punctuation under `nmt_nfkc_cf_punct`), over the planes where
+        Unicode puts such characters (0, 1 and 14). A text made only of them has no tokens.
+        Computed once (about 0.1 s)."""
+        if self._blank is None:
+            planes = (range(1, 0xD800), range(0xE000, 0x20000), range(0xE0000, 0xF0000))
+            blank = [c for plane in planes for c in plane
+                     if not self._sp.normalize(chr(c)).replace("\u2581", " ").strip()]
+            self._blank = "".join(_class_range(a, b) for a, b in _runs(blank))
+        return self._blank
 
     @property
     def vocab_size(self) -> int:
@@ -229,3 +243,27 @@ def _train_spm(corpus: list[str], writer: io.BytesIO, vocab_size: int, model_typ
         minloglevel=2,
         **rule,  # type: ignore[arg-type]
     )
+
+
+def _runs(codes: list[int]) -> Iterator[tuple[int, int]]:
+    """Consecutive runs [a, b] of sorted code points."""
+    start = prev = None
+    for c in codes:
+        if prev is not None and c == prev + 1:
+            prev = c
+            continue
+        if start is not None and prev is not None:
+            yield start, prev
+        start = prev = c
+    if start is not None and prev is not None:
+        yield start, prev
+
+
+def _class_range(a: int, b: int) -> str:
+    """A regex class item for [a, b], in escapes both Python and ECMA regexes read."""
+    def esc(c: int) -> str:
+        if c < 0x100:
+            return f"\\x{c:02x}"
+        return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+    return esc(a) if a == b else f"{esc(a)}-{esc(b)}"

@@ -19,17 +19,17 @@ def main() -> int:
     from service.app import create_app
     from service.engine.client import EngineClient
     from service.engine.options import ADDRESS_ENV
+    from service.logs import configure_logging
     from service.settings import Settings
     from service.shutdown import build_server
 
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s %(levelname)s %(name)s[api {os.getpid()}]: "
-                               "%(message)s")
     sys.setswitchinterval(settings.switch_interval_ms / 1000.0)
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
     app = create_app(settings, engine=EngineClient(os.environ[ADDRESS_ENV]))
     server = build_server(app, app.state.seqserve, supervised=True)
+    configure_logging(settings.log_level, settings.log_format)  # after uvicorn's Config
+    logging.getLogger("seqserve").debug("API process %d started", os.getpid())
     server.run(sockets=[sock])
     return 0
 

@@ -17,17 +17,20 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.access_log import with_access_log
 from service.api import classify, health, models, tag, translate
 from service.api.common import describe_errors
-from service.api.fast import FastPath
+from service.api.fast import FastPath, HotPathRouter
 from service.api.oip import routes as oip
+from service.auth import with_api_keys
 from service.engine.client import EngineClient
 from service.engine.loading import RuntimeFactory
 from service.errors import ServiceError, error_answer
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
+from service.openapi import install as install_openapi
 from service.repository import ModelRepository
 from service.settings import Settings
 from service.state import AppState
@@ -71,20 +74,24 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     _add_error_handlers(app)
     for module in (health, models, classify, translate, tag, oip):
         app.include_router(module.router)
-    app.serving = ServingMiddleware(functools.partial(FastAPI.__call__, app), state,
-                                    FastPath(state))
+    install_openapi(app, state)  # the live limits and one infer operation per model
+    # outermost first: request id + access log, body limit + drain + timing + metrics, API
+    # keys (their 401s counted and timed), then the hot path or FastAPI's own stack
+    inner = HotPathRouter(FastPath(state), functools.partial(FastAPI.__call__, app))
+    app.entry = with_access_log(ServingMiddleware(with_api_keys(inner, settings), state),
+                                settings)
     return app
 
 
 class SeqserveApp(FastAPI):
-    """The FastAPI app behind `ServingMiddleware`, which sits outside FastAPI's own stack:
-    body limit, drain, Server-Timing and metrics for every request, and the inference routes
-    answered by the hot path (`service.api.fast`) without FastAPI's per-request machinery."""
+    """The FastAPI app behind our own middleware chain (`entry`), which sits outside
+    FastAPI's stack so that the inference routes are answered by the hot path
+    (`service.api.fast`) without FastAPI's per-request machinery."""
 
-    serving: ServingMiddleware
+    entry: ASGIApp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.serving(scope, receive, send)
+        await self.entry(scope, receive, send)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -112,8 +119,11 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug")
+        # Logged once, with the request's id, by service.access_log (not here). This answer
+        # is sent outside every middleware: it carries the request id itself.
+        rid = getattr(request.state, "request_id", None)
+        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug",
+                      {"X-Request-Id": rid} if rid else None)
 
 
 def _version() -> str:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from service.api.fast import FastPath
     from service.state import AppState
 
 OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
@@ -46,13 +45,11 @@ def _json_by_default(scope: Scope) -> None:
 
 
 class ServingMiddleware:
-    """See the module docstring. With `fast`, the inference POST routes are answered by the
-    hot path (`service.api.fast`) and everything else by `app`."""
+    """See the module docstring."""
 
-    def __init__(self, app: ASGIApp, state: AppState, fast: FastPath | None = None) -> None:
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
-        self.fast = fast
         self._series: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -75,11 +72,7 @@ class ServingMiddleware:
                 return
             if scope["method"] == "POST":
                 _json_by_default(scope)
-            route = self.fast.match(scope) if self.fast is not None else None
-            if route is not None and self.fast is not None:
-                await self.fast(scope, body, receive, send_timed, route)
-            else:
-                await self.app(scope, _replay(body, receive), send_timed)
+            await self.app(scope, _replay(body, receive), send_timed)
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)
                 self._observe(scope, status["code"], time.monotonic() - start)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.engine.options import EngineOptions
@@ -93,6 +93,18 @@ class Settings(BaseSettings):
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"
     """Log level of the server."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as plain text or as one JSON object per line (access log included)."""
+    access_log: bool = True
+    """One line per request: method, route, model, status, queue/compute/total ms and the
+    request id (the client's request id header, or a new id; sent back in the response)."""
+    api_key: SecretStr | None = None
+    """API key required as `Authorization: Bearer KEY` on inference and model routes (several:
+    one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged."""
+    auth_health: bool = False
+    """With api_key: also require a key on the health routes (probes then need it too)."""
+    auth_metrics: bool = False
+    """With api_key: also require a key on /metrics (the scraper then needs it too)."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """Python's GIL switch interval for `seqserve serve` (default 5 ms makes the batch thread
     wait behind the busy event loop after every runtime call; 0.5 ms measured ~15% faster)."""

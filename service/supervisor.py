@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from pydantic import SecretStr
+
 from service.api_process import LISTEN_FD_ENV
 from service.engine.options import ADDRESS_ENV, OPTIONS_ENV
 from service.metrics import MULTIPROC_ENV
@@ -47,6 +49,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The SEQSERVE_* variables that make a child's `Settings()` equal `settings`."""
     env = {}
     for name, value in settings.model_dump().items():
+        if value is None:
+            continue  # the field's default, None
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, list | tuple):

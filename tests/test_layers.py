@@ -24,7 +24,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "service.scheduling": ("service.scheduling", "service.runtimes.base", "service.errors",
                            "export.manifest"),
     "service.engine": ("service.engine", "service.scheduling", "service.runtimes",
-                       "service.errors", "service.metrics", "export.manifest"),
+                       "service.errors", "service.metrics", "service.logs", "export.manifest"),
     "service.workers": ("service.workers", "service.scheduling", "service.errors",
                         "export.manifest", "models.tokenizer", "models.word_align"),
     "service.api": ("service.api", "service.workers", "service.scheduling.beam",

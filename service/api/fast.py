@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from pydantic import BaseModel, ValidationError
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.classify import ClassifyRequest
 from service.api.common import describe_errors, request_call
@@ -71,6 +71,9 @@ class FastPath:
         verb, name, version = route
         scope["path_params"] = {"name": name} | ({"version": version} if version else {})
         scope["endpoint_name"] = ENDPOINTS[verb]
+        scope["route_path"] = (f"/{'v2' if verb == 'infer' else 'v1'}/models/{{name}}"
+                               f"{'/versions/{version}' if version else ''}/{verb}")
+        bug: Exception | None = None
         try:
             status, headers, payload = await self._answer(scope, body, receive, route)
         except ServiceError as exc:
@@ -79,9 +82,16 @@ class FastPath:
         except ValidationError as exc:
             errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
             status, headers, payload = 422, JSON, encode({"error": describe_errors(errors)})
+        except Exception as exc:  # a server bug: a JSON 500 now, its traceback logged above
+            bug = exc
+            status, headers = 500, JSON
+            payload = encode({"error": f"internal error ({type(exc).__name__}); "
+                                       "this is a server bug"})
         headers = [*headers, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
+        if bug is not None:
+            raise bug
 
     async def _answer(self, scope: Scope, body: bytes, receive: Receive,
                       route: tuple[str, str, str | None]) -> Answer:
@@ -91,7 +101,7 @@ class FastPath:
             entry, worker = repo.ready(name, version)
             req, tail = codec.parse_request(body, _header(scope, codec.HEADER.encode()))
             inputs = codec.decode_inputs(req, tail)
-            asked = tasks.check_outputs(worker, req)
+            asked = codec.check_outputs(req, tasks.output_names(worker))
             parameters = codec.request_parameters(req)
             async with request_call(self.state, scope, receive) as call:
                 outputs = await tasks.infer(worker, inputs, parameters, call)
@@ -118,6 +128,27 @@ class FastPath:
         g = _validate(TagRequest, body)
         async with request_call(self.state, scope, receive) as call:
             return await tagger.tag(g.texts, call), entry.version
+
+
+class HotPathRouter:
+    """ASGI: the inference routes to `FastPath`, everything else to `fallback` (FastAPI)."""
+
+    def __init__(self, fast: FastPath, fallback: ASGIApp) -> None:
+        self.fast = fast
+        self.fallback = fallback
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.fast.match(scope) if scope["type"] == "http" else None
+        if route is None:
+            await self.fallback(scope, receive, send)
+            return
+        chunks = []
+        while True:  # ServingMiddleware replays the whole body as one message
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        await self.fast(scope, b"".join(chunks), receive, send, route)
 
 
 M = TypeVar("M", bound=BaseModel)

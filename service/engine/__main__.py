@@ -15,6 +15,7 @@ import sys
 
 from service.engine.options import ADDRESS_ENV, OPTIONS_ENV, EngineOptions
 from service.engine.server import EngineServer
+from service.logs import configure_logging
 from service.metrics import Metrics
 
 DRAIN_ENV = "SEQSERVE_DRAIN_TIMEOUT_S"
@@ -35,8 +36,8 @@ async def run(options: EngineOptions, address: str, drain_timeout_s: float) -> i
 
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=os.environ.get("SEQSERVE_LOG_LEVEL", "info").upper(),
-                        format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
+    configure_logging(os.environ.get("SEQSERVE_LOG_LEVEL", "info"),
+                      os.environ.get("SEQSERVE_LOG_FORMAT", "text"))
     options = EngineOptions.from_json(os.environ[OPTIONS_ENV])
     drain = float(os.environ.get(DRAIN_ENV, "20"))
     return asyncio.run(run(options, os.environ[ADDRESS_ENV], drain))

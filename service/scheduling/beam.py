@@ -277,8 +277,10 @@ class RequestSearch:
             self._finish(self.live[0])
             self.live = []
             return np.zeros(0, dtype=np.int64)
-        scaled = logprobs[0, cand] / (o.temperature or 1.0)
-        probs = np.exp(scaled - scaled.max())
+        lp = logprobs[0, cand]
+        with np.errstate(over="ignore"):  # max first: a tiny temperature gives 0 or -inf
+            scaled = (lp - lp.max()) / (o.temperature or 1.0)  # (greedy), never inf - inf
+        probs = np.exp(scaled)
         probs /= probs.sum()
         if o.top_p is not None and o.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), o.top_p) + 1)

@@ -207,3 +207,21 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
     assert r.status_code == 200
     scores = [t["probability"] for res in r.json()["results"] for t in res["top_k"]]
     assert len(scores) == 6 and all(0 <= s <= 1 for s in scores)
+
+
+def test_children_get_the_same_settings() -> None:
+    from pydantic import SecretStr
+
+    from service.settings import Settings
+    from service.supervisor import settings_env
+
+    given = Settings(api_key=SecretStr("k1\nk2"), providers=["A", "B"], truncate=True,
+                     max_texts=7, api_workers=3)
+    env = settings_env(given)
+    assert env["SEQSERVE_API_KEY"] == "k1\nk2" and env["SEQSERVE_PROVIDERS"] == "A,B"
+    assert "SEQSERVE_SHUTDOWN_DELAY_S" in env
+    child = Settings(**{k.removeprefix("SEQSERVE_").lower(): v for k, v in env.items()
+                        if k != "SEQSERVE_PROVIDERS"}, providers=env["SEQSERVE_PROVIDERS"])
+    assert child == given
+    assert "SEQSERVE_LOG_FORMAT" in settings_env(Settings()) and "SEQSERVE_API_KEY" not in \
+        settings_env(Settings())

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from service.api.common import ERRORS, app_state, call_scope
 from service.api.oip import codec, tasks
@@ -58,12 +59,24 @@ def _ready(request: Request, name: str, version: str | None) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/models/{name}/ready", name="v2_model_ready")
+class ModelReadiness(BaseModel):
+    name: str
+    version: str
+    ready: bool
+    error: str | None = None
+
+
+READY: dict[int | str, dict[str, Any]] = {200: {"model": ModelReadiness},
+                                          503: {"model": ModelReadiness}}
+
+
+@router.get("/models/{name}/ready", name="v2_model_ready", responses=READY)
 async def model_ready(name: str, request: Request) -> JSONResponse:
     return _ready(request, name, None)
 
 
-@router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready")
+@router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready",
+            responses=READY)
 async def model_version_ready(name: str, version: str, request: Request) -> JSONResponse:
     return _ready(request, name, version)
 
@@ -73,9 +86,10 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     body = await request.body()
     req, tail = codec.parse_request(body, request.headers.get(codec.HEADER))
     inputs = codec.decode_inputs(req, tail)
-    asked = tasks.check_outputs(worker, req)
+    asked = codec.check_outputs(req, tasks.output_names(worker))
+    parameters = codec.request_parameters(req)
     async with call_scope(request) as call:
-        outputs = await tasks.infer(worker, inputs, codec.request_parameters(req), call)
+        outputs = await tasks.infer(worker, inputs, parameters, call)
     headers, payload, media = response_parts(entry, req, outputs, asked)
     return Response(payload, media_type=media,
                     headers={k.decode(): v.decode() for k, v in headers})
@@ -108,7 +122,10 @@ def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V
             text + b"".join(blobs), "application/octet-stream")
 
 
-@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse)
+# The OpenAPI document lists one infer operation per served model instead of these two
+# (service/openapi.py): the body depends on the model behind the path.
+@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse,
+             include_in_schema=False)
 async def infer(name: str, request: Request) -> Response:
     """OIP inference. Body: an OIP inference request (`{"id"?, "parameters"?, "inputs": [{"name",
     "datatype", "shape", "data" | "parameters": {"binary_data_size"}}], "outputs"?}`), JSON
@@ -117,6 +134,6 @@ async def infer(name: str, request: Request) -> Response:
 
 
 @router.post("/models/{name}/versions/{version}/infer", name="v2_infer",
-             response_model=V2InferResponse)
+             response_model=V2InferResponse, include_in_schema=False)
 async def infer_version(name: str, version: str, request: Request) -> Response:
     return await _infer(request, name, version)

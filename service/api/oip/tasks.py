@@ -12,7 +12,6 @@ import json
 from typing import Any
 
 from service.api.oip.codec import V2Tensor, input_texts
-from service.api.oip.schemas import V2InferRequest
 from service.api.translate import TranslateOptions
 from service.errors import BadRequest
 from service.workers.base import Call, ModelWorker
@@ -37,15 +36,9 @@ def signature(worker: ModelWorker) -> Signature:
                         {"name": "score", "datatype": "FP32", "shape": [-1]}]
 
 
-def check_outputs(worker: ModelWorker, request: V2InferRequest) -> list[str]:
-    """The outputs a request names (none: all), or BadRequest naming an unknown one."""
-    produced = {o["name"] for o in signature(worker)[1]}
-    asked = [o.name for o in request.outputs or []]
-    unknown = sorted(set(asked) - produced)
-    if unknown:
-        raise BadRequest(f"unknown requested output(s) {unknown}; this model has "
-                         f"{sorted(produced)}")
-    return asked
+def output_names(worker: ModelWorker) -> list[str]:
+    """The names of the outputs a worker's task produces."""
+    return [o["name"] for o in signature(worker)[1]]
 
 
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],

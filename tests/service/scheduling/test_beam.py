@@ -140,3 +140,17 @@ def test_tiny_top_p_sampling_is_greedy() -> None:
         drive(fake, src, greedy)
         drive(fake, src, nucleus)
         assert greedy.results()[0].token_ids == nucleus.results()[0].token_ids
+
+
+def test_a_tiny_temperature_samples_greedily() -> None:
+    """temperature 5e-324 (a valid positive number) picks the best token at every step, the
+    same tokens as greedy search, instead of NaN probabilities (a 500 once)."""
+    fake = FakeTranslator(seed=3)
+    src = [5, 6, 7, 8]
+    results = []
+    for opts in (SearchOptions(beam_size=1, temperature=5e-324, seed=1, max_length=12),
+                 SearchOptions(beam_size=1, max_length=12)):
+        search = RequestSearch(opts, len(src), fake.limits)
+        drive(fake, src, search)
+        results.append(search.results()[0].token_ids)
+    assert results[0] == results[1]

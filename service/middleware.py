@@ -1,15 +1,18 @@
 """The pure-ASGI middleware in front of every route.
 
 - refuses bodies over `max_body_bytes` before reading them (Content-Length) and caps streamed
-  reads; the accepted body is buffered and replayed, later `receive()` calls reach the server
-  (so a handler can still see `http.disconnect`);
-- answers 503 + Retry-After to new work while the server drains;
+  reads; a body must arrive within `body_timeout_s` (else 408, connection closed); the
+  accepted body is buffered and replayed, later `receive()` calls reach the server (so a
+  handler can still see `http.disconnect`);
+- answers 503 + Retry-After to new work while the server drains, and closes every
+  connection after its answer then (`Connection: close`: no client reuses it);
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
 - counts requests and observes durations into the app's metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -64,7 +67,14 @@ class ServingMiddleware:
                 retry = {"retry-after": str(self.state.settings.retry_after_s)}
                 await send_error(send_timed, 503, "server is shutting down", retry)
                 return
-            body = await self._read_body(scope, receive)
+            try:
+                async with asyncio.timeout(self.state.settings.body_timeout_s):
+                    body = await self._read_body(scope, receive)
+            except TimeoutError:
+                seconds = self.state.settings.body_timeout_s
+                await send_error(send_timed, 408, f"request body did not arrive within "
+                                 f"{seconds:g} s (body_timeout_s)", {"connection": "close"})
+                return
             if body is None:
                 limit = self.state.settings.max_body_bytes
                 await send_error(send_timed, 413, f"request body exceeds max_body_bytes ({limit})",
@@ -114,7 +124,10 @@ class ServingMiddleware:
                 value = (f"queue;dur={queue_ms:.3f}, compute;dur={compute_ms:.3f}, "
                          f"total;dur={total_ms:.3f}")
                 headers = [h for h in message.get("headers", []) if h[0] != b"server-timing"]
-                message = {**message, "headers": [*headers, (b"server-timing", value.encode())]}
+                headers.append((b"server-timing", value.encode()))
+                if self.state.draining and not any(h[0] == b"connection" for h in headers):
+                    headers.append((b"connection", b"close"))  # no reuse of a closing server
+                message = {**message, "headers": headers}
             await send(message)
 
         return wrapped

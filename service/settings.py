@@ -66,8 +66,18 @@ class Settings(BaseSettings):
     """Per-request deadline; passed -> 504."""
     drain_timeout_s: float = Field(default=20.0, ge=0)
     """On SIGTERM, how long admitted work may take before the process exits."""
-    shutdown_delay_s: float = Field(default=0.0, ge=0)
-    """On SIGTERM, keep the listener open this long answering new work 503 (load balancer lag)."""
+    shutdown_delay_s: float = Field(default=5.0, ge=0)
+    """On SIGTERM, first say not ready and keep answering for this long (new work: 503 with
+    Connection: close) while load balancers take the instance out, then stop listening and
+    drain. 5 s: Kubernetes endpoint removal (deploy/ sets no preStop sleep: this is it)."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection must send complete request headers this soon after opening (or after
+    its request's first byte), else 408 and closed (slowloris, idle sockets)."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request body must arrive within this time of its headers, else 408 and closed
+    (a Content-Length longer than the body sent, a stalled upload)."""
+    keepalive_timeout_s: float = Field(default=5.0, gt=0)
+    """An idle keep-alive connection is closed after this long."""
     retry_after_s: int = Field(default=1, ge=0)
     """Value of Retry-After on 429 and 503."""
     max_texts: int = Field(default=64, ge=1)

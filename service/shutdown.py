@@ -14,6 +14,7 @@ from types import FrameType
 
 import uvicorn
 
+from service.http_protocol import guarded_protocol
 from service.state import AppState
 
 
@@ -57,6 +58,8 @@ def build_server(app: object, state: AppState, supervised: bool = False) -> Drai
         port=s.port,
         log_level=s.log_level,
         timeout_graceful_shutdown=int(max(1, round(s.drain_timeout_s))),
+        timeout_keep_alive=max(1, round(s.keepalive_timeout_s)),
+        http=guarded_protocol(s.header_timeout_s),
         lifespan="on",
         access_log=False,
     )

@@ -9,18 +9,38 @@ balancer's share), and two instances keep two batches in flight on the device.
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 from service.settings import Settings
 
 
 def cores() -> int:
-    """CPU cores this process may run on (its affinity, else the machine's count)."""
+    """CPU cores this process may use: its affinity (else the machine's count), capped by a
+    container's CPU limit (cgroup v2 `cpu.max`, or v1 `cpu.cfs_quota_us`), rounded up."""
     try:
-        return len(os.sched_getaffinity(0))
+        n = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        n = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return max(1, min(n, math.ceil(limit))) if limit else n
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The container's CPU limit in cores, or None when there is none (or no cgroup)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def resolve(settings: Settings, available: int | None = None) -> Settings:

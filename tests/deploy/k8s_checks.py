@@ -130,8 +130,10 @@ def probes(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def pre_stop_sleep_s(docs: list[dict[str, Any]]) -> float:
-    """Seconds the preStop hook sleeps (exec `sleep N` or the native sleep action)."""
-    hook = container(docs)["lifecycle"]["preStop"]
+    """Seconds the preStop hook sleeps (exec `sleep N` or the native sleep action; 0: none)."""
+    hook = container(docs).get("lifecycle", {}).get("preStop")
+    if hook is None:
+        return 0.0
     if "sleep" in hook:
         return float(hook["sleep"]["seconds"])
     command = hook["exec"]["command"]

@@ -1,0 +1,67 @@
+"""uvicorn's httptools protocol with a deadline on request headers (slowloris, idle sockets).
+
+uvicorn closes a keep-alive connection that stays idle after a response
+(`timeout_keep_alive`), but not a new connection that never sends a request, nor one whose
+request headers trickle in: each held a connection open for as long as the client liked
+(70+ s measured). Here a connection must deliver complete request headers within
+`header_timeout_s` of being opened (or of its request's first byte); otherwise it gets a 408
+and is closed. A body that stalls is the middleware's business (`body_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+def timeout_answer(message: str) -> bytes:
+    """A whole 408 response that closes the connection."""
+    body = json.dumps({"error": message}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: " + str(len(body)).encode() +
+            b"\r\n\r\n" + body)
+
+
+def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
+    """The protocol class for uvicorn's `http=` with this header deadline."""
+
+    class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            if self.cycle is None or self.cycle.response_complete:  # no request in progress
+                if not self.transport.is_closing():
+                    self.transport.write(timeout_answer(
+                        f"request headers did not arrive within {header_timeout_s:g} s"))
+                self.transport.close()
+
+    return GuardedHttpToolsProtocol

@@ -1,0 +1,93 @@
+"""`seqserve serve` in a subprocess for tests: start it, wait until ready, find its children,
+stop it (SIGTERM, then kill)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from service_fakes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def children(self) -> dict[int, str]:
+        """pid -> role ("engine" | "api") of the supervisor's live children."""
+        out = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == self.proc.pid and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    out[int(entry.name)] = "engine" if "service.engine" in cmd else "api"
+        return out
+
+    def output(self) -> str:
+        return self.proc.stdout.read().decode()[-4000:] if self.proc.stdout else ""  # type: ignore[union-attr]
+
+
+def wait_ready(server: Server, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise AssertionError(f"server exited: {server.output()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError("server not ready in time")
+
+
+@contextlib.contextmanager
+def serve(repo: Path, *flags: str) -> Iterator[Server]:
+    port = free_port()
+    env = {**os.environ, "SEQSERVE_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--repo", str(repo), "--port",
+         str(port), "--no-warmup", "--intra-op-threads", "1",
+         *(() if "--shutdown-delay-s" in flags else ("--shutdown-delay-s", "0")), *flags],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}")
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def counts(metrics: str, name: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = collections.defaultdict(float)
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            if s.name == name:
+                out[s.labels.get(label, "")] += s.value
+    return out
+
+
+def in_flight(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(counts(metrics, "seqserve_in_flight_requests", "model").values())

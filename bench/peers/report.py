@@ -19,11 +19,14 @@ def _header(res: dict[str, Any]) -> str:
     shapes = {"short": "two number phrases", "long": "10-60 words, cut at 256 tokens"}
     texts = "; ".join(f"{n}: {shapes.get(n, n)}, mean {v['mean_tokens']} tokens "
                       f"(min {v['min_tokens']}, max {v['max_tokens']})" for n, v in t.items())
+    rounds = len(res.get("rounds", [])) or 1
+    per = (f" {rounds} rounds, servers in reversed order every other round; req/s of the "
+           "median round (every round's in brackets), its p50/p99." if rounds > 1 else "")
     return (f"{res['started']} UTC, {res['cores']} cores, load average {res['loadavg_start']:.2f}"
             f" at start, {res['loadavg_end']:.2f} at end. Model {res['model']} "
             f"({res['bundle']}). Closed loop, {res['connections']} keep-alive connections, one "
             f"new text per request, {res['duration_s']:g} s per server and workload after "
-            f"{res['warmup_s']:g} s of warm-up, client {res['client']}. Texts: {texts}.")
+            f"{res['warmup_s']:g} s of warm-up, client {res['client']}.{per} Texts: {texts}.")
 
 
 def _table(res: dict[str, Any], names: list[str]) -> list[str]:
@@ -38,7 +41,10 @@ def _table(res: dict[str, Any], names: list[str]) -> list[str]:
                 cells += ["-"] * 4
                 continue
             err = sum(r["errors"].values())
-            cells += [f"{r['rps']:.0f}", f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", str(err)]
+            rps = f"{r['rps']:.0f}"
+            if len(r.get("rps_rounds", [])) > 1:
+                rps += " (" + ", ".join(f"{x:.0f}" for x in r["rps_rounds"]) + ")"
+            cells += [rps, f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", str(err)]
         ans = s.get("answers")
         answers = f"{ans['matched']}/{ans['checked']}" if ans else "-"
         loads = [s[n][k] for n in names if n in s for k in ("loadavg_start", "loadavg_end")]
@@ -77,8 +83,22 @@ def _ratios(res: dict[str, Any], names: list[str]) -> list[str]:
                 parts.insert(0, f"{s['name']} / best peer ({best['name']}, {b['rps']:.0f} "
                              f"req/s) = {r['rps'] / b['rps']:.2f}x, p99 {r['p99_ms']:.0f} vs "
                              f"{b['p99_ms']:.0f} ms")
+            per_round = _round_ratios(res, n, s["name"])
+            if len(per_round) > 1:
+                parts.append("per round vs that round's best peer: "
+                             + ", ".join(f"{x:.2f}x" for x in per_round))
             out.append(f"- {n}: " + "; ".join(parts))
         out.append(f"- {n}: ceiling points (seq/s): " + _points(res["ceiling"][n]["points"]))
+    return out
+
+
+def _round_ratios(res: dict[str, Any], n: str, ours: str) -> list[float]:
+    """Within each round: our req/s over the best peer's req/s of the same round."""
+    out = []
+    for rnd in res.get("rounds", []):
+        peers = [r[n]["rps"] for name, r in rnd.items() if name in PEERS and n in r]
+        if ours in rnd and n in rnd[ours] and peers:
+            out.append(rnd[ours][n]["rps"] / max(peers))
     return out
 
 

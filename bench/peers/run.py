@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "--host, --port, --truncate, --log-level); repeat to compare variants. "
                    "Default: this checkout's `python -m service.cli serve`")
     p.add_argument("--duration", type=float, default=20.0, help="seconds measured per run")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every server this many times, order reversed every other "
+                   "round; the table shows the median round")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before each run")
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--client", choices=("wrk", "python"), default="wrk")
@@ -280,6 +283,7 @@ class Bench:
             "started": started.isoformat(timespec="seconds"), "loadavg_start": loadavg(),
             "bundle": str(self.bundle.folder), "model": a.model, "client": a.client,
             "connections": a.connections, "duration_s": a.duration, "warmup_s": a.warmup,
+            "rounds": a.rounds,
             "cores": _cores(), "args": {k: str(v) for k, v in vars(a).items()},
         }
         print(f"peers benchmark: {a.model} ({self.bundle.folder}), {a.connections} connections, "
@@ -289,11 +293,36 @@ class Bench:
             res["client_ceiling"] = self.client_check()
         res["ceiling"] = self.ceiling()
         probes = self.probes()
-        res["servers"] = [self.measure_server(s, probes)
-                          for s in build_servers(a, self.bundle.folder, self.workdir)]
+        servers = build_servers(a, self.bundle.folder, self.workdir)
+        rounds: list[dict[str, Any]] = []
+        for i in range(a.rounds):
+            order = servers if i % 2 == 0 else servers[::-1]  # noise hits each side alike
+            if a.rounds > 1:
+                print(f"  round {i + 1}/{a.rounds}", flush=True)
+            rounds.append({s.name: self.measure_server(s, probes) for s in order})
+        res["rounds"] = rounds
+        res["servers"] = [median_result([r[s.name] for r in rounds], list(self.workloads))
+                          for s in servers]
         res["loadavg_end"] = loadavg()
         res["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         return res
+
+
+def median_result(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One server over the rounds: per workload the round with the median req/s (the lower
+    one of an even count), with every round's req/s in "rps_rounds"."""
+    out = {k: v for k, v in runs[0].items() if k not in names and k != "skipped"}
+    measured = [r for r in runs if "skipped" not in r]
+    if not measured:
+        return {**out, "skipped": runs[0]["skipped"]}
+    for name in names:
+        per = sorted((r[name] for r in measured if name in r), key=lambda x: x["rps"])
+        if per:
+            out[name] = {**per[(len(per) - 1) // 2],
+                         "rps_rounds": [r[name]["rps"] for r in measured if name in r]}
+    if len(measured) < len(runs):
+        out["failed_rounds"] = [r["skipped"] for r in runs if "skipped" in r]
+    return out
 
 
 def check_answers(port: int, path: str,

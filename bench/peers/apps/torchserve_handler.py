@@ -27,6 +27,7 @@ class LangidHandler:
         model_dir = context.system_properties["model_dir"]
         self.bundle = Bundle(model_dir)
         self.model = torch.jit.load(os.path.join(model_dir, "classifier.pt")).eval()
+        print(f"langid handler: torch intra-op threads {torch.get_num_threads()}", flush=True)
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[dict[str, Any]]:
         assert self.bundle is not None

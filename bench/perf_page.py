@@ -596,8 +596,16 @@ def render(out: Path, page: Path, others: list[Path] | None = None) -> None:
       "GPU.")
     w("")
     page.parent.mkdir(parents=True, exist_ok=True)
+    old = page.read_text() if page.is_file() else ""
+    if PEERS_HEADING in old:  # written from bench/peers/run.py's output: keep it
+        L.append(old[old.index(PEERS_HEADING):].rstrip("\n"))
+        L.append("")
     page.write_text("\n".join(L))
     print(f"wrote {page}")
+
+
+PEERS_HEADING = "## 5. Peers"
+"""The section of the page that this script does not measure (bench/peers/run.py does)."""
 
 
 def main() -> None:

@@ -1,0 +1,10 @@
+"""bench/ is not an installed package: put the repository root on sys.path for its tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

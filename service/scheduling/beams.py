@@ -1,0 +1,367 @@
+"""The beam search of every request of a decode group, one vectorised pass per step.
+
+State: one entry per request (`Requests`, Q of them, in the group's order), one row per live
+hypothesis (`Rows`, R of them, grouped by request in the same order) and each request's
+finished n-best (`FinishedStore`). A step takes the decoder's top-k of every row and, for all
+requests at once:
+
+1. candidates: cumulative log-prob of every (row, k) pair; EOS before `min_length` and
+   n-gram repeats masked to -inf;
+2. selection: each request's candidates padded to (Q, B_max x k) and its 2B best taken along
+   the last axis (`top_k_rows`: exact, ties to the lower row and column);
+3. EOS among the first B finish, the first B non-EOS continue; a request with no allowed
+   candidate finishes its hypotheses as they are; the length cap finishes the rest;
+4. finished ones are scored (length and coverage penalties) and merged into the n-best;
+5. the exact stopping rule marks requests `done`.
+
+The rules are documented in beam.py. The only per-request Python in a step is the draw of a
+sampling request (sampling.py); admission (`join`) and answers (`results`) are per request by
+nature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from service.scheduling.arrays import (
+    Columns,
+    banned_mask,
+    distinct_count,
+    fit,
+    ngram_bans,
+    segment_max,
+    top_k_rows,
+)
+from service.scheduling.beam import (
+    COVERAGE_FLOOR,
+    DecodeLimits,
+    Hypothesis,
+    SearchOptions,
+    length_penalty,
+    max_steps,
+)
+from service.scheduling.finished import Entries, FinishedStore
+from service.scheduling.sampling import Sampler, sampling_k
+
+
+@dataclass
+class Requests(Columns):
+    """Per request (Q,): its options as numbers and its progress."""
+
+    key: np.ndarray  # caller's id (int64)
+    beam: np.ndarray
+    n_best: np.ndarray
+    min_length: np.ndarray
+    ngram: np.ndarray  # no_repeat_ngram_size, 0: off
+    k_base: np.ndarray  # top-k it needs before n-gram bans
+    max_steps: np.ndarray
+    src_len: np.ndarray
+    steps: np.ndarray  # tokens generated so far by each live hypothesis
+    alpha: np.ndarray  # row of the length-penalty table
+    beta: np.ndarray  # float64 coverage penalty
+    sampling: np.ndarray  # bool
+    coverage: np.ndarray  # bool: beta > 0 (keep coverage)
+    attention: np.ndarray  # bool: return_attention
+
+
+@dataclass
+class Rows(Columns):
+    """Per live hypothesis (R,), grouped by request."""
+
+    request: np.ndarray  # its request's position (int64), ascending
+    logp: np.ndarray  # float64 cumulative log-prob
+    last: np.ndarray  # int64 last token (BOS at the start): the next prev_ids
+    tokens: np.ndarray  # (R, W) int32 generated tokens, the first `steps` valid
+    coverage: np.ndarray  # (R, Sc) float64 attention mass per source token
+    attention: np.ndarray  # (R, Wa, Sa) float32 attention rows (return_attention)
+
+
+@dataclass
+class _Plan:
+    """What the next step needs, fixed before it runs: k and the n-gram bans."""
+
+    k: int
+    k_own: np.ndarray  # (Q,) each request's own k
+    bans: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (rows, banned, ok) per n
+
+
+@dataclass
+class _Selection:
+    """Each request's 2B_max best candidates, best first: (Q, C) arrays."""
+
+    row: np.ndarray  # parent row
+    tok: np.ndarray
+    val: np.ndarray  # cumulative log-prob
+    valid: np.ndarray  # bool: a real, allowed candidate within the request's 2B
+    starts: np.ndarray  # (Q,) first row of each request
+
+
+@lru_cache(maxsize=4096)
+def _option_numbers(o: SearchOptions) -> tuple[float, ...]:
+    k_base = sampling_k(o) if o.sampling else 2 * o.beam_size + 1
+    return (o.beam_size, o.n_best, o.min_length, o.no_repeat_ngram_size, k_base,
+            o.length_penalty, o.coverage_penalty, o.sampling, o.return_attention)
+
+
+class Beams:
+    """See module doc. `join` requests, then per step `prepare` (k), `step`, read `done`,
+    `results` of the done ones and `keep` the others."""
+
+    def __init__(self, limits: DecodeLimits) -> None:
+        self.limits = limits
+        i64 = np.zeros(0, np.int64)
+        self.reqs = Requests(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, np.zeros(0),
+                             *(np.zeros(0, bool) for _ in range(3)))
+        self.rows = Rows(i64, np.zeros(0), i64, np.zeros((0, 0), np.int32), np.zeros((0, 0)),
+                         np.zeros((0, 0, 0), np.float32))
+        self.finished = FinishedStore()
+        self.samplers: dict[int, Sampler] = {}
+        self.done = np.zeros(0, bool)
+        self._alphas: dict[float, int] = {}
+        self._lp = np.zeros((0, max(limits.max_decode_length, 1) + 1))  # (A, L + 1)
+        self._source_width = 0
+        self._plan: _Plan | None = None
+
+    def __len__(self) -> int:
+        return len(self.reqs)
+
+    # -- membership -----------------------------------------------------------------------
+
+    def join(self, keys: Sequence[int], options: Sequence[SearchOptions],
+             src_lens: Sequence[int]) -> None:
+        """Add requests (one BOS row each) at the end."""
+        n = len(keys)
+        beam, n_best, min_len, ngram, k_base, alpha, beta, sampling, attn = (
+            np.array(c) for c in zip(*(_option_numbers(o) for o in options), strict=True))
+        caps = [max_steps(o, s, self.limits) for o, s in zip(options, src_lens, strict=True)]
+        new = Requests(np.asarray(keys, np.int64), *(a.astype(np.int64) for a in (
+            beam, n_best, min_len, ngram, k_base)), np.asarray(caps, np.int64),
+            np.asarray(src_lens, np.int64), np.zeros(n, np.int64), self._alpha_rows(alpha),
+            beta.astype(np.float64), sampling.astype(bool), beta > 0, attn.astype(bool))
+        for key, o in zip(keys, options, strict=True):
+            if o.sampling:
+                self.samplers[int(key)] = Sampler(o)
+        r = self.rows
+        rows = Rows(np.arange(len(self), len(self) + n), np.zeros(n),
+                    np.full(n, self.limits.bos_id, np.int64),
+                    np.zeros((n, r.tokens.shape[1]), np.int32),
+                    np.zeros((n, r.coverage.shape[1])),
+                    np.zeros((n, *r.attention.shape[1:]), np.float32))
+        self.reqs, self.rows = self.reqs.concat(new), self.rows.concat(rows)
+        self.finished.extend(n)
+        self.done = np.concatenate([self.done, np.zeros(n, bool)])
+        self._plan = None
+        self._reshape()
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Keep the requests where `mask` (Q,) is set, in order; drop the others' state."""
+        for key in self.reqs.key[~mask & self.reqs.sampling].tolist():
+            self.samplers.pop(key, None)
+        rows = self.rows.take(mask[self.rows.request])
+        rows.request = (np.cumsum(mask) - 1)[rows.request]
+        self.rows, self.reqs, self.done = rows, self.reqs.take(mask), self.done[mask]
+        self.finished.take(mask)
+        self._plan = None
+        self._reshape()
+
+    def set_source_width(self, width: int) -> None:
+        """The source width S of the attention the decoder step returns (padded memory)."""
+        if width != self._source_width:
+            self._source_width = width
+            self._reshape()
+
+    def _reshape(self) -> None:
+        """Fit the history widths to the members: tokens to the longest length cap, coverage
+        and attention to the source width only while some request needs them."""
+        q, r = self.reqs, self.rows
+        width = int(q.max_steps.max()) if len(q) else 0
+        cov = self._source_width if q.coverage.any() else 0
+        attn = (width, self._source_width) if q.attention.any() else (0, 0)
+        r.tokens, r.coverage = fit(r.tokens, width), fit(r.coverage, cov)
+        r.attention = fit(r.attention, *attn)
+        self.finished.reshape(int(q.n_best.max()) if len(q) else 0, width, cov, attn)
+
+    def _alpha_rows(self, alphas: np.ndarray) -> np.ndarray:
+        """Rows of the length-penalty table (computed with Python floats, as the rules say)."""
+        for a in alphas.tolist():
+            if a not in self._alphas:
+                self._alphas[a] = len(self._alphas)
+                table = [length_penalty(n, a) for n in range(self._lp.shape[1])]
+                self._lp = np.vstack([self._lp, table])  # (A, L + 1)
+        return np.array([self._alphas[a] for a in alphas.tolist()], np.int64)
+
+    # -- what the engine asks -------------------------------------------------------------
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.rows)
+
+    def prev_ids(self) -> np.ndarray:
+        """(R,) int64: each live hypothesis' last token."""
+        return self.rows.last
+
+    def prepare(self) -> int:
+        """Fix the next step's n-gram bans; the top-k it needs (every request's own k is
+        exact for it, and a larger k changes nothing for a beam request: see beam.py)."""
+        q, r = self.reqs, self.rows
+        lengths = q.steps[r.request]  # (R,)
+        blocked = np.zeros(len(r))
+        bans = []
+        for n in np.unique(q.ngram[q.ngram > 0]).tolist():
+            at = np.flatnonzero(q.ngram[r.request] == n)  # (Rn,)
+            banned, ok = ngram_bans(r.tokens[at], lengths[at], n)  # (Rn, P)
+            blocked[at] = distinct_count(banned, ok)
+            bans.append((at, banned, ok))
+        most = np.maximum(segment_max(blocked, r.request, len(q)), 0).astype(np.int64)  # (Q,)
+        k_own = np.clip(q.k_base + np.where(q.sampling, 0, most), 1, self.limits.vocab_size)
+        self._plan = _Plan(int(k_own.max()), k_own, bans)
+        return self._plan.k
+
+    def results(self, q: int) -> list[Hypothesis]:
+        """Request q's n-best, best first."""
+        r = self.reqs
+        return self.finished.hypotheses(q, int(r.src_len[q]), bool(r.coverage[q]),
+                                        bool(r.attention[q]))
+
+    # -- one step -------------------------------------------------------------------------
+
+    def step(self, logprobs: np.ndarray, ids: np.ndarray, attention: np.ndarray) -> np.ndarray:
+        """Advance every request by one token. Inputs (R, k') with k' >= `prepare()`'s k,
+        attention (R, S). Returns the parent row of every new live row, (R',) int64."""
+        plan = self._plan or self._prepared()
+        self._plan = None
+        lp = logprobs[:, : plan.k].astype(np.float64)  # (R, k)
+        ids = ids[:, : plan.k]  # (R, k)
+        total = self._masked(self.rows.logp[:, None] + lp, ids, plan)  # (R, k)
+        sel = self._select(total, ids)
+        if self.samplers:
+            self._sample(sel, total, ids, lp, plan)
+        return self._advance(sel, attention)
+
+    def _prepared(self) -> _Plan:
+        self.prepare()
+        assert self._plan is not None
+        return self._plan
+
+    def _masked(self, total: np.ndarray, ids: np.ndarray, plan: _Plan) -> np.ndarray:
+        q, r = self.reqs, self.rows
+        total[np.isnan(total)] = -np.inf
+        early = (q.steps < q.min_length)[r.request]  # (R,)
+        if early.any():
+            total[early[:, None] & (ids == self.limits.eos_id)] = -np.inf
+        for at, banned, ok in plan.bans:
+            sub = total[at]  # (Rn, k)
+            sub[banned_mask(ids[at], banned, ok)] = -np.inf
+            total[at] = sub
+        return total
+
+    def _select(self, total: np.ndarray, ids: np.ndarray) -> _Selection:
+        """Per request, its 2B best candidates: one top-k along (Q, B_max x k)."""
+        q, r = self.reqs, self.rows
+        n_req, n_rows, k = len(q), len(r), total.shape[1]
+        counts = np.bincount(r.request, minlength=n_req)  # (Q,)
+        starts = np.cumsum(counts) - counts  # (Q,)
+        width = int(counts.max())
+        c = 2 * int(q.beam.max())
+        cand = np.full((n_req, width, k), -np.inf)  # (Q, B, k)
+        cand[r.request, np.arange(n_rows) - starts[r.request]] = total
+        cand = cand.reshape(n_req, width * k)  # (Q, B * k)
+        if cand.shape[1] < c:  # fewer candidates than 2B: pad with never-valid ones
+            cand = np.pad(cand, ((0, 0), (0, c - cand.shape[1])), constant_values=-np.inf)
+        order = top_k_rows(-cand, c)  # (Q, C) best first
+        val = np.take_along_axis(cand, order, 1)  # (Q, C)
+        valid = np.isfinite(val) & (np.arange(c)[None] < 2 * q.beam[:, None])  # (Q, C)
+        row = np.minimum(starts[:, None] + order // k, n_rows - 1)  # (Q, C)
+        col = order % k  # (Q, C)
+        return _Selection(row, ids[row, col], val, valid, starts)
+
+    def _sample(self, sel: _Selection, total: np.ndarray, ids: np.ndarray, lp: np.ndarray,
+                plan: _Plan) -> None:
+        """Sampling requests (beam 1): their drawn token replaces the selection."""
+        for q in np.flatnonzero(self.reqs.sampling).tolist():
+            row, k = int(sel.starts[q]), int(plan.k_own[q])
+            j = self.samplers[int(self.reqs.key[q])].draw(total[row, :k], lp[row, :k])
+            sel.valid[q] = False
+            if j is not None:
+                sel.row[q, 0], sel.tok[q, 0], sel.val[q, 0] = row, ids[row, j], total[row, j]
+                sel.valid[q, 0] = True
+
+    def _advance(self, sel: _Selection, attention: np.ndarray) -> np.ndarray:
+        q = self.reqs
+        rank = np.arange(sel.valid.shape[1])[None]  # (1, C)
+        eos = sel.valid & (sel.tok == self.limits.eos_id)  # (Q, C)
+        cont = sel.valid & ~eos
+        cont &= np.cumsum(cont, 1) <= q.beam[:, None]  # the first B non-EOS continue
+        ended = eos & (rank < q.beam[:, None])  # EOS among the first B finish
+        stuck = self.rows.take((~sel.valid.any(1))[self.rows.request])  # nothing allowed
+        at, col = np.nonzero(cont | ended)  # (E,) request-major, best first
+        parents = sel.row[at, col]  # (E,)
+        children = self._extend(parents, sel.tok[at, col], sel.val[at, col], attention)
+        live = cont[at, col]  # (E,)
+        stuck_len = q.steps[stuck.request]
+        q.steps += 1
+        capped = live & (q.steps >= q.max_steps)[children.request]  # finish truncated
+        self._finish([(stuck, stuck_len, False), (children.take(~live), None, True),
+                      (children.take(capped), None, False)])
+        keep = live & ~capped
+        self.rows = children.take(keep)
+        self._update_done()
+        return parents[keep]
+
+    def _extend(self, parents: np.ndarray, tok: np.ndarray, logp: np.ndarray,
+                attention: np.ndarray) -> Rows:
+        """New hypotheses: each parent row extended by its token (and attention row)."""
+        r = self.rows
+        request = r.request[parents]  # (E,)
+        steps = self.reqs.steps[request]  # (E,) tokens before this one
+        at = np.arange(len(parents))
+        tokens = r.tokens[parents]  # (E, W)
+        tokens[at, steps] = tok
+        att = attention[parents]  # (E, S)
+        coverage = r.coverage[parents] + att[:, : r.coverage.shape[1]]  # (E, Sc)
+        history = r.attention[parents]  # (E, Wa, Sa)
+        if history.shape[1]:
+            history[at, steps] = att[:, : history.shape[2]]
+        return Rows(request, logp, tok.astype(np.int64), tokens, coverage, history)
+
+    def _finish(self, parts: list[tuple[Rows, np.ndarray | None, bool]]) -> None:
+        """Score finished hypotheses and merge them into their requests' n-best, in the order
+        of `parts` within each request (lengths None: the request's steps so far)."""
+        rows = parts[0][0].concat(parts[1][0]).concat(parts[2][0])
+        if not len(rows):
+            return
+        steps = self.reqs.steps
+        length = np.concatenate([p[1] if p[1] is not None else steps[p[0].request]
+                                 for p in parts])  # (F,)
+        ended = np.concatenate([np.full(len(p[0]), p[2]) for p in parts])  # (F,)
+        kind = np.repeat(np.arange(3), [len(p[0]) for p in parts])  # (F,)
+        order = np.argsort(rows.request * 3 + kind, kind="stable")  # by request, then part
+        entries = Entries(self._score(rows, length), rows.logp, length, ended, rows.tokens,
+                          rows.coverage, rows.attention).take(order)
+        self.finished.merge(rows.request[order], entries, self.reqs.n_best)
+
+    def _score(self, rows: Rows, length: np.ndarray) -> np.ndarray:
+        """GNMT score of finished hypotheses (F,): logp / lp(L) + beta * coverage term."""
+        q = self.reqs
+        score = rows.logp / self._lp[q.alpha[rows.request], length]  # (F,)
+        if rows.coverage.shape[1]:
+            logs = np.log(np.clip(rows.coverage, COVERAGE_FLOOR, 1.0))  # (F, Sc)
+            src = q.src_len[rows.request]  # (F,)
+            logs[np.arange(logs.shape[1])[None] >= src[:, None]] = 0.0
+            beta = q.beta[rows.request]  # (F,)
+            score = score + np.where(beta > 0, beta * logs.sum(1), 0.0)
+        return score
+
+    def _update_done(self) -> None:
+        """Exact stopping: no live row left, or (beam) n_best finished and no live row's
+        bound beats the n-th."""
+        q, r = self.reqs, self.rows
+        live = np.bincount(r.request, minlength=len(q))  # (Q,)
+        lp_cap = self._lp[q.alpha, q.max_steps]  # (Q,)
+        bound = np.minimum(r.logp, 0.0) / lp_cap[r.request]  # (R,)
+        best = segment_max(bound, r.request, len(q))  # (Q,)
+        self.done = (live == 0) | (~q.sampling & (best <= self.finished.worst(q.n_best)))

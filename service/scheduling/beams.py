@@ -138,10 +138,13 @@ class Beams:
         beam, n_best, min_len, ngram, k_base, alpha, beta, sampling, attn = (
             np.array(c) for c in zip(*(_option_numbers(o) for o in options), strict=True))
         caps = [max_steps(o, s, self.limits) for o, s in zip(options, src_lens, strict=True)]
-        new = Requests(np.asarray(keys, np.int64), *(a.astype(np.int64) for a in (
-            beam, n_best, min_len, ngram, k_base)), np.asarray(caps, np.int64),
-            np.asarray(src_lens, np.int64), np.zeros(n, np.int64), self._alpha_rows(alpha),
-            beta.astype(np.float64), sampling.astype(bool), beta > 0, attn.astype(bool))
+        i64 = np.int64
+        new = Requests(
+            key=np.asarray(keys, i64), beam=beam.astype(i64), n_best=n_best.astype(i64),
+            min_length=min_len.astype(i64), ngram=ngram.astype(i64), k_base=k_base.astype(i64),
+            max_steps=np.asarray(caps, i64), src_len=np.asarray(src_lens, i64),
+            steps=np.zeros(n, i64), alpha=self._alpha_rows(alpha), beta=beta.astype(np.float64),
+            sampling=sampling.astype(bool), coverage=beta > 0, attention=attn.astype(bool))
         for key, o in zip(keys, options, strict=True):
             if o.sampling:
                 self.samplers[int(key)] = Sampler(o)
@@ -207,6 +210,17 @@ class Beams:
     def prepare(self) -> int:
         """Fix the next step's n-gram bans; the top-k it needs (every request's own k is
         exact for it, and a larger k changes nothing for a beam request: see beam.py)."""
+        q = self.reqs
+        bans: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        k_own = q.k_base
+        if q.ngram.any():
+            most, bans = self._bans()  # (Q,) most tokens a row of each request has banned
+            k_own = q.k_base + np.where(q.sampling, 0, most)
+        k_own = np.minimum(k_own, self.limits.vocab_size)  # (Q,) (k_base >= 1)
+        self._plan = _Plan(int(k_own.max()), k_own, bans)
+        return self._plan.k
+
+    def _bans(self) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
         q, r = self.reqs, self.rows
         lengths = q.steps[r.request]  # (R,)
         blocked = np.zeros(len(r))
@@ -216,16 +230,13 @@ class Beams:
             banned, ok = ngram_bans(r.tokens[at], lengths[at], n)  # (Rn, P)
             blocked[at] = distinct_count(banned, ok)
             bans.append((at, banned, ok))
-        most = np.maximum(segment_max(blocked, r.request, len(q)), 0).astype(np.int64)  # (Q,)
-        k_own = np.clip(q.k_base + np.where(q.sampling, 0, most), 1, self.limits.vocab_size)
-        self._plan = _Plan(int(k_own.max()), k_own, bans)
-        return self._plan.k
+        return np.maximum(segment_max(blocked, r.request, len(q)), 0).astype(np.int64), bans
 
-    def results(self, q: int) -> list[Hypothesis]:
-        """Request q's n-best, best first."""
+    def results(self, positions: np.ndarray) -> list[list[Hypothesis]]:
+        """The n-best of the requests at `positions`, best first."""
         r = self.reqs
-        return self.finished.hypotheses(q, int(r.src_len[q]), bool(r.coverage[q]),
-                                        bool(r.attention[q]))
+        return self.finished.hypotheses(positions, r.src_len[positions],
+                                        r.coverage[positions], r.attention[positions])
 
     # -- one step -------------------------------------------------------------------------
 
@@ -267,9 +278,12 @@ class Beams:
         starts = np.cumsum(counts) - counts  # (Q,)
         width = int(counts.max())
         c = 2 * int(q.beam.max())
-        cand = np.full((n_req, width, k), -np.inf)  # (Q, B, k)
-        cand[r.request, np.arange(n_rows) - starts[r.request]] = total
-        cand = cand.reshape(n_req, width * k)  # (Q, B * k)
+        if n_rows == n_req * width:  # every request has `width` rows: no padding
+            cand = total.reshape(n_req, width * k)  # (Q, B * k)
+        else:
+            cand = np.full((n_req * width, k), -np.inf)  # (Q * B, k)
+            cand[r.request * width + np.arange(n_rows) - starts[r.request]] = total
+            cand = cand.reshape(n_req, width * k)  # (Q, B * k)
         if cand.shape[1] < c:  # fewer candidates than 2B: pad with never-valid ones
             cand = np.pad(cand, ((0, 0), (0, c - cand.shape[1])), constant_values=-np.inf)
         order = top_k_rows(-cand, c)  # (Q, C) best first
@@ -291,26 +305,32 @@ class Beams:
                 sel.valid[q, 0] = True
 
     def _advance(self, sel: _Selection, attention: np.ndarray) -> np.ndarray:
-        q = self.reqs
+        q, finished = self.reqs, []
         rank = np.arange(sel.valid.shape[1])[None]  # (1, C)
         eos = sel.valid & (sel.tok == self.limits.eos_id)  # (Q, C)
         cont = sel.valid & ~eos
         cont &= np.cumsum(cont, 1) <= q.beam[:, None]  # the first B non-EOS continue
         ended = eos & (rank < q.beam[:, None])  # EOS among the first B finish
-        stuck = self.rows.take((~sel.valid.any(1))[self.rows.request])  # nothing allowed
+        stuck = np.logical_not(sel.valid.any(axis=1))  # (Q,) nothing allowed: they end as is
+        if stuck.any():
+            rows = self.rows.take(stuck[self.rows.request])
+            finished.append((rows, q.steps[rows.request], False))
         at, col = np.nonzero(cont | ended)  # (E,) request-major, best first
         parents = sel.row[at, col]  # (E,)
         children = self._extend(parents, sel.tok[at, col], sel.val[at, col], attention)
         live = cont[at, col]  # (E,)
-        stuck_len = q.steps[stuck.request]
         q.steps += 1
         capped = live & (q.steps >= q.max_steps)[children.request]  # finish truncated
-        self._finish([(stuck, stuck_len, False), (children.take(~live), None, True),
-                      (children.take(capped), None, False)])
+        for part, is_eos in ((~live, True), (capped, False)):
+            if part.any():
+                rows = children.take(part)
+                finished.append((rows, q.steps[rows.request], is_eos))
+        if finished:
+            self._finish(finished)
         keep = live & ~capped
-        self.rows = children.take(keep)
+        self.rows = children if keep.all() else children.take(keep)
         self._update_done()
-        return parents[keep]
+        return parents if keep.all() else parents[keep]
 
     def _extend(self, parents: np.ndarray, tok: np.ndarray, logp: np.ndarray,
                 attention: np.ndarray) -> Rows:
@@ -328,21 +348,20 @@ class Beams:
             history[at, steps] = att[:, : history.shape[2]]
         return Rows(request, logp, tok.astype(np.int64), tokens, coverage, history)
 
-    def _finish(self, parts: list[tuple[Rows, np.ndarray | None, bool]]) -> None:
-        """Score finished hypotheses and merge them into their requests' n-best, in the order
-        of `parts` within each request (lengths None: the request's steps so far)."""
-        rows = parts[0][0].concat(parts[1][0]).concat(parts[2][0])
-        if not len(rows):
-            return
-        steps = self.reqs.steps
-        length = np.concatenate([p[1] if p[1] is not None else steps[p[0].request]
-                                 for p in parts])  # (F,)
+    def _finish(self, parts: list[tuple[Rows, np.ndarray, bool]]) -> None:
+        """Score finished hypotheses (rows, lengths, ended) and merge them into their
+        requests' n-best; within a request, in the order of `parts`, then of rows."""
+        rows = parts[0][0].concat(*(p[0] for p in parts[1:]))
+        length = np.concatenate([p[1] for p in parts])  # (F,)
         ended = np.concatenate([np.full(len(p[0]), p[2]) for p in parts])  # (F,)
-        kind = np.repeat(np.arange(3), [len(p[0]) for p in parts])  # (F,)
-        order = np.argsort(rows.request * 3 + kind, kind="stable")  # by request, then part
         entries = Entries(self._score(rows, length), rows.logp, length, ended, rows.tokens,
-                          rows.coverage, rows.attention).take(order)
-        self.finished.merge(rows.request[order], entries, self.reqs.n_best)
+                          rows.coverage, rows.attention)
+        request = rows.request
+        if len(parts) > 1:  # by request, then part (each part is by request already)
+            kind = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts])  # (F,)
+            order = np.argsort(request * len(parts) + kind, kind="stable")
+            entries, request = entries.take(order), request[order]
+        self.finished.merge(request, entries, self.reqs.n_best)
 
     def _score(self, rows: Rows, length: np.ndarray) -> np.ndarray:
         """GNMT score of finished hypotheses (F,): logp / lp(L) + beta * coverage term."""
@@ -356,12 +375,16 @@ class Beams:
             score = score + np.where(beta > 0, beta * logs.sum(1), 0.0)
         return score
 
+    def bounds(self) -> np.ndarray:
+        """(R,) upper bound on the final score of any descendant of each live row."""
+        q, r = self.reqs, self.rows
+        lp_cap = self._lp[q.alpha, q.max_steps]  # (Q,)
+        return np.minimum(r.logp, 0.0) / lp_cap[r.request]  # (R,)
+
     def _update_done(self) -> None:
         """Exact stopping: no live row left, or (beam) n_best finished and no live row's
         bound beats the n-th."""
         q, r = self.reqs, self.rows
         live = np.bincount(r.request, minlength=len(q))  # (Q,)
-        lp_cap = self._lp[q.alpha, q.max_steps]  # (Q,)
-        bound = np.minimum(r.logp, 0.0) / lp_cap[r.request]  # (R,)
-        best = segment_max(bound, r.request, len(q))  # (Q,)
+        best = segment_max(self.bounds(), r.request, len(q))  # (Q,)
         self.done = (live == 0) | (~q.sampling & (best <= self.finished.worst(q.n_best)))

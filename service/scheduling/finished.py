@@ -91,20 +91,26 @@ class FinishedStore:
         for name, value in merged.items():
             getattr(self.best, name)[ids] = value
 
-    def hypotheses(self, q: int, src_len: int, coverage: bool,
-                   attention: bool) -> list[Hypothesis]:
-        """Request q's finished hypotheses, best first, as answers."""
-        b, out = self.best, []
-        for j in range(self.slots):
-            if not np.isfinite(b.score[q, j]):
-                break
-            length = int(b.length[q, j])
-            out.append(Hypothesis(
-                tuple(b.tokens[q, j, :length].tolist()), float(b.logp[q, j]),
-                float(b.score[q, j]), bool(b.ended[q, j]),
-                coverage=b.coverage[q, j, :src_len].copy() if coverage else None,
-                attention=tuple(b.attention[q, j, :length, :src_len].copy())
-                if attention else ()))
+    def hypotheses(self, positions: np.ndarray, src_len: np.ndarray, coverage: np.ndarray,
+                   attention: np.ndarray) -> list[list[Hypothesis]]:
+        """The finished hypotheses of the requests at `positions`, best first, as answers;
+        with coverage / attention rows where those (n,) flags are set."""
+        b = self.best
+        score = b.score[positions]  # (n, N)
+        counts = np.isfinite(score).sum(1).tolist()  # slots fill from the first
+        scores, logps = score.tolist(), b.logp[positions].tolist()
+        lengths, ended = b.length[positions].tolist(), b.ended[positions].tolist()
+        tokens = b.tokens[positions].tolist()  # (n, N, W)
+        out = []
+        for i, q in enumerate(positions.tolist()):
+            hyps = []
+            for j in range(counts[i]):
+                n, s = lengths[i][j], int(src_len[i])
+                hyps.append(Hypothesis(
+                    tuple(tokens[i][j][:n]), logps[i][j], scores[i][j], ended[i][j],
+                    coverage=b.coverage[q, j, :s].copy() if coverage[i] else None,
+                    attention=tuple(b.attention[q, j, :n, :s].copy()) if attention[i] else ()))
+            out.append(hyps)
         return out
 
 

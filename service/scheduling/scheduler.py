@@ -35,7 +35,7 @@ import numpy as np
 from service.errors import InferenceFailed, QueueFull, ShuttingDown
 from service.runtimes.base import Runtime
 from service.scheduling.base import NullObserver, Observer
-from service.scheduling.beam import DecodeLimits, SearchOptions
+from service.scheduling.beam import DecodeLimits, Hypothesis, SearchOptions
 from service.scheduling.group import DecodeGroup
 from service.scheduling.work import (
     Decoded,
@@ -293,24 +293,27 @@ class EngineCore:
             outcomes.append(self._fail(self.table[int(group.keys[q])], exc))
         if self._cancelled:
             leave |= np.isin(group.keys, list(self._cancelled))
-        for q in np.flatnonzero(leave).tolist():
-            r = self.table.pop(int(group.keys[q]), None)
-            self._cancelled.discard(int(group.keys[q]))
-            if r is not None and r.status is Status.DECODING and q not in result.failed:
-                outcomes.append(self._answer(r, group, q))
-        if leave.any():
+        positions = np.flatnonzero(leave)
+        answered = [q for q in positions.tolist() if q not in result.failed
+                    and self.table[int(group.keys[q])].status is Status.DECODING]
+        for q, hyps in zip(answered, group.beams.results(np.array(answered, np.int64)),
+                           strict=True):
+            outcomes.append(self._answer(self.table[int(group.keys[q])], hyps,
+                                         int(group.beams.reqs.steps[q])))
+        for rid in group.keys[positions].tolist():
+            self._cancelled.discard(rid)
+            self.table.pop(rid, None)
+        if len(positions):
             group.evict(~leave)
         return outcomes
 
-    def _answer(self, r: Request, group: DecodeGroup, q: int) -> Outcome:
+    def _answer(self, r: Request, hyps: list[Hypothesis], steps: int) -> Outcome:
         now = self.clock()
-        hyps = group.beams.results(q)
         r.status = Status.FINISHED
         best = hyps[0] if hyps else None
         tokens = len(best.token_ids) - int(best.ended) if best else 0  # EOS not counted
         self.stats.generated_tokens += tokens
         self.observer.on_finish(tokens, now - r.admitted)
-        steps = int(group.beams.reqs.steps[q])
         return Outcome(r, Decoded(hyps, r.admitted - r.submitted, now - r.admitted, steps))
 
     def _fail(self, r: Request, exc: Exception) -> Outcome:

@@ -75,6 +75,51 @@ class TableRuntime:
         return out
 
 
+class Phases:
+    """CPU time (`time.thread_time`) spent in named engine functions, wrapped in place.
+
+    search: building a step's feed and applying its outputs to the beams (new tree:
+    `DecodeGroup.inputs` + `DecodeGroup.advance`; baf6bc6: `_step_inputs` + every request's
+    `_advance`, i.e. `RequestSearch.step` and its state gather). engine: all of the engine's
+    own work on the loop thread (new: `EngineCore.schedule` + `update`; baf6bc6: `_launch`,
+    `_collect`, `_admit`, `_drop_cancelled`, `_encode` bookkeeping excluded).
+    """
+
+    def __init__(self) -> None:
+        self.seconds = {"search": 0.0, "engine": 0.0}
+
+    def wrap(self, owner: Any, name: str, phase: str) -> None:
+        inner = getattr(owner, name)
+        seconds = self.seconds
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                seconds[phase] += time.thread_time() - start
+
+        setattr(owner, name, timed)
+
+    def install(self) -> None:
+        import service.scheduling.decoding as decoding
+
+        if hasattr(decoding, "_step_inputs"):  # the per-request engine (baf6bc6)
+            engine = decoding.DecodingEngine
+            self.wrap(decoding, "_step_inputs", "search")
+            self.wrap(engine, "_advance", "search")
+            for name in ("_launch", "_collect", "_admit", "_drop_cancelled"):
+                self.wrap(engine, name, "engine")
+        else:
+            from service.scheduling.group import DecodeGroup
+            from service.scheduling.scheduler import EngineCore
+
+            self.wrap(DecodeGroup, "inputs", "search")
+            self.wrap(DecodeGroup, "advance", "search")
+            self.wrap(EngineCore, "schedule", "engine")
+            self.wrap(EngineCore, "update", "engine")
+
+
 def sources(n: int, vocab: int, seed: int = 1) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(4, vocab, size=int(rng.integers(4, 13)))]
@@ -86,6 +131,8 @@ async def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
     from service.scheduling.beam import DecodeLimits, SearchOptions
     from service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats
 
+    phases = Phases()
+    phases.install()
     runtime = TableRuntime()
     limits = DecodeLimits(bos_id=2, eos_id=3, vocab_size=runtime.vocab, max_decode_length=64)
     config = EngineConfig(max_live_hypotheses=clients * args.beam_size, max_queue=1 << 16,
@@ -97,6 +144,7 @@ async def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
         await engine.translate(items[:clients], options)  # warm-up
         engine.stats = StepStats()
         runtime.seconds = 0.0
+        phases.seconds.update(dict.fromkeys(phases.seconds, 0.0))
         it = iter(items)
         tokens = 0
 
@@ -117,7 +165,9 @@ async def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
             "ms_per_step": wall / max(steps, 1) * 1e3,
             "runtime_ms_per_step": runtime.seconds / max(steps, 1) * 1e3,
             "python_ms_per_step": (wall - runtime.seconds) / max(steps, 1) * 1e3,
-            "loop_cpu_ms_per_step": cpu / max(steps, 1) * 1e3}
+            "loop_cpu_ms_per_step": cpu / max(steps, 1) * 1e3,
+            "search_ms_per_step": phases.seconds["search"] / max(steps, 1) * 1e3,
+            "engine_ms_per_step": phases.seconds["engine"] / max(steps, 1) * 1e3}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -169,18 +219,22 @@ def main() -> None:
 
 def report(results: dict[str, list[dict[str, Any]]]) -> None:
     print(f"\n{'tree':<6}{'clients':>8}{'rows':>7}{'steps':>7}{'tok/src':>8}{'tokens/s':>10}"
-          f"{'ms/step':>9}{'runtime':>9}{'python':>9}{'loop cpu':>9}")
+          f"{'ms/step':>9}{'runtime':>9}{'python':>9}{'loop cpu':>9}{'engine':>8}{'search':>8}")
     for label, points in results.items():
         for r in points:
             print(f"{label:<6}{r['clients']:>8}{r['mean_rows']:>7.0f}{r['steps']:>7}"
                   f"{r['tokens_per_source']:>8.1f}{r['tokens_per_s']:>10.0f}{r['ms_per_step']:>9.3f}"
                   f"{r['runtime_ms_per_step']:>9.3f}{r['python_ms_per_step']:>9.3f}"
-                  f"{r['loop_cpu_ms_per_step']:>9.3f}")
+                  f"{r['loop_cpu_ms_per_step']:>9.3f}{r['engine_ms_per_step']:>8.3f}"
+                  f"{r['search_ms_per_step']:>8.3f}")
     for label, points in results.items():
         py = [r["python_ms_per_step"] for r in points]
         cpu = [r["loop_cpu_ms_per_step"] for r in points]
-        print(f"{label}: per-step max/min over the curve: python {max(py) / min(py):.2f}x, "
-              f"loop cpu {max(cpu) / min(cpu):.2f}x")
+        search = [r["search_ms_per_step"] for r in points]
+        engine = [r["engine_ms_per_step"] for r in points]
+        print(f"{label}: per-step time, largest / smallest over the curve: python (wall) "
+              f"{max(py) / min(py):.2f}x, loop cpu {max(cpu) / min(cpu):.2f}x, engine "
+              f"{max(engine) / min(engine):.2f}x, search {max(search) / min(search):.2f}x")
     labels = list(results)
     if len(labels) == 2:
         a, b = (results[x] for x in labels)

@@ -14,18 +14,23 @@ def top_k_rows(neg: np.ndarray, k: int) -> np.ndarray:
     """Column indices of the k smallest entries of every row of `neg` (Q, M), smallest first,
     ties to the lower column: exactly the first k columns of a stable argsort of each row,
     without sorting whole rows. `neg` holds no NaN (+inf sorts last); M >= k."""
-    if neg.shape[1] == k:
+    rows, cols = neg.shape
+    if cols == k:
         return np.argsort(neg, axis=1, kind="stable")
-    part = np.argpartition(neg, k - 1, axis=1)[:, :k]  # (Q, k) the k smallest, any order
-    threshold = np.take_along_axis(neg, part, 1).max(1)  # (Q,) the k-th smallest
-    # ties at the threshold make the chosen set depend on argpartition: redo those rows
-    # (ties among +inf are never chosen candidates, so they do not count)
-    ties = np.isfinite(threshold) & ((neg <= threshold[:, None]).sum(1) > k)  # (Q,)
-    if ties.any():
-        part[ties] = np.argsort(neg[ties], axis=1, kind="stable")[:, :k]
-    part.sort(axis=1)  # columns ascending, so the stable sort below breaks ties by column
-    order = np.argsort(np.take_along_axis(neg, part, 1), axis=1, kind="stable")  # (Q, k)
-    return np.take_along_axis(part, order, 1)
+    threshold = np.partition(neg, k - 1, axis=1)[:, k - 1 : k]  # (Q, 1) the k-th smallest
+    chosen = neg <= threshold  # (Q, M) at least k per row; more where the k-th is tied
+    flat = np.flatnonzero(chosen)
+    if len(flat) == rows * k:  # exactly k in every row: their columns, ascending
+        index = (flat - np.repeat(np.arange(rows) * cols, k)).reshape(rows, k)  # (Q, k)
+    else:
+        index = np.empty((rows, k), np.int64)
+        exact = chosen.sum(1) == k  # (Q,)
+        index[exact] = np.nonzero(chosen[exact])[1].reshape(-1, k)
+        tied = np.argsort(neg[~exact], axis=1, kind="stable")[:, :k]  # the rule itself
+        index[~exact] = np.sort(tied, axis=1)
+    values = neg[np.arange(rows)[:, None], index]  # (Q, k)
+    order = np.argsort(values, axis=1, kind="stable")  # ties keep the lower column first
+    return np.take_along_axis(index, order, 1)
 
 
 def segment_max(values: np.ndarray, segment: np.ndarray, n: int) -> np.ndarray:

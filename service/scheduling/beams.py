@@ -164,7 +164,8 @@ class Beams:
         """Keep the requests where `mask` (Q,) is set, in order; drop the others' state."""
         for key in self.reqs.key[~mask & self.reqs.sampling].tolist():
             self.samplers.pop(key, None)
-        rows = self.rows.take(mask[self.rows.request])
+        at = mask[self.rows.request]  # (R,)
+        rows = self.rows if at.all() else self.rows.take(at)  # done requests have no rows
         rows.request = (np.cumsum(mask) - 1)[rows.request]
         self.rows, self.reqs, self.done = rows, self.reqs.take(mask), self.done[mask]
         self.finished.take(mask)
@@ -245,12 +246,14 @@ class Beams:
         attention (R, S). Returns the parent row of every new live row, (R',) int64."""
         plan = self._plan or self._prepared()
         self._plan = None
-        lp = logprobs[:, : plan.k].astype(np.float64)  # (R, k)
+        lp = logprobs[:, : plan.k]  # (R, k) float32
         ids = ids[:, : plan.k]  # (R, k)
-        total = self._masked(self.rows.logp[:, None] + lp, ids, plan)  # (R, k)
-        sel = self._select(total, ids)
+        # cumulative log-probs, negated (smallest first): -(logp + lp) exactly, in float64;
+        # NaN needs no care (it sorts after +inf and is never valid)
+        neg = np.subtract(-self.rows.logp[:, None], lp, dtype=np.float64)  # (R, k)
+        sel = self._select(self._masked(neg, ids, plan), ids)
         if self.samplers:
-            self._sample(sel, total, ids, lp, plan)
+            self._sample(sel, neg, ids, lp, plan)
         return self._advance(sel, attention)
 
     def _prepared(self) -> _Plan:
@@ -258,86 +261,84 @@ class Beams:
         assert self._plan is not None
         return self._plan
 
-    def _masked(self, total: np.ndarray, ids: np.ndarray, plan: _Plan) -> np.ndarray:
+    def _masked(self, neg: np.ndarray, ids: np.ndarray, plan: _Plan) -> np.ndarray:
+        """Forbidden candidates (EOS before min_length, n-gram repeats) set to +inf."""
         q, r = self.reqs, self.rows
-        total[np.isnan(total)] = -np.inf
         early = (q.steps < q.min_length)[r.request]  # (R,)
         if early.any():
-            total[early[:, None] & (ids == self.limits.eos_id)] = -np.inf
+            neg[early[:, None] & (ids == self.limits.eos_id)] = np.inf
         for at, banned, ok in plan.bans:
-            sub = total[at]  # (Rn, k)
-            sub[banned_mask(ids[at], banned, ok)] = -np.inf
-            total[at] = sub
-        return total
+            sub = neg[at]  # (Rn, k)
+            sub[banned_mask(ids[at], banned, ok)] = np.inf
+            neg[at] = sub
+        return neg
 
-    def _select(self, total: np.ndarray, ids: np.ndarray) -> _Selection:
+    def _select(self, neg: np.ndarray, ids: np.ndarray) -> _Selection:
         """Per request, its 2B best candidates: one top-k along (Q, B_max x k)."""
         q, r = self.reqs, self.rows
-        n_req, n_rows, k = len(q), len(r), total.shape[1]
+        n_req, n_rows, k = len(q), len(r), neg.shape[1]
         counts = np.bincount(r.request, minlength=n_req)  # (Q,)
         starts = np.cumsum(counts) - counts  # (Q,)
         width = int(counts.max())
         c = 2 * int(q.beam.max())
         if n_rows == n_req * width:  # every request has `width` rows: no padding
-            cand = total.reshape(n_req, width * k)  # (Q, B * k)
+            cand = neg.reshape(n_req, width * k)  # (Q, B * k)
         else:
-            cand = np.full((n_req * width, k), -np.inf)  # (Q * B, k)
-            cand[r.request * width + np.arange(n_rows) - starts[r.request]] = total
+            cand = np.full((n_req * width, k), np.inf)  # (Q * B, k)
+            cand[r.request * width + np.arange(n_rows) - starts[r.request]] = neg
             cand = cand.reshape(n_req, width * k)  # (Q, B * k)
         if cand.shape[1] < c:  # fewer candidates than 2B: pad with never-valid ones
-            cand = np.pad(cand, ((0, 0), (0, c - cand.shape[1])), constant_values=-np.inf)
-        order = top_k_rows(-cand, c)  # (Q, C) best first
-        val = np.take_along_axis(cand, order, 1)  # (Q, C)
+            cand = np.pad(cand, ((0, 0), (0, c - cand.shape[1])), constant_values=np.inf)
+        order = top_k_rows(cand, c)  # (Q, C) best first
+        val = -cand[np.arange(n_req)[:, None], order]  # (Q, C) cumulative log-probs
         valid = np.isfinite(val) & (np.arange(c)[None] < 2 * q.beam[:, None])  # (Q, C)
         row = np.minimum(starts[:, None] + order // k, n_rows - 1)  # (Q, C)
         col = order % k  # (Q, C)
         return _Selection(row, ids[row, col], val, valid, starts)
 
-    def _sample(self, sel: _Selection, total: np.ndarray, ids: np.ndarray, lp: np.ndarray,
+    def _sample(self, sel: _Selection, neg: np.ndarray, ids: np.ndarray, lp: np.ndarray,
                 plan: _Plan) -> None:
         """Sampling requests (beam 1): their drawn token replaces the selection."""
         for q in np.flatnonzero(self.reqs.sampling).tolist():
             row, k = int(sel.starts[q]), int(plan.k_own[q])
-            j = self.samplers[int(self.reqs.key[q])].draw(total[row, :k], lp[row, :k])
+            total = -neg[row, :k]  # (k,) cumulative log-probs, -inf where masked
+            j = self.samplers[int(self.reqs.key[q])].draw(total, lp[row, :k].astype(np.float64))
             sel.valid[q] = False
             if j is not None:
-                sel.row[q, 0], sel.tok[q, 0], sel.val[q, 0] = row, ids[row, j], total[row, j]
+                sel.row[q, 0], sel.tok[q, 0], sel.val[q, 0] = row, ids[row, j], total[j]
                 sel.valid[q, 0] = True
 
     def _advance(self, sel: _Selection, attention: np.ndarray) -> np.ndarray:
-        q, finished = self.reqs, []
+        """Finish, stop and extend, from the selection. Only the rows that stay live are
+        copied (the finished ones are few); a request that stops keeps no rows."""
+        q = self.reqs
         rank = np.arange(sel.valid.shape[1])[None]  # (1, C)
         eos = sel.valid & (sel.tok == self.limits.eos_id)  # (Q, C)
         cont = sel.valid & ~eos
         cont &= np.cumsum(cont, 1) <= q.beam[:, None]  # the first B non-EOS continue
         ended = eos & (rank < q.beam[:, None])  # EOS among the first B finish
-        stuck = np.logical_not(sel.valid.any(axis=1))  # (Q,) nothing allowed: they end as is
-        if stuck.any():
-            rows = self.rows.take(stuck[self.rows.request])
-            finished.append((rows, q.steps[rows.request], False))
+        stuck = np.logical_not(sel.valid.any(axis=1))  # (Q,) nothing allowed: end as they are
         at, col = np.nonzero(cont | ended)  # (E,) request-major, best first
-        parents = sel.row[at, col]  # (E,)
-        children = self._extend(parents, sel.tok[at, col], sel.val[at, col], attention)
+        parents, tok, val = sel.row[at, col], sel.tok[at, col], sel.val[at, col]  # (E,)
         live = cont[at, col]  # (E,)
+        stuck_rows = self.rows.take(stuck[self.rows.request]) if stuck.any() else None
         q.steps += 1
-        capped = live & (q.steps >= q.max_steps)[children.request]  # finish truncated
-        for part, is_eos in ((~live, True), (capped, False)):
-            if part.any():
-                rows = children.take(part)
-                finished.append((rows, q.steps[rows.request], is_eos))
-        if finished:
-            self._finish(finished)
-        keep = live & ~capped
-        self.rows = children if keep.all() else children.take(keep)
-        self._update_done()
-        return parents if keep.all() else parents[keep]
+        going = live & (q.steps < q.max_steps)[at]  # the rest finish (EOS, or at the cap)
+        if not going.all() or stuck_rows is not None:
+            gone = ~going
+            self._finish(stuck_rows, self._extend(parents[gone], tok[gone], val[gone],
+                                                  attention), ~live[gone])
+        self.done = self._stopped(at[going], val[going])  # (Q,)
+        stay = going & ~self.done[at]  # (E,)
+        self.rows = self._extend(parents[stay], tok[stay], val[stay], attention)
+        return parents[stay]
 
     def _extend(self, parents: np.ndarray, tok: np.ndarray, logp: np.ndarray,
                 attention: np.ndarray) -> Rows:
         """New hypotheses: each parent row extended by its token (and attention row)."""
         r = self.rows
         request = r.request[parents]  # (E,)
-        steps = self.reqs.steps[request]  # (E,) tokens before this one
+        steps = self.reqs.steps[request] - 1  # (E,) tokens before this one
         at = np.arange(len(parents))
         tokens = r.tokens[parents]  # (E, W)
         tokens[at, steps] = tok
@@ -348,20 +349,25 @@ class Beams:
             history[at, steps] = att[:, : history.shape[2]]
         return Rows(request, logp, tok.astype(np.int64), tokens, coverage, history)
 
-    def _finish(self, parts: list[tuple[Rows, np.ndarray, bool]]) -> None:
-        """Score finished hypotheses (rows, lengths, ended) and merge them into their
-        requests' n-best; within a request, in the order of `parts`, then of rows."""
-        rows = parts[0][0].concat(*(p[0] for p in parts[1:]))
-        length = np.concatenate([p[1] for p in parts])  # (F,)
-        ended = np.concatenate([np.full(len(p[0]), p[2]) for p in parts])  # (F,)
-        entries = Entries(self._score(rows, length), rows.logp, length, ended, rows.tokens,
-                          rows.coverage, rows.attention)
-        request = rows.request
-        if len(parts) > 1:  # by request, then part (each part is by request already)
-            kind = np.repeat(np.arange(len(parts)), [len(p[0]) for p in parts])  # (F,)
-            order = np.argsort(request * len(parts) + kind, kind="stable")
-            entries, request = entries.take(order), request[order]
-        self.finished.merge(request, entries, self.reqs.n_best)
+    def _finish(self, stuck: Rows | None, extended: Rows, eos: np.ndarray) -> None:
+        """Score finished hypotheses and merge them into their requests' n-best, in this
+        order within a request: hypotheses of a stuck request (as they were, one step
+        shorter), EOS ones, those cut at the length cap; each in row order."""
+        rows, length = extended, self.reqs.steps[extended.request]  # (F,)
+        ended, kind = eos, np.where(eos, 1, 2)  # (F,)
+        if stuck is not None:
+            rows = stuck.concat(extended)
+            length = np.concatenate([self.reqs.steps[stuck.request] - 1, length])
+            ended = np.concatenate([np.zeros(len(stuck), bool), ended])
+            kind = np.concatenate([np.zeros(len(stuck), np.int64), kind])
+        score = self._score(rows, length)  # (F,)
+        # one that does not beat a full n-best's last cannot enter it (earlier wins ties)
+        chance = score > self.finished.worst(self.reqs.n_best)[rows.request]  # (F,)
+        order = np.flatnonzero(chance)
+        order = order[np.argsort(rows.request[order] * 3 + kind[order], kind="stable")]
+        entries = Entries(score, rows.logp, length, ended, rows.tokens, rows.coverage,
+                          rows.attention).take(order)  # by request, then kind, then row
+        self.finished.merge(rows.request[order], entries, self.reqs.n_best)
 
     def _score(self, rows: Rows, length: np.ndarray) -> np.ndarray:
         """GNMT score of finished hypotheses (F,): logp / lp(L) + beta * coverage term."""
@@ -377,14 +383,17 @@ class Beams:
 
     def bounds(self) -> np.ndarray:
         """(R,) upper bound on the final score of any descendant of each live row."""
-        q, r = self.reqs, self.rows
-        lp_cap = self._lp[q.alpha, q.max_steps]  # (Q,)
-        return np.minimum(r.logp, 0.0) / lp_cap[r.request]  # (R,)
+        return self._bound(self.rows.request, self.rows.logp)
 
-    def _update_done(self) -> None:
-        """Exact stopping: no live row left, or (beam) n_best finished and no live row's
-        bound beats the n-th."""
-        q, r = self.reqs, self.rows
-        live = np.bincount(r.request, minlength=len(q))  # (Q,)
-        best = segment_max(self.bounds(), r.request, len(q))  # (Q,)
-        self.done = (live == 0) | (~q.sampling & (best <= self.finished.worst(q.n_best)))
+    def _bound(self, request: np.ndarray, logp: np.ndarray) -> np.ndarray:
+        q = self.reqs
+        lp_cap = self._lp[q.alpha, q.max_steps]  # (Q,)
+        return np.minimum(logp, 0.0) / lp_cap[request]  # (R,)
+
+    def _stopped(self, request: np.ndarray, logp: np.ndarray) -> np.ndarray:
+        """Exact stopping, given the live candidates (request (n,) ascending, logp (n,)):
+        none left, or (beam) n_best finished and no live one's bound beats the n-th."""
+        q = self.reqs
+        live = np.bincount(request, minlength=len(q))  # (Q,)
+        best = segment_max(self._bound(request, logp), request, len(q))  # (Q,)
+        return (live == 0) | (~q.sampling & (best <= self.finished.worst(q.n_best)))

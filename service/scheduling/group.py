@@ -105,7 +105,9 @@ class DecodeGroup:
 
     def evict(self, keep: np.ndarray) -> None:
         """Keep the requests where `keep` (Q,) is set; free the others' rows and memory."""
-        self.state = self.state[keep[self.beams.rows.request]]  # (R', state_dim)
+        rows = keep[self.beams.rows.request]  # (R,)
+        if not rows.all():
+            self.state = self.state[rows]  # (R', state_dim)
         self.bank.free(self.slots[~keep])
         self.slots = self.slots[keep]
         self.beams.keep(keep)

@@ -157,7 +157,6 @@ def decode_with_beams(fake: FakeTranslator, jobs: list[tuple[list[int], SearchOp
         for q, hyps in zip(done.tolist(), beams.results(done), strict=True):
             results[int(beams.reqs.key[q])] = hyps
             steps[int(beams.reqs.key[q])] = int(beams.reqs.steps[q])
-        if len(done):
-            state = state[~beams.done[beams.rows.request]]
+        if len(done):  # done requests keep no rows
             beams.keep(~beams.done)
     return [results[i] for i in range(len(jobs))], [steps[i] for i in range(len(jobs))]

@@ -23,10 +23,10 @@ from service.scheduling.finished import Entries, FinishedStore
 
 def _no_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests stop only when no live hypothesis is left (run to the length cap)."""
-    def done_when_empty(self: Beams) -> None:
-        self.done = np.bincount(self.rows.request, minlength=len(self.reqs)) == 0
+    def done_when_empty(self: Beams, request: np.ndarray, logp: np.ndarray) -> np.ndarray:
+        return np.bincount(request, minlength=len(self.reqs)) == 0
 
-    monkeypatch.setattr(Beams, "_update_done", done_when_empty)
+    monkeypatch.setattr(Beams, "_stopped", done_when_empty)
 
 
 def _record_finished(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], float]]:

@@ -28,16 +28,18 @@ def top_k_rows(neg: np.ndarray, k: int) -> np.ndarray:
         index[exact] = np.nonzero(chosen[exact])[1].reshape(-1, k)
         tied = np.argsort(neg[~exact], axis=1, kind="stable")[:, :k]  # the rule itself
         index[~exact] = np.sort(tied, axis=1)
-    values = neg[np.arange(rows)[:, None], index]  # (Q, k)
-    order = np.argsort(values, axis=1, kind="stable")  # ties keep the lower column first
-    return np.take_along_axis(index, order, 1)
+    at = np.arange(rows)[:, None]  # (Q, 1)
+    order = np.argsort(neg[at, index], axis=1, kind="stable")  # ties keep the lower column
+    return index[at, order]  # (Q, k)
 
 
 def segment_max(values: np.ndarray, segment: np.ndarray, n: int) -> np.ndarray:
     """(n,) maximum of `values` (R,) per segment id (R,), ids ascending; -inf where empty."""
     out = np.full(n, -np.inf)
     if len(values):
-        starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])  # (segments,)
+        fresh = np.empty(len(segment), bool)  # (R,) first of its segment
+        fresh[0], fresh[1:] = True, segment[1:] != segment[:-1]
+        starts = np.flatnonzero(fresh)  # (segments,)
         out[segment[starts]] = np.maximum.reduceat(values, starts)
     return out
 

@@ -26,25 +26,81 @@ from service.scheduling.beam import (
 from service.scheduling.finished import FinishedStore
 from service.scheduling.sampling import Sampler, sampling_k
 
+_COLUMNS = ("key", "beam", "n_best", "min_length", "ngram", "k_base", "max_steps", "src_len",
+            "steps", "alpha", "sampling", "coverage", "attention")
+"""The columns of `Requests.ints`."""
+_STEPS = _COLUMNS.index("steps")
+
 
 @dataclass
 class Requests(Columns):
-    """Per request (Q,): its options as numbers and its progress."""
+    """Per request (Q,): its options as numbers and its progress, in one int64 matrix, so
+    that requests join and leave by moving two arrays."""
 
-    key: np.ndarray  # caller's id (int64)
-    beam: np.ndarray
-    n_best: np.ndarray
-    min_length: np.ndarray
-    ngram: np.ndarray  # no_repeat_ngram_size, 0: off
-    k_base: np.ndarray  # top-k it needs before n-gram bans
-    max_steps: np.ndarray
-    src_len: np.ndarray
-    steps: np.ndarray  # tokens generated so far by each live hypothesis
-    alpha: np.ndarray  # row of the length-penalty table
-    beta: np.ndarray  # float64 coverage penalty
-    sampling: np.ndarray  # bool
-    coverage: np.ndarray  # bool: beta > 0 (keep coverage)
-    attention: np.ndarray  # bool: return_attention
+    ints: np.ndarray  # (Q, 13) int64, columns `_COLUMNS`
+    beta: np.ndarray  # (Q,) float64 coverage penalty
+
+    @property
+    def key(self) -> np.ndarray:
+        """The caller's id of each request."""
+        return self.ints[:, 0]
+
+    @property
+    def beam(self) -> np.ndarray:
+        return self.ints[:, 1]
+
+    @property
+    def n_best(self) -> np.ndarray:
+        return self.ints[:, 2]
+
+    @property
+    def min_length(self) -> np.ndarray:
+        return self.ints[:, 3]
+
+    @property
+    def ngram(self) -> np.ndarray:
+        """no_repeat_ngram_size, 0: off."""
+        return self.ints[:, 4]
+
+    @property
+    def k_base(self) -> np.ndarray:
+        """Top-k it needs before n-gram bans."""
+        return self.ints[:, 5]
+
+    @property
+    def max_steps(self) -> np.ndarray:
+        return self.ints[:, 6]
+
+    @property
+    def src_len(self) -> np.ndarray:
+        return self.ints[:, 7]
+
+    @property
+    def steps(self) -> np.ndarray:
+        """Tokens generated so far by each live hypothesis."""
+        return self.ints[:, _STEPS]
+
+    @property
+    def alpha(self) -> np.ndarray:
+        """Row of the length-penalty table."""
+        return self.ints[:, 9]
+
+    @property
+    def sampling(self) -> np.ndarray:
+        return self.ints[:, 10] != 0
+
+    @property
+    def coverage(self) -> np.ndarray:
+        """beta > 0: its hypotheses keep their coverage."""
+        return self.ints[:, 11] != 0
+
+    @property
+    def attention(self) -> np.ndarray:
+        """return_attention: its hypotheses keep their attention rows."""
+        return self.ints[:, 12] != 0
+
+    def count_step(self) -> None:
+        self.ints[:, _STEPS] += 1
 
 
 @dataclass
@@ -72,8 +128,7 @@ class BeamState:
     def __init__(self, limits: DecodeLimits) -> None:
         self.limits = limits
         i64 = np.zeros(0, np.int64)
-        self.reqs = Requests(i64, i64, i64, i64, i64, i64, i64, i64, i64, i64, np.zeros(0),
-                             *(np.zeros(0, bool) for _ in range(3)))
+        self.reqs = Requests(np.zeros((0, len(_COLUMNS)), np.int64), np.zeros(0))
         self.rows = Rows(i64, np.zeros(0), i64, np.zeros((0, 0), np.int32), np.zeros((0, 0)),
                          np.zeros((0, 0, 0), np.float32))
         self.finished = FinishedStore()
@@ -92,16 +147,14 @@ class BeamState:
              src_lens: Sequence[int]) -> None:
         """Add requests (one BOS row each) at the end."""
         n = len(keys)
-        beam, n_best, min_len, ngram, k_base, alpha, beta, sampling, attn = (
-            np.array(c) for c in zip(*(_option_numbers(o) for o in options), strict=True))
+        numbers = np.array([_option_numbers(o) for o in options])  # (n, 9)
         caps = [max_steps(o, s, self.limits) for o, s in zip(options, src_lens, strict=True)]
-        i64 = np.int64
-        new = Requests(
-            key=np.asarray(keys, i64), beam=beam.astype(i64), n_best=n_best.astype(i64),
-            min_length=min_len.astype(i64), ngram=ngram.astype(i64), k_base=k_base.astype(i64),
-            max_steps=np.asarray(caps, i64), src_len=np.asarray(src_lens, i64),
-            steps=np.zeros(n, i64), alpha=self._alpha_rows(alpha), beta=beta.astype(np.float64),
-            sampling=sampling.astype(bool), coverage=beta > 0, attention=attn.astype(bool))
+        ints = np.zeros((n, len(_COLUMNS)), np.int64)  # (n, 13)
+        ints[:, 0], ints[:, 1:6], ints[:, 6], ints[:, 7] = keys, numbers[:, :5], caps, src_lens
+        ints[:, 9] = self._alpha_rows(numbers[:, 5])
+        ints[:, 10], ints[:, 12] = numbers[:, 7], numbers[:, 8]
+        ints[:, 11] = numbers[:, 6] > 0
+        new = Requests(ints, numbers[:, 6].astype(np.float64))
         for key, o in zip(keys, options, strict=True):
             if o.sampling:
                 self.samplers[int(key)] = Sampler(o)
@@ -114,7 +167,7 @@ class BeamState:
         self.reqs, self.rows = self.reqs.concat(new), self.rows.concat(rows)
         self.finished.extend(n)
         self.done = np.concatenate([self.done, np.zeros(n, bool)])
-        self._membership_changed()
+        self._membership_changed(joined=True)
 
     def keep(self, mask: np.ndarray) -> None:
         """Keep the requests where `mask` (Q,) is set, in order; drop the others' state."""
@@ -125,7 +178,7 @@ class BeamState:
         rows.request = (np.cumsum(mask) - 1)[rows.request]
         self.rows, self.reqs, self.done = rows, self.reqs.take(mask), self.done[mask]
         self.finished.take(mask)
-        self._membership_changed()
+        self._membership_changed(joined=False)
 
     def set_source_width(self, width: int) -> None:
         """The source width S of the attention the decoder step returns (padded memory)."""
@@ -134,15 +187,18 @@ class BeamState:
             self._reshape()
 
     def _reshape(self) -> None:
-        """Fit the history widths to the members: tokens to the longest length cap, coverage
-        and attention to the source width only while some request needs them."""
+        """Fit the history widths to the members. They only grow (the tokens to the longest
+        length cap, coverage and attention to the source width) while some request needs
+        them, so that requests coming and going rarely move the histories."""
         q, r = self.reqs, self.rows
-        width = int(q.max_steps.max()) if len(q) else 0
-        cov = self._source_width if q.coverage.any() else 0
-        attn = (width, self._source_width) if q.attention.any() else (0, 0)
-        r.tokens, r.coverage = fit(r.tokens, width), fit(r.coverage, cov)
-        r.attention = fit(r.attention, *attn)
-        self.finished.reshape(int(q.n_best.max()) if len(q) else 0, width, cov, attn)
+        width = max(r.tokens.shape[1], int(q.max_steps.max(initial=0)))
+        src = max(r.coverage.shape[1], r.attention.shape[2], self._source_width)
+        cov = src if q.coverage.any() else 0
+        attn = (width, src) if q.attention.any() else (0, 0)
+        if (width, cov, attn) != (r.tokens.shape[1], r.coverage.shape[1], r.attention.shape[1:]):
+            r.tokens, r.coverage = fit(r.tokens, width), fit(r.coverage, cov)
+            r.attention = fit(r.attention, *attn)
+        self.finished.reshape(int(q.n_best.max(initial=0)), width, cov, attn)
 
     def _alpha_rows(self, alphas: np.ndarray) -> np.ndarray:
         """Rows of the length-penalty table (computed with Python floats, as the rules say)."""
@@ -169,5 +225,7 @@ class BeamState:
         return self.finished.hypotheses(positions, r.src_len[positions],
                                         r.coverage[positions], r.attention[positions])
 
-    def _membership_changed(self) -> None:
-        self._reshape()
+    def _membership_changed(self, joined: bool) -> None:
+        r = self.rows
+        if joined or r.coverage.shape[1] or r.attention.shape[1]:  # grow, or maybe drop
+            self._reshape()

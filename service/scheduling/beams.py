@@ -65,9 +65,9 @@ class Beams(BeamState):
         super().__init__(limits)
         self._plan: _Plan | None = None
 
-    def _membership_changed(self) -> None:
+    def _membership_changed(self, joined: bool) -> None:
         self._plan = None
-        super()._membership_changed()
+        super()._membership_changed(joined)
 
     # -- what the engine asks before a step ---------------------------------------------
 
@@ -166,29 +166,24 @@ class Beams(BeamState):
                 sel.valid[q, 0] = True
 
     def _advance(self, sel: _Selection, attention: np.ndarray) -> np.ndarray:
-        """Finish, stop and extend, from the selection. Only the rows that stay live are
-        copied (the finished ones are few); a request that stops keeps no rows."""
-        q = self.reqs
-        rank = np.arange(sel.valid.shape[1])[None]  # (1, C)
+        """Finish, stop and extend, from the selection (Q, C). Only the rows that stay live
+        are copied (the finished ones are few); a request that stops keeps no rows."""
+        q, beam = self.reqs, self.reqs.beam[:, None]  # (Q, 1)
         eos = sel.valid & (sel.tok == self.limits.eos_id)  # (Q, C)
-        cont = sel.valid & ~eos
-        cont &= np.cumsum(cont, 1) <= q.beam[:, None]  # the first B non-EOS continue
-        ended = eos & (rank < q.beam[:, None])  # EOS among the first B finish
-        stuck = np.logical_not(sel.valid.any(axis=1))  # (Q,) nothing allowed: end as they are
-        at, col = np.nonzero(cont | ended)  # (E,) request-major, best first
-        parents, tok, val = sel.row[at, col], sel.tok[at, col], sel.val[at, col]  # (E,)
-        live = cont[at, col]  # (E,)
-        stuck_rows = self.rows.take(stuck[self.rows.request]) if stuck.any() else None
-        q.steps += 1
-        going = live & (q.steps < q.max_steps)[at]  # the rest finish (EOS, or at the cap)
-        if not going.all() or stuck_rows is not None:
-            gone = ~going
-            self._finish(stuck_rows, self._extend(parents[gone], tok[gone], val[gone],
-                                                  attention), ~live[gone])
-        self.done = self._stopped(at[going], val[going])  # (Q,)
-        stay = going & ~self.done[at]  # (E,)
-        self.rows = self._extend(parents[stay], tok[stay], val[stay], attention)
-        return parents[stay]
+        cont = sel.valid ^ eos  # (Q, C) valid and not EOS
+        cont &= np.cumsum(cont, 1) <= beam  # the first B non-EOS continue
+        ended = eos & (np.arange(eos.shape[1]) < beam)  # EOS among the first B finish
+        stuck = np.logical_not(sel.valid.any(1))  # (Q,) nothing allowed: end as they are
+        q.count_step()
+        going = cont & (q.steps < q.max_steps)[:, None]  # (Q, C) the others reach the cap
+        capped = cont ^ going
+        if (ended | capped).any() or stuck.any():
+            self._finish(sel, (stuck, ended, capped), attention)
+        self.done = self._stopped(going, sel.val)  # (Q,)
+        at, col = np.nonzero(going & np.logical_not(self.done)[:, None])  # (R',) by request
+        parents = sel.row[at, col]  # (R',)
+        self.rows = self._extend(parents, sel.tok[at, col], sel.val[at, col], attention)
+        return parents
 
     def _extend(self, parents: np.ndarray, tok: np.ndarray, logp: np.ndarray,
                 attention: np.ndarray) -> Rows:
@@ -199,31 +194,42 @@ class Beams(BeamState):
         at = np.arange(len(parents))
         tokens = r.tokens[parents]  # (E, W)
         tokens[at, steps] = tok
-        att = attention[parents]  # (E, S)
-        coverage = r.coverage[parents] + att[:, : r.coverage.shape[1]]  # (E, Sc)
-        history = r.attention[parents]  # (E, Wa, Sa)
-        if history.shape[1]:
-            history[at, steps] = att[:, : history.shape[2]]
-        return Rows(request, logp, tok.astype(np.int64), tokens, coverage, history)
+        coverage, history = r.coverage[parents], r.attention[parents]  # (E, Sc), (E, Wa, Sa)
+        if coverage.shape[1] or history.shape[1]:
+            att = attention[parents]  # (E, S), S <= Sc, Sa
+            if coverage.shape[1]:
+                coverage[:, : att.shape[1]] += att
+            if history.shape[1]:
+                history[at, steps, : att.shape[1]] = att
+        return Rows(request, logp, tok.astype(np.int64, copy=False), tokens, coverage, history)
 
-    def _finish(self, stuck: Rows | None, extended: Rows, eos: np.ndarray) -> None:
+    def _finish(self, sel: _Selection, masks: tuple[np.ndarray, np.ndarray, np.ndarray],
+                attention: np.ndarray) -> None:
         """Score finished hypotheses and merge them into their requests' n-best, in this
-        order within a request: hypotheses of a stuck request (as they were, one step
-        shorter), EOS ones, those cut at the length cap; each in row order."""
-        rows, length = extended, self.reqs.steps[extended.request]  # (F,)
-        ended, kind = eos, np.where(eos, 1, 2)  # (F,)
-        if stuck is not None:
-            rows = stuck.concat(extended)
-            length = np.concatenate([self.reqs.steps[stuck.request] - 1, length])
-            ended = np.concatenate([np.zeros(len(stuck), bool), ended])
-            kind = np.concatenate([np.zeros(len(stuck), np.int64), kind])
+        order within a request: the rows of a request with nothing allowed (as they are),
+        EOS ones, those cut at the length cap; each in rank order."""
+        stuck, ended, capped = masks  # (Q,), (Q, C), (Q, C)
+        steps = self.reqs.steps
+        parts = []
+        if stuck.any():
+            rows = self.rows.take(stuck[self.rows.request])
+            parts.append((rows, steps[rows.request] - 1, False))
+        for mask, is_eos in ((ended, True), (capped, False)):
+            if mask.any():
+                at, col = np.nonzero(mask)  # (F,) by request, best first
+                rows = self._extend(sel.row[at, col], sel.tok[at, col], sel.val[at, col],
+                                    attention)
+                parts.append((rows, steps[at], is_eos))
+        rows = parts[0][0].concat(*(p[0] for p in parts[1:]))  # (F,)
+        length = np.concatenate([p[1] for p in parts])  # (F,)
+        ended_flags = np.repeat([p[2] for p in parts], [len(p[0]) for p in parts])  # (F,)
         score = self._score(rows, length)  # (F,)
         # one that does not beat a full n-best's last cannot enter it (earlier wins ties)
-        chance = score > self.finished.worst(self.reqs.n_best)[rows.request]  # (F,)
-        order = np.flatnonzero(chance)
-        order = order[np.argsort(rows.request[order] * 3 + kind[order], kind="stable")]
-        entries = Entries(score, rows.logp, length, ended, rows.tokens, rows.coverage,
-                          rows.attention).take(order)  # by request, then kind, then row
+        order = np.flatnonzero(score > self.finished.worst(self.reqs.n_best)[rows.request])
+        if len(parts) > 1:  # by request; the parts' order stays within a request
+            order = order[np.argsort(rows.request[order], kind="stable")]
+        entries = Entries(score, rows.logp, length, ended_flags, rows.tokens, rows.coverage,
+                          rows.attention).take(order)
         self.finished.merge(rows.request[order], entries, self.reqs.n_best)
 
     def _score(self, rows: Rows, length: np.ndarray) -> np.ndarray:
@@ -240,17 +246,15 @@ class Beams(BeamState):
 
     def bounds(self) -> np.ndarray:
         """(R,) upper bound on the final score of any descendant of each live row."""
-        return self._bound(self.rows.request, self.rows.logp)
+        q, r = self.reqs, self.rows
+        return np.minimum(r.logp, 0.0) / self._lp[q.alpha, q.max_steps][r.request]
 
-    def _bound(self, request: np.ndarray, logp: np.ndarray) -> np.ndarray:
+    def _stopped(self, going: np.ndarray, val: np.ndarray) -> np.ndarray:
+        """Exact stopping, given the live candidates going (Q, C) and their log-probs val:
+        none left, or (beam) n_best finished and the best live one's bound (a bound grows
+        with the log-prob) does not beat the n-th."""
         q = self.reqs
-        lp_cap = self._lp[q.alpha, q.max_steps]  # (Q,)
-        return np.minimum(logp, 0.0) / lp_cap[request]  # (R,)
-
-    def _stopped(self, request: np.ndarray, logp: np.ndarray) -> np.ndarray:
-        """Exact stopping, given the live candidates (request (n,) ascending, logp (n,)):
-        none left, or (beam) n_best finished and no live one's bound beats the n-th."""
-        q = self.reqs
-        live = np.bincount(request, minlength=len(q))  # (Q,)
-        best = segment_max(self._bound(request, logp), request, len(q))  # (Q,)
-        return (live == 0) | (~q.sampling & (best <= self.finished.worst(q.n_best)))
+        best = val[np.arange(len(q)), going.argmax(1)]  # (Q,) first = best live candidate
+        bound = np.minimum(best, 0.0) / self._lp[q.alpha, q.max_steps]  # (Q,)
+        stop = np.logical_not(q.sampling) & (bound <= self.finished.worst(q.n_best))
+        return np.logical_not(going.any(1)) | stop

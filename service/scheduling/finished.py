@@ -1,6 +1,10 @@
-"""The finished hypotheses of every request of a decode group: each request's n-best, kept
-sorted, as arrays (Q requests x N slots), merged with a step's newly finished ones in one
-vectorised pass."""
+"""The finished hypotheses of every request of a decode group.
+
+Hypotheses that may still be answered live in a pool (`Entries`, appended to, compacted when
+mostly dead); each request holds N slots (its n-best, best first) of pool indices and scores.
+A step's newly finished hypotheses are merged into every request's n-best at once: one
+stable sort of (requests, N + new) scores. Requests joining and leaving move only the slots.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,15 @@ import numpy as np
 from service.scheduling.arrays import Columns, fit
 from service.scheduling.beam import Hypothesis
 
+MIN_POOL = 64
+"""Smallest pool capacity."""
+
 
 @dataclass
 class Entries(Columns):
-    """Finished hypotheses, one per entry (the step's new ones, or a store's slots)."""
+    """Finished hypotheses, one per entry."""
 
-    score: np.ndarray  # (F,) float64, -inf: empty slot
+    score: np.ndarray  # (F,) float64
     logp: np.ndarray  # (F,) float64
     length: np.ndarray  # (F,) int64 tokens, EOS included
     ended: np.ndarray  # (F,) bool
@@ -32,99 +39,107 @@ class Entries(Columns):
 
 
 class FinishedStore:
-    """Each request's n-best finished hypotheses, best first, ties to the earlier finished:
-    slots (Q, N) of `Entries` fields; N is the largest n_best of the group."""
+    """See module doc. Slots: index (Q, N) into the pool (-1: empty), score (Q, N) (-inf:
+    empty); each request's n-best sorted best first, ties to the one finished first."""
 
     def __init__(self) -> None:
-        self.slots = 0
-        self.best = _unflatten(Entries.empty(0, 0, 0, (0, 0)), 0, 0)  # fields (Q, N, ...)
+        self.index = np.zeros((0, 0), np.int64)  # (Q, N)
+        self.score = np.zeros((0, 0))  # (Q, N)
+        self.pool = Entries.empty(MIN_POOL, 0, 0, (0, 0))  # (P, ...)
+        self.used = 0  # pool entries written
+
+    @property
+    def slots(self) -> int:
+        return self.index.shape[1]
 
     def extend(self, n: int) -> None:
         """Room for n more requests (no hypotheses yet)."""
-        b = self.best
-        more = Entries.empty(n * self.slots, b.tokens.shape[-1], b.coverage.shape[-1],
-                             b.attention.shape[-2:])  # (n * N, ...)
-        self.best = self.best.concat(_unflatten(more, n, self.slots))
+        self.index = np.concatenate([self.index, np.full((n, self.slots), -1)])
+        self.score = np.concatenate([self.score, np.full((n, self.slots), -np.inf)])
+
+    def take(self, mask: np.ndarray) -> None:
+        """Keep the requests where `mask` (Q,) is set (their hypotheses stay in the pool)."""
+        self.index, self.score = self.index[mask], self.score[mask]
 
     def reshape(self, slots: int, width: int, cov_width: int,
                 attn_shape: tuple[int, int]) -> None:
-        """Cut or pad the slot count and the per-hypothesis widths (nothing kept is lost)."""
-        if slots != self.slots:
-            self.best = _resize_slots(self.best, slots)
-            self.slots = slots
-        b = self.best
-        b.tokens = fit(b.tokens, slots, width)
-        b.coverage = fit(b.coverage, slots, cov_width)
-        b.attention = fit(b.attention, slots, *attn_shape)
-
-    def take(self, index: np.ndarray) -> None:
-        self.best = self.best.take(index)
+        """Slots per request (grows only) and the widths of a hypothesis' history."""
+        if slots > self.slots:
+            pad = slots - self.slots
+            self.index = np.pad(self.index, ((0, 0), (0, pad)), constant_values=-1)
+            self.score = np.pad(self.score, ((0, 0), (0, pad)), constant_values=-np.inf)
+        p = self.pool
+        p.tokens, p.coverage = fit(p.tokens, width), fit(p.coverage, cov_width)
+        p.attention = fit(p.attention, *attn_shape)
 
     def worst(self, n_best: np.ndarray) -> np.ndarray:
         """(Q,) score of each request's n_best-th hypothesis, -inf while it has fewer."""
-        return self.best.score[np.arange(len(n_best)), n_best - 1]
+        return self.score[np.arange(len(n_best)), n_best - 1]
 
     def merge(self, request: np.ndarray, new: Entries, n_best: np.ndarray) -> None:
         """Add new hypotheses of requests `request` (F,) ascending, each request's in the order
         they finished, keeping each request's n_best (Q,) best."""
-        if not len(request):
+        n, count = self.slots, len(request)
+        if not count:
             return
-        ids, first, counts = np.unique(request, return_index=True, return_counts=True)  # (U,)
-        group = np.repeat(np.arange(len(ids)), counts)  # (F,)
-        pos = np.arange(len(request)) - first[group]  # (F,) rank among the request's new ones
-        n = self.slots
-        score = np.full((len(ids), n + counts.max()), -np.inf)  # (U, N + C)
-        score[:, :n] = self.best.score[ids]
-        score[group, n + pos] = new.score
-        order = np.argsort(-score, axis=1, kind="stable")[:, :n]  # (U, N) stable: old first
-        from_old = order < n  # (U, N)
-        old_slot = np.minimum(order, n - 1)  # (U, N)
-        new_index = np.clip(first[:, None] + order - n, 0, len(request) - 1)  # (U, N)
-        merged = {}
-        for name in ("score", "logp", "length", "ended", "tokens", "coverage", "attention"):
-            old = getattr(self.best, name)[ids[:, None], old_slot]  # (U, N, ...)
-            fresh = getattr(new, name)[new_index]  # (U, N, ...)
-            pick = from_old.reshape(*from_old.shape, *([1] * (old.ndim - 2)))
-            merged[name] = np.where(pick, old, fresh)
+        at = self._append(new)  # (F,) pool indices
+        starts = np.empty(count, bool)  # (F,) first new one of its request
+        starts[0], starts[1:] = True, request[1:] != request[:-1]
+        first = np.flatnonzero(starts)  # (U,)
+        ids = request[first]  # (U,)
+        group = np.cumsum(starts) - 1  # (F,) its request among the U
+        col = n + np.arange(count) - first[group]  # (F,) column after the N slots
+        score = np.full((len(ids), int(col.max()) + 1), -np.inf)  # (U, N + C)
+        index = np.full(score.shape, -1)  # (U, N + C)
+        score[:, :n], index[:, :n] = self.score[ids], self.index[ids]
+        score[group, col], index[group, col] = new.score, at
+        order = np.argsort(-score, axis=1, kind="stable")[:, :n]  # (U, N): old first on ties
+        at_row = np.arange(len(ids))[:, None]  # (U, 1)
         kept = np.arange(n)[None] < n_best[ids][:, None]  # (U, N)
-        merged["score"] = np.where(kept, merged["score"], -np.inf)
-        for name, value in merged.items():
-            getattr(self.best, name)[ids] = value
+        self.score[ids] = np.where(kept, score[at_row, order], -np.inf)
+        self.index[ids] = np.where(kept, index[at_row, order], -1)
+
+    def _append(self, new: Entries) -> np.ndarray:
+        if self.used + len(new) > len(self.pool):
+            self._compact(len(new))
+        at = np.arange(self.used, self.used + len(new))
+        for name, value in vars(new).items():
+            getattr(self.pool, name)[at[0] : at[-1] + 1] = value
+        self.used += len(new)
+        return at
+
+    def _compact(self, extra: int) -> None:
+        """Keep only the pool entries some slot points at, with room for `extra` more."""
+        live = np.unique(self.index[self.index >= 0])  # (L,)
+        capacity = max(MIN_POOL, 2 * (len(live) + extra))
+        fresh = Entries.empty(capacity, self.pool.tokens.shape[1], self.pool.coverage.shape[1],
+                              self.pool.attention.shape[1:])  # (P', ...)
+        kept = self.pool.take(live)
+        for name, value in vars(kept).items():
+            getattr(fresh, name)[: len(live)] = value
+        remap = np.full(len(self.pool), -1)
+        remap[live] = np.arange(len(live))
+        self.index = np.where(self.index >= 0, remap[self.index], -1)
+        self.pool, self.used = fresh, len(live)
 
     def hypotheses(self, positions: np.ndarray, src_len: np.ndarray, coverage: np.ndarray,
                    attention: np.ndarray) -> list[list[Hypothesis]]:
         """The finished hypotheses of the requests at `positions`, best first, as answers;
         with coverage / attention rows where those (n,) flags are set."""
-        b = self.best
-        score = b.score[positions]  # (n, N)
-        counts = np.isfinite(score).sum(1).tolist()  # slots fill from the first
-        scores, logps = score.tolist(), b.logp[positions].tolist()
-        lengths, ended = b.length[positions].tolist(), b.ended[positions].tolist()
-        tokens = b.tokens[positions].tolist()  # (n, N, W)
+        index = self.index[positions]  # (n, N) slots fill from the first
+        counts = (index >= 0).sum(1).tolist()
+        found = self.pool.take(np.maximum(index, 0))  # (n, N, ...)
+        scores, logps = found.score.tolist(), found.logp.tolist()
+        lengths, ended, tokens = found.length.tolist(), found.ended.tolist(), found.tokens.tolist()
         out = []
-        for i, q in enumerate(positions.tolist()):
+        for i in range(len(positions)):
             hyps = []
             for j in range(counts[i]):
                 n, s = lengths[i][j], int(src_len[i])
                 hyps.append(Hypothesis(
                     tuple(tokens[i][j][:n]), logps[i][j], scores[i][j], ended[i][j],
-                    coverage=b.coverage[q, j, :s].copy() if coverage[i] else None,
-                    attention=tuple(b.attention[q, j, :n, :s].copy()) if attention[i] else ()))
+                    coverage=found.coverage[i, j, :s].copy() if coverage[i] else None,
+                    attention=tuple(found.attention[i, j, :n, :s].copy()) if attention[i]
+                    else ()))
             out.append(hyps)
         return out
-
-
-def _unflatten(e: Entries, rows: int, slots: int) -> Entries:
-    """(rows * slots, ...) entries as (rows, slots, ...)."""
-    return Entries(**{name: v.reshape(rows, slots, *v.shape[1:])
-                      for name, v in vars(e).items()})
-
-
-def _resize_slots(b: Entries, slots: int) -> Entries:
-    q = len(b.score)
-    fresh = _unflatten(Entries.empty(q * slots, b.tokens.shape[-1], b.coverage.shape[-1],
-                                     b.attention.shape[-2:]), q, slots)  # (Q, slots, ...)
-    keep = min(slots, b.score.shape[1])
-    for name, v in vars(fresh).items():
-        v[:, :keep] = getattr(b, name)[:, :keep]
-    return fresh

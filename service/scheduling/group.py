@@ -13,14 +13,16 @@ from service.scheduling.beams import Beams
 
 class MemoryBank:
     """Encoder memories, one slot per request, in one (slots, S, D) array that decoder_step
-    reads through `memory_index`. A request joining or leaving copies only its own memory; the
-    array is rebuilt only to grow, or to narrow S when the longest source leaves (S is always
-    the longest member's length, so the step attends over no more padding than needed)."""
+    reads through `memory_index`. The used slots are always the first n (a request leaving
+    moves the last one into its hole), so the step projects no memory nobody reads; a request
+    joining or leaving copies only its own memory; the array is rebuilt only to grow, or to
+    narrow S when the longest source leaves (S is the longest member's length)."""
 
     def __init__(self) -> None:
         self.memory = np.zeros((0, 0, 0), np.float32)  # (slots, S, D)
         self.mask = np.zeros((0, 0), bool)  # (slots, S)
-        self.lengths = np.zeros(0, np.int64)  # (slots,) source length, 0: free
+        self.lengths = np.zeros(0, np.int64)  # (slots,) source length
+        self.used = 0  # slots 0 .. used-1 hold memories
 
     @property
     def width(self) -> int:
@@ -29,39 +31,50 @@ class MemoryBank:
     def add(self, memory: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Slots (n,) for n memories (n, S_n, D); positions past each length read as zero."""
         n = len(lengths)
-        free = np.flatnonzero(self.lengths == 0)
         capacity = len(self.lengths)
-        if len(free) < n:
-            capacity = max(2 * capacity, capacity + n - len(free), 8)
-        width = int(max(self.lengths.max(initial=0), lengths.max()))
+        if self.used + n > capacity:
+            capacity = max(2 * capacity, self.used + n, 8)
+        width = int(max(self.lengths[: self.used].max(initial=0), lengths.max()))
         self._resize(capacity, width, memory.shape[2])
-        slots = np.flatnonzero(self.lengths == 0)[:n]
+        slots = np.arange(self.used, self.used + n)
         s = min(width, memory.shape[1])
         valid = np.arange(width)[None] < lengths[:, None]  # (n, S)
-        self.memory[slots] = 0.0
-        self.memory[slots, :s] = np.where(valid[:, :s, None], memory[:, :s], 0.0)  # (n, s, D)
-        self.mask[slots] = valid
-        self.lengths[slots] = lengths
+        block = self.memory[self.used : self.used + n]  # (n, S, D) a view
+        block[:, s:] = 0.0
+        block[:, :s] = np.where(valid[:, :s, None], memory[:, :s], 0.0)  # (n, s, D)
+        self.mask[slots], self.lengths[slots] = valid, lengths
+        self.used += n
         return slots
 
-    def free(self, slots: np.ndarray) -> None:
-        self.lengths[slots] = 0
-        longest = int(self.lengths.max(initial=0))
+    def free(self, slots: np.ndarray) -> np.ndarray:
+        """Free `slots`; the last used slots move into the holes. Returns the new slot of
+        every slot (capacity,) (unchanged but for the moved ones)."""
+        moved = np.arange(len(self.lengths))
+        left = self.used - len(slots)
+        holes = np.sort(slots[slots < left])  # (h,) freed slots inside the used range
+        gone = np.zeros(self.used, bool)
+        gone[slots] = True
+        tail = np.flatnonzero(~gone[left:]) + left  # (h,) used slots past the range
+        self.memory[holes], self.mask[holes] = self.memory[tail], self.mask[tail]
+        self.lengths[holes] = self.lengths[tail]
+        self.lengths[left : self.used] = 0
+        moved[tail] = holes
+        self.used = left
+        longest = int(self.lengths[:left].max(initial=0))
         if longest < self.width:
             self._resize(len(self.lengths), longest, self.memory.shape[2])
+        return moved
 
     def view(self) -> tuple[np.ndarray, np.ndarray]:
-        """(N, S, D) memory and (N, S) mask up to the last used slot (views, no copy)."""
-        used = np.flatnonzero(self.lengths)
-        end = int(used[-1]) + 1 if len(used) else 0
-        return self.memory[:end], self.mask[:end]
+        """(N, S, D) memory and (N, S) mask of the used slots (views, no copy)."""
+        return self.memory[: self.used], self.mask[: self.used]
 
     def _resize(self, capacity: int, width: int, dim: int) -> None:
         if (capacity, width, dim) == self.memory.shape:
             return
         memory = np.zeros((capacity, width, dim), np.float32)  # (slots, S, D)
         mask = np.zeros((capacity, width), bool)  # (slots, S)
-        n, s = min(capacity, len(self.lengths)), min(width, self.width)
+        n, s = self.used, min(width, self.width)
         if self.memory.shape[2] == dim:
             memory[:n, :s] = self.memory[:n, :s]
         mask[:n, :s] = self.mask[:n, :s]
@@ -108,8 +121,8 @@ class DecodeGroup:
         rows = keep[self.beams.rows.request]  # (R,)
         if not rows.all():
             self.state = self.state[rows]  # (R', state_dim)
-        self.bank.free(self.slots[~keep])
-        self.slots = self.slots[keep]
+        moved = self.bank.free(self.slots[~keep])
+        self.slots = moved[self.slots[keep]]
         self.beams.keep(keep)
         self.beams.set_source_width(self.bank.width)
 

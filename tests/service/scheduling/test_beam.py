@@ -23,8 +23,8 @@ from service.scheduling.finished import Entries, FinishedStore
 
 def _no_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     """Requests stop only when no live hypothesis is left (run to the length cap)."""
-    def done_when_empty(self: Beams, request: np.ndarray, logp: np.ndarray) -> np.ndarray:
-        return np.bincount(request, minlength=len(self.reqs)) == 0
+    def done_when_empty(self: Beams, going: np.ndarray, val: np.ndarray) -> np.ndarray:
+        return np.logical_not(going.any(1))
 
     monkeypatch.setattr(Beams, "_stopped", done_when_empty)
 

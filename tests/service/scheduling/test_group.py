@@ -16,20 +16,26 @@ def _memories(lengths: list[int], width: int, dim: int = 3, fill: float = 7.0) -
     return memory
 
 
-def test_bank_reuses_slots_and_follows_the_longest_source() -> None:
+def test_bank_keeps_used_slots_first_and_follows_the_longest_source() -> None:
     bank = MemoryBank()
-    slots = bank.add(_memories([2, 5], 5), np.array([2, 5]))
-    assert slots.tolist() == [0, 1] and bank.width == 5
+    slots = bank.add(_memories([2, 5, 3], 5), np.array([2, 5, 3]))
+    assert slots.tolist() == [0, 1, 2] and bank.width == 5
     memory, mask = bank.view()
-    assert memory.shape[:2] == (2, 5) and mask.sum(1).tolist() == [2, 5]
+    assert memory.shape[:2] == (3, 5) and mask.sum(1).tolist() == [2, 5, 3]
     assert (memory[0, :2] == 1).all() and not memory[0, 2:].any()  # padding zeroed
-    bank.free(np.array([1]))  # the longest leaves: S narrows to 2
-    assert bank.width == 2 and bank.view()[0].shape[:2] == (1, 2)
-    slots = bank.add(_memories([3], 4), np.array([3]))
-    assert slots.tolist() == [1] and bank.width == 3  # the freed slot again
+    moved = bank.free(np.array([1]))  # the longest leaves: the last slot fills its hole
+    assert moved[2] == 1 and moved[0] == 0
+    assert bank.width == 3 and bank.view()[0].shape[:2] == (2, 3)
     memory, mask = bank.view()
-    assert (memory[0, :2] == 1).all() and (memory[1, :3] == 1).all()
+    assert (memory[1, :3] == 3).all() and mask.sum(1).tolist() == [2, 3]
+    slots = bank.add(_memories([4], 4), np.array([4]))
+    assert slots.tolist() == [2] and bank.width == 4
+    memory, mask = bank.view()
+    assert (memory[0, :2] == 1).all() and (memory[2, :4] == 1).all()
     assert memory.flags.c_contiguous and mask.flags.c_contiguous
+    moved = bank.free(np.array([0, 2]))
+    assert moved[1] == 0 and bank.view()[0].shape[:2] == (1, 3)
+    assert (bank.view()[0][0, :3] == 3).all()
 
 
 def test_group_feed_and_eviction() -> None:

@@ -110,7 +110,7 @@ class Rows(Columns):
     request: np.ndarray  # its request's position (int64), ascending
     logp: np.ndarray  # float64 cumulative log-prob
     last: np.ndarray  # int64 last token (BOS at the start): the next prev_ids
-    tokens: np.ndarray  # (R, W) int32 generated tokens, the first `steps` valid
+    tokens: np.ndarray  # (R, W) int16/int32 generated tokens, the first `steps` valid
     coverage: np.ndarray  # (R, Sc) float64 attention mass per source token
     attention: np.ndarray  # (R, Wa, Sa) float32 attention rows (return_attention)
 
@@ -129,7 +129,10 @@ class BeamState:
         self.limits = limits
         i64 = np.zeros(0, np.int64)
         self.reqs = Requests(np.zeros((0, len(_COLUMNS)), np.int64), np.zeros(0))
-        self.rows = Rows(i64, np.zeros(0), i64, np.zeros((0, 0), np.int32), np.zeros((0, 0)),
+        # the histories move every step: the narrowest type that holds every id
+        self._token_type = np.int16 if limits.vocab_size <= np.iinfo(np.int16).max else np.int32
+        self.rows = Rows(i64, np.zeros(0), i64, np.zeros((0, 0), self._token_type),
+                         np.zeros((0, 0)),
                          np.zeros((0, 0, 0), np.float32))
         self.finished = FinishedStore()
         self.samplers: dict[int, Sampler] = {}
@@ -161,7 +164,7 @@ class BeamState:
         r = self.rows
         rows = Rows(np.arange(len(self), len(self) + n), np.zeros(n),
                     np.full(n, self.limits.bos_id, np.int64),
-                    np.zeros((n, r.tokens.shape[1]), np.int32),
+                    np.zeros((n, r.tokens.shape[1]), self._token_type),
                     np.zeros((n, r.coverage.shape[1])),
                     np.zeros((n, *r.attention.shape[1:]), np.float32))
         self.reqs, self.rows = self.reqs.concat(new), self.rows.concat(rows)

@@ -152,3 +152,22 @@ def test_abort_and_fail_all_empty_the_table() -> None:
     outcomes = core2.fail_all(RuntimeError("bug"))
     assert len(outcomes) == len(SOURCES) and core2.table == {} and not core2.has_work()
     assert all(isinstance(o.result, InferenceFailed) for o in outcomes)
+
+
+def test_malformed_step_outputs_fail_only_that_group() -> None:
+    class Truncating(FakeTranslator):
+        """decoder_step drops the attention output of steps over more than 2 rows."""
+
+        def run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            out = super().run(graph, inputs)
+            if graph == "decoder_step" and len(inputs["prev_ids"]) > 2:
+                del out["attention"]
+            return out
+
+    core = make_core(Truncating(), groups=2, max_admit=1)
+    bad = core.add([SOURCES[0]], SearchOptions(beam_size=3))[0]
+    good = core.add([SOURCES[1]], SearchOptions(beam_size=1, max_length=3))[0]
+    outcomes = run_to_end(core)
+    assert isinstance(outcomes[bad.rid].result, InferenceFailed)
+    assert isinstance(outcomes[good.rid].result, Decoded)
+    assert core.table == {} and core.live_rows == 0

@@ -11,8 +11,11 @@ requests at once:
    the last axis (`top_k_rows`: exact, ties to the lower row and column);
 3. EOS among the first B finish, the first B non-EOS continue; a request with no allowed
    candidate finishes its hypotheses as they are; the length cap finishes the rest;
-4. finished ones are scored (length and coverage penalties) and merged into the n-best;
-5. the exact stopping rule marks requests `done`.
+4. finished ones are scored (length and coverage penalties) and merged into the n-best
+   (finished.py);
+5. the exact stopping rule marks requests `done` (from each request's best live candidate);
+6. the candidates that stay live become the new rows: only their histories are copied, and
+   a request that stopped keeps none.
 
 The rules are documented in beam.py. The only per-request Python in a step is the draw of a
 sampling request (sampling.py); admission (`join`) and answers (`results`) are per request by

@@ -85,6 +85,7 @@ class EngineCore:
         self.closing = False
         self.table: dict[int, Request] = {}
         self._ids = itertools.count()
+        self._epoch = 0  # bumped by a reset: work scheduled before it is stale
         self._reset()
 
     def _reset(self) -> None:
@@ -95,7 +96,7 @@ class EngineCore:
         self.groups = [DecodeGroup(self.limits) for _ in range(self.config.groups)]
         self._busy: set[int] = set()  # groups whose step is out
         self._encoding = False
-        self._epoch = getattr(self, "_epoch", 0) + 1
+        self._epoch += 1
 
     # -- requests in ----------------------------------------------------------------------
 

@@ -212,23 +212,28 @@ class Beams(BeamState):
         order within a request: the rows of a request with nothing allowed (as they are),
         EOS ones, those cut at the length cap; each in rank order."""
         stuck, ended, capped = masks  # (Q,), (Q, C), (Q, C)
-        steps = self.reqs.steps
+        q, worst = self.reqs, self.finished.worst(self.reqs.n_best)  # (Q,)
         parts = []
         if stuck.any():
             rows = self.rows.take(stuck[self.rows.request])
-            parts.append((rows, steps[rows.request] - 1, False))
+            parts.append((rows, q.steps[rows.request] - 1, False))
         for mask, is_eos in ((ended, True), (capped, False)):
-            if mask.any():
-                at, col = np.nonzero(mask)  # (F,) by request, best first
+            at, col = np.nonzero(mask)  # (F,) by request, best first
+            # logp / lp(L) bounds the score (the coverage term is <= 0): most cannot enter
+            hope = sel.val[at, col] / self._lp[q.alpha[at], q.steps[at]] > worst[at]
+            at, col = at[hope], col[hope]
+            if len(at):
                 rows = self._extend(sel.row[at, col], sel.tok[at, col], sel.val[at, col],
                                     attention)
-                parts.append((rows, steps[at], is_eos))
+                parts.append((rows, q.steps[at], is_eos))
+        if not parts:
+            return
         rows = parts[0][0].concat(*(p[0] for p in parts[1:]))  # (F,)
         length = np.concatenate([p[1] for p in parts])  # (F,)
         ended_flags = np.repeat([p[2] for p in parts], [len(p[0]) for p in parts])  # (F,)
         score = self._score(rows, length)  # (F,)
         # one that does not beat a full n-best's last cannot enter it (earlier wins ties)
-        order = np.flatnonzero(score > self.finished.worst(self.reqs.n_best)[rows.request])
+        order = np.flatnonzero(score > worst[rows.request])
         if len(parts) > 1:  # by request; the parts' order stays within a request
             order = order[np.argsort(rows.request[order], kind="stable")]
         entries = Entries(score, rows.logp, length, ended_flags, rows.tokens, rows.coverage,

@@ -78,26 +78,35 @@ class TableRuntime:
 class Phases:
     """CPU time (`time.thread_time`) spent in named engine functions, wrapped in place.
 
-    search: building a step's feed and applying its outputs to the beams (new tree:
+    search: building a step's feed and applying its outputs to the beams (this tree:
     `DecodeGroup.inputs` + `DecodeGroup.advance`; baf6bc6: `_step_inputs` + every request's
-    `_advance`, i.e. `RequestSearch.step` and its state gather). engine: all of the engine's
-    own work on the loop thread (new: `EngineCore.schedule` + `update`; baf6bc6: `_launch`,
-    `_collect`, `_admit`, `_drop_cancelled`, `_encode` bookkeeping excluded).
+    `_advance`, i.e. `RequestSearch.step` and its state gather). engine: the engine's own work
+    on the loop thread, search included (this tree: `EngineCore.schedule` + `update`; baf6bc6:
+    its synchronous methods `_launch`, `_advance`, `_retire`, `_admit`, `_drop_cancelled`,
+    `_place_joining`, outermost calls only).
     """
 
     def __init__(self) -> None:
         self.seconds = {"search": 0.0, "engine": 0.0}
+        self._depth = {"search": 0, "engine": 0}
 
-    def wrap(self, owner: Any, name: str, phase: str) -> None:
+    def wrap(self, owner: Any, name: str, *phases: str) -> None:
         inner = getattr(owner, name)
-        seconds = self.seconds
+        seconds, depth = self.seconds, self._depth
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            outer = [p for p in phases if not depth[p]]
+            for p in phases:
+                depth[p] += 1
             start = time.thread_time()
             try:
                 return inner(*args, **kwargs)
             finally:
-                seconds[phase] += time.thread_time() - start
+                spent = time.thread_time() - start
+                for p in phases:
+                    depth[p] -= 1
+                for p in outer:
+                    seconds[p] += spent
 
         setattr(owner, name, timed)
 
@@ -106,9 +115,9 @@ class Phases:
 
         if hasattr(decoding, "_step_inputs"):  # the per-request engine (baf6bc6)
             engine = decoding.DecodingEngine
-            self.wrap(decoding, "_step_inputs", "search")
-            self.wrap(engine, "_advance", "search")
-            for name in ("_launch", "_collect", "_admit", "_drop_cancelled"):
+            self.wrap(decoding, "_step_inputs", "search", "engine")
+            self.wrap(engine, "_advance", "search", "engine")
+            for name in ("_launch", "_retire", "_admit", "_drop_cancelled", "_place_joining"):
                 self.wrap(engine, name, "engine")
         else:
             from service.scheduling.group import DecodeGroup

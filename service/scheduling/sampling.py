@@ -39,8 +39,10 @@ class Sampler:
         cand = np.flatnonzero(np.isfinite(total))  # allowed columns, best first
         if cand.size == 0:
             return None
-        scaled = logprobs[cand] / (o.temperature or 1.0)
-        probs = np.exp(scaled - scaled.max())
+        lp = logprobs[cand]
+        with np.errstate(over="ignore"):  # max first: a tiny temperature gives 0 or -inf
+            scaled = (lp - lp.max()) / (o.temperature or 1.0)  # (greedy), never inf - inf
+        probs = np.exp(scaled)
         probs /= probs.sum()
         if o.top_p is not None and o.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), o.top_p) + 1)

@@ -138,6 +138,19 @@ def test_tiny_top_p_sampling_is_greedy() -> None:
         assert greedy[0][0].token_ids == nucleus[0][0].token_ids
 
 
+def test_a_tiny_temperature_samples_greedily() -> None:
+    """temperature 5e-324 (a valid positive number) picks the best token at every step, the
+    same tokens as greedy search, instead of NaN probabilities (a 500 once)."""
+    fake = FakeTranslator(seed=3)
+    src = [5, 6, 7, 8]
+    results = []
+    for opts in (SearchOptions(beam_size=1, temperature=5e-324, seed=1, max_length=12),
+                 SearchOptions(beam_size=1, max_length=12)):
+        found, _ = decode_with_beams(fake, [(src, opts)])
+        results.append(found[0][0].token_ids)
+    assert results[0] == results[1]
+
+
 def test_attention_rows_are_kept_per_hypothesis() -> None:
     fake = FakeTranslator()
     opts = SearchOptions(beam_size=3, n_best=2, return_attention=True)

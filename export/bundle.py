@@ -184,6 +184,7 @@ def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, A
         labels=[str(x) for x in config.get("labels") or []],
         limits=limits, graphs=graphs, opset=opset, parity=parity,
         libraries=_libraries(), files=hash_files(out),
+        decoder=str(config["model"].get("decoder", "luong")) if task == "translator" else None,
     )
 
 

@@ -42,6 +42,19 @@ def max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
 
 
+def max_scaled(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest |a - b| / max(1, |b|): an absolute difference for values up to 1 in magnitude
+    (probabilities, attention, logits near zero), a relative one above (the log-probability
+    of an unlikely token, around -20, moves by more than 1e-5 when fp32 GEMMs are blocked
+    differently for another batch size, while its rank does not)."""
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    return float(np.max(np.abs(a64 - b64) / np.maximum(1.0, np.abs(b64))))
+
+
 def row_view(spec: TensorSpec, value: np.ndarray, row: int, length: int | None
              ) -> tuple[np.ndarray, np.ndarray]:
     """One row of a batched output, split into its valid part and its padded tail.

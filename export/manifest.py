@@ -25,6 +25,8 @@ CHECKSUM_KEY = "manifest_sha256"
 TASKS = ("classifier", "translator", "tagger")
 GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
                   "tagger": ("tagger",)}
+DECODERS = ("none", "bahdanau", "luong")
+"""Translator decoders (models/decoders.py); a translator manifest without one is luong."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,9 @@ class Manifest:
     (which carries its own `manifest_sha256`, written by `write_manifest`)."""
     schema_version: int = SCHEMA_VERSION
     """Manifest schema version."""
+    decoder: str | None = None
+    """Translators: the decoder, "none" (fixed context: decoder_step's attention output is
+    all zeros) | "bahdanau" | "luong"; None for other tasks and in older manifests (= luong)."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -151,6 +156,18 @@ class Manifest:
         missing = [g for g in GRAPHS_BY_TASK[self.task] if g not in self.graphs]
         if missing:
             raise BundleError(f"manifest: task {self.task} needs graphs {missing}")
+        if self.decoder is not None and (self.task != "translator"
+                                         or self.decoder not in DECODERS):
+            raise BundleError(f"manifest: decoder {self.decoder!r} needs task translator and "
+                              f"one of {DECODERS}")
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether decoder_step's attention output means anything (False for decoder none;
+        classifiers have attention pooling, taggers none)."""
+        if self.task == "translator":
+            return self.decoder != "none"
+        return self.task == "classifier"
 
     @property
     def formats(self) -> list[str]:
@@ -177,6 +194,8 @@ class Manifest:
             "libraries": dict(self.libraries),
             "files": dict(sorted(self.files.items())),
         }
+        if self.decoder is not None:
+            d["decoder"] = self.decoder
         return d
 
     @classmethod
@@ -203,6 +222,7 @@ class Manifest:
                 parity=dict(d.get("parity") or {}),
                 libraries={str(k): str(v) for k, v in (d.get("libraries") or {}).items()},
                 files={str(k): str(v) for k, v in (d.get("files") or {}).items()},
+                decoder=None if d.get("decoder") is None else str(d["decoder"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc

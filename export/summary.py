@@ -26,8 +26,9 @@ def format_parity(report: dict[str, Any]) -> list[str]:
              f"(batch sizes {grid.get('batch_sizes')}, lengths {grid.get('lengths')}); "
              f"bounds {tol.get('parity')} / invariance {tol.get('invariance')}; "
              f"{report.get('seconds')} s"]
+    invariance = "max |row in batch - row alone| / max(1, |row alone|)"
     for title, key in (("max |format - reference|", "parity_max_abs"),
-                       ("max |row in batch - row alone|", "invariance_max_abs")):
+                       (invariance, "invariance_max_diff")):
         table: dict[str, dict[str, float]] = report.get(key, {})
         if table:
             lines.append(f"  {title}:")
@@ -47,7 +48,8 @@ def format_parity(report: dict[str, Any]) -> list[str]:
 def format_summary(bundle: Path, manifest: Manifest, seconds: float | None = None) -> str:
     """Files with sizes, graphs, and parity figures of a written bundle."""
     took = f" in {seconds:.1f} s" if seconds is not None else ""
-    lines = [f"bundle {bundle} ({manifest.task} {manifest.name} v{manifest.version}, "
+    decoder = f", decoder {manifest.decoder}" if manifest.decoder else ""
+    lines = [f"bundle {bundle} ({manifest.task} {manifest.name} v{manifest.version}{decoder}, "
              f"opset {manifest.opset}){took}"]
     for name in sorted(p.name for p in bundle.iterdir()):
         lines.append(f"  {name:<22} {_size((bundle / name).stat().st_size):>10}")

@@ -60,7 +60,7 @@ class AttentionPooling(nn.Module):
 class DecoderAttention(nn.Module):
     """Global attention of decoder queries over encoder memory.
 
-    additive (Bahdanau): score = v^T tanh(W_q q + W_k m + b)
+    additive (Bahdanau; Luong's concat): score = v^T tanh(W_q q + W_k m + b)
     dot (Luong):         score = q . m          (needs query size == memory size)
     general (Luong):     score = q . (W m)
 

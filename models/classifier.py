@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from models.attention import AttentionPooling
 from models.config import ClassifierConfig
-from models.rnn import PaddingSafeRNN, length_mask
+from models.rnn import PaddingSafeRNN, init_forget_bias, length_mask
 
 
 class Classifier(nn.Module):
@@ -31,6 +31,7 @@ class Classifier(nn.Module):
             nn.Dropout(c.dropout),
             nn.Linear(c.head_size, c.num_labels),
         )
+        init_forget_bias(self, c.forget_bias)
 
     def classify(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """Class scores and pooling weights.

@@ -11,19 +11,29 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Self
 
+from models.normalization import RULES
+
 CELLS = ("rnn", "lstm", "gru")
 ATTENTIONS = ("additive", "dot", "general")
+DECODERS = ("none", "bahdanau", "luong")
+DECODER_SCORES = {"none": ("none",), "bahdanau": ("additive",),
+                  "luong": ("additive", "dot", "general")}
+"""The attention scores each translator decoder takes, its default first."""
+DEFAULT_FORGET_BIAS = 1.0
+"""LSTM forget-gate bias at initialisation of every family (docs/decoders.md: measured)."""
 
 
 def _check_common(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> None:
     if cfg.cell not in CELLS:
         raise ValueError(f"cell={cfg.cell!r} is unknown: use one of {', '.join(CELLS)}")
     _check_variant(cfg)
-    attention = getattr(cfg, "attention", "additive")
-    if attention not in ATTENTIONS:
+    if isinstance(cfg, ClassifierConfig) and cfg.attention not in ATTENTIONS:
         raise ValueError(
-            f"attention={attention!r} is unknown: use one of {', '.join(ATTENTIONS)}"
+            f"attention={cfg.attention!r} is unknown: use one of {', '.join(ATTENTIONS)}"
         )
+    if cfg.forget_bias is not None and not -10.0 <= cfg.forget_bias <= 10.0:
+        raise ValueError(f"forget_bias={cfg.forget_bias} must be in [-10, 10] (or None for "
+                         "PyTorch's default init): use 1 or 2")
     for name in ("vocab_size", "embed_size", "hidden_size", "num_layers", "max_length"):
         if getattr(cfg, name) < 1:
             raise ValueError(f"{name}={getattr(cfg, name)} must be >= 1")
@@ -42,6 +52,32 @@ def _check_variant(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> N
     if not 0 <= cfg.proj_size < hidden:
         raise ValueError(f"proj_size={cfg.proj_size} must be in [0, {hidden}) (the RNN hidden "
                          "size per direction): use a smaller proj_size or 0 for none")
+
+
+def _check_decoder(cfg: TranslatorConfig) -> None:
+    """The decoder, its attention score and input feeding go together (DECODER_SCORES)."""
+    if cfg.decoder not in DECODERS:
+        raise ValueError(f"decoder={cfg.decoder!r} is unknown: use one of {', '.join(DECODERS)}")
+    scores = DECODER_SCORES[cfg.decoder]
+    if cfg.attention not in scores:
+        fix = ("set attention='none' (the fixed-context decoder has no attention)"
+               if cfg.decoder == "none" else
+               f"use attention={' or '.join(repr(s) for s in scores)}"
+               + (" or decoder='luong'" if cfg.decoder == "bahdanau" else ""))
+        raise ValueError(f"attention={cfg.attention!r} does not apply to decoder="
+                         f"{cfg.decoder!r}: {fix}")
+    if cfg.input_feeding and cfg.decoder != "luong":
+        raise ValueError(f"input_feeding=True applies to decoder='luong' only (got decoder="
+                         f"{cfg.decoder!r}): drop input_feeding or set decoder='luong'")
+
+
+def translator_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Overrides with the decoder's default score filled in when only the decoder is given
+    (`decoder='none'` alone means attention 'none')."""
+    decoder = overrides.get("decoder")
+    if decoder in DECODER_SCORES and "attention" not in overrides:
+        return {**overrides, "attention": DECODER_SCORES[decoder][0]}
+    return overrides
 
 
 class _DictMixin:
@@ -99,6 +135,9 @@ class ClassifierConfig(_DictMixin):
     """LSTM peephole connections (gates also see the cell state)."""
     cifg: bool = False
     """LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
+    forget_bias: float | None = DEFAULT_FORGET_BIAS
+    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer (None:
+    PyTorch's default uniform init); rnn and gru cells have no forget gate and ignore it."""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -115,7 +154,7 @@ class ClassifierConfig(_DictMixin):
 
 @dataclass(frozen=True)
 class TranslatorConfig(_DictMixin):
-    """(Bi)RNN encoder -> bridge -> attention decoder (Luong-style output, selectable score)."""
+    """(Bi)RNN encoder -> bridge -> decoder: fixed-context (none), Bahdanau or Luong."""
 
     vocab_size: int = 8000
     """Joint source/target vocabulary size (one shared embedding)."""
@@ -132,7 +171,13 @@ class TranslatorConfig(_DictMixin):
     dropout: float = 0.1
     """Dropout on embeddings, between layers and before the output projection."""
     attention: str = "additive"
-    """Attention score: additive (Bahdanau) | dot | general (Luong)."""
+    """Attention score: additive (v^T tanh(W q + U m), Luong's "concat") | dot | general
+    (luong); bahdanau takes additive only, none takes none (DECODER_SCORES)."""
+    decoder: str = "luong"
+    """none: fixed context (the encoder's final state, fed at every step) | bahdanau: align
+    from s_{t-1}, context enters the RNN step | luong: RNN step, then align from h_t."""
+    input_feeding: bool = False
+    """Luong input feeding: the previous attentional vector joins the next RNN input."""
     max_length: int = 128
     """Longest source in tokens and the hard cap on decoded length."""
     pad_id: int = 0
@@ -147,9 +192,13 @@ class TranslatorConfig(_DictMixin):
     """Encoder LSTM peephole connections (gates also see the cell state)."""
     cifg: bool = False
     """Encoder LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
+    forget_bias: float | None = DEFAULT_FORGET_BIAS
+    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer, encoder
+    and decoder (None: PyTorch's default uniform init); rnn and gru cells ignore it."""
 
     def __post_init__(self) -> None:
         _check_common(self)
+        _check_decoder(self)
         if self.bidirectional and self.hidden_size % 2:
             raise ValueError(
                 f"hidden_size={self.hidden_size} must be even with bidirectional=True "
@@ -161,6 +210,19 @@ class TranslatorConfig(_DictMixin):
         for name in ("bos_id", "eos_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ValueError(f"{name}={getattr(self, name)} must lie inside vocab_size")
+
+    @property
+    def has_attention(self) -> bool:
+        """False for the fixed-context decoder (its decode_step attention is all zeros)."""
+        return self.decoder != "none"
+
+    @property
+    def extra_state(self) -> int:
+        """Width of the decoder state after the RNN blocks: the fixed context (none, D), the
+        previous attentional vector (luong with input feeding, H), else 0."""
+        if self.decoder == "none":
+            return self.memory_size
+        return self.hidden_size if self.input_feeding else 0
 
     @property
     def encoder_hidden(self) -> int:
@@ -179,8 +241,8 @@ class TranslatorConfig(_DictMixin):
 
     @property
     def state_dim(self) -> int:
-        """Width of the flat decoder state per row."""
-        return self.state_layers * self.hidden_size
+        """Width of the flat decoder state per row: the RNN blocks, then `extra_state`."""
+        return self.state_layers * self.hidden_size + self.extra_state
 
 
 @dataclass(frozen=True)
@@ -213,6 +275,9 @@ class TaggerConfig(_DictMixin):
     """LSTM peephole connections (gates also see the cell state)."""
     cifg: bool = False
     """LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
+    forget_bias: float | None = DEFAULT_FORGET_BIAS
+    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer (None:
+    PyTorch's default uniform init); rnn and gru cells have no forget gate and ignore it."""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -262,6 +327,9 @@ class TrainConfig(_DictMixin):
     """Batches per length-sorted chunk (length bucketing); 1 = no bucketing."""
     tokenizer_type: str = "unigram"
     """sentencepiece model type: unigram | bpe | word | char."""
+    tokenizer_normalization: str = ""
+    """Tokenizer normalization (models/normalization.py RULES); "" = the dataset's own
+    (`Dataset.normalization`: "nmt_nfkc_cf_punct" for the number datasets), else nmt_nfkc_cf."""
     max_train_examples: int = 0
     """Use at most this many training examples (0 = all)."""
     max_eval_examples: int = 0
@@ -288,6 +356,9 @@ class TrainConfig(_DictMixin):
             raise ValueError(
                 f"tokenizer_type={self.tokenizer_type!r}: use unigram, bpe, word or char"
             )
+        if self.tokenizer_normalization and self.tokenizer_normalization not in RULES:
+            raise ValueError(f"tokenizer_normalization={self.tokenizer_normalization!r}: use "
+                             f"one of {', '.join(RULES)} (or \"\" for the dataset's own)")
         if self.max_minutes < 0 or self.patience < 0 or self.warmup_steps < 0:
             raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
         if self.tbptt < 0 or self.gradient_flow_every < 0:

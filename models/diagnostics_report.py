@@ -33,7 +33,8 @@ METHOD = {
     "spectral_norm": "largest singular value of weight_hh_l0: 'stacked' is the whole "
     "(G*H, H) matrix (LSTM i,f,g,o; GRU r,z,n), 'gates' each (H, H) block",
     "cell_state_norms": "LSTM only: the same norms for the cell state c_k",
-    "init": "PyTorch defaults (LSTM forget bias not raised)",
+    "init": "PyTorch defaults (LSTM forget bias not raised); 'lstm fb=B' entries: the same "
+    "weights with the forget-gate bias set to B (b_ih[f] = B, b_hh[f] = 0)",
     "trained": "after train_steps Adam steps; with curriculum, training lengths ramp 2 -> T "
     "over the first 70% of steps; measured on the same probe batch as init",
     "precision": "model trained in float32; gradients measured in float64 on a copy",
@@ -47,13 +48,14 @@ def run_gradient_diagnostics(
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     cells: dict[str, Any] = {}
-    for cell in cfg.cells:
-        log(f"[diagnose] {cell}: T={cfg.length} H={cfg.hidden_size} "
+    for name, cell, forget_bias in cfg.entries():
+        log(f"[diagnose] {name}: T={cfg.length} H={cfg.hidden_size} "
             f"train_steps={cfg.train_steps}")
-        cells[cell] = run_cell(cell, cfg, log)
+        cells[name] = run_cell(cell, cfg, log, forget_bias)
     doc = {
         "schema_version": SCHEMA_VERSION,
-        "config": {**cfg.__dict__, "cells": list(cfg.cells), "embed_size": cfg.input_size},
+        "config": {**cfg.__dict__, "cells": list(cfg.cells), "embed_size": cfg.input_size,
+                   "forget_biases": list(cfg.forget_biases)},
         "method": METHOD,
         "cells": cells,
         "torch": torch.__version__,
@@ -78,6 +80,13 @@ def _pyplot() -> Any:
 
 
 COLORS = {"rnn": "tab:red", "lstm": "tab:blue", "gru": "tab:green"}
+EXTRA_COLORS = ("tab:purple", "tab:orange", "tab:brown", "tab:cyan", "tab:olive", "tab:pink")
+"""Colours of the "lstm fb=B" entries, in order."""
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    extra = iter(EXTRA_COLORS * (1 + len(names) // len(EXTRA_COLORS)))
+    return {n: COLORS.get(n) or next(extra) for n in names}
 STYLES = {"init": "--", "trained": "-"}
 
 
@@ -85,11 +94,12 @@ def plot_flow(cells: dict[str, Any], cfg: GradientDiagnosticsConfig, path: Path)
     """One log-scale line per cell x phase: mean ||dL_T/dh_k|| against T-k."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = _colors(list(cells))
     for cell, phases in cells.items():
         for phase, m in phases.items():
             pts = [(d, n) for d, n in zip(m["distances"], m["norms"], strict=True) if n > 0]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], STYLES.get(phase, ":"),
-                    color=COLORS.get(cell), label=f"{cell} {phase} "
+                    color=colors[cell], label=f"{cell} {phase} "
                     f"({m['decay_rate_per_step']:+.2f}/step)")
     ax.set_yscale("log")
     ax.set_xlabel("distance T - k (steps)")
@@ -108,11 +118,12 @@ def plot_spectral(cells: dict[str, Any], path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     sigmas = []
+    colors = _colors(list(cells))
     for cell, phases in cells.items():
         for phase, m in phases.items():
             sigma, rate = m["spectral_norm"]["stacked"], m["decay_rate_per_step"]
             sigmas.append(sigma)
-            ax.scatter([sigma], [rate], color=COLORS.get(cell),
+            ax.scatter([sigma], [rate], color=colors[cell],
                        marker="o" if phase == "trained" else "s", label=f"{cell} {phase}")
     if sigmas:
         lo, hi = math.log(min(sigmas) * 0.8), math.log(max(sigmas) * 1.25)

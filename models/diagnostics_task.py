@@ -4,7 +4,9 @@ Copy-first-token task: a sequence of T tokens drawn uniformly from V symbols; th
 *first* token and the loss is taken only at the last step, so the only useful gradient must
 travel T-1 steps back. Model: Embedding(V, E) -> single-layer unidirectional RNN/LSTM/GRU ->
 Linear(H, V) on h_T. All initialisations are PyTorch's defaults (Embedding N(0, 1); recurrent
-and linear weights U(-1/sqrt(H), 1/sqrt(H)); LSTM forget-gate bias not raised).
+and linear weights U(-1/sqrt(H), 1/sqrt(H)); LSTM forget-gate bias not raised), except the
+extra LSTM entries of `forget_biases`: the same weights (same seed) with the forget-gate bias
+set to B (b_ih[f] = B, b_hh[f] = 0, models.rnn.init_forget_bias), named "lstm fb=B".
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.diagnostics import CELL_TYPES, measure_gradient_flow
+from models.rnn import init_forget_bias
 
 DISTANCES_REPORTED = (1, 10, 25, 50, 100)
 """Distances whose norm is copied into `norm_at_distance` (those < T)."""
@@ -53,6 +56,9 @@ class GradientDiagnosticsConfig:
     """Gradient-norm clipping during training."""
     seed: int = 0
     """Seeds the weights, the probe batch and the training batches."""
+    forget_biases: tuple[float, ...] = ()
+    """LSTM forget-gate biases measured besides PyTorch's init: one "lstm fb=B" entry each
+    (needs "lstm" in cells)."""
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.cells if c not in CELL_TYPES]
@@ -67,6 +73,17 @@ class GradientDiagnosticsConfig:
             raise ValueError("embed_size and train_steps must be >= 0")
         if self.lr <= 0 or self.clip <= 0:
             raise ValueError(f"lr={self.lr} and clip={self.clip} must be > 0")
+        if self.forget_biases and "lstm" not in self.cells:
+            raise ValueError(f"forget_biases={self.forget_biases} need 'lstm' in cells: add it")
+
+    def entries(self) -> list[tuple[str, str, float | None]]:
+        """(name, cell, forget bias or None) of every measured entry, in order."""
+        out: list[tuple[str, str, float | None]] = []
+        for cell in self.cells:
+            out.append((cell, cell, None))
+            if cell == "lstm":
+                out += [(f"lstm fb={b:g}", "lstm", b) for b in self.forget_biases]
+        return out
 
     @property
     def input_size(self) -> int:
@@ -83,11 +100,13 @@ def copy_batch(batch: int, length: int, vocab: int, gen: torch.Generator) -> tup
 class CopyModel(nn.Module):
     """Embedding -> one unidirectional recurrent layer -> linear head on the last state."""
 
-    def __init__(self, cell: str, vocab: int, embed: int, hidden: int) -> None:
+    def __init__(self, cell: str, vocab: int, embed: int, hidden: int,
+                 forget_bias: float | None = None) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, embed)
         self.rnn = CELL_TYPES[cell][0](embed, hidden, batch_first=True)
         self.head = nn.Linear(hidden, vocab)
+        init_forget_bias(self.rnn, forget_bias)
 
     def forward(self, tokens: Tensor, labels: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Inputs: tokens (B, T) int64, labels (B,) or None.
@@ -153,10 +172,14 @@ def train_copy(
             "final_loss": sum(tail) / len(tail) if tail else None}
 
 
-def run_cell(cell: str, cfg: GradientDiagnosticsConfig, log: Callable[[str], None]) -> dict:
-    """Init and trained measurements of one cell type on the same probe batch."""
+def run_cell(cell: str, cfg: GradientDiagnosticsConfig, log: Callable[[str], None],
+             forget_bias: float | None = None) -> dict:
+    """Init and trained measurements of one cell type on the same probe batch (an LSTM with
+    its forget-gate bias set to `forget_bias`, if given)."""
     torch.manual_seed(cfg.seed)
-    model = CopyModel(cell, cfg.vocab_size, cfg.input_size, cfg.hidden_size)
+    model = CopyModel(cell, cfg.vocab_size, cfg.input_size, cfg.hidden_size, forget_bias)
+    if forget_bias is not None:
+        cell = f"{cell} fb={forget_bias:g}"
     probe_gen = torch.Generator().manual_seed(cfg.seed + 1)
     tokens, labels = copy_batch(cfg.probe_batch, cfg.length, cfg.vocab_size, probe_gen)
     start = time.perf_counter()

@@ -49,6 +49,28 @@ def make_layer(cell: str, input_size: int, hidden_size: int, proj_size: int = 0,
     return make_rnn(cell, input_size, hidden_size)
 
 
+def init_forget_bias(model: nn.Module, bias: float | None) -> int:
+    """Set the forget-gate bias of every LSTM layer in `model` to `bias` at initialisation:
+    b_ih[f] = bias and b_hh[f] = 0, so the gate starts at sigmoid(bias) (None: leave PyTorch's
+    uniform init). Covers nn.LSTM (all layers and directions) and VariantLSTM (gate order
+    i, f, g, o, or f, g, o with CIFG). Returns the number of LSTM layers changed."""
+    if bias is None:
+        return 0
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, nn.LSTM | VariantLSTM):
+            gate = 0 if getattr(module, "cifg", False) else 1  # the forget gate's block
+            size = module.hidden_size
+            with torch.no_grad():
+                for name, param in module.named_parameters():
+                    if name.startswith("bias_ih"):
+                        param[gate * size : (gate + 1) * size] = bias
+                    elif name.startswith("bias_hh"):
+                        param[gate * size : (gate + 1) * size] = 0.0
+            changed += 1
+    return changed
+
+
 def detach_state(state: RNNState) -> RNNState:
     """The recurrent state cut from the graph (h, or (h, c) for LSTMs)."""
     if isinstance(state, tuple):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.config import TaggerConfig
-from models.rnn import PaddingSafeRNN, length_mask
+from models.rnn import PaddingSafeRNN, init_forget_bias, length_mask
 
 IGNORE_INDEX = -100
 """Target value of positions without a label (padding, non-first pieces)."""
@@ -28,6 +28,7 @@ class Tagger(nn.Module):
                                   c.bidirectional, c.dropout, c.proj_size, c.peephole, c.cifg)
         self.dropout = nn.Dropout(c.dropout)
         self.head = nn.Linear(self.rnn.output_size, c.num_labels)
+        init_forget_bias(self, c.forget_bias)
 
     def logits(self, input_ids: Tensor, lengths: Tensor) -> Tensor:
         """Inputs: input_ids (B, T) int64 right-padded, lengths (B,) int64, 1 <= lengths <= T.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import io
 import re
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Literal
 import sentencepiece as spm
 
 from models.errors import DataError, UserError
+from models.normalization import RULES, rule_tsv
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ModelType = Literal["unigram", "bpe", "word", "char"]
@@ -44,6 +46,7 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes) -> None:
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        self._blank: str | None = None
         self.model_proto = model_proto
         """The serialized model (the bytes of tokenizer.model)."""
         specials = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
@@ -72,6 +75,19 @@ class Tokenizer:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.model_proto)
         return path
+
+    def blank_characters(self) -> str:
+        """The characters this tokenizer drops, as a regex class body (`\\x01-\\x20...`):
+        those its normalization turns into nothing or whitespace (control and format
+        characters, spaces, and punctuation under `nmt_nfkc_cf_punct`), over the planes where
+        Unicode puts such characters (0, 1 and 14). A text made only of them has no tokens.
+        Computed once (about 0.1 s)."""
+        if self._blank is None:
+            planes = (range(1, 0xD800), range(0xE000, 0x20000), range(0xE0000, 0xF0000))
+            blank = [c for plane in planes for c in plane
+                     if not self._sp.normalize(chr(c)).replace("\u2581", " ").strip()]
+            self._blank = "".join(_class_range(a, b) for a, b in _runs(blank))
+        return self._blank
 
     @property
     def vocab_size(self) -> int:
@@ -144,11 +160,15 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train a SentencePiece model in-process, deterministically, and save it to `out_path`.
 
-    `normalization` is a SentencePiece rule: "nmt_nfkc_cf" (default: NFKC + lowercase, the
-    built-in datasets are lowercase), "nmt_nfkc" (keeps case) or "identity".
+    `normalization` is a rule of models/normalization.py: "nmt_nfkc_cf" (default: NFKC +
+    lowercase, the built-in datasets are lowercase), "nmt_nfkc" (keeps case), "identity", or
+    "nmt_nfkc_cf_punct" (nmt_nfkc_cf with punctuation read as a space). The rule is compiled
+    into the model, so loading it needs nothing else.
     If the data cannot fill `vocab_size`, training is retried with the largest size
     SentencePiece reports as possible (or half the size) down to `min_vocab_size`.
     """
+    if normalization not in RULES:
+        raise UserError(f"unknown normalization {normalization!r}: use one of {', '.join(RULES)}")
     corpus = list(_sentences(texts))
     if not corpus:
         raise DataError("cannot train a tokenizer: no non-empty text")
@@ -182,6 +202,29 @@ def _train_once(
 ) -> bytes:
     spm.set_random_generator_seed(seed)
     writer = io.BytesIO()
+    rules = rule_tsv(normalization)
+    with tempfile.TemporaryDirectory() as tmp:
+        rule_path = Path(tmp) / "rules.tsv"
+        if rules is not None:
+            rule_path.write_text(rules, encoding="utf-8")
+        _train_spm(corpus, writer, vocab_size, model_type, character_coverage, num_threads,
+                   {"normalization_rule_tsv": str(rule_path)} if rules is not None
+                   else {"normalization_rule_name": normalization})
+    return writer.getvalue() if rules is None else _named(writer.getvalue(), normalization)
+
+
+def _named(model: bytes, normalization: str) -> bytes:
+    """`model` with its normalizer named (SentencePiece names a rule TSV "user_defined")."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    proto = model_pb2.ModelProto()  # type: ignore[attr-defined]
+    proto.ParseFromString(model)
+    proto.normalizer_spec.name = normalization
+    return bytes(proto.SerializeToString())
+
+
+def _train_spm(corpus: list[str], writer: io.BytesIO, vocab_size: int, model_type: str,
+               character_coverage: float, num_threads: int, rule: dict[str, str]) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(corpus),
         model_writer=writer,
@@ -192,12 +235,35 @@ def _train_once(
         unk_id=UNK_ID,
         bos_id=BOS_ID,
         eos_id=EOS_ID,
-        normalization_rule_name=normalization,
         hard_vocab_limit=False,
         num_threads=num_threads,
         input_sentence_size=0,
         shuffle_input_sentence=False,
         max_sentence_length=1 << 16,
         minloglevel=2,
+        **rule,  # type: ignore[arg-type]
     )
-    return writer.getvalue()
+
+
+def _runs(codes: list[int]) -> Iterator[tuple[int, int]]:
+    """Consecutive runs [a, b] of sorted code points."""
+    start = prev = None
+    for c in codes:
+        if prev is not None and c == prev + 1:
+            prev = c
+            continue
+        if start is not None and prev is not None:
+            yield start, prev
+        start = prev = c
+    if start is not None and prev is not None:
+        yield start, prev
+
+
+def _class_range(a: int, b: int) -> str:
+    """A regex class item for [a, b], in escapes both Python and ECMA regexes read."""
+    def esc(c: int) -> str:
+        if c < 0x100:
+            return f"\\x{c:02x}"
+        return f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+    return esc(a) if a == b else f"{esc(a)}-{esc(b)}"

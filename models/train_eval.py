@@ -1,13 +1,15 @@
-"""Validation and test evaluation of both model families (eval mode, no grad)."""
+"""Validation and test evaluation of classifiers and translators (eval mode, no grad)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from models.classifier import Classifier
-from models.decoding import greedy_decode
+from models.decoding import beam_search, greedy_decode
+from models.forms_eval import translation_forms
 from models.metrics import accuracy, macro_f1, translation_metrics
 from models.tokenizer import Tokenizer
 from models.train_data import Encoded, collate, sorted_batches
@@ -36,9 +38,12 @@ def evaluate_classifier(model: Classifier, data: Sequence[Encoded],
 
 @torch.no_grad()
 def evaluate_translator(model: Translator, data: Sequence[Encoded], references: Sequence[str],
-                        tok: Tokenizer, batch_size: int) -> dict[str, float]:
-    """Teacher-forced loss and token accuracy, then greedy decoding scored by exact match,
-    chrF and BLEU against the raw reference strings."""
+                        tok: Tokenizer, batch_size: int, beam_size: int = 1,
+                        length_penalty: float = 0.0,
+                        forms: Sequence[str] | None = None) -> dict[str, Any]:
+    """Teacher-forced loss and token accuracy, then decoding (greedy, or beam search when
+    beam_size > 1) scored by exact match, chrF and BLEU against the raw reference strings;
+    with `forms` (one per row) also per form ("forms": models/forms_eval.py)."""
     model.eval()
     cfg = model.config
     hypotheses = [""] * len(data)
@@ -52,9 +57,22 @@ def evaluate_translator(model: Translator, data: Sequence[Encoded], references: 
         total_loss += float(loss) * n
         tokens += n
         correct += int(((logits.argmax(-1) == batch["tgt_out"]) & valid).sum())
-        decoded = greedy_decode(model, batch["ids"], batch["lengths"])
+        decoded = _decode(model, batch["ids"], batch["lengths"], beam_size, length_penalty)
         for i, ids in zip(index, decoded, strict=True):
             hypotheses[i] = tok.decode(ids)
-    result = {"loss": total_loss / max(1, tokens), "token_accuracy": correct / max(1, tokens)}
+    result: dict[str, Any] = {"loss": total_loss / max(1, tokens),
+                              "token_accuracy": correct / max(1, tokens)}
     result.update(translation_metrics(hypotheses, list(references)))
+    if forms is not None:
+        result["forms"] = translation_forms(forms, hypotheses, references)
     return result
+
+
+def _decode(model: Translator, ids: torch.Tensor, lengths: torch.Tensor, beam_size: int,
+            length_penalty: float) -> list[list[int]]:
+    """Best token ids per row: greedy for beam_size 1, else beam search."""
+    if beam_size <= 1:
+        return greedy_decode(model, ids, lengths)
+    beams = beam_search(model, ids, lengths, beam_size=beam_size, n_best=1,
+                        length_penalty=length_penalty)
+    return [hyps[0].tokens if hyps else [] for hyps in beams]

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from models.forms_eval import tagging_forms
 from models.tagger import IGNORE_INDEX, Tagger
 from models.tokenizer import Tokenizer
 from models.train_data import Encoded, pad, sorted_batches
@@ -62,11 +63,13 @@ def label_scores(predictions: list[int], gold: list[int],
 
 @torch.no_grad()
 def evaluate_tagger(model: Tagger, data: Sequence[Encoded], batch_size: int,
-                    labels: Sequence[str]) -> dict[str, float]:
-    """Mean loss per labelled word, token (word) accuracy, per-label F1 and macro F1."""
+                    labels: Sequence[str], forms: Sequence[str] | None = None) -> dict[str, Any]:
+    """Mean loss per labelled word, token (word) accuracy, per-label F1 and macro F1; with
+    `forms` (one per row) also token accuracy per form ("forms": models/forms_eval.py)."""
     model.eval()
     predictions: list[int] = []
     gold: list[int] = []
+    hits = [(0, 0)] * len(data)  # per row: (correct words, words)
     total_loss, words = 0.0, 0
     for index in sorted_batches([len(e.source) for e in data], batch_size):
         batch = collate_tagging([data[i] for i in index], pad_id=model.config.pad_id)
@@ -76,8 +79,15 @@ def evaluate_tagger(model: Tagger, data: Sequence[Encoded], batch_size: int,
         if loss is not None and n:
             total_loss += float(loss) * n
         words += n
+        right = (logits.argmax(-1) == batch["tags"]) & keep  # (B, T)
+        for i, row_right, row_keep in zip(index, right.sum(1).tolist(), keep.sum(1).tolist(),
+                                          strict=True):
+            hits[i] = (int(row_right), int(row_keep))
         predictions += logits.argmax(-1)[keep].tolist()
         gold += batch["tags"][keep].tolist()
     accuracy = sum(p == y for p, y in zip(predictions, gold, strict=True)) / max(1, words)
-    return {"loss": total_loss / max(1, words), "token_accuracy": accuracy,
-            **label_scores(predictions, gold, labels)}
+    result: dict[str, Any] = {"loss": total_loss / max(1, words), "token_accuracy": accuracy,
+                              **label_scores(predictions, gold, labels)}
+    if forms is not None:
+        result["forms"] = tagging_forms(forms, hits)
+    return result

@@ -1,9 +1,14 @@
 """Whitespace words <-> subword pieces, for taggers (torch-free: used by training and serving).
 
 A tagger labels whitespace words but runs on sentencepiece pieces. Each word is represented by
-its first piece (the first piece whose character span overlaps the word); the word's tag is
-trained and read there. Spans are [start, end) character offsets into the original text, so
-`text[start:end] == word`.
+its first piece (the first piece whose character span overlaps the word and ends inside it);
+the word's tag is trained and read there. Spans are [start, end) character offsets into the
+original text, so `text[start:end] == word`.
+
+A piece's span may start early (it covers the whitespace, and under a punctuation-removing
+normalization the punctuation, that it stands for) but it ends right after its own text. So a
+word whose characters the tokenizer removes entirely (a lone "," under
+`nmt_nfkc_cf_punct`) has no piece of its own: it is not given the next word's piece.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def words(text: str) -> list[tuple[str, int, int]]:
 
 
 def align(text: str, pieces: Sequence[_Span]) -> list[Word]:
-    """Each whitespace word of `text` with the index of its first overlapping piece.
+    """Each whitespace word of `text` with the index of its first piece (-1: none).
 
     `pieces` are `Tokenizer.encode_with_offsets(text)` (or its first max_length items)."""
     out: list[Word] = []
@@ -48,7 +53,8 @@ def align(text: str, pieces: Sequence[_Span]) -> list[Word]:
     for word, start, end in words(text):
         while p < len(pieces) and pieces[p].end <= start:
             p += 1
-        hit = p if p < len(pieces) and pieces[p].start < end else -1
+        inside = p < len(pieces) and pieces[p].start < end and pieces[p].end <= end
+        hit = p if inside else -1
         out.append(Word(word, start, end, hit))
     return out
 

@@ -8,6 +8,7 @@ answer here and nowhere else.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,36 +17,51 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.access_log import with_access_log
 from service.api import classify, health, models, tag, translate
 from service.api.common import describe_errors
+from service.api.fast import FastPath, HotPathRouter
 from service.api.oip import routes as oip
-from service.errors import ServiceError
+from service.auth import with_api_keys
+from service.engine.client import EngineClient
+from service.engine.loading import RuntimeFactory
+from service.errors import ServiceError, error_answer
 from service.metrics import Metrics
 from service.middleware import ServingMiddleware
-from service.repository import ModelRepository, RuntimeFactory
+from service.openapi import install as install_openapi
+from service.repository import ModelRepository
 from service.settings import Settings
 from service.state import AppState
 
 log = logging.getLogger("seqserve.app")
 
 
-def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None) -> FastAPI:
-    """Build the app for `settings`; `runtime_factory` replaces the real runtimes in tests."""
+def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None,
+               engine: EngineClient | None = None) -> FastAPI:
+    """Build the app for `settings`. Its models run in this process, or, given an `engine`
+    client, in the engine process. `runtime_factory` replaces the real runtimes in tests."""
     metrics = Metrics()
-    state = AppState(settings, metrics, ModelRepository(settings, metrics, runtime_factory))
+    repository = ModelRepository(settings, metrics, runtime_factory, engine)
+    state = AppState(settings, metrics, repository)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if engine is not None:
+            await engine.start()
         await state.repository.load_all()
         state.started = True
-        log.info("ready: %s", "yes" if state.ready else "no model is ready")
+        pending = "; ".join(state.repository.not_ready()) or "no model"
+        log.info("ready: %s", "yes" if state.ready else f"no ({pending})")
         yield
         state.begin_drain()
         drained = await state.repository.stop_all(state.drain_left())
+        if engine is not None:
+            await engine.close()
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
-    app = FastAPI(
+    app = SeqserveApp(
         title="seqserve",
         version=_version(),
         description="Recurrent sequence models: classify, translate, KServe v2 inference.",
@@ -58,8 +74,24 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     _add_error_handlers(app)
     for module in (health, models, classify, translate, tag, oip):
         app.include_router(module.router)
-    app.add_middleware(ServingMiddleware, state=state)
+    install_openapi(app, state)  # the live limits and one infer operation per model
+    # outermost first: request id + access log, body limit + drain + timing + metrics, API
+    # keys (their 401s counted and timed), then the hot path or FastAPI's own stack
+    inner = HotPathRouter(FastPath(state), functools.partial(FastAPI.__call__, app))
+    app.entry = with_access_log(ServingMiddleware(with_api_keys(inner, settings), state),
+                                settings)
     return app
+
+
+class SeqserveApp(FastAPI):
+    """The FastAPI app behind our own middleware chain (`entry`), which sits outside
+    FastAPI's stack so that the inference routes are answered by the hot path
+    (`service.api.fast`) without FastAPI's per-request machinery."""
+
+    entry: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.entry(scope, receive, send)
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -71,10 +103,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        headers = None
-        if exc.retry_after is not None:
-            headers = {"Retry-After": str(max(1, round(exc.retry_after)))}
-        return _error(exc.status, exc.message, headers)
+        status, headers, message = error_answer(exc)
+        return _error(status, message, {k.decode(): v.decode() for k, v in headers})
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -89,8 +119,11 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def bug(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug")
+        # Logged once, with the request's id, by service.access_log (not here). This answer
+        # is sent outside every middleware: it carries the request id itself.
+        rid = getattr(request.state, "request_id", None)
+        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug",
+                      {"X-Request-Id": rid} if rid else None)
 
 
 def _version() -> str:

@@ -69,3 +69,12 @@ class InferenceFailed(ServiceError):
     """The runtime raised while computing this request's batch (a server fault, not input)."""
 
     status = 500
+
+
+def error_answer(exc: ServiceError) -> tuple[int, list[tuple[bytes, bytes]], str]:
+    """The answer to a ServiceError: status, extra headers (Retry-After), message. The app's
+    exception handler and the hot path (`service.api.fast`) both answer with it."""
+    headers = []
+    if exc.retry_after is not None:
+        headers.append((b"retry-after", str(max(1, round(exc.retry_after))).encode()))
+    return exc.status, headers, exc.message

@@ -1,13 +1,24 @@
-"""Prometheus metrics of one app (a private CollectorRegistry, never the global one).
+"""Prometheus metrics of one process (a private CollectorRegistry, never the global one).
 
 Names and labels follow docs/contracts.md. `ModelMetrics` is the one adapter through which
 the schedulers (batcher, decoding engine) record into it.
+
+Across processes (API processes + engine): with `PROMETHEUS_MULTIPROC_DIR` set before
+prometheus_client is imported (the supervisor sets it for every child), every process writes
+its samples there and `/metrics` of any API process reports the sum over all of them
+(prometheus-client's multiprocess mode). Gauges say how they combine: request gauges add up
+over live processes, engine gauges come from the one engine.
 """
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
@@ -42,16 +53,17 @@ class Metrics:
             "seqserve_padding_ratio", "Padded tokens / real tokens per batch.", ["model"],
             registry=r, buckets=RATIO_BUCKETS)
         self.queue_depth = Gauge(
-            "seqserve_queue_depth", "Rows waiting in the model's queue.", ["model"], registry=r)
+            "seqserve_queue_depth", "Rows waiting in the model's queue.", ["model"], registry=r,
+            multiprocess_mode="livesum")
         self.in_flight = Gauge(
             "seqserve_in_flight_requests", "Requests admitted and not yet answered.", ["model"],
-            registry=r)
+            registry=r, multiprocess_mode="livesum")
         self.requests = Counter(
             "seqserve_requests", "Answered requests by status.", ["model", "endpoint", "status"],
             registry=r)
         self.model_ready = Gauge(
             "seqserve_model_ready", "1 when the model version serves, else 0.",
-            ["model", "version"], registry=r)
+            ["model", "version"], registry=r, multiprocess_mode="livemax")
         self.load_failures = Counter(
             "seqserve_model_load_failures", "Bundles that failed verification or loading.",
             ["model", "version"], registry=r)
@@ -63,7 +75,7 @@ class Metrics:
             registry=r, buckets=LATENCY_BUCKETS)
         self.live_hypotheses = Gauge(
             "seqserve_live_hypotheses", "Hypothesis rows in the decoding engine.", ["model"],
-            registry=r)
+            registry=r, multiprocess_mode="livesum")
         self.generated_tokens = Counter(
             "seqserve_generated_tokens", "Tokens emitted by decoding.", ["model"], registry=r)
         self.decode_steps = Counter(
@@ -73,7 +85,12 @@ class Metrics:
             registry=r, buckets=LATENCY_BUCKETS)
 
     def exposition(self) -> tuple[bytes, str]:
-        """Body and content type of `/metrics`."""
+        """Body and content type of `/metrics`: this process's registry, or every process's
+        samples in multiprocess mode."""
+        if os.environ.get(MULTIPROC_ENV):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
     def observer(self, model: str) -> ModelMetrics:

@@ -33,15 +33,15 @@ async def send_error(send: Send, status: int, message: str, headers: dict[str, s
 FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
 
 
-def _json_by_default(scope: Scope) -> Scope:
+def _json_by_default(scope: Scope) -> None:
     """Every POST body here is JSON (or the OIP binary extension, which names its own type):
     a body sent with no content type or as a form (what `curl -d` sends) is read as JSON
-    instead of failing validation with a confusing message."""
+    instead of failing validation with a confusing message. Changes `scope` in place: the
+    router records the matched route in this same dict, which the request metrics read."""
     headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
     given = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
-    if given.split(b";")[0].strip().lower() not in FORM_OR_NONE:
-        return scope
-    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
+    if given.split(b";")[0].strip().lower() in FORM_OR_NONE:
+        scope["headers"] = [*headers, (b"content-type", b"application/json")]
 
 
 class ServingMiddleware:
@@ -50,6 +50,7 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
+        self._series: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,7 +71,7 @@ class ServingMiddleware:
                                  {})
                 return
             if scope["method"] == "POST":
-                scope = _json_by_default(scope)
+                _json_by_default(scope)
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)
@@ -121,19 +122,31 @@ class ServingMiddleware:
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
         if scope["path"].startswith(OPEN_WHILE_DRAINING):
             return  # probes and scrapes are not traffic: a draining pod's 503 probes no error
-        route = scope.get("route")
-        endpoint = getattr(route, "name", None) or "unmatched"
+        endpoint = scope.get("endpoint_name") or getattr(scope.get("route"), "name", None)
         name = scope.get("path_params", {}).get("name")
         model = ""
         if name is not None:
             model = name if name in self.state.repository.entries else "unknown"
-        m = self.state.metrics
-        m.requests.labels(model, endpoint, str(status)).inc()
-        m.request_duration.labels(model, endpoint).observe(seconds)
+        requests, duration, queue, compute = self._children(model, endpoint or "unmatched",
+                                                            status)
+        requests.inc()
+        duration.observe(seconds)
         call = scope.get("state", {}).get("call")
         if call is not None and call.computed:
-            m.queue_time.labels(model, endpoint).observe(call.queue_s)
-            m.compute_time.labels(model, endpoint).observe(call.compute_s)
+            queue.observe(call.queue_s)
+            compute.observe(call.compute_s)
+
+    def _children(self, model: str, endpoint: str, status: int) -> tuple[Any, ...]:
+        """The label-bound series of one (model, endpoint, status), looked up once."""
+        key = (model, endpoint, status)
+        found = self._series.get(key)
+        if found is None:
+            m = self.state.metrics
+            found = self._series[key] = (
+                m.requests.labels(model, endpoint, str(status)),
+                m.request_duration.labels(model, endpoint),
+                m.queue_time.labels(model, endpoint), m.compute_time.labels(model, endpoint))
+        return found
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

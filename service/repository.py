@@ -1,28 +1,28 @@
 """Model repository: every bundle and version of `settings.repo`, each with a state.
 
-Loading verifies the manifest hashes, opens the runtime, builds the task's worker and warms it
-up. A version that fails any step is recorded as "failed" with the reason (log, metrics,
-/v1/models) and skipped; the others serve. The highest ready version is the default.
+Loading verifies the manifest hashes, builds the scheduled model (in this process: runtime,
+batcher or decoding engine, warm-up; with an engine process: a remote model the engine
+already loaded) and the task's worker. A version that fails any step is recorded as "failed"
+with the reason (log, metrics, /v1/models) and skipped; the others serve. The highest ready
+version is the default.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from export.manifest import Manifest, list_bundles, load_bundle
 from models.tokenizer import Tokenizer
+from service.engine.client import EngineClient, RemoteDecodeModel, RemoteRowModel
+from service.engine.loading import RuntimeFactory, build_served, max_tokens_of
+from service.engine.protocol import ModelState
 from service.errors import ModelNotFound, ModelNotReady
 from service.metrics import Metrics
-from service.runtimes import load_runtime
-from service.runtimes.base import Runtime, RuntimeSpec
-from service.scheduling.batcher import BatcherConfig
-from service.scheduling.decoding import EngineConfig
-from service.scheduling.models import DecodedModel, ModelConfig, ServedModel, build_model
+from service.scheduling.models import DecodedModel, ServedModel
 from service.settings import Settings
 from service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
 from service.workers.classifier import ClassifierWorker
@@ -33,8 +33,8 @@ log = logging.getLogger("seqserve.repository")
 
 W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker)
 
-RuntimeFactory = Callable[[RuntimeSpec, Path, Manifest], Runtime]
-"""Builds a bundle's runtime (tests inject fakes); default `service.runtimes.load_runtime`."""
+Model = ServedModel | RemoteRowModel | RemoteDecodeModel
+"""A model in this process, or one in the engine process."""
 
 
 @dataclass
@@ -48,8 +48,8 @@ class ModelEntry:
     """"loading" | "ready" | "failed" | "stopped"."""
     reason: str | None = None
     manifest: Manifest | None = None
-    model: ServedModel | None = None
-    """The scheduled model (runtime + batcher or decoding engine), once built."""
+    model: Model | None = None
+    """The scheduled model (here, or a remote one in the engine process), once built."""
     worker: ModelWorker | None = None
 
     @property
@@ -58,59 +58,91 @@ class ModelEntry:
 
 
 class ModelRepository:
-    """All model versions of one app."""
+    """All model versions of one app: loaded here, or served by an engine process."""
 
-    def __init__(
-        self, settings: Settings, metrics: Metrics, runtime_factory: RuntimeFactory | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics,
+                 runtime_factory: RuntimeFactory | None = None,
+                 engine: EngineClient | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.runtime_factory = runtime_factory or load_runtime
+        self.runtime_factory = runtime_factory
+        self.engine = engine
+        """With an engine client the models run in the engine process (it records their
+        load metrics); without, they are loaded in this process."""
         self.entries: dict[str, dict[int, ModelEntry]] = {}
 
     async def load_all(self, only: str | None = None) -> None:
-        """Load, start and warm up every version (sequentially: warm-ups compete for CPU), or
-        every version of model `only`."""
-        found = [b for b in list_bundles(self.settings.repo) if only in (None, b[0])]
+        """Load every version (one after another: warm-ups compete for CPU), or every
+        version of model `only`."""
+        if self.engine is not None:
+            states = await self.engine.models(self.settings.startup_timeout_s)
+            found = [(m.name, m.version, Path(m.path)) for m in states]
+        else:
+            found = list_bundles(self.settings.repo)
+        found = [b for b in found if only in (None, b[0])]
         if not found:
             log.warning("no bundles found under %s", self.settings.repo)
         for name, version, path in found:
-            entry = ModelEntry(name, version, path)
-            self.entries.setdefault(name, {})[version] = entry
-            self.metrics.model_ready.labels(name, str(version)).set(0)
+            self.entries.setdefault(name, {})[version] = ModelEntry(name, version, path)
+            if self.engine is None:  # every series exists from the start, at 0
+                self.metrics.model_ready.labels(name, str(version)).set(0)
+                self.metrics.load_failures.labels(name, str(version))
+        remote = {(m.name, m.version): m for m in states} if self.engine is not None else {}
         for name, version, _ in found:
-            await self._load(self.entries[name][version])
+            await self._load(self.entries[name][version], remote.get((name, version)))
 
-    async def _load(self, entry: ModelEntry) -> None:
+    async def _load(self, entry: ModelEntry, remote: ModelState | None) -> None:
         try:
-            model, worker = await asyncio.to_thread(self._build, entry)
-            entry.model = model
-            await model.start()
+            if self.engine is not None and remote is not None:
+                worker = await asyncio.to_thread(self._open_remote, entry, remote)
+            else:
+                worker = await asyncio.to_thread(self._open_local, entry)
+                assert entry.model is not None
+                await entry.model.start()
         except Exception as exc:  # any failure skips this version only
             entry.state, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
-            self.metrics.load_failures.labels(entry.name, str(entry.version)).inc()
+            if self.engine is None:
+                self.metrics.load_failures.labels(entry.name, str(entry.version)).inc()
             log.error("model %s version %d not served: %s", entry.name, entry.version,
                       entry.reason)
             return
         entry.worker, entry.state = worker, "ready"
-        self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
+        if self.engine is None:
+            self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
         log.info("model %s version %d ready (%s)", entry.name, entry.version, entry.task)
 
-    def _build(self, entry: ModelEntry) -> tuple[ServedModel, ModelWorker]:
-        """Verify, open the runtime, schedule it and construct the worker (blocking)."""
-        manifest = entry.manifest = load_bundle(entry.path, verify=True)
+    def _open_local(self, entry: ModelEntry) -> ModelWorker:
+        """Verify, open the runtime(s), schedule them, build the worker (blocking)."""
+        options = self.settings.engine_options()
+        entry.manifest, model = build_served(entry.name, entry.path, options,
+                                             self.metrics.observer(entry.name),
+                                             self.runtime_factory)
+        entry.model = model
+        if isinstance(model, DecodedModel):
+            return TranslatorWorker(self._context(entry, entry.manifest, model))
+        return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, model))
+
+    def _open_remote(self, entry: ModelEntry, state: ModelState) -> ModelWorker:
+        """The engine's model of this version: its manifest (hashes verified again: the
+        tokenizer is read here) and a remote model (blocking)."""
+        if state.state != "ready":
+            raise ModelNotReady(state.reason or f"the engine reports it {state.state}")
+        assert self.engine is not None
+        entry.manifest = load_bundle(entry.path, verify=True)
+        if entry.manifest.task == "translator":
+            decode = RemoteDecodeModel(self.engine, state)
+            entry.model = decode
+            return TranslatorWorker(self._context(entry, entry.manifest, decode))
+        rows = RemoteRowModel(self.engine, state)
+        entry.model = rows
+        return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, rows))
+
+    def _context(self, entry: ModelEntry, manifest: Manifest, model: Any) -> WorkerContext[Any]:
         s = self.settings
-        limits = TextLimits(s.max_texts, s.max_chars,
-                            min(s.max_tokens, manifest.limits.get("max_tokens", s.max_tokens)),
+        limits = TextLimits(s.max_texts, s.max_chars, max_tokens_of(manifest, s.max_tokens),
                             s.truncate)
         tokenizer = Tokenizer.load(entry.path / manifest.tokenizer.file)
-        runtime = self.runtime_factory(s.runtime_spec(), entry.path, manifest)
-        model = build_model(entry.name, runtime, manifest, model_config(s, limits.max_tokens),
-                            self.metrics.observer(entry.name))
-        parts = (entry.name, entry.version, manifest, tokenizer, limits)
-        if isinstance(model, DecodedModel):
-            return model, TranslatorWorker(WorkerContext(*parts, model))
-        return model, ROW_WORKERS[manifest.task](WorkerContext(*parts, model))
+        return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model)
 
     async def stop_all(self, timeout: float) -> bool:
         """Drain every ready worker concurrently within `timeout`; True when all drained."""
@@ -152,9 +184,11 @@ class ModelRepository:
         entry = self.entry(name, version)
         if entry.state != "ready" or entry.worker is None:
             why = f": {entry.reason}" if entry.reason else ""
+            # a failed version stays failed until the server is redeployed: no Retry-After
+            retry = None if entry.state == "failed" else self.settings.retry_after_s
             raise ModelNotReady(
                 f"model {name!r} version {entry.version} is {entry.state}{why}",
-                retry_after=self.settings.retry_after_s,
+                retry_after=retry,
             )
         return entry, entry.worker
 
@@ -169,23 +203,19 @@ class ModelRepository:
             raise ModelNotFound(f"model {name!r} is a {worker.task}, not a {kind.task}")
         return entry, worker
 
-    def any_ready(self) -> bool:
-        return any(e.state == "ready" for v in self.entries.values() for e in v.values())
+    def serving(self, strict: bool) -> bool:
+        """Whether the server may take traffic: every version ready (strict; Triton's
+        default), or at least one (relaxed). An empty repository serves nothing."""
+        states = [e.state == "ready" for v in self.entries.values() for e in v.values()]
+        return bool(states) and (all(states) if strict else any(states))
+
+    def not_ready(self) -> list[str]:
+        """"name/version: state (reason)" of every version that is not ready."""
+        return [f"{e.name}/{e.version}: {e.state}" + (f" ({e.reason})" if e.reason else "")
+                for v in self.entries.values() for e in v.values() if e.state != "ready"]
 
 
 def _parse_version(version: int | str) -> int | None:
     if isinstance(version, int):
         return version
     return int(version) if version.isdigit() and version.isascii() else None
-
-
-def model_config(s: Settings, max_tokens: int) -> ModelConfig:
-    """How every model is scheduled under settings `s` (texts up to `max_tokens` tokens)."""
-    batcher = BatcherConfig(
-        max_batch_size=s.max_batch_size, max_batch_tokens=max(s.max_batch_tokens, max_tokens),
-        max_wait_s=s.max_wait_ms / 1000.0, queue_size=s.queue_size,
-        retry_after_s=s.retry_after_s, overhead_tokens=s.batch_overhead_tokens)
-    engine = EngineConfig(
-        max_live_hypotheses=s.max_live_hypotheses, max_queue=s.queue_size,
-        max_admit=s.max_batch_size, groups=s.decode_groups, retry_after_s=s.retry_after_s)
-    return ModelConfig(batcher, engine, max_tokens, s.warmup)

@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.engine.options import EngineOptions
 from service.runtimes.base import RuntimeSpec
 from service.scheduling.beam import MAX_BEAM_SIZE
 
@@ -36,8 +37,18 @@ class Settings(BaseSettings):
     """Device; with onnx it picks the default provider list."""
     providers: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Ordered ONNX Runtime providers (comma-separated in env); empty = from `device`."""
+    api_workers: int | Literal["auto"] = "auto"
+    """API processes (HTTP, validation, tokenization) in front of one engine process that
+    runs the models; 0 = one process does everything; auto = chosen for this machine's cores
+    (printed at start)."""
+    instances: int | Literal["auto"] = "auto"
+    """Runtime instances per classifier/tagger in the engine: batches in flight at once, each
+    with its own session and intra_op_threads threads; auto = chosen for this machine."""
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long API processes wait for the engine to load and warm up every model."""
     intra_op_threads: int = Field(default=0, ge=0)
-    """Threads inside one operator (0 = runtime default)."""
+    """Threads inside one operator, per runtime instance (0 = runtime default, or chosen
+    with the instances when those are auto)."""
     inter_op_threads: int = Field(default=0, ge=0)
     """Threads across operators (0 = runtime default)."""
     max_batch_size: int = Field(default=16, ge=1)
@@ -74,10 +85,26 @@ class Settings(BaseSettings):
     decode_groups: int = Field(default=2, ge=1, le=8)
     """Translators: live requests split into this many groups whose decoder steps take turns,
     so one group's beam bookkeeping overlaps the other's step (1 = one call per step)."""
+    readiness: Literal["all", "any"] = "all"
+    """When /v2/health/ready says ready: every model version loaded (all: strict, Triton's
+    default; a failed bundle keeps the instance out of the load balancer) or at least one
+    (any)."""
     warmup: bool = True
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"
     """Log level of the server."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as plain text or as one JSON object per line (access log included)."""
+    access_log: bool = True
+    """One line per request: method, route, model, status, queue/compute/total ms and the
+    request id (the client's request id header, or a new id; sent back in the response)."""
+    api_key: SecretStr | None = None
+    """API key required as `Authorization: Bearer KEY` on inference and model routes (several:
+    one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged."""
+    auth_health: bool = False
+    """With api_key: also require a key on the health routes (probes then need it too)."""
+    auth_metrics: bool = False
+    """With api_key: also require a key on /metrics (the scraper then needs it too)."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """Python's GIL switch interval for `seqserve serve` (default 5 ms makes the batch thread
     wait behind the busy event loop after every runtime call; 0.5 ms measured ~15% faster)."""
@@ -87,6 +114,14 @@ class Settings(BaseSettings):
     def _split_providers(cls, v: object) -> object:
         if isinstance(v, str):
             return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @field_validator("api_workers", "instances")
+    @classmethod
+    def _auto_or_count(cls, v: int | str, info: ValidationInfo) -> int | str:
+        low = 0 if info.field_name == "api_workers" else 1
+        if isinstance(v, int) and v < low:
+            raise ValueError(f"must be 'auto' or an integer >= {low}")
         return v
 
     @model_validator(mode="after")
@@ -102,6 +137,18 @@ class Settings(BaseSettings):
                 "a request of max_texts texts must fit the queue"
             )
         return self
+
+    def engine_options(self) -> EngineOptions:
+        """What the engine (a process of its own, or this one) loads and schedules with."""
+        return EngineOptions(
+            repo=str(self.repo), runtime=self.runtime_spec(),
+            instances=self.instances if isinstance(self.instances, int) else 1,
+            max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
+            max_wait_s=self.max_wait_ms / 1000.0,
+            batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
+            retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
+            max_live_hypotheses=self.max_live_hypotheses, decode_groups=self.decode_groups,
+            warmup=self.warmup)
 
     def runtime_spec(self) -> RuntimeSpec:
         """The runtime every bundle is loaded with."""

@@ -8,24 +8,31 @@ drains the batchers. A second signal exits at once.
 
 from __future__ import annotations
 
+import signal
 import time
 from types import FrameType
 
 import uvicorn
 
-from service.app import AppState
+from service.state import AppState
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server that drains before it exits."""
 
-    def __init__(self, config: uvicorn.Config, state: AppState, delay_s: float = 0.0) -> None:
+    def __init__(self, config: uvicorn.Config, state: AppState, delay_s: float = 0.0,
+                 supervised: bool = False) -> None:
         super().__init__(config)
         self.state = state
         self.delay_s = delay_s
+        self.supervised = supervised
+        """Under the supervisor: only its SIGTERM drains (a terminal's Ctrl-C reaches every
+        process of the group; the supervisor alone decides the order of the drain)."""
         self.drain_since: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.supervised and sig == signal.SIGINT:
+            return
         self.state.begin_drain()
         if self.drain_since is not None:  # second signal: stop waiting
             self.should_exit = True
@@ -41,7 +48,7 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def build_server(app: object, state: AppState) -> DrainingServer:
+def build_server(app: object, state: AppState, supervised: bool = False) -> DrainingServer:
     """The uvicorn server for `app` with the settings' host, port and drain timeout."""
     s = state.settings
     config = uvicorn.Config(
@@ -53,4 +60,4 @@ def build_server(app: object, state: AppState) -> DrainingServer:
         lifespan="on",
         access_log=False,
     )
-    return DrainingServer(config, state, s.shutdown_delay_s)
+    return DrainingServer(config, state, s.shutdown_delay_s, supervised)

@@ -29,7 +29,8 @@ class AppState:
 
     @property
     def ready(self) -> bool:
-        return self.started and not self.draining and self.repository.any_ready()
+        strict = self.settings.readiness == "all"
+        return self.started and not self.draining and self.repository.serving(strict)
 
     def begin_drain(self) -> None:
         if not self.draining:

@@ -54,10 +54,15 @@ class RawConnection:
     def request(self, method: str, path: str, body: bytes = b"",
                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
         """Send one request, read its whole answer: (status, lower-case headers, body)."""
+        self.send(method, path, body, headers)
+        return self.read_response()
+
+    def send(self, method: str, path: str, body: bytes = b"",
+             headers: dict[str, str] | None = None) -> None:
+        """Write one request (its answer is read later with `read_response`)."""
         head = {"host": self.host, "content-length": str(len(body)), **(headers or {})}
         lines = [f"{method} {path} HTTP/1.1", *(f"{k}: {v}" for k, v in head.items())]
         self.sock.sendall("\r\n".join(lines).encode() + b"\r\n\r\n" + body)
-        return self.read_response()
 
     def read_response(self) -> tuple[int, dict[str, str], bytes]:
         while b"\r\n\r\n" not in self.buffer:

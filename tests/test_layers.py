@@ -23,6 +23,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "service.runtimes": ("service.runtimes", "export.manifest", "models.errors"),
     "service.scheduling": ("service.scheduling", "service.runtimes.base", "service.errors",
                            "export.manifest"),
+    "service.engine": ("service.engine", "service.scheduling", "service.runtimes",
+                       "service.errors", "service.metrics", "service.logs", "export.manifest"),
     "service.workers": ("service.workers", "service.scheduling", "service.errors",
                         "export.manifest", "models.tokenizer", "models.word_align"),
     "service.api": ("service.api", "service.workers", "service.scheduling.beam",
@@ -32,6 +34,7 @@ FIRST_PARTY = ("models", "export", "service", "loadtest")
 FORBIDDEN_THIRD_PARTY: dict[str, tuple[str, ...]] = {
     "service.runtimes": WEB,
     "service.scheduling": WEB + ("torch",),
+    "service.engine": WEB + ("torch",),
     "service.workers": WEB + ("torch",),
     "loadtest": ("fastapi", "torch"),
 }
@@ -86,12 +89,13 @@ def _loaded_after_import(modules: list[str]) -> set[str]:
 
 
 def test_engine_side_layers_load_no_web_framework_and_no_torch() -> None:
-    """What the engine process imports (the scheduling and runtimes layers, ONNX Runtime):
+    """What the engine process imports (its own layer, scheduling, runtimes, ONNX Runtime):
     no FastAPI, Starlette, pydantic or uvicorn, and no torch."""
     loaded = _loaded_after_import([
         "service.scheduling", "service.scheduling.batcher", "service.scheduling.decoding",
         "service.scheduling.beam", "service.scheduling.models", "service.runtimes",
-        "service.runtimes.onnx",
+        "service.runtimes.onnx", "service.engine.server", "service.engine.client",
+        "service.engine.__main__",
     ])
     bad = sorted(m for m in loaded if m.split(".")[0] in (*WEB, "torch"))
     assert not bad, bad

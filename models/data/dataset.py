@@ -1,9 +1,9 @@
 """The in-memory dataset type shared by built-in generators, readers and training.
 
 Torch-free. An example is a plain dict of strings, exactly one JSON line of the on-disk format
-(docs/contracts.md): `{"text", "label"}` for classification, `{"source", "target"}` (plus an
-optional `"kind"`) for translation, `{"text", "tags"}` (a list, one tag per whitespace word)
-for tagging.
+(docs/contracts.md): `{"text", "label"}` for classification, `{"source", "target"}` (plus
+optional `"kind"` and `"form"`) for translation, `{"text", "tags"}` (a list, one tag per
+whitespace word) for tagging.
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ class Dataset:
     """Seed a built-in dataset was generated with (None for user data)."""
     size: int | None = None
     """Requested train size of a built-in dataset (None for user data)."""
+    normalization: str | None = None
+    """Tokenizer normalization the data asks for (models/normalization.py), e.g.
+    "nmt_nfkc_cf_punct" where punctuation carries no meaning; None: the trainer's default."""
 
     @property
     def fields(self) -> tuple[str, str]:
@@ -78,6 +81,8 @@ class Dataset:
         }
         if self.task in ("classification", "tagging"):
             meta["labels"] = list(self.labels)
+        if self.normalization:
+            meta["normalization"] = self.normalization
         meta["counts"] = self.counts()
         return meta
 

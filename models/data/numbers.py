@@ -1,9 +1,12 @@
 """`numbers-en-fr`, `numbers-en-de`: English wording -> French/German wording of one value.
 
-Kinds: cardinal (0..999,999, digit count uniform), ordinal (1..999,999), year (1000..2099),
-currency (euros or dollars, 0..99,999 units, cents sometimes) and full date (1900..2099).
-Sources and targets are lowercase with commas dropped; hyphens are num2words' own, so each
-side is a deterministic function of the value.
+Kinds (models/data/values.py): cardinal (0..999,999, digit count uniform), ordinal
+(1..999,999), year (1000..2099), currency (euros or dollars, 0..99,999 units, cents
+sometimes) and full date (1900..2099). Sources are English as people write it, in the surface
+forms of models/data/surface.py (commas or not, "and" or not, hyphens or spaces, "a hundred",
+case, punctuation, spacing); targets are lowercase with commas dropped and num2words' hyphens,
+a deterministic function of the value. The dataset asks for the `nmt_nfkc_cf_punct` tokenizer
+normalization (punctuation and case carry no meaning here).
 """
 
 from __future__ import annotations
@@ -11,18 +14,17 @@ from __future__ import annotations
 import datetime as dt
 import random
 
-from models.data import wording
+from models.data import surface, wording
 from models.data.dataset import Dataset, Example
-from models.data.sampling import Draw, Drawer, fill_splits, log_uniform_int
+from models.data.sampling import Draw, Drawer, fill_splits, split_for, split_quotas
+from models.data.values import KIND_WEIGHTS, KINDS
+from models.normalization import PUNCT_AS_SPACE
 
+__all__ = ["KINDS", "KIND_WEIGHTS", "generate", "word"]
 TARGETS = ("fr", "de")
-KINDS = ("cardinal", "ordinal", "year", "currency", "date")
-KIND_WEIGHTS = (0.35, 0.15, 0.15, 0.2, 0.15)
 EVAL_RATIO = 1 / 10
-"""valid and test each hold this fraction of the train size."""
+"""valid and test each hold this fraction of the train size (spread over the forms)."""
 DEFAULT_SIZE = 20_000
-FIRST_DAY = dt.date(1900, 1, 1).toordinal()
-LAST_DAY = dt.date(2099, 12, 31).toordinal()
 # (currency, language) -> (unit singular, unit plural, cent singular, cent plural, joiner)
 _MONEY: dict[tuple[str, str], tuple[str, str, str, str, str]] = {
     ("EUR", "en"): ("euro", "euros", "cent", "cents", "and"),
@@ -69,22 +71,6 @@ def _ordinal(n: int, lang: str) -> str:
     return text
 
 
-def _value(rng: random.Random, kind: str) -> tuple[int | str, object]:
-    """(split key, value) of one draw."""
-    if kind in ("cardinal", "ordinal"):
-        n = log_uniform_int(rng, 0 if kind == "cardinal" else 1, 999_999)
-        return n, n
-    if kind == "year":
-        y = rng.randint(1000, 2099)
-        return y, y
-    if kind == "currency":
-        units = log_uniform_int(rng, 0, 99_999)
-        cents = rng.choice((0, rng.randint(1, 99))) if units else rng.randint(1, 99)
-        return units, (units, cents, rng.choice(("EUR", "USD")))
-    day = dt.date.fromordinal(rng.randint(FIRST_DAY, LAST_DAY))
-    return day.isoformat(), day
-
-
 def word(kind: str, value: object, lang: str) -> str:
     """The wording of a drawn value in `lang` ("en", "fr" or "de")."""
     if kind == "cardinal":
@@ -104,28 +90,36 @@ def word(kind: str, value: object, lang: str) -> str:
     return date(value, lang)
 
 
-def _drawer(target: str) -> Drawer:
-    def draw(rng: random.Random, group: str) -> Draw:
-        kind = rng.choices(KINDS, KIND_WEIGHTS)[0]
-        key, value = _value(rng, kind)
+def _drawer(target: str, seed: int) -> Drawer:
+    def in_train(key: int | str) -> bool:
+        return split_for(key, seed) == "train"
 
-        def make() -> Example:
-            source, text = word(kind, value, "en"), word(kind, value, target)
-            return {"source": source, "target": text, "kind": kind}
-
-        return Draw(key, make)
+    def draw(rng: random.Random, form: str) -> Draw:
+        phrase = surface.draw(rng, form, in_train)
+        return Draw(phrase.key, lambda: example(phrase, target))
 
     return draw
 
 
-def generate(target: str, size: int = DEFAULT_SIZE, seed: int = 0, values: bool = False) -> Dataset:
-    """English -> `target` ("fr" or "de") number wording, `size` training pairs.
+def example(phrase: surface.Phrase, target: str) -> Example:
+    """The translation example of a drawn English phrase."""
+    return {"source": phrase.text, "target": word(phrase.kind, phrase.value, target),
+            "kind": phrase.kind, "form": phrase.form}
 
-    Examples are {"source", "target", "kind"}; with `values` also "value" (the underlying
-    number, units of an amount, or ISO date)."""
+
+def generate(target: str, size: int = DEFAULT_SIZE, seed: int = 0, values: bool = False) -> Dataset:
+    """English -> `target` ("fr" or "de") number wording, about `size` training pairs.
+
+    Examples are {"source", "target", "kind", "form"}; with `values` also "value" (the
+    underlying number, units of an amount, or ISO date). Every form of surface.FORMS has the
+    same share of each split; the test split also holds the small-number rows (form "small")."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    per_eval = max(1, round(size * EVAL_RATIO))
-    quotas = {"train": max(1, size), "valid": per_eval, "test": per_eval}
-    splits = fill_splits(_drawer(target), [""], quotas, seed, ("source", "target"), values)
-    return Dataset(f"numbers-en-{target}", "translation", splits, [], seed, size)
+    forms = list(surface.FORMS)
+    quotas = split_quotas(size, EVAL_RATIO, len(forms))
+    splits = fill_splits(_drawer(target, seed), forms, quotas, seed, ("source", "target"), values)
+    small = [example(p, target) | ({"value": str(p.key)} if values else {})
+             for p in surface.small_block(seed, quotas["test"] * len(forms))]
+    splits["test"] = splits["test"] + small
+    return Dataset(f"numbers-en-{target}", "translation", splits, [], seed, size,
+                   normalization=PUNCT_AS_SPACE)

@@ -82,6 +82,7 @@ def _read_written(folder: Path) -> Dataset:
         labels,
         meta.get("seed"),
         meta.get("size"),
+        meta.get("normalization"),
     )
 
 

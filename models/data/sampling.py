@@ -110,3 +110,10 @@ def log_uniform_int(rng: random.Random, lo: int, hi: int) -> int:
     """An int in [lo, hi] whose number of digits is uniform, so small and large both appear."""
     digits = rng.randint(len(str(lo)), len(str(hi)))
     return rng.randint(max(lo, 10 ** (digits - 1) if digits > 1 else 0), min(hi, 10**digits - 1))
+
+
+def split_quotas(size: int, eval_ratio: float, groups: int) -> dict[str, int]:
+    """Rows per (group, split) for about `size` training rows over `groups` groups; valid
+    and test each get `eval_ratio` of that."""
+    per_eval = max(1, round(size * eval_ratio / groups))
+    return {"train": max(1, round(size / groups)), "valid": per_eval, "test": per_eval}

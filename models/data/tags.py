@@ -3,12 +3,14 @@ tagged with its role (sequence labeling).
 
 Tags (`TAGS`): unit (zero..nine), teen (ten..nineteen), ten (twenty..ninety, also hyphenated
 "thirty-four"), hundred, scale (thousand, million), conj ("and"), ordinal (the ordinal word
-that ends an ordinal number or a date's day: "twentieth", "twenty-first"), month, year (every
-word of a year, so "nineteen" is a teen in a number but a year in "nineteen eighty-seven"),
-currency (euro(s), dollar(s)), cents (cent(s)), article ("the"), prep ("of").
+that ends an ordinal number or a date's day: "twentieth", "twenty-first", and "first" in the
+spaced "twenty first"), month, year (every word of a year, so "nineteen" is a teen in a number
+but a year in "nineteen eighty-seven"), currency (euro(s), dollar(s)), cents (cent(s)),
+article ("the"; "a" in "a hundred"), prep ("of").
 
-Examples are `{"text", "tags", "kind"}` with len(tags) == len(text.split()). The phrases are
-those of `numbers-en-fr`'s English side (models/data/numbers.py), checked word for word.
+Examples are `{"text", "tags", "kind", "form"}` with len(tags) == len(text.split()): the
+phrases of `numbers-en-fr`'s English side in the same surface forms (models/data/surface.py);
+punctuation stays attached to its word ("Ninety-three." is one word, tagged ten).
 """
 
 from __future__ import annotations
@@ -18,96 +20,55 @@ import random
 from pathlib import Path
 from typing import Any, cast
 
-from models.data import numbers, wording
+from models.data import english, surface
 from models.data.dataset import SPLITS, Dataset, Example
-from models.data.sampling import Draw, fill_splits
+from models.data.english import Words, number_tags
+from models.data.sampling import Draw, Drawer, fill_splits, split_for, split_quotas
 from models.errors import DataError
+from models.normalization import PUNCT_AS_SPACE
+
+__all__ = ["TAGS", "generate", "number_tags", "tagged"]
 
 TAGS = ("article", "cents", "conj", "currency", "hundred", "month", "ordinal", "prep", "scale",
         "teen", "ten", "unit", "year")
 DEFAULT_SIZE = 6000
-EVAL_RATIO = 1 / 10
-_UNITS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-_TEENS = ("ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
-          "eighteen", "nineteen")
-_TENS = ("twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-_LEXICON: dict[str, str] = {
-    **dict.fromkeys(_UNITS, "unit"), **dict.fromkeys(_TEENS, "teen"),
-    **dict.fromkeys(_TENS, "ten"), "hundred": "hundred", "thousand": "scale",
-    "million": "scale", "and": "conj",
-}
+EVAL_RATIO = 1 / 5
+"""valid and test each hold this fraction of the train size (spread over the forms)."""
 
 
-def number_tags(words: list[str]) -> list[str]:
-    """Tags of cardinal number words by lexicon ("thirty-four" -> ten)."""
-    tags = []
-    for w in words:
-        tag = _LEXICON.get(w.split("-")[0])
-        if tag is None:
-            raise ValueError(f"no number tag for word {w!r}")
-        tags.append(tag)
-    return tags
+def tagged(kind: str, value: Any, style: Words | None = None) -> tuple[list[str], list[str]]:
+    """(words, tags) of one drawn value (models/data/values.py types), plain by default."""
+    tokens = english.phrase(kind, value, style or Words())
+    return [w for w, _ in tokens], [t for _, t in tokens]
 
 
-def _cardinal(n: int) -> tuple[list[str], list[str]]:
-    words = wording.cardinal(n, "en").split()
-    return words, number_tags(words)
+def _row(phrase: surface.Phrase) -> Example:
+    return cast(Example, {"text": phrase.text, "tags": phrase.tags, "kind": phrase.kind,
+                          "form": phrase.form})
 
 
-def _ordinal(n: int) -> tuple[list[str], list[str]]:
-    words = (wording.ordinal(n, "en") or "").split()
-    return words, [*number_tags(words[:-1]), "ordinal"]
+def _drawer(seed: int) -> Drawer:
+    def in_train(key: int | str) -> bool:
+        return split_for(key, seed) == "train"
 
+    def draw(rng: random.Random, form: str) -> Draw:
+        phrase = surface.draw(rng, form, in_train)
+        return Draw(phrase.key, lambda: _row(phrase))
 
-def tagged(kind: str, value: Any) -> tuple[list[str], list[str]]:
-    """(words, tags) of one drawn value (see numbers._value for the value types)."""
-    if kind == "cardinal":
-        return _cardinal(value)
-    if kind == "ordinal":
-        return _ordinal(value)
-    if kind == "year":
-        words = wording.year(value, "en").split()
-        return words, ["year"] * len(words)
-    if kind == "currency":
-        units, cents, code = value
-        one, many, cent, cents_word, _ = numbers._MONEY[code, "en"]
-        words, tags = [], []
-        if units or not cents:
-            w, t = _cardinal(units)
-            words += [*w, one if units == 1 else many]
-            tags += [*t, "currency"]
-        if cents:
-            w, t = _cardinal(cents)
-            if words:
-                words, tags = [*words, "and"], [*tags, "conj"]
-            words += [*w, cent if cents == 1 else cents_word]
-            tags += [*t, "cents"]
-        return words, tags
-    day_words, day_tags = _ordinal(value.day)
-    year_words = wording.year(value.year, "en").split()
-    words = ["the", *day_words, "of", wording.month_name(value.month, "en"), *year_words]
-    return words, ["article", *day_tags, "prep", "month", *["year"] * len(year_words)]
-
-
-def _draw(rng: random.Random, group: str) -> Draw:
-    kind = rng.choices(numbers.KINDS, numbers.KIND_WEIGHTS)[0]
-    key, value = numbers._value(rng, kind)
-
-    def make() -> Example:
-        words, tags = tagged(kind, value)
-        text = " ".join(words)
-        assert text == numbers.word(kind, value, "en"), (text, kind, value)
-        return cast(Example, {"text": text, "tags": tags, "kind": kind})
-
-    return Draw(key, make)
+    return draw
 
 
 def generate(size: int = DEFAULT_SIZE, seed: int = 0, values: bool = False) -> Dataset:
-    """`size` tagged training phrases (valid and test a tenth each, disjoint values)."""
-    per_eval = max(1, round(size * EVAL_RATIO))
-    quotas = {"train": max(1, size), "valid": per_eval, "test": per_eval}
-    splits = fill_splits(_draw, [""], quotas, seed, ("text", "tags"), values)
-    return Dataset("numbers-tags", "tagging", splits, list(TAGS), seed, size)
+    """About `size` tagged training phrases over the forms of surface.FORMS (valid and test a
+    fifth each, disjoint values; the test split also holds the small-number rows)."""
+    forms = list(surface.FORMS)
+    quotas = split_quotas(size, EVAL_RATIO, len(forms))
+    splits = fill_splits(_drawer(seed), forms, quotas, seed, ("text", "tags"), values)
+    small = [_row(p) | ({"value": str(p.key)} if values else {})
+             for p in surface.small_block(seed, quotas["test"] * len(forms))]
+    splits["test"] = splits["test"] + small
+    return Dataset("numbers-tags", "tagging", splits, list(TAGS), seed, size,
+                   normalization=PUNCT_AS_SPACE)
 
 
 def check_row(row: Any, where: str) -> Example:
@@ -141,4 +102,4 @@ def read_folder(folder: Path, meta: dict[str, Any]) -> Dataset:
     seen = sorted({t for rows in splits.values() for r in rows for t in r["tags"]})
     labels = sorted(set(meta.get("labels") or []) | set(seen))
     return Dataset(str(meta.get("name", folder.name)), "tagging", splits, labels,
-                   meta.get("seed"), meta.get("size"))
+                   meta.get("seed"), meta.get("size"), meta.get("normalization"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, StrictBool, StrictInt
+from pydantic import BaseModel, Field, StrictBool
 
-from service.api.common import ERRORS, TextsRequest, app_state, call_scope
+from service.api.common import ERRORS, TextsRequest, WholeInt, app_state, call_scope
 from service.workers.classifier import ClassifierWorker
 
 router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
@@ -15,7 +15,8 @@ router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 class ClassifyRequest(TextsRequest):
     """POST /v1/models/{name}/classify body."""
 
-    top_k: StrictInt = Field(1, ge=1, le=1000, description="How many labels to return per text.")
+    top_k: WholeInt = Field(1, ge=1, le=1000,
+                            description="How many labels to return per text (at most all).")
     return_attention: StrictBool = Field(
         False, description="Return each token's attention weight with its text span."
     )

@@ -7,13 +7,22 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictStr,
+    WithJsonSchema,
+)
+from starlette.types import Receive, Scope
 
 from service.state import AppState
-from service.workers.base import Call
+from service.workers.base import Call, text_pattern
 
 HARD_MAX_TEXTS = 4096
 """Schema ceiling of texts per request (settings.max_texts is the live limit)."""
@@ -29,13 +38,49 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 """The error answers every POST route documents."""
 
 
+def _whole(value: object) -> object:
+    """A number without a fractional part is an integer (JSON Schema's rule): 5.0 -> 5."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeInt = Annotated[int, BeforeValidator(_whole), Strict()]
+"""An integer field: JSON integers and whole numbers (5, 5.0, 5e0); never a string, a bool or
+5.5. The OpenAPI `integer` type means exactly this, so the document and the server agree."""
+
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def standard_bounds(schema: dict[str, Any]) -> None:
+    """pydantic writes the bounds of a union field (`int | None`, `float | int`) as `ge`/`le`/
+    `gt`/`lt`, which JSON Schema ignores; rename them to `minimum`/`maximum`/`exclusive...`
+    (a model's `json_schema_extra`)."""
+    for prop in schema.get("properties", {}).values():
+        for node in [prop, *prop.get("anyOf", [])]:
+            for short, name in _BOUNDS.items():
+                if short in node:
+                    node[name] = node.pop(short)
+
+
+TEXT_RULES = ("Each text: 1 to max_chars characters, at least one of them kept by the model's "
+              "tokenizer (a text of only whitespace or control characters, or only punctuation "
+              "for a tokenizer that drops it, has no tokens), no NUL, valid Unicode (no "
+              "lone surrogates). A text over the model's token limit is a 400, or is cut to "
+              "it when the server truncates (the answer then says `truncated`).")
+Text = Annotated[StrictStr, WithJsonSchema({"type": "string", "minLength": 1,
+                                            "pattern": text_pattern()})]
+"""One input text. Its rules are checked once, for every protocol, by
+`service.workers.base.encode_texts`; the schema declares them (maxLength: see openapi.py)."""
+
+
 class TextsRequest(BaseModel):
     """Base of the v1 request bodies: a non-empty list of texts, no unknown fields."""
 
     model_config = ConfigDict(extra="forbid")
 
-    texts: list[StrictStr] = Field(min_length=1, max_length=HARD_MAX_TEXTS,
-                                   description="Texts (non-empty list).")
+    texts: list[Text] = Field(min_length=1, max_length=HARD_MAX_TEXTS,
+                              description=f"Texts, 1 to max_texts of them. {TEXT_RULES}")
 
 
 def describe_errors(errors: Sequence[Any] | object, flags: bool = False) -> str:
@@ -62,26 +107,26 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-async def _watch_disconnect(request: Request, call: Call) -> None:
-    """Set `call.disconnected` when the server reports the client gone."""
+async def _watch_disconnect(receive: Receive, call: Call) -> None:
+    """Set `call.disconnected` when the server reports the client gone (the body was read)."""
     while True:
-        message = await request.receive()
+        message = await receive()
         if message["type"] == "http.disconnect":
             call.disconnected.set()
             return
 
 
 @contextlib.asynccontextmanager
-async def call_scope(request: Request) -> AsyncIterator[Call]:
-    """A Call with the request deadline; watches for disconnects while the handler runs."""
-    state = app_state(request)
+async def request_call(state: AppState, scope: Scope, receive: Receive) -> AsyncIterator[Call]:
+    """A Call with the request deadline, recorded in the ASGI scope (Server-Timing and the
+    request metrics read it) and counted in flight; watches for the client leaving."""
     call = Call(deadline=time.monotonic() + state.settings.request_timeout_s)
-    request.state.call = call
-    name = request.path_params.get("name", "")
+    scope.setdefault("state", {})["call"] = call
+    name = scope.get("path_params", {}).get("name", "")
     gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None
     if gauge is not None:
         gauge.inc()
-    watcher = asyncio.create_task(_watch_disconnect(request, call))
+    watcher = asyncio.create_task(_watch_disconnect(receive, call))
     try:
         yield call
     finally:
@@ -90,3 +135,10 @@ async def call_scope(request: Request) -> AsyncIterator[Call]:
             await watcher
         if gauge is not None:
             gauge.dec()
+
+
+@contextlib.asynccontextmanager
+async def call_scope(request: Request) -> AsyncIterator[Call]:
+    """`request_call` for a FastAPI route."""
+    async with request_call(app_state(request), request.scope, request.receive) as call:
+        yield call

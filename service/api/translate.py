@@ -23,7 +23,15 @@ from pydantic import (
     model_validator,
 )
 
-from service.api.common import ERRORS, TextsRequest, app_state, call_scope, describe_errors
+from service.api.common import (
+    ERRORS,
+    TextsRequest,
+    WholeInt,
+    app_state,
+    call_scope,
+    describe_errors,
+    standard_bounds,
+)
 from service.errors import BadRequest
 from service.scheduling.beam import MAX_BEAM_SIZE, SearchOptions
 from service.workers.translator import TranslatorWorker
@@ -34,40 +42,81 @@ MAX_DECODE_LENGTH = 1024
 """Schema ceiling of max_length / min_length (the model's own limit applies too)."""
 DEFAULT_BEAM_SIZE = 5
 """Beam width when none is given and no sampling option is set."""
+MAX_SEED = 2**53 - 1
+"""Largest seed: the largest integer every JSON reader holds exactly (a double's mantissa)."""
 
 Number = StrictFloat | StrictInt
+SAMPLING = ("temperature", "top_k", "top_p")
+
+
+def search_rule() -> dict[str, Any]:
+    """The combination rule of the search options as JSON Schema (`anyOf`, one branch per beam
+    width): sampling needs beam_size 1 (the default when a sampling option is set), and
+    n_best <= the beam width in force (beam_size, else 1 when sampling, else the default)."""
+    no_sampling = {name: {"type": "null"} for name in SAMPLING}
+    branches: list[dict[str, Any]] = [
+        {"required": ["beam_size"],
+         "properties": {"beam_size": {"const": 1}, "n_best": {"maximum": 1}}},
+        {"properties": {"beam_size": {"type": "null"}, "n_best": {"maximum": 1}}},
+        {"properties": {"beam_size": {"type": "null"},
+                        "n_best": {"maximum": DEFAULT_BEAM_SIZE}, **no_sampling}},
+    ]
+    branches += [{"required": ["beam_size"],
+                  "properties": {"beam_size": {"const": b}, "n_best": {"maximum": b},
+                                 **no_sampling}}
+                 for b in range(2, MAX_BEAM_SIZE + 1)]
+    return {"anyOf": branches}
+
+
+def _schema_extra(schema: dict[str, Any]) -> None:
+    standard_bounds(schema)
+    schema.update(search_rule())
+
+
+SEARCH_RULES = ("Sampling (temperature, top_k or top_p set) needs beam_size 1, which is then the "
+                "default; otherwise the default beam_size is "
+                f"{DEFAULT_BEAM_SIZE}. n_best must not exceed the beam width in force. "
+                "min_length at or over the length cap (max_length, max_length_ratio, the "
+                "model's limit) means no EOS: the output ends at the cap.")
 
 
 class TranslateOptions(BaseModel):
-    """Search options of one request; see `service.scheduling.beam.SearchOptions`."""
+    """Search options of one request; see `service.scheduling.beam.SearchOptions`.
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    Sampling (temperature, top_k or top_p set) needs beam_size 1, which is then the default;
+    otherwise the default beam_size is 5. n_best must not exceed the beam width in force.
+    min_length at or over the length cap means no EOS: the output ends at the cap."""
 
-    beam_size: StrictInt | None = Field(
+    model_config = ConfigDict(extra="forbid", populate_by_name=True,
+                              json_schema_extra=lambda schema: _schema_extra(schema))
+
+    beam_size: WholeInt | None = Field(
         None, ge=1, le=MAX_BEAM_SIZE,
         description=f"Beam width; 1 = greedy (or sampling). Default: {DEFAULT_BEAM_SIZE}, "
                     "or 1 when a sampling option is set (sampling needs beam_size 1).")
-    n_best: StrictInt = Field(1, ge=1, le=MAX_BEAM_SIZE,
+    n_best: WholeInt = Field(1, ge=1, le=MAX_BEAM_SIZE,
                               description="Hypotheses returned per text, best first.")
-    max_length: StrictInt | None = Field(None, ge=1, le=MAX_DECODE_LENGTH,
+    max_length: WholeInt | None = Field(None, ge=1, le=MAX_DECODE_LENGTH,
                                          description="Cap on generated tokens (EOS included).")
     max_length_ratio: Number | None = Field(
         2.0, gt=0, le=100,
         description="Cap of ceil(ratio x source tokens) + 10 generated tokens; null = off.")
-    min_length: StrictInt = Field(0, ge=0, le=MAX_DECODE_LENGTH,
-                                  description="Tokens before EOS is allowed.")
+    min_length: WholeInt = Field(0, ge=0, le=MAX_DECODE_LENGTH,
+                                 description="Tokens before EOS is allowed (at or over the "
+                                             "length cap: no EOS, the output ends at the cap).")
     length_penalty: Number = Field(0.0, ge=0, le=10, description="GNMT alpha.")
     coverage_penalty: Number = Field(0.0, ge=0, le=10, description="GNMT beta.")
-    no_repeat_ngram_size: StrictInt = Field(0, ge=0, le=16,
-                                            description="Block repeated n-grams of this size.")
+    no_repeat_ngram_size: WholeInt = Field(0, ge=0, le=16,
+                                           description="Block repeated n-grams of this size.")
     temperature: Number | None = Field(
         None, gt=0, le=100, validation_alias=AliasChoices("temperature", "sampling_temperature"),
         description="Sampling temperature (turns sampling on; needs beam_size 1).")
-    top_k: StrictInt | None = Field(None, ge=1, le=1000,
-                                    description="Sample among the k best tokens.")
+    top_k: WholeInt | None = Field(None, ge=1, le=1000,
+                                   description="Sample among the k best tokens.")
     top_p: Number | None = Field(None, gt=0, le=1,
                                  description="Nucleus mass, within the top-k candidates.")
-    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1, description="Sampling seed.")
+    seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED,
+                                  description="Sampling seed (a JSON-safe integer).")
     return_attention: StrictBool = Field(False, description="Return the attention matrix.")
 
     @property
@@ -87,8 +136,6 @@ class TranslateOptions(BaseModel):
             raise ValueError("sampling (temperature/top_k/top_p) needs beam_size=1")
         if self.n_best > self.beam:
             raise ValueError(f"n_best ({self.n_best}) must be <= beam_size ({self.beam})")
-        if self.max_length is not None and self.min_length >= self.max_length:
-            raise ValueError("min_length must be < max_length")
         return self
 
     def search_options(self) -> SearchOptions:
@@ -129,7 +176,11 @@ class TranslationHypothesis(BaseModel):
 class AttentionMatrix(BaseModel):
     source_tokens: list[str]
     target_tokens: list[str] = Field(description="Generated pieces, EOS included when emitted.")
-    weights: list[list[float]] = Field(description="target x source; each row sums to 1.")
+    weights: list[list[float]] = Field(
+        description="target x source; each row sums to 1. Row t is the alignment behind "
+                    "target token t: computed from h_t (luong decoder) or from s_{t-1} "
+                    "(bahdanau). A fixed-context model (decoder none) has no attention: "
+                    "return_attention is refused with 400.")
 
 
 class Translation(BaseModel):

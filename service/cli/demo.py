@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     for model, run_dir in runs.items():
         print(f"{model:>16}: {_format_metrics(_read_json(run_dir / 'test_metrics.json'))}")
     for model, run_dir in runs.items():
+        _print_forms(model, _read_json(run_dir / "test_metrics.json"))
+    for model, run_dir in runs.items():
         _export(run_dir, repo, model)
     if args.no_serve:
         return 0
@@ -112,7 +114,7 @@ def _serve(repo: Path, host: str, port: int) -> int:
         "\"top_k\": 3}'\n"
         f"curl -s -X POST {base}/v1/models/{TRANSLATOR[1]}/translate "
         "-H 'content-type: application/json' "
-        "-d '{\"texts\": [\"two hundred and forty-one\"], \"beam_size\": 5}'\n"
+        "-d '{\"texts\": [\"Two hundred and forty-one.\", \"thirteen\"], \"beam_size\": 5}'\n"
         f"curl -s -X POST {base}/v1/models/{TAGGER[1]}/tag "
         "-H 'content-type: application/json' "
         "-d '{\"texts\": [\"the first of may two thousand and five\"]}'\n"
@@ -126,8 +128,20 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def _print_forms(model: str, metrics: dict[str, Any]) -> None:
+    """The per-surface-form table of a run whose test rows name their form."""
+    from models.forms_eval import format_table
+
+    if metrics.get("forms"):
+        search = f"; translations: {metrics['search']}" if "search" in metrics else ""
+        print(f"\n== {model}: test split per surface form (docs/data.md){search} ==")
+        print("\n".join(format_table(metrics["forms"])))
+
+
 def _format_metrics(metrics: dict[str, Any]) -> str:
     shown = []
     for key, value in metrics.items():
+        if key == "forms" or key.startswith("f1/"):
+            continue
         shown.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
     return ", ".join(shown) or "(no metrics)"

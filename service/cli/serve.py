@@ -63,22 +63,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def serve(settings: typing.Any) -> int:
-    """Serve until SIGTERM/SIGINT, then drain admitted work (also used by `seqserve demo`)."""
+    """Serve until SIGTERM/SIGINT, then drain admitted work (also used by `seqserve demo`):
+    a supervisor with API processes and an engine process, or one process (--api-workers 0)."""
     import logging
     import sys
 
     from models.errors import UserError
-    from service.app import create_app
-    from service.shutdown import build_server
+    from service import tuning
+    from service.logs import configure_logging
 
     if not settings.repo.is_dir():
         raise UserError(f"{settings.repo}: model repository folder does not exist")
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(settings.log_level, settings.log_format)
+    settings = tuning.resolve(settings)
+    logging.getLogger("seqserve").info("layout: %s", tuning.describe(settings))
+    if settings.api_workers:
+        from service.supervisor import Supervisor
+
+        return Supervisor(settings).run()
+    from service.app import create_app
+    from service.shutdown import build_server
+
     sys.setswitchinterval(settings.switch_interval_ms / 1000.0)  # process-wide: set here only
     app = create_app(settings)
     server = build_server(app, app.state.seqserve)
-    server.run()
+    configure_logging(settings.log_level, settings.log_format)  # again: uvicorn's Config
+    server.run()                                                  # set up its own loggers
     return 0

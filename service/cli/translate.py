@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         attention = answer["results"][0].get("attention")
         if attention:
-            plot_attention(attention, args.plot)
+            plot_attention(attention, args.plot, answer.get("decoder"))
             print(f"attention heatmap -> {args.plot}", file=sys.stderr)
     return 0
 
@@ -91,6 +91,11 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     await repo.load_all(only=args.model)
     try:
         entry, worker = repo.worker(args.model, args.version, TranslatorWorker)
+        m = entry.manifest
+        if m and not m.has_attention and (options.return_attention or options.coverage_penalty):
+            raise UserError(f"model {args.model!r} v{entry.version} has no attention (decoder "
+                            f"{m.decoder!r}: fixed context): drop --plot and "
+                            "--coverage-penalty")
         started = time.perf_counter()
         results = await worker.translate(list(args.texts), options,
                                          Call(deadline=time.monotonic() + 3600.0))
@@ -99,8 +104,9 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
         raise UserError(f"{args.repo}: {exc.message}") from exc
     finally:
         await repo.stop_all(60.0)
-    return {"model": args.model, "version": entry.version, "seconds": round(seconds, 4),
-            "results": results}
+    decoder = entry.manifest.decoder if entry.manifest else None
+    return {"model": args.model, "version": entry.version, "decoder": decoder or "luong",
+            "seconds": round(seconds, 4), "results": results}
 
 
 def _print(answer: dict[str, Any]) -> None:
@@ -111,8 +117,15 @@ def _print(answer: dict[str, Any]) -> None:
                 print(f"  {i}. {h['score']:9.4f}  {h['translation']}")
 
 
-def plot_attention(attention: dict[str, Any], out: Path) -> Path:
-    """Heatmap of target x source attention weights, tokens on the axes (PNG)."""
+ROW_MEANING = {
+    "bahdanau": "row t: aligned from s(t-1),\nbefore target token t is emitted",
+    "luong": "row t: aligned from h(t),\nthe state that emits target token t",
+}
+
+
+def plot_attention(attention: dict[str, Any], out: Path, decoder: str | None = None) -> Path:
+    """Heatmap of target x source attention weights, tokens on the axes (PNG); the title says
+    which state each row's alignment was computed from (ROW_MEANING)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,6 +141,8 @@ def plot_attention(attention: dict[str, Any], out: Path) -> Path:
     ax.set_yticks(range(len(tgt)), tgt)
     ax.set_xlabel("source tokens")
     ax.set_ylabel("target tokens")
+    if decoder in ROW_MEANING:
+        ax.set_title(f"{decoder} attention, {ROW_MEANING[decoder]}", fontsize=8)
     fig.colorbar(image, ax=ax, fraction=0.05)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,17 +64,22 @@ class BatcherConfig:
 
 
 class Batcher(Generic[P, R]):
-    """Batches rows for `compute(payloads) -> results` (one result per payload, same order)."""
+    """Batches rows for `compute(payloads) -> results` (one result per payload, same order).
+
+    With several computes (model instances, each its own runtime session) up to that many
+    batches run at once, each on its own thread; a batch is formed when an instance is free,
+    so it holds everything that arrived while the instances were busy.
+    """
 
     def __init__(
         self,
-        compute: Callable[[list[P]], Sequence[R]],
+        compute: Callable[[list[P]], Sequence[R]] | Sequence[Callable[[list[P]], Sequence[R]]],
         config: BatcherConfig,
         *,
         name: str = "model",
         observer: Observer | None = None,
     ) -> None:
-        self.compute = compute
+        self.computes = list(compute) if isinstance(compute, Sequence) else [compute]
         self.config = config
         self.name = name
         self.observer: Observer = observer or NullObserver()
@@ -83,7 +88,10 @@ class Batcher(Generic[P, R]):
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"batch-{name}")
+        self._free = deque(range(len(self.computes)))  # idle instances
+        self._freed = asyncio.Event()
+        self._running: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(len(self.computes), thread_name_prefix=f"batch-{name}")
         self.max_depth_seen = 0
         """Highest queue depth ever observed (tests check the bound)."""
         self.batches_run = 0
@@ -130,7 +138,7 @@ class Batcher(Generic[P, R]):
         drained = True
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+                await asyncio.wait_for(asyncio.shield(self._draining()), timeout)
             except TimeoutError:
                 drained = False
                 self._task.cancel()
@@ -142,6 +150,12 @@ class Batcher(Generic[P, R]):
         self._executor.shutdown(wait=False, cancel_futures=True)
         return drained
 
+    async def _draining(self) -> None:
+        if self._task is not None:
+            await self._task
+        if self._running:
+            await asyncio.wait(set(self._running))
+
     async def _run(self) -> None:
         while True:
             if not self._pending:
@@ -150,11 +164,16 @@ class Batcher(Generic[P, R]):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            while not self._free:  # every instance busy: rows keep arriving meanwhile
+                self._freed.clear()
+                await self._freed.wait()
             await self._fill()
             self._drop_dead()
             batch = self._take_batch()
             if batch:
-                await self._execute(batch)
+                task = asyncio.ensure_future(self._execute(batch, self._free.popleft()))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
 
     async def _fill(self) -> None:
         """Wait until the batch is full or the oldest row has waited max_wait_s."""
@@ -209,7 +228,15 @@ class Batcher(Generic[P, R]):
         self._depth_changed()
         return batch
 
-    async def _execute(self, batch: list[_Row[P, R]]) -> None:
+    async def _execute(self, batch: list[_Row[P, R]], instance: int) -> None:
+        try:
+            await self._compute(batch, self.computes[instance])
+        finally:
+            self._free.append(instance)
+            self._freed.set()
+
+    async def _compute(self, batch: list[_Row[P, R]],
+                       compute: Callable[[list[P]], Sequence[R]]) -> None:
         lengths = [r.length for r in batch]
         self.observer.on_batch(len(batch), len(batch) * max(lengths), sum(lengths))
         self.batches_run += 1
@@ -217,7 +244,7 @@ class Batcher(Generic[P, R]):
         loop = asyncio.get_running_loop()
         payloads = [r.payload for r in batch]
         try:
-            results = await loop.run_in_executor(self._executor, self.compute, payloads)
+            results = await loop.run_in_executor(self._executor, compute, payloads)
             if len(results) != len(batch):
                 raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
         except Exception as exc:  # one batch fails, the loop goes on

@@ -102,16 +102,18 @@ def length_buckets(max_tokens: int) -> list[int]:
 
 
 class BatchedModel:
-    """A classifier or tagger: token rows through a dynamic batcher."""
+    """A classifier or tagger: token rows through a dynamic batcher, one compute per runtime
+    instance (several instances: several batches in flight)."""
 
-    def __init__(self, name: str, runtime: Runtime, compute: RowCompute, unk_id: int,
-                 config: ModelConfig, observer: Observer | None = None) -> None:
-        self.runtime = runtime
-        self.compute = compute
+    def __init__(self, name: str, runtimes: Sequence[Runtime], computes: Sequence[RowCompute],
+                 unk_id: int, config: ModelConfig, observer: Observer | None = None) -> None:
+        self.runtime = runtimes[0]
+        self.runtimes = list(runtimes)
+        self.computes = list(computes)
         self.unk_id = unk_id
         self.config = config
-        self.batcher: Batcher[list[int], Any] = Batcher(compute, config.batcher, name=name,
-                                                        observer=observer)
+        self.batcher: Batcher[list[int], Any] = Batcher(self.computes, config.batcher,
+                                                        name=name, observer=observer)
 
     async def start(self) -> None:
         if self.config.warmup:
@@ -119,19 +121,22 @@ class BatchedModel:
         self.batcher.start()
 
     def warm_up(self) -> None:
-        """Every length bucket at batch 1 and at the largest batch the budget allows."""
+        """Every length bucket at batch 1 and at the largest batch the budget allows, on
+        every instance."""
         cfg = self.batcher.config
-        for length in length_buckets(self.config.max_tokens):
-            rows = max(1, min(cfg.max_batch_size, cfg.max_batch_tokens // length))
-            for n in sorted({1, rows}):
-                self.compute([[self.unk_id] * length] * n)
+        for compute in self.computes:
+            for length in length_buckets(self.config.max_tokens):
+                rows = max(1, min(cfg.max_batch_size, cfg.max_batch_tokens // length))
+                for n in sorted({1, rows}):
+                    compute([[self.unk_id] * length] * n)
 
     async def stop(self, timeout: float) -> bool:
         return await self.batcher.close(timeout)
 
     def describe(self) -> dict[str, Any]:
         """What runs this model (for GET /v1/models)."""
-        return {"runtime": self.runtime.name, "providers": list(self.runtime.providers)}
+        return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
+                "instances": len(self.runtimes)}
 
     def submit(self, rows: Sequence[list[int]],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]:
@@ -191,16 +196,18 @@ def decode_limits(manifest: Manifest) -> DecodeLimits:
                         max_decode_length=int(manifest.limits.get("max_decode_length", 128)))
 
 
-def build_model(name: str, runtime: Runtime, manifest: Manifest, config: ModelConfig,
-                observer: Observer | None = None) -> ServedModel:
-    """The scheduled model of `manifest.task` over `runtime`; LookupError for other tasks."""
+def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Manifest,
+                config: ModelConfig, observer: Observer | None = None) -> ServedModel:
+    """The scheduled model of `manifest.task` over its runtime instances (translators use the
+    first); LookupError for a task no scheduler serves."""
+    instances = [runtimes] if not isinstance(runtimes, Sequence) else list(runtimes)
     tok = manifest.tokenizer
     if manifest.task == "translator":
-        limits = decode_limits(manifest)
         cfg = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
                                                                       pad_id=tok.pad_id))
-        return DecodedModel(runtime, limits, tok.unk_id, cfg, observer)
+        return DecodedModel(instances[0], decode_limits(manifest), tok.unk_id, cfg, observer)
     rows = ROW_TASKS.get(manifest.task)
     if rows is None:
         raise LookupError(f"no scheduler serves task {manifest.task!r}")
-    return BatchedModel(name, runtime, rows(runtime, tok.pad_id), tok.unk_id, config, observer)
+    computes = [rows(rt, tok.pad_id) for rt in instances]
+    return BatchedModel(name, instances, computes, tok.unk_id, config, observer)

@@ -10,6 +10,8 @@ that left.
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
@@ -45,11 +47,36 @@ class Encoded:
     truncated: bool
 
 
-def check_text(text: str, i: int) -> None:
+BLANK = ("\\x01-\\x20\\x7f\\x8f\\x9f\\xa0\\u061c\\u1680\\u2000-\\u200c\\u200e\\u200f\\u2028\\u2029"
+         "\\u202f\\u205f\\u2581\\u3000\\ufeff\\ufffd")
+"""Characters every tokenizer here drops (as a regex class body): control characters,
+whitespace and the few format characters SentencePiece's normalisation removes. A model's own
+set (`Tokenizer.blank_characters`) may add more (punctuation, for the number models)."""
+
+
+def text_pattern(blank: str = BLANK) -> str:
+    """What a text must match for a tokenizer that drops the `blank` characters (a regex
+    class body): no NUL and at least one character it keeps. The same text is a Python and an
+    ECMA regex, so the OpenAPI document declares exactly the rule the server checks."""
+    return f"^[^\\x00]*[^\\x00{blank}][^\\x00]*$"
+
+
+@functools.cache
+def _kept(tok: Tokenizer) -> re.Pattern[str]:
+    """Matches a character `tok` keeps (one that can make a token)."""
+    return re.compile(f"[^\\x00{tok.blank_characters()}]")
+
+
+def check_text(text: str, i: int, tok: Tokenizer) -> None:
     """Text no tokenizer should see is a 400: lone surrogates ("\\ud800", which JSON can
-    carry) and NUL (which C APIs read as the end of the text)."""
+    carry), NUL (which C APIs read as the end of the text) and text with nothing the
+    tokenizer keeps (empty, whitespace or control characters only, and punctuation only
+    for a tokenizer that drops punctuation: it has no tokens)."""
     if "\x00" in text:
         raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
+    if _kept(tok).search(text) is None:
+        raise BadRequest(f"texts[{i}] is empty (nothing this model's tokenizer keeps, so no "
+                         "tokens)")
     if text.isascii():
         return
     try:
@@ -74,7 +101,7 @@ def _encode(tok: Tokenizer, text: str, i: int, limits: TextLimits, offsets: bool
         raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
     if len(text) > limits.max_chars:
         raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {limits.max_chars}")
-    check_text(text, i)
+    check_text(text, i, tok)
     pieces = tok.encode_with_offsets(text) if offsets else None
     ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
     if not ids:

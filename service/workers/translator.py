@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+from service.errors import BadRequest
 from service.scheduling.beam import Hypothesis, SearchOptions
 from service.scheduling.decoding import Decoded
 from service.scheduling.models import DecodeModel
@@ -23,12 +24,25 @@ class TranslatorWorker:
                         call: Call) -> list[dict[str, Any]]:
         """One translation per text: the best hypothesis, the n-best list and, when
         `options.return_attention`, the attention matrix of the best one."""
+        self.check_options(options)
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
                                offsets=options.return_attention)
         futures = self.ctx.model.submit([e.ids for e in encoded], options)
         decoded: list[Decoded] = await call.wait(futures)
         return [self._translation(e, d.hypotheses, options.return_attention)
                 for e, d in zip(encoded, decoded, strict=True)]
+
+    def check_options(self, options: SearchOptions) -> None:
+        """Options that read the attention are refused for a decoder without one."""
+        m = self.ctx.manifest
+        if m.has_attention:
+            return
+        asked = [name for name, on in (("return_attention", options.return_attention),
+                                       ("coverage_penalty", options.coverage_penalty > 0)) if on]
+        if asked:
+            raise BadRequest(f"model {self.ctx.name!r} v{self.ctx.version} has no attention "
+                             f"(decoder {m.decoder!r}: fixed context, no alignment): "
+                             f"drop {' and '.join(asked)}")
 
     def _translation(self, source: Encoded, hyps: list[Hypothesis],
                      with_attention: bool) -> dict[str, Any]:
@@ -55,4 +69,4 @@ class TranslatorWorker:
                 "tokens": [tok.id_to_piece(i) for i in ids], "token_ids": ids}
 
     def describe(self) -> dict[str, Any]:
-        return describe_common(self.ctx)
+        return {**describe_common(self.ctx), "decoder": self.ctx.manifest.decoder or "luong"}

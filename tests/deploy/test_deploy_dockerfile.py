@@ -30,8 +30,8 @@ from dockerfile_sim import (
 
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ["cpu", "gpu"]
-CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "models", "export", "service", "deploy",
-                   ".dockerignore")
+CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "models", "export", "service", "loadtest",
+                   "deploy", ".dockerignore")
 
 
 def _hadolint() -> str:

@@ -251,3 +251,21 @@ def test_no_namespace_collision_between_overlays(rendered: Docs) -> None:
     assert not names["cpu"] & names["gpu"]
     assert by_kind(rendered["cpu"], "Deployment")[0]["metadata"]["namespace"] == \
         by_kind(rendered["gpu"], "Deployment")[0]["metadata"]["namespace"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_api_keys_come_from_an_optional_secret(rendered: Docs, overlay: str) -> None:
+    """SEQSERVE_API_KEY is read from a Secret that may be absent (then keys are off), never
+    from the ConfigMap; probes and the ServiceMonitor carry no key, so health and metrics
+    stay open."""
+    docs = rendered[overlay]
+    env = {e["name"]: e for e in container(docs).get("env", [])}
+    ref = env["SEQSERVE_API_KEY"]["valueFrom"]["secretKeyRef"]
+    assert ref["optional"] is True and ref["name"] and ref["key"]
+    assert "SEQSERVE_API_KEY" not in config_env(docs)
+    assert not any(d["kind"] == "Secret" for d in docs)  # created by the operator, not here
+    settings = effective_settings(docs)
+    assert settings.api_key is None  # the Secret is absent when rendering: keys off
+    assert settings.auth_health is False and settings.auth_metrics is False
+    for probe in probes(docs).values():
+        assert "httpHeaders" not in probe["httpGet"]

@@ -23,6 +23,10 @@ CELLS = ("rnn", "lstm", "gru")
 ATTENTIONS = ("additive", "dot", "general")
 # every cell with every attention, over both tasks; bidirectionality and depth vary too
 COMBOS = [(c, a) for c in CELLS for a in ATTENTIONS]
+# translators: every cell with every decoder x score (x input feeding for luong)
+DECODERS = [("none", "none", False), ("bahdanau", "additive", False),
+            *[("luong", a, f) for a in ATTENTIONS for f in (False, True)]]
+TRANSLATOR_COMBOS = [(c, *d) for c in CELLS for d in DECODERS]
 
 
 def _symbolic_dims(path: Path) -> dict[str, list[str | int]]:
@@ -97,13 +101,15 @@ def test_classifier_export(make_run: Callable[..., Path], tmp_path: Path, cell: 
             assert np.all(batch[1][b, n:] == 0)
 
 
-@pytest.mark.parametrize(("cell", "attention"), COMBOS)
+@pytest.mark.parametrize(("cell", "decoder", "attention", "feeding"), TRANSLATOR_COMBOS)
 def test_translator_export(make_run: Callable[..., Path], tmp_path: Path, cell: str,
-                           attention: str) -> None:
-    run = make_run("translator", cell=cell, attention=attention,
-                   num_layers=1 + (cell == "lstm"), bidirectional=cell != "rnn")
+                           decoder: str, attention: str, feeding: bool) -> None:
+    run = make_run("translator", cell=cell, attention=attention, decoder=decoder,
+                   input_feeding=feeding, num_layers=1 + (cell == "lstm"),
+                   bidirectional=cell != "rnn")
     bundle = export_run(run, tmp_path, "mt", progress=False)
     manifest = load_bundle(bundle)
+    assert manifest.decoder == decoder and manifest.has_attention == (decoder != "none")
     report = manifest.parity
     assert report["passed"] and all(report["k_dynamic"].values())
     assert set(report["parity_max_abs"]) == {"onnx", "torchscript"}

@@ -165,3 +165,25 @@ def test_manifest_module_is_torch_free() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def _mt_manifest(**fields: object) -> Manifest:
+    graph = GraphSpec(inputs=(), outputs=())
+    return Manifest(task="translator", name="mt", version=1,  # type: ignore[arg-type]
+                    graphs={"encoder": graph, "decoder_step": graph}, **fields)
+
+
+def test_translator_decoder_field() -> None:
+    """`decoder` round-trips; a translator manifest without it (older bundles) is luong and
+    has attention; `none` has none; a wrong decoder or one on a classifier is refused."""
+    for decoder, attention in (("none", False), ("bahdanau", True), ("luong", True)):
+        m = _mt_manifest(decoder=decoder)
+        raw = m.to_dict()
+        assert raw["decoder"] == decoder and Manifest.from_dict(raw) == m
+        assert m.has_attention is attention
+    old = _mt_manifest()
+    assert "decoder" not in old.to_dict() and old.decoder is None and old.has_attention
+    with pytest.raises(BundleError, match="decoder 'dot'"):
+        _mt_manifest(decoder="dot")
+    with pytest.raises(BundleError, match="decoder"):
+        Manifest.from_dict({**_clf_manifest().to_dict(), "decoder": "luong"})

@@ -36,7 +36,7 @@ def test_verify_passes_on_exported_bundles(tiny_repo: Path, name: str,
     report = verify_bundle(tiny_repo / name / "1")
     parity = report["parity"]
     assert parity["passed"] and parity["reference"] == "torchscript"
-    assert set(parity["invariance_max_abs"]) == {"onnx", "torchscript"}
+    assert set(parity["invariance_max_diff"]) == {"onnx", "torchscript"}
     assert main(["verify", str(tiny_repo / name / "1")]) == 0
     assert "OK" in capsys.readouterr().out
 

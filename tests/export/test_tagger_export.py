@@ -42,7 +42,7 @@ def _check_report(manifest: Any) -> None:
     assert set(parity["parity_max_abs"]) == {"onnx", "torchscript"}
     for row in parity["parity_max_abs"].values():
         assert row and max(row.values()) <= 1e-4
-    for row in parity["invariance_max_abs"].values():
+    for row in parity["invariance_max_diff"].values():
         assert row and max(row.values()) <= 1e-5
 
 

@@ -199,3 +199,20 @@ def test_cli_rejects_bad_settings(tmp_path: Path, capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         main(["diagnose", "gradients", "--cell", "transformer", "--out", str(tmp_path)])
     assert "cells are rnn, lstm, gru" in capsys.readouterr().err
+
+
+def test_cli_forget_bias_entries_slow_the_decay_at_init(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "fb"
+    argv = ["diagnose", "gradients", "--cell", "lstm", "--forget-bias", "1", "2",
+            "--length", "20", "--hidden", "16", "--train-steps", "0", "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads((out / JSON_NAME).read_text())
+    assert list(doc["cells"]) == ["lstm", "lstm fb=1", "lstm fb=2"]
+    rates = [doc["cells"][c]["init"]["decay_rate_per_step"] for c in doc["cells"]]
+    assert rates[0] < rates[1] < rates[2] < 0  # a raised forget gate keeps more gradient
+    sigmas = {doc["cells"][c]["init"]["spectral_norm"]["stacked"] for c in doc["cells"]}
+    assert len(sigmas) == 1  # same recurrent weights: only the bias differs
+    assert "lstm fb=2 init" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="need 'lstm' in cells"):
+        GradientDiagnosticsConfig(cells=("gru",), forget_biases=(1.0,))

@@ -70,3 +70,52 @@ def test_plain_bidirectional_lstm_is_not_padding_safe() -> None:
     padded, _ = ref(x)
     alone, _ = ref(x[1:2, :1])
     assert (padded[1, 0] - alone[0, 0]).abs().max().item() > 1e-4
+
+
+def _forget_slices(module: nn.Module, gate: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    size = module.hidden_size  # type: ignore[union-attr]
+    params = dict(module.named_parameters())
+    return [(params[name][gate * size : (gate + 1) * size],
+             params[name.replace("bias_ih", "bias_hh")][gate * size : (gate + 1) * size])
+            for name in params if name.startswith("bias_ih")]
+
+
+@pytest.mark.parametrize("variant", [{}, {"peephole": True}, {"cifg": True}])
+def test_forget_bias_sets_every_lstm_layers_forget_gate(variant: dict[str, bool]) -> None:
+    from models.lstm_variants import VariantLSTM
+    from models.rnn import init_forget_bias
+
+    torch.manual_seed(0)
+    rnn = PaddingSafeRNN("lstm", 4, 6, num_layers=2, bidirectional=True, **variant)
+    before = {k: v.clone() for k, v in rnn.state_dict().items()}
+    assert init_forget_bias(rnn, 2.0) == 4  # 2 layers x 2 directions
+    gate = 0 if variant.get("cifg") else 1  # CIFG stacks f, g, o
+    for layer in [*rnn.forward_layers, *rnn.backward_layers]:
+        assert isinstance(layer, VariantLSTM if variant else nn.LSTM)
+        for b_ih, b_hh in _forget_slices(layer, gate):
+            assert bool((b_ih == 2.0).all()) and bool((b_hh == 0.0).all())
+    changed = {k for k, v in rnn.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {k for k in before if "bias_" in k}  # only the biases' forget blocks
+    assert init_forget_bias(rnn, None) == 0
+    gru = PaddingSafeRNN("gru", 4, 6)
+    assert init_forget_bias(gru, 1.0) == 0
+
+
+@pytest.mark.parametrize("task", ["classifier", "tagger", "translator"])
+def test_every_family_applies_its_forget_bias(task: str) -> None:
+    from models.checkpoint import build_model
+
+    config: dict[str, object] = {"vocab_size": 40, "cell": "lstm", "hidden_size": 8,
+                                 "embed_size": 4, "forget_bias": 1.5}
+    if task != "translator":
+        config["num_labels"] = 3
+    model = build_model(task, config)
+    lstms = [m for m in model.modules() if isinstance(m, nn.LSTM)]
+    assert len(lstms) == (3 if task == "translator" else 4)  # translator: 2 enc + decoder
+    for lstm in lstms:
+        for b_ih, b_hh in _forget_slices(lstm, 1):
+            assert bool((b_ih == 1.5).all()) and bool((b_hh == 0.0).all())
+    config["forget_bias"] = None  # PyTorch's uniform init, as before the option existed
+    lstm = next(m for m in build_model(task, config).modules() if isinstance(m, nn.LSTM))
+    b_ih, _ = _forget_slices(lstm, 1)[0]
+    assert len(set(b_ih.tolist())) == b_ih.numel()

@@ -83,11 +83,14 @@ def _reversal(n: int, seed: int) -> list[dict[str, str]]:
     return rows
 
 
+@pytest.mark.parametrize("decoder", ["luong", "bahdanau"])
 def test_tiny_translator_learns_with_teacher_forcing_then_scheduled_sampling(
-        tmp_path: Path) -> None:
+        tmp_path: Path, decoder: str) -> None:
+    """Also the stepwise decoder (bahdanau: its context feeds the next step)."""
     splits = {"train": _reversal(600, 1), "valid": _reversal(50, 2), "test": _reversal(50, 3)}
     ds = Dataset("reverse", "translation", splits)
-    model = {"vocab_size": 40, "embed_size": 16, "hidden_size": 32, "dropout": 0.0}
+    model = {"vocab_size": 40, "embed_size": 16, "hidden_size": 32, "dropout": 0.0,
+             "decoder": decoder}
     train = {**TINY_TRAIN, "epochs": 5, "lr": 1e-2, "batch_size": 32, "scheduled_sampling": 0.4}
     test = run_training("translator", ds, tmp_path, model, train, progress=False)
     history = json.loads((tmp_path / "metrics.json").read_text())["epochs"]
@@ -134,6 +137,26 @@ def test_cli_reports_bad_options_and_task_mismatch_without_traceback(
                  "--hidden", "7", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and "hidden_size" in err and "Traceback" not in err
+
+
+def test_cli_decoder_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--decoder alone takes its score (none: none), also over --demo-defaults (which name
+    the additive score); a score the decoder does not take is a clear error."""
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _reversal(80, 0)) + "\n")
+    base = ["train", "translator", "--data", str(data), "--epochs", "1", "--hidden", "8",
+            "--embed", "8", "--vocab-size", "40", "--tokenizer-type", "word", "--quiet"]
+    out = tmp_path / "none"
+    assert main([*base, "--out", str(out), "--demo-defaults", "--decoder", "none",
+                 "--forget-bias", "none", "--cell", "lstm", "--max-minutes", "0"]) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["decoder"], model["attention"], model["forget_bias"]) == ("none", "none", None)
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "bad"), "--decoder", "bahdanau",
+                 "--attention", "dot"]) == 2
+    err = capsys.readouterr().err
+    assert "attention='dot' does not apply to decoder='bahdanau'" in err
+    assert "Traceback" not in err
 
 
 def test_metrics_on_hand_checked_cases() -> None:

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from service_fakes import copy_repo, serve_in_thread
 
@@ -20,7 +21,9 @@ def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
             for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
 
 
-def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("readiness", ["all", "any"])
+def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_path: Path,
+                                                         readiness: str) -> None:
     repo = copy_repo(tiny_repo, tmp_path / "repo")
     v2 = repo / MODEL / "2"
     shutil.copytree(repo / MODEL / "1", v2)
@@ -28,7 +31,7 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
     data = bytearray(onnx.read_bytes())
     data[len(data) // 2] ^= 0xFF
     onnx.write_bytes(bytes(data))
-    app = create_app(Settings(repo=repo, warmup=False))
+    app = create_app(Settings(repo=repo, warmup=False, readiness=readiness))
     with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
         info = c.get(f"/v1/models/{MODEL}").json()
         by_version = {v["version"]: v for v in info["versions"]}
@@ -40,11 +43,16 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
         assert ok.status_code == 200 and ok.json()["version"] == 1
         bad = c.post(f"/v1/models/{MODEL}/versions/2/classify", json={"texts": ["one"]})
         assert bad.status_code == 503 and "sha256" in bad.json()["error"]
+        assert "retry-after" not in bad.headers  # failed stays failed: do not retry
         assert c.get(f"/v2/models/{MODEL}/versions/2/ready").status_code == 503
-        assert c.get("/v2/health/ready").status_code == 200
+        ready = c.get("/v2/health/ready")
         metrics = c.get("/metrics").text
-    ready = _samples(metrics, "seqserve_model_ready")
-    assert ready[(MODEL, "1")] == 1 and ready[(MODEL, "2")] == 0
+    if readiness == "all":  # strict: a failed version keeps the server out of rotation
+        assert ready.status_code == 503 and f"{MODEL}/2: failed" in ready.json()["error"]
+    else:
+        assert ready.status_code == 200
+    ready_gauge = _samples(metrics, "seqserve_model_ready")
+    assert ready_gauge[(MODEL, "1")] == 1 and ready_gauge[(MODEL, "2")] == 0
     assert _samples(metrics, "seqserve_model_load_failures_total")[(MODEL, "2")] == 1
 
 
@@ -58,7 +66,7 @@ def test_requested_cuda_on_cpu_build_is_not_ready(tiny_repo: Path) -> None:
             "reason"]
         assert c.get("/v2/health/ready").status_code == 503
         r = c.post(f"/v1/models/{MODEL}/classify", json={"texts": ["one"]})
-        assert r.status_code == 503 and r.headers["retry-after"]
+        assert r.status_code == 503 and "CUDAExecutionProvider" in r.json()["error"]
 
 
 def test_empty_repository_is_not_ready(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ import numpy as np
 from pydantic import ValidationError
 
 from service.api.common import describe_errors
-from service.api.oip.schemas import V2InferRequest, V2RequestInput
+from service.api.oip.schemas import ProtocolParameters, V2InferRequest, V2RequestInput
 from service.errors import BadRequest
 
 HEADER = "inference-header-content-length"
-PROTOCOL_PARAMETERS = frozenset({"binary_data_output", "content_type", "headers", "timeout"})
+PROTOCOL_PARAMETERS = frozenset(ProtocolParameters.model_fields)
 """Request-level parameters that belong to the protocol (encoding, transport), not to the
 model: removed before a task sees the parameters."""
 NUMERIC = {
@@ -71,9 +71,11 @@ def decode_inputs(request: V2InferRequest, tail: bytes) -> dict[str, V2Tensor]:
         if any(d < 0 for d in inp.shape):
             raise BadRequest(f"input {inp.name!r}: shape {inp.shape} has a negative dim")
         count = int(np.prod(inp.shape)) if inp.shape else 1
-        size = (inp.parameters or {}).get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(tail):
+        params = inp.parameters or {}
+        if "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
+                    or offset + size > len(tail):
                 raise BadRequest(f"input {inp.name!r}: binary_data_size does not fit the body")
             data = _from_binary(inp, tail[offset: offset + size])
             offset += size
@@ -138,8 +140,30 @@ def _from_binary(inp: V2RequestInput, raw: bytes) -> list[Any]:
 
 
 def request_parameters(request: V2InferRequest) -> dict[str, Any]:
-    """The request-level parameters a model sees (protocol keys removed)."""
-    return {k: v for k, v in (request.parameters or {}).items() if k not in PROTOCOL_PARAMETERS}
+    """The request-level parameters a model sees: the protocol's own keys checked (400 when
+    one has the wrong type) and removed."""
+    given = request.parameters or {}
+    try:
+        ProtocolParameters.model_validate({k: v for k, v in given.items()
+                                           if k in PROTOCOL_PARAMETERS})
+    except ValidationError as exc:
+        raise BadRequest(f"bad parameters: {describe_errors(exc.errors())}") from exc
+    return {k: v for k, v in given.items() if k not in PROTOCOL_PARAMETERS}
+
+
+def check_outputs(request: V2InferRequest, produced: list[str]) -> list[str]:
+    """The names of the requested outputs (empty: all); 400 for an output this model does not
+    produce or an extension this server does not implement."""
+    asked = [o.name for o in request.outputs or []]
+    unknown = sorted(set(asked) - set(produced))
+    if unknown:
+        raise BadRequest(f"unknown requested output(s) {unknown}; this model has "
+                         f"{sorted(produced)}")
+    for out in request.outputs or []:
+        if out.parameters is not None and out.parameters.classification is not None:
+            raise BadRequest(f"output {out.name!r}: the classification extension is not "
+                             "supported; ask for 'probabilities' (classifiers) instead")
+    return asked
 
 
 def input_texts(inputs: dict[str, V2Tensor]) -> list[str]:
@@ -170,8 +194,8 @@ def _as_text(x: object, i: int) -> str:
 def wants_binary(request: V2InferRequest, name: str) -> bool:
     """Whether output `name` was asked for in binary (per output, else request-wide)."""
     for out in request.outputs or []:
-        if out.name == name and out.parameters and "binary_data" in out.parameters:
-            return bool(out.parameters["binary_data"])
+        if out.name == name and out.parameters and out.parameters.binary_data is not None:
+            return out.parameters.binary_data
     return bool((request.parameters or {}).get("binary_data_output", False))
 
 

@@ -7,11 +7,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from service.api.common import ERRORS, app_state, call_scope
 from service.api.oip import codec, tasks
-from service.api.oip.schemas import V2InferResponse, V2ModelMetadata, V2ServerMetadata
-from service.errors import BadRequest
+from service.api.oip.schemas import (
+    V2InferRequest,
+    V2InferResponse,
+    V2ModelMetadata,
+    V2ServerMetadata,
+)
 from service.repository import ModelEntry
 
 router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
@@ -54,12 +59,24 @@ def _ready(request: Request, name: str, version: str | None) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ok else 503)
 
 
-@router.get("/models/{name}/ready", name="v2_model_ready")
+class ModelReadiness(BaseModel):
+    name: str
+    version: str
+    ready: bool
+    error: str | None = None
+
+
+READY: dict[int | str, dict[str, Any]] = {200: {"model": ModelReadiness},
+                                          503: {"model": ModelReadiness}}
+
+
+@router.get("/models/{name}/ready", name="v2_model_ready", responses=READY)
 async def model_ready(name: str, request: Request) -> JSONResponse:
     return _ready(request, name, None)
 
 
-@router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready")
+@router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready",
+            responses=READY)
 async def model_version_ready(name: str, version: str, request: Request) -> JSONResponse:
     return _ready(request, name, version)
 
@@ -69,24 +86,26 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     body = await request.body()
     req, tail = codec.parse_request(body, request.headers.get(codec.HEADER))
     inputs = codec.decode_inputs(req, tail)
-    produced = {o["name"] for o in tasks.signature(worker)[1]}
-    asked = [o.name for o in req.outputs or []]
-    unknown = sorted(set(asked) - produced)
-    if unknown:
-        raise BadRequest(f"unknown requested output(s) {unknown}; this model has "
-                         f"{sorted(produced)}")
+    asked = codec.check_outputs(req, tasks.output_names(worker))
+    parameters = codec.request_parameters(req)
     async with call_scope(request) as call:
-        outputs = await tasks.infer(worker, inputs, codec.request_parameters(req), call)
-    outputs = [o for o in outputs if not asked or o.name in asked]
-    return _response(entry, req.id, outputs, req)
+        outputs = await tasks.infer(worker, inputs, parameters, call)
+    headers, payload, media = response_parts(entry, req, outputs, asked)
+    return Response(payload, media_type=media,
+                    headers={k.decode(): v.decode() for k, v in headers})
 
 
-def _response(entry: ModelEntry, rid: str | None, outputs: list[Any], req: Any) -> Response:
+def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V2Tensor],
+                   asked: list[str]) -> tuple[list[tuple[bytes, bytes]], bytes, str]:
+    """Extra headers, body and media type of an infer answer with the `asked` outputs (all
+    when none were named), each as JSON data or binary per the request."""
     head: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
-    if rid is not None:
-        head["id"] = rid
+    if req.id is not None:
+        head["id"] = req.id
     blobs, listed = [], []
     for t in outputs:
+        if asked and t.name not in asked:
+            continue
         item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
         if codec.wants_binary(req, t.name):
             blob = codec.encode_binary(t)
@@ -98,14 +117,15 @@ def _response(entry: ModelEntry, rid: str | None, outputs: list[Any], req: Any) 
     head["outputs"] = listed
     text = json.dumps(head).encode()
     if not blobs:
-        return Response(text, media_type="application/json")
-    return Response(
-        text + b"".join(blobs), media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(len(text))},
-    )
+        return [], text, "application/json"
+    return ([(b"inference-header-content-length", str(len(text)).encode())],
+            text + b"".join(blobs), "application/octet-stream")
 
 
-@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse)
+# The OpenAPI document lists one infer operation per served model instead of these two
+# (service/openapi.py): the body depends on the model behind the path.
+@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse,
+             include_in_schema=False)
 async def infer(name: str, request: Request) -> Response:
     """OIP inference. Body: an OIP inference request (`{"id"?, "parameters"?, "inputs": [{"name",
     "datatype", "shape", "data" | "parameters": {"binary_data_size"}}], "outputs"?}`), JSON
@@ -114,6 +134,6 @@ async def infer(name: str, request: Request) -> Response:
 
 
 @router.post("/models/{name}/versions/{version}/infer", name="v2_infer",
-             response_model=V2InferResponse)
+             response_model=V2InferResponse, include_in_schema=False)
 async def infer_version(name: str, version: str, request: Request) -> Response:
     return await _infer(request, name, version)

@@ -4,24 +4,53 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from service.api.common import WholeInt, standard_bounds
 
 
 class V2RequestInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: StrictStr
-    shape: list[StrictInt]
+    shape: list[WholeInt]
     datatype: StrictStr
     parameters: dict[str, Any] | None = None
     data: Any = None
+
+
+class OutputParameters(BaseModel):
+    """Parameters of one requested output."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
+
+    binary_data: StrictBool | None = None
+    """Send this output in the binary tensor data extension (else JSON `data`)."""
+    classification: WholeInt | None = Field(None, ge=1)
+    """Triton's classification extension: refused (400), this server does not implement it."""
 
 
 class V2RequestOutput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: StrictStr
-    parameters: dict[str, Any] | None = None
+    parameters: OutputParameters | None = None
+
+
+class ProtocolParameters(BaseModel):
+    """The request-level parameters that belong to the protocol, not to the model: checked
+    here, then removed before the task sees the parameters."""
+
+    model_config = ConfigDict(json_schema_extra=standard_bounds)
+
+    binary_data_output: StrictBool | None = None
+    """Every output in the binary tensor data extension unless the output says otherwise."""
+    content_type: StrictStr | None = None
+    """Accepted and ignored."""
+    headers: dict[str, StrictStr] | None = None
+    """Accepted and ignored."""
+    timeout: WholeInt | None = Field(None, ge=0)
+    """Accepted and ignored (microseconds)."""
 
 
 class V2InferRequest(BaseModel):

@@ -36,6 +36,11 @@ def signature(worker: ModelWorker) -> Signature:
                         {"name": "score", "datatype": "FP32", "shape": [-1]}]
 
 
+def output_names(worker: ModelWorker) -> list[str]:
+    """The names of the outputs a worker's task produces."""
+    return [o["name"] for o in signature(worker)[1]]
+
+
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
                 call: Call) -> list[V2Tensor]:
     """Run the worker's task on the decoded inputs; BadRequest for what does not fit it."""

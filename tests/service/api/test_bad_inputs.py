@@ -99,7 +99,7 @@ CASES = [
     Bad("unknown field", options={"bogus": 1}),
     # -- options: out of range, wrong type, combinations
     Bad("negative top_k", options={"top_k": -5}),
-    Bad("float top_k", options={"top_k": 123.0}),
+    Bad("fractional top_k", options={"top_k": 2.5}),  # 123.0 is an integer (JSON Schema)
     Bad("infinite top_k", raw=b'{"texts": ["one"], "top_k": 1e400}'),
     Bad("NaN top_k", raw=b'{"texts": ["one"], "top_k": NaN}'),
     Bad("beam_size zero", options={"beam_size": 0}),
@@ -108,7 +108,7 @@ CASES = [
     Bad("sampling with a beam", options={"temperature": 0.7, "beam_size": 5}),
     Bad("n_best over beam_size", options={"beam_size": 2, "n_best": 3}),
     Bad("return_attention as a string", options={"return_attention": "yes"}),
-    Bad("min_length over max_length", options={"min_length": 9, "max_length": 3}),
+    Bad("min_length over the schema limit", options={"min_length": 5000}),
     Bad("beam_size over the schema limit", options={"beam_size": 17}),
     Bad("max_length over the schema limit", options={"max_length": 5000}),
     Bad("negative length_penalty", options={"length_penalty": -0.1}),
@@ -136,6 +136,19 @@ CASES = [
     Bad("oip bad header length", oip=oip(["one"]),
         headers={"inference-header-content-length": "abc"}),
     Bad("oip parameters not an object", oip=oip(["one"], parameters=[1, 2])),
+    Bad("oip binary_data_output not a bool",
+        oip=oip(["one"], parameters={"binary_data_output": "yes"})),
+    Bad("oip negative timeout", oip=oip(["one"], parameters={"timeout": -1})),
+    Bad("oip output binary_data not a bool",
+        oip=oip(["one"], outputs=[{"name": "label", "parameters": {"binary_data": 1}}])),
+    Bad("oip classification extension",
+        oip=oip(["one"], outputs=[{"name": "label", "parameters": {"classification": 2}}])),
+    Bad("oip unknown output parameter",
+        oip=oip(["one"], outputs=[{"name": "label", "parameters": {"bogus": True}}])),
+    Bad("oip id not a string", oip=oip(["one"], id=5)),
+    Bad("oip binary_data_size null",
+        oip={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["one"],
+                         "parameters": {"binary_data_size": None}}]}),
 ]
 GOOD = {"v1": json.dumps({"texts": ["one two"], "beam_size": 1}).encode(),
         "v2": json.dumps(oip(["one two"], parameters={"beam_size": 1})).encode()}

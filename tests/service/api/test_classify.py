@@ -192,9 +192,26 @@ def test_metrics_counts_equal_requests_sent(tiny_repo: Path) -> None:
 
 
 def test_openapi_lists_the_routes(server: str) -> None:
+    """The live document: the configured limits, one inference operation per served model
+    (v1 and OIP: the body, and which texts have tokens, depend on the model)."""
     spec = json.loads(httpx.get(f"{server}/openapi.json").text)
     paths = set(spec["paths"])
-    assert {"/v1/models/{name}/classify", "/v2/models/{name}/infer", "/v1/models"} <= paths
+    assert {f"/v1/models/{MODEL}/classify", f"/v1/models/{MODEL}/versions/1/classify",
+            f"/v2/models/{MODEL}/infer", f"/v2/models/{MODEL}/versions/1/infer",
+            "/v1/models"} <= paths
+    assert "/v2/models/{name}/infer" not in paths and "/v1/models/{name}/classify" not in paths
+    body = spec["paths"][f"/v1/models/{MODEL}/classify"]["post"]["requestBody"]
+    item = body["content"]["application/json"]["schema"]["properties"]["texts"]["items"]
+    assert item["maxLength"] == 500 and item["pattern"].startswith("^")
+    texts = spec["components"]["schemas"]["ClassifyRequest"]["properties"]["texts"]
+    assert (texts["maxItems"], texts["items"]["maxLength"], texts["items"]["minLength"]) == \
+        (8, 500, 1)
+    infer = spec["paths"][f"/v2/models/{MODEL}/infer"]["post"]
+    body = infer["requestBody"]["content"]["application/json"]["schema"]
+    output = body["properties"]["outputs"]["anyOf"][0]["items"]
+    assert output["properties"]["name"]["enum"] == ["label", "probabilities"]
+    assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
 
 
 def test_mutated_bodies_never_get_500(server: str) -> None:
@@ -236,3 +253,6 @@ def test_json_body_without_json_content_type_is_read_as_json(server: str,
         assert len(r.json()["results"][0]["top_k"]) == 2
         bad = c.post(f"/v1/models/{MODEL}/classify", content=b"texts=one", headers=headers)
         assert bad.status_code in (400, 422) and "error" in bad.json()
+        metrics = c.get("/metrics").text
+    label = 'endpoint="classify",model="tiny-clf",status="200"'  # the route is known
+    assert f"seqserve_requests_total{{{label}}}" in metrics

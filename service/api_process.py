@@ -1,0 +1,38 @@
+"""`python -m service.api_process`: one API process (started by the supervisor).
+
+Serves HTTP on the listening socket the supervisor bound and passed down (its descriptor in
+SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS). The
+settings come from the SEQSERVE_* variables the supervisor set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+LISTEN_FD_ENV = "SEQSERVE_LISTEN_FD"
+
+
+def main() -> int:
+    from service.app import create_app
+    from service.engine.client import EngineClient
+    from service.engine.options import ADDRESS_ENV
+    from service.logs import configure_logging
+    from service.settings import Settings
+    from service.shutdown import build_server
+
+    settings = Settings()
+    sys.setswitchinterval(settings.switch_interval_ms / 1000.0)
+    sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
+    app = create_app(settings, engine=EngineClient(os.environ[ADDRESS_ENV]))
+    server = build_server(app, app.state.seqserve, supervised=True)
+    configure_logging(settings.log_level, settings.log_format)  # after uvicorn's Config
+    logging.getLogger("seqserve").debug("API process %d started", os.getpid())
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

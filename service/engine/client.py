@@ -1,0 +1,185 @@
+"""The API-process side of the engine: one DEALER socket, requests matched to replies by id.
+
+`EngineClient.models()` asks the engine which models it serves; `RemoteRowModel` and
+`RemoteDecodeModel` are those models as workers see them: the same `submit(...)` returning one
+future per row or source as the in-process `BatchedModel` / `DecodedModel`, so the workers do
+not know where their model runs. When a request's futures are cancelled (deadline, client
+gone) the engine is told, and drops the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+import service.errors as errors
+from service.engine import protocol as p
+from service.engine.transport import Channel
+from service.scheduling.base import Timed, Timing
+from service.scheduling.beam import Hypothesis, SearchOptions
+from service.scheduling.decoding import Decoded
+
+log = logging.getLogger("seqserve.engine.client")
+
+
+class EngineUnavailable(Exception):
+    """The engine did not answer in time."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    futures: list[asyncio.Future[Any]]
+    decoding: bool
+    done: bool = False
+
+
+class EngineClient:
+    """One connection from this process to the engine at `address`."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._state: asyncio.Future[p.State] | None = None
+        self._channel: Channel | None = None
+
+    async def start(self) -> None:
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        self._channel = Channel(sock, self._on_frames)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        for pending in self._pending.values():
+            _fail(pending, errors.ShuttingDown("this API process is stopping"))
+        self._pending.clear()
+
+    async def models(self, timeout: float) -> list[p.ModelState]:
+        """The engine's models and their states (asks until it answers or `timeout`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            self._state = loop.create_future()
+            self._send(p.Hello())
+            with contextlib.suppress(TimeoutError):
+                state = await asyncio.wait_for(asyncio.shield(self._state), 1.0)
+                return list(state.models)
+        raise EngineUnavailable(f"the engine at {self.address} did not answer in {timeout} s")
+
+    def submit(self, model: str, version: int, rows: Sequence[list[int]], deadline: float,
+               options: SearchOptions | None = None) -> list[asyncio.Future[Any]]:
+        """Send one request's rows; one future per row (Timed, or Decoded with options)."""
+        loop = asyncio.get_running_loop()
+        rid = next(self._ids)
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in rows]
+        pending = _Pending(futures, options is not None)
+        self._pending[rid] = pending
+        for f in futures:
+            f.add_done_callback(functools.partial(self._on_done, rid))
+        lengths, ids = p.pack_rows(list(rows))
+        opts = None if options is None else dataclasses.asdict(options)
+        self._send(p.Submit(rid, model, version, deadline, lengths, ids, opts))
+        return futures
+
+    def _on_done(self, rid: int, future: asyncio.Future[Any]) -> None:
+        pending = self._pending.get(rid)
+        if pending is not None and future.cancelled() and not pending.done:
+            pending.done = True
+            del self._pending[rid]
+            for f in pending.futures:
+                f.cancel()
+            self._send(p.Cancel(rid))
+
+    def _send(self, msg: p.ToEngine) -> None:
+        if self._channel is None:
+            raise EngineUnavailable("the engine client is not started")
+        self._channel.send([p.encoder.encode(msg)])
+
+    def _on_frames(self, frames: list[bytes]) -> None:
+        self._deliver(p.api_decoder.decode(frames[-1]))
+
+    def _deliver(self, msg: p.ToApi) -> None:
+        if isinstance(msg, p.State):
+            if self._state is not None and not self._state.done():
+                self._state.set_result(msg)
+            return
+        pending = self._pending.pop(msg.id, None)
+        if pending is None:
+            return  # cancelled meanwhile
+        pending.done = True
+        if isinstance(msg, p.Failure):
+            _fail(pending, _error(msg))
+        elif isinstance(msg, p.Rows):
+            for f, arrays, (q, c, b) in zip(pending.futures, msg.results, msg.timings,
+                                            strict=True):
+                if not f.done():
+                    f.set_result(Timed(tuple(p.from_array(a) for a in arrays), Timing(q, c, b)))
+        else:
+            for f, d in zip(pending.futures, msg.results, strict=True):
+                if not f.done():
+                    f.set_result(_decoded(d))
+
+
+def _fail(pending: _Pending, exc: Exception) -> None:
+    for f in pending.futures:
+        if not f.done():
+            f.set_exception(exc)
+
+
+def _error(msg: p.Failure) -> errors.ServiceError:
+    cls = getattr(errors, msg.kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.ServiceError)):
+        cls = errors.InferenceFailed
+    return cls(msg.message, retry_after=msg.retry_after)
+
+
+def _decoded(d: p.Decode) -> Decoded:
+    hyps = []
+    for h in d.hypotheses:
+        attention = () if h.attention is None else tuple(p.from_array(h.attention))
+        hyps.append(Hypothesis(tuple(h.token_ids), h.logprob, h.score, h.ended,
+                               attention=attention))
+    return Decoded(hyps, d.queue_s, d.decode_s, d.steps)
+
+
+class _RemoteModel:
+    """A model in the engine as this process sees it: its state and description."""
+
+    def __init__(self, client: EngineClient, state: p.ModelState) -> None:
+        self.client, self.state = client, state
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.state.describe)
+
+    async def start(self) -> None:
+        """Nothing to start here: the engine warmed the model up."""
+
+    async def stop(self, timeout: float) -> bool:
+        """Nothing to drain here: the engine drains after every API process stopped."""
+        return True
+
+
+class RemoteRowModel(_RemoteModel):
+    """A classifier or tagger in the engine (implements `scheduling.models.RowModel`)."""
+
+    def submit(self, rows: Sequence[list[int]],
+               deadline: float) -> list[asyncio.Future[Timed[Any]]]:
+        return self.client.submit(self.state.name, self.state.version, rows, deadline)
+
+
+class RemoteDecodeModel(_RemoteModel):
+    """A translator in the engine (implements `scheduling.models.DecodeModel`)."""
+
+    def submit(self, sources: Sequence[list[int]],
+               options: SearchOptions) -> list[asyncio.Future[Decoded]]:
+        return self.client.submit(self.state.name, self.state.version, sources, 0.0, options)

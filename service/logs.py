@@ -1,0 +1,97 @@
+"""Log output of `seqserve serve`: plain text or one JSON object per line, short tracebacks.
+
+`configure_logging(level, fmt)` sends every logger (uvicorn's included) to one stderr handler.
+A record may carry `extra={"fields": {...}}`: text lines append them as `key=value`, JSON lines
+as keys of the object. A traceback keeps the innermost `TRACEBACK_FRAMES` frames of each
+exception in the chain, so one failing request costs one short traceback, not kilobytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+import traceback
+from typing import Any
+
+TRACEBACK_FRAMES = 8
+"""Innermost frames kept per exception of a logged traceback."""
+UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def short_traceback(exc_info: Any) -> str:
+    """The traceback of `exc_info` with the innermost TRACEBACK_FRAMES frames of each
+    exception in its chain."""
+    _, exc, _ = exc_info
+    lines = traceback.format_exception(exc, limit=-TRACEBACK_FRAMES)
+    return "".join(lines).rstrip("\n")
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields = getattr(record, "fields", None)
+    return fields if isinstance(fields, dict) else {}
+
+
+class TextFormatter(logging.Formatter):
+    """`time level logger: message key=value ...` with short tracebacks."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        cached, record.exc_text = record.exc_text, None  # another handler's long format
+        try:
+            line = super().format(record)
+        finally:
+            record.exc_text = cached
+        extra = " ".join(f"{k}={_text(v)}" for k, v in _fields(record).items())
+        if not extra:
+            return line
+        head, sep, rest = line.partition("\n")  # a traceback goes after the fields
+        return f"{head} {extra}{sep}{rest}"
+
+    def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
+        return short_traceback(ei)
+
+
+def _text(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) \
+        else text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, message, the record's fields and, when
+    an exception is attached, `traceback` (short)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": _iso(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info:
+            doc["traceback"] = short_traceback(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+def _iso(created: float) -> str:
+    millis = int(created * 1000) % 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{millis:03d}Z"
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """Every logger to one stderr handler in `fmt` ("text" or "json"). Call it after uvicorn's
+    Config exists: that configures uvicorn's own loggers, which this then redirects here."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    for name in UVICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers = []
+        logger.propagate = True

@@ -1,0 +1,132 @@
+"""Request ids, the access log and tracebacks, on a real server: one line per request with
+its route, model, status and timings; the client's X-Request-Id or a new one comes back; a 4xx
+is one line without a traceback; a server bug is one short traceback, not uvicorn's copy too."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from server_support import serve_app
+from service_fakes import free_port, settings
+
+from service.access_log import request_id
+from service.app import create_app
+from service.logs import TRACEBACK_FRAMES, JsonFormatter, TextFormatter
+from service.workers.classifier import ClassifierWorker
+
+URL = "/v1/models/tiny-clf/classify"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _access(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "seqserve.access"]
+
+
+def test_one_line_per_request_with_its_id(tiny_repo: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="seqserve.access")
+    with serve_app(create_app(settings(tiny_repo))) as url, \
+            httpx.Client(base_url=url, timeout=30) as client:
+        ok = client.post(URL, json={"texts": ["one two"]}, headers={"x-request-id": "abc-123"})
+        bad = client.post(URL, json={"texts": [""]})
+        odd = client.get("/v2/health/ready", headers={"x-request-id": "no spaces, please"})
+    assert ok.headers["x-request-id"] == "abc-123"
+    assert len(bad.headers["x-request-id"]) == 32
+    assert odd.headers["x-request-id"] not in ("", "no spaces, please")
+    lines = _access(caplog)
+    assert len(lines) == 3 and not any(r.exc_info for r in caplog.records)
+    first, second, third = (r.fields for r in lines)  # type: ignore[attr-defined]
+    assert first["method"] == "POST" and first["route"] == "/v1/models/{name}/classify"
+    assert (first["model"], first["status"], first["request_id"]) == ("tiny-clf", 200,
+                                                                      "abc-123")
+    assert first["compute_ms"] > 0 and first["total_ms"] >= first["compute_ms"]
+    assert (second["status"], second["request_id"]) == (400, bad.headers["x-request-id"])
+    assert third["route"] == "/v2/health/ready" and third["model"] == ""
+
+
+def test_a_server_bug_logs_one_short_traceback(tiny_repo: Path, caplog: pytest.LogCaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug in the worker")
+
+    monkeypatch.setattr(ClassifierWorker, "classify", broken)
+    uvicorn_records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            uvicorn_records.append(record)
+
+    caplog.set_level(logging.INFO)
+    keep = Keep()
+    with serve_app(create_app(settings(tiny_repo, access_log=False)), log_level="info") as url:
+        logging.getLogger("uvicorn.error").addHandler(keep)
+        try:
+            for _ in range(3):
+                r = httpx.post(url + URL, json={"texts": ["one"]}, timeout=30)
+                assert r.status_code == 500 and "server bug" in r.json()["error"]
+                assert r.headers["x-request-id"]
+        finally:
+            logging.getLogger("uvicorn.error").removeHandler(keep)
+    bugs = [r for r in caplog.records if r.exc_info]
+    assert len(bugs) == 3 and all(r.name == "seqserve.access" for r in bugs)
+    assert not [r for r in uvicorn_records if r.exc_info]  # not logged a second time
+    text = TextFormatter().format(bugs[0])
+    assert "RuntimeError: a bug in the worker" in text and "status=500" in text
+    assert text.count('File "') <= TRACEBACK_FRAMES and len(text) < 4000
+
+
+def test_json_lines() -> None:
+    record = logging.LogRecord("seqserve.access", logging.INFO, __file__, 1, "GET %s %d",
+                               ("/metrics", 200), None)
+    record.fields = {"status": 200, "request_id": "r1", "model": ""}
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["message"] == "GET /metrics 200" and doc["level"] == "info"
+    assert doc["status"] == 200 and doc["request_id"] == "r1" and doc["time"].endswith("Z")
+    text = TextFormatter().format(record)
+    assert text.endswith('GET /metrics 200 status=200 request_id=r1 model=""')
+
+
+def test_request_ids_are_tokens() -> None:
+    def scope(value: bytes) -> dict[str, Any]:
+        return {"headers": [(b"x-request-id", value)]}
+
+    assert request_id(scope(b"a.b:c/d-1_2")) == "a.b:c/d-1_2"
+    for bad in (b"", b"x" * 129, b"a b", b"a\x00", "é".encode()):
+        assert request_id(scope(bad)) != bad.decode("utf-8", "replace")
+    assert request_id({"headers": []}) != request_id({"headers": []})
+
+
+def test_serve_writes_json_lines(tiny_repo: Path) -> None:
+    """`seqserve serve --log-format json`: every line on stderr is JSON, uvicorn's too."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--repo", str(tiny_repo), "--port",
+         str(port), "--no-warmup", "--log-format", "json", "--intra-op-threads", "1"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            try:
+                if httpx.get(base + "/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        r = httpx.post(base + URL, json={"texts": ["one"]}, headers={"x-request-id": "j-1"})
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    lines = [json.loads(line) for line in err.decode().splitlines() if line.strip()]
+    access = [d for d in lines if d.get("request_id") == "j-1"]
+    assert len(access) == 1 and access[0]["route"] == "/v1/models/{name}/classify"
+    assert any(d["logger"].startswith("uvicorn") for d in lines)

@@ -1,0 +1,227 @@
+"""`seqserve serve` as users run it: a supervisor, API processes and one engine process.
+
+Real processes on 127.0.0.1 with the tiny bundles: every task answers through the engine;
+/metrics of any API process reports every process; a killed API process is replaced; a dead
+engine ends the server with a non-zero status; SIGTERM under load loses nothing admitted.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_support import RawConnection
+from service_fakes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def children(self) -> dict[int, str]:
+        """pid -> role ("engine" | "api") of the supervisor's live children."""
+        out = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == self.proc.pid and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                    cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    out[int(entry.name)] = "engine" if "service.engine" in cmd else "api"
+        return out
+
+    def output(self) -> str:
+        return self.proc.stdout.read().decode()[-4000:] if self.proc.stdout else ""  # type: ignore[union-attr]
+
+
+def wait_ready(server: Server, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise AssertionError(f"server exited: {server.output()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise AssertionError("server not ready in time")
+
+
+@contextlib.contextmanager
+def serve(repo: Path, *flags: str) -> Iterator[Server]:
+    port = free_port()
+    env = {**os.environ, "SEQSERVE_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--repo", str(repo), "--port",
+         str(port), "--no-warmup", "--intra-op-threads", "1", *flags],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = Server(proc, f"http://127.0.0.1:{port}")
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def counts(metrics: str, name: str, label: str) -> dict[str, float]:
+    out: dict[str, float] = collections.defaultdict(float)
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            if s.name == name:
+                out[s.labels.get(label, "")] += s.value
+    return out
+
+
+def test_every_task_through_the_engine_and_metrics_of_every_process(
+        tiny_full_repo: Path) -> None:
+    with serve(tiny_full_repo, "--api-workers", "2") as server:
+        roles = sorted(server.children().values())
+        assert roles == ["api", "api", "engine"], roles
+        url = server.url
+        n = 24
+        for i in range(n):  # a new connection each: both API processes get some
+            r = httpx.post(f"{url}/v1/models/tiny-clf/classify",
+                           json={"texts": [f"one two {i}"], "top_k": 2}, timeout=30)
+            assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
+        tr = httpx.post(f"{url}/v1/models/tiny-mt/translate",
+                        json={"texts": ["one two three"], "n_best": 2,
+                              "return_attention": True}, timeout=30).json()["results"][0]
+        assert len(tr["hypotheses"]) == 2 and tr["attention"]["weights"]
+        tag = httpx.post(f"{url}/v1/models/tiny-tag/tag",
+                         json={"texts": ["one hundred and five"]}, timeout=30).json()
+        assert [t["token"] for t in tag["results"][0]["tokens"]] == ["one", "hundred", "and",
+                                                                     "five"]
+        v2 = httpx.post(f"{url}/v2/models/tiny-clf/infer", timeout=30, json={"inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["one"]}]})
+        assert v2.status_code == 200
+        bad = httpx.post(f"{url}/v1/models/tiny-clf/classify", json={"texts": ["\x00"]})
+        assert bad.status_code == 400
+        info = httpx.get(f"{url}/v1/models/tiny-clf").json()["versions"][0]["details"]
+        assert info["runtime"] == "onnx" and info["instances"] >= 1
+        metrics = httpx.get(f"{url}/metrics").text
+    requests = counts(metrics, "seqserve_requests_total", "endpoint")
+    assert requests["classify"] == n + 1 and requests["translate"] == 1  # all processes
+    rows = counts(metrics, "seqserve_batch_size_count", "model")  # recorded by the engine
+    assert rows["tiny-clf"] >= 1 and rows["tiny-tag"] >= 1 and rows["tiny-mt"] >= 1
+    ready = counts(metrics, "seqserve_model_ready", "model")
+    assert ready == {"tiny-clf": 1.0, "tiny-mt": 1.0, "tiny-tag": 1.0}
+
+
+def test_a_killed_api_process_is_replaced(tiny_repo: Path) -> None:
+    with serve(tiny_repo, "--api-workers", "2") as server:
+        before = {pid for pid, role in server.children().items() if role == "api"}
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            now = {pid for pid, role in server.children().items() if role == "api"}
+            if len(now) == 2 and victim not in now:
+                break
+            time.sleep(0.1)
+        assert len(now) == 2 and victim not in now, now
+        wait_ready(server)
+        for _ in range(8):
+            r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify",
+                           json={"texts": ["one"]}, timeout=30)
+            assert r.status_code == 200
+
+
+def test_a_dead_engine_ends_the_server_non_zero(tiny_repo: Path) -> None:
+    with serve(tiny_repo, "--api-workers", "1") as server:
+        engine = next(pid for pid, role in server.children().items() if role == "engine")
+        os.kill(engine, signal.SIGKILL)
+        code = server.proc.wait(timeout=30)
+        assert code != 0
+        assert not server.children()
+
+
+def in_flight(url: str) -> float:
+    metrics = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(counts(metrics, "seqserve_in_flight_requests", "model").values())
+
+
+def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path) -> None:
+    """Requests written on open connections before SIGTERM: every one the server admitted
+    gets its 200, the others 503 + Retry-After; none is reset or left unanswered."""
+    total = 300
+    body = json.dumps({"texts": ["one two three"] * 4}).encode()
+    with serve(tiny_repo, "--api-workers", "2", "--max-batch-size", "1",
+               "--queue-size", "2048", "--shutdown-delay-s", "0.5") as server:
+        conns = [RawConnection(server.url) for _ in range(total)]
+        try:
+            for conn in conns:  # each connection accepted and answered once
+                assert conn.request("GET", "/v2/health/live")[0] == 200
+            for conn in conns:  # every request written before the signal
+                conn.send("POST", "/v1/models/tiny-clf/classify", body,
+                          {"content-type": "application/json"})
+            admitted = 0.0
+            deadline = time.monotonic() + 10
+            while admitted < 50 and time.monotonic() < deadline:
+                admitted = max(admitted, in_flight(server.url))
+            server.proc.send_signal(signal.SIGTERM)
+            answers = []
+            for conn in conns:
+                status, headers, _ = conn.read_response()
+                answers.append(status)
+                assert status != 503 or headers["retry-after"]
+        finally:
+            for conn in conns:
+                conn.close()
+        rc = server.proc.wait(timeout=60)
+    tally = collections.Counter(answers)
+    assert set(tally) <= {200, 503}, tally
+    assert tally[200] >= admitted >= 50, (tally, admitted)
+    assert rc == 0
+
+
+@pytest.mark.parametrize("flags", [("--api-workers", "0"), ("--api-workers", "1")])
+def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
+                                                      flags: tuple[str, str]) -> None:
+    body = {"texts": ["one two three", "vingt et un"], "top_k": 3}
+    with serve(tiny_repo, *flags) as server:
+        r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify", json=body, timeout=30)
+        expected_children = 0 if flags[1] == "0" else 2
+        assert len(server.children()) == expected_children
+    assert r.status_code == 200
+    scores = [t["probability"] for res in r.json()["results"] for t in res["top_k"]]
+    assert len(scores) == 6 and all(0 <= s <= 1 for s in scores)
+
+
+def test_children_get_the_same_settings() -> None:
+    from pydantic import SecretStr
+
+    from service.settings import Settings
+    from service.supervisor import settings_env
+
+    given = Settings(api_key=SecretStr("k1\nk2"), providers=["A", "B"], truncate=True,
+                     max_texts=7, api_workers=3)
+    env = settings_env(given)
+    assert env["SEQSERVE_API_KEY"] == "k1\nk2" and env["SEQSERVE_PROVIDERS"] == "A,B"
+    assert "SEQSERVE_SHUTDOWN_DELAY_S" in env
+    child = Settings(**{k.removeprefix("SEQSERVE_").lower(): v for k, v in env.items()
+                        if k != "SEQSERVE_PROVIDERS"}, providers=env["SEQSERVE_PROVIDERS"])
+    assert child == given
+    assert "SEQSERVE_LOG_FORMAT" in settings_env(Settings()) and "SEQSERVE_API_KEY" not in \
+        settings_env(Settings())

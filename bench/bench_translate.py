@@ -4,14 +4,16 @@ N concurrent clients each send one test-split sentence at a time (beam 5 by defa
 (a) the decoding engine with step-level continuous batching, (b) the same engine with
 request-level batching (an admitted batch runs to completion before the next is admitted),
 (c) per-request eager PyTorch beam search (`models.decoding.beam_search`, one at a time).
-Prints generated tokens/s, p50/p99 latency, the ratios, and the engine's decoder-step time
-per row at the batch sizes it actually ran.
+Prints generated tokens/s, p50/p99 latency, the process CPU time per 1000 generated tokens
+(all threads: less sensitive than wall time to other work on a shared machine), the ratios,
+and the engine's decoder-step time per row at the batch sizes it actually ran.
 
 `--gpu-check` instead runs the engine with the TorchScript runtime on CUDA: outputs compared
 token by token with the same runtime on CPU, and tokens/s at 1, 32 and 256 concurrent
 requests. (Imports no pydantic/FastAPI, so it runs in a bare PyTorch image.)
 
     .venv/bin/python bench/bench_translate.py --repo model_repository --model numbers-en-fr
+    .venv/bin/python bench/bench_translate.py ... --tree /tmp/old   # another tree's engine
     python3 bench/bench_translate.py --gpu-check --repo ... --data DIR_WITH_TEST_JSONL
 """
 
@@ -30,7 +32,15 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+def _tree() -> str:
+    """The source tree whose engine is measured (`--tree`, read before the imports below)."""
+    if "--tree" in sys.argv[:-1]:
+        return str(Path(sys.argv[sys.argv.index("--tree") + 1]).resolve())
+    return str(Path(__file__).resolve().parents[1])
+
+
+sys.path.insert(0, _tree())
 
 from export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
 from models.tokenizer import Tokenizer  # noqa: E402
@@ -59,6 +69,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--gpu-check", action="store_true",
                    help="TorchScript on CUDA vs CPU: equality and tokens/s at 1/32/256")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    p.add_argument("--tree", default=None,
+                   help="measure the engine of this source tree (e.g. an older commit's)")
     return p.parse_args()
 
 
@@ -158,13 +170,14 @@ async def drive(clients: int, items: list[list[int]],
             if len(latencies) % 64 == 0:
                 print(f"  [{label}] {len(latencies)}/{len(items)}", file=sys.stderr)
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(client() for _ in range(clients)))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     lat = np.array(latencies)
     return {"sentences": len(items), "tokens": tokens, "wall_s": wall,
             "tokens_per_s": tokens / wall, "p50_ms": float(np.percentile(lat, 50) * 1e3),
-            "p99_ms": float(np.percentile(lat, 99) * 1e3)}
+            "p99_ms": float(np.percentile(lat, 99) * 1e3), "cpu_s": cpu,
+            "cpu_ms_per_1k_tokens": cpu / max(tokens, 1) * 1e6}
 
 
 async def engine_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]],
@@ -249,7 +262,8 @@ def main() -> None:
     items = [tok.encode(x)[: int(manifest.limits.get("max_tokens", 256))] for x in texts]
     print(f"{args.model} v{manifest.version} ({args.runtime}), {len(items)} sentences "
           f"(mean {statistics.mean(map(len, items)):.1f} source tokens), {args.clients} "
-          f"clients, beam {args.beam_size}, {args.threads} thread(s), {args.groups} group(s)")
+          f"clients, beam {args.beam_size}, {args.threads} thread(s), {args.groups} group(s), "
+          f"engine of {_tree()}")
     results: dict[str, dict[str, float]] = {}
     results["a_continuous"], stats = asyncio.run(engine_mode(runtime, limits, items, args, True))
     results["b_request_level"], stats_b = asyncio.run(
@@ -263,10 +277,11 @@ def main() -> None:
 
 
 def report(results: dict[str, dict[str, float]], stats: StepStats, stats_b: StepStats) -> None:
-    print(f"\n{'mode':<16}{'tokens':>8}{'wall s':>9}{'tokens/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+    print(f"\n{'mode':<16}{'tokens':>8}{'wall s':>9}{'tokens/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'cpu ms/1k tok':>15}")
     for mode, r in results.items():
         print(f"{mode:<16}{r['tokens']:>8.0f}{r['wall_s']:>9.2f}{r['tokens_per_s']:>10.1f}"
-              f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}")
+              f"{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}{r['cpu_ms_per_1k_tokens']:>15.1f}")
     a, b = results["a_continuous"], results["b_request_level"]
     print(f"\n(a)/(b) tokens/s: {a['tokens_per_s'] / b['tokens_per_s']:.2f}x   "
           f"(a)/(b) p99: {a['p99_ms'] / b['p99_ms']:.2f}x")

@@ -1,27 +1,28 @@
-"""Per-request search state for the translator decoding engine: pure logic over numpy.
+"""What a translation request asks of the search, and the rules the search follows.
 
-One `RequestSearch` holds one request's live hypotheses (beam search, greedy = beam 1, or
-sampling) and its finished ones. The engine feeds it the rows of one batched `decoder_step`
-that belong to it; it answers which state rows survive. It never sees other requests, so its
-result cannot depend on its neighbours.
+The options (`SearchOptions`), the model's limits (`DecodeLimits`), the length cap
+(`max_steps`), the GNMT penalties and the answer (`Hypothesis`). The search itself runs for
+every live request of a decode group at once, as array operations (`beams.Beams`); nothing in
+it looks at another request's rows, so no request's result depends on its neighbours.
 
 Conventions (the reference search in the tests follows the same ones):
 
 - A hypothesis' length L counts its generated tokens, EOS included. `max_steps` bounds L; a
   live hypothesis that reaches it is finished as it is (truncated, no EOS).
 - EOS is not allowed while fewer than `min_length` tokens were generated.
-- Beam step (fairseq-style): from all candidates of all live rows (after masking), take the
-  2B best by cumulative log-prob; an EOS among the first B is finished; the first B non-EOS
-  continue. `decoder_step` returns only each row's top-k, so the engine asks for
-  k = 2B + 1 + (most tokens any row has blocked), which contains every candidate that this
-  rule can pick: the step is exact, as if the whole vocabulary had been scored.
+- Beam step (fairseq-style): from all candidates of all live rows of a request (after
+  masking), take the 2B best by cumulative log-prob, ties to the lower (row, column); an EOS
+  among the first B is finished; the first B non-EOS continue. `decoder_step` returns only
+  each row's top-k (best first), so the engine asks for k = 2B + 1 + (most tokens any row
+  has blocked), which contains every candidate that this rule can pick: the step is exact, as
+  if the whole vocabulary had been scored.
 - Final score (GNMT): logp / ((5 + L) / 6) ** alpha + beta * sum_j log(min(coverage_j, 1)),
   coverage_j the attention mass source token j received over the L steps (clipped at 1e-12).
 - Stopping is exact: a request stops when it has n_best finished hypotheses and no live one
   can beat the n-th of them. Log-probs only decrease, and alpha >= 0, beta >= 0, so a live
   hypothesis with log-prob p <= 0 can at best reach p / lp(max_steps) + 0 (its longest
   descendant, full coverage). Stopping therefore never changes the n-best compared to running
-  to max length.
+  to max length. Finished hypotheses are ranked by score, ties to the one finished first.
 - Sampling (beam 1): the candidate set is the row's top `top_k` tokens, or the top
   `SAMPLING_CANDIDATES` when `top_k` is not given (decoder_step returns top-k only), so
   `top_p` acts within that set. The sampled token is drawn from softmax(logp / temperature)
@@ -32,7 +33,7 @@ Conventions (the reference search in the tests follows the same ones):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -138,192 +139,3 @@ class Hypothesis:
     def attention_matrix(self) -> np.ndarray | None:
         """(L, S) attention, one row per generated token (EOS included), or None."""
         return np.stack(self.attention) if self.attention else None
-
-
-@dataclass
-class RequestSearch:
-    """The decoding state of one request. See the module doc for the exact rules."""
-
-    options: SearchOptions
-    src_len: int
-    limits: DecodeLimits
-    live: list[Hypothesis] = field(default_factory=list)
-    finished: list[Hypothesis] = field(default_factory=list)
-    steps: int = 0
-    done: bool = False
-
-    def __post_init__(self) -> None:
-        self.max_steps = max_steps(self.options, self.src_len, self.limits)
-        coverage = np.zeros(self.src_len) if self.options.coverage_penalty else None
-        self.live = [Hypothesis((), 0.0, coverage=coverage)]
-        self._rng = np.random.default_rng(self.options.seed)
-        self._k_cache = (-1, 0)  # (steps, k) of the last k_needed()
-
-    # -- what the engine asks -------------------------------------------------------------
-
-    @property
-    def rows(self) -> int:
-        return len(self.live)
-
-    def prev_ids(self) -> np.ndarray:
-        """(rows,) int64: each live hypothesis' last token (BOS at the start)."""
-        bos = self.limits.bos_id
-        return np.array([h.token_ids[-1] if h.token_ids else bos for h in self.live], np.int64)
-
-    def k_needed(self) -> int:
-        """Top-k this request needs from the next decoder step (cached per step)."""
-        if self._k_cache[0] == self.steps:
-            return self._k_cache[1]
-        o = self.options
-        if o.sampling:
-            k = o.top_k if o.top_k is not None else SAMPLING_CANDIDATES
-        else:
-            blocked = 0
-            if o.no_repeat_ngram_size:
-                blocked = max((len(self._banned(h)) for h in self.live), default=0)
-            k = 2 * o.beam_size + 1 + blocked
-        k = max(1, min(k, self.limits.vocab_size))
-        self._k_cache = (self.steps, k)
-        return k
-
-    # -- one step -------------------------------------------------------------------------
-
-    def step(self, logprobs: np.ndarray, ids: np.ndarray, attention: np.ndarray) -> np.ndarray:
-        """Advance by one token. Inputs (rows, k') with k' >= k_needed() and (rows, S).
-
-        Returns the parent row of every new live hypothesis, (rows_next,) int64, so the engine
-        gathers the decoder state with it.
-        """
-        k = self.k_needed()
-        logprobs = logprobs[:, :k].astype(np.float64)  # (R, k) own candidates only
-        ids = ids[:, :k]  # (R, k)
-        attention = attention[:, : self.src_len]  # (R, S)
-        allowed = self._allowed(ids)  # (R, k) bool
-        if self.options.sampling:
-            parents = self._sample(logprobs, ids, allowed, attention)
-        else:
-            parents = self._beam(logprobs, ids, allowed, attention)
-        self.steps += 1
-        if self.steps >= self.max_steps:
-            for hyp in self.live:
-                self._finish(hyp)
-            self.live, parents = [], parents[:0]
-        self.done = self._should_stop()
-        return parents
-
-    def _allowed(self, ids: np.ndarray) -> np.ndarray | None:
-        """(R, k) bool of candidates allowed, or None when all are."""
-        if self.steps >= self.options.min_length and not self.options.no_repeat_ngram_size:
-            return None
-        allowed = np.ones(ids.shape, dtype=bool)  # (R, k)
-        if self.steps < self.options.min_length:
-            allowed &= ids != self.limits.eos_id
-        if self.options.no_repeat_ngram_size:
-            for r, hyp in enumerate(self.live):
-                banned = self._banned(hyp)
-                if banned:
-                    allowed[r] &= ~np.isin(ids[r], list(banned))
-        return allowed
-
-    def _banned(self, hyp: Hypothesis) -> set[int]:
-        """Tokens that would repeat an n-gram of `hyp` (no_repeat_ngram_size)."""
-        n = self.options.no_repeat_ngram_size
-        toks = hyp.token_ids
-        if n <= 0 or len(toks) < n - 1:
-            return set()
-        if n == 1:
-            return set(toks)
-        prefix = toks[len(toks) - n + 1 :]
-        return {toks[i + n - 1] for i in range(len(toks) - n + 1) if toks[i : i + n - 1] == prefix}
-
-    def _beam(self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray | None,
-              attention: np.ndarray) -> np.ndarray:
-        beam = self.options.beam_size
-        base = np.array([h.logprob for h in self.live])  # (R,)
-        total = base[:, None] + logprobs  # (R, k)
-        if allowed is not None:
-            total[~allowed] = -np.inf
-        flat = total.ravel()  # (R * k,)
-        order = np.argsort(-flat, kind="stable")[: 2 * beam]
-        order = order[np.isfinite(flat[order])]  # masked (or -inf / NaN from the model)
-        if order.size == 0:  # every candidate blocked: the hypotheses end here, truncated
-            for hyp in self.live:
-                self._finish(hyp)
-            self.live = []
-            return np.zeros(0, dtype=np.int64)
-        eos = self.limits.eos_id
-        rows = (order // ids.shape[1]).tolist()
-        toks = ids.ravel()[order].tolist()
-        totals = flat[order].tolist()
-        new_live: list[Hypothesis] = []
-        parents: list[int] = []
-        for rank, (r, tok, logprob) in enumerate(zip(rows, toks, totals, strict=True)):
-            if tok == eos:
-                if rank < beam:
-                    self._finish(self._extend(r, tok, logprob, attention), ended=True)
-            elif len(new_live) < beam:
-                new_live.append(self._extend(r, tok, logprob, attention))
-                parents.append(r)
-        self.live = new_live
-        return np.array(parents, dtype=np.int64)
-
-    def _sample(self, logprobs: np.ndarray, ids: np.ndarray, allowed: np.ndarray | None,
-                attention: np.ndarray) -> np.ndarray:
-        o = self.options
-        # candidate columns, best first; none left (all blocked): the hypothesis ends here
-        cand = np.arange(ids.shape[1]) if allowed is None else np.flatnonzero(allowed[0])
-        cand = cand[np.isfinite(logprobs[0, cand])]
-        if cand.size == 0:
-            self._finish(self.live[0])
-            self.live = []
-            return np.zeros(0, dtype=np.int64)
-        lp = logprobs[0, cand]
-        with np.errstate(over="ignore"):  # max first: a tiny temperature gives 0 or -inf
-            scaled = (lp - lp.max()) / (o.temperature or 1.0)  # (greedy), never inf - inf
-        probs = np.exp(scaled)
-        probs /= probs.sum()
-        if o.top_p is not None and o.top_p < 1.0:
-            keep = int(np.searchsorted(np.cumsum(probs), o.top_p) + 1)
-            probs = probs[:keep] / probs[:keep].sum()
-        j = int(cand[self._rng.choice(probs.size, p=probs)])
-        tok = int(ids[0, j])
-        hyp = self._extend(0, tok, self.live[0].logprob + float(logprobs[0, j]), attention)
-        if tok == self.limits.eos_id:
-            self._finish(hyp, ended=True)
-            self.live = []
-            return np.zeros(0, dtype=np.int64)
-        self.live = [hyp]
-        return np.zeros(1, dtype=np.int64)
-
-    def _extend(self, row: int, tok: int, logprob: float, attention: np.ndarray) -> Hypothesis:
-        parent = self.live[row]
-        coverage = None if parent.coverage is None else parent.coverage + attention[row]
-        attn = parent.attention + (attention[row].copy(),) if self.options.return_attention else ()
-        return Hypothesis(parent.token_ids + (tok,), logprob, coverage=coverage, attention=attn)
-
-    # -- finishing and stopping -----------------------------------------------------------
-
-    def _finish(self, hyp: Hypothesis, ended: bool = False) -> None:
-        o = self.options
-        hyp.ended = ended
-        hyp.score = hyp.logprob / length_penalty(len(hyp.token_ids), o.length_penalty)
-        hyp.score += coverage_penalty(hyp.coverage, o.coverage_penalty)
-        self.finished.append(hyp)
-        self.finished.sort(key=lambda h: -h.score)  # stable: earlier wins ties
-        del self.finished[o.n_best :]
-
-    def best_possible(self, hyp: Hypothesis) -> float:
-        """Upper bound on the final score of any descendant of live `hyp`."""
-        return min(hyp.logprob, 0.0) / length_penalty(self.max_steps, self.options.length_penalty)
-
-    def _should_stop(self) -> bool:
-        if not self.live:
-            return True
-        if self.options.sampling or len(self.finished) < self.options.n_best:
-            return False
-        worst = self.finished[-1].score
-        return all(self.best_possible(h) <= worst for h in self.live)
-
-    def results(self) -> list[Hypothesis]:
-        """The n-best finished hypotheses, best first (call once `done`)."""
-        return list(self.finished)

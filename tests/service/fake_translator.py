@@ -4,7 +4,8 @@
 tiny deterministic random RNN with dot attention. Every row is computed on its own in float64
 (then cast to float32), so a row's outputs do not depend on the batch it came in. A clock in
 the last state unit raises the EOS logit step by step, so hypotheses end after a few tokens.
-`step_one` exposes the full-vocabulary distribution for reference searches in tests.
+`step_one` exposes the full-vocabulary distribution for reference searches in tests, and
+`decode_with_beams` runs the engine's vectorised search (`Beams`) over it with no engine.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.scheduling.beam import DecodeLimits
+from service.scheduling.beam import DecodeLimits, Hypothesis, SearchOptions
+from service.scheduling.beams import Beams
 
 
 @dataclass
@@ -119,3 +121,42 @@ class FakeTranslator:
             top_lp[r], top_ids[r], attention[r, :n] = logp[order], order, attn
         return {"new_state": new_state, "topk_logprobs": top_lp, "topk_ids": top_ids,
                 "attention": attention}
+
+
+def decode_with_beams(fake: FakeTranslator, jobs: list[tuple[list[int], SearchOptions]],
+                      on_step: Callable[[Beams], None] | None = None,
+                      ) -> tuple[list[list[Hypothesis]], list[int]]:
+    """Decode `jobs` together in one `Beams` over full-vocabulary steps of the fake, with no
+    engine around it: each request's n-best and the steps it took.
+
+    `on_step(beams)` runs before every step (live rows as they are).
+    """
+    beams = Beams(fake.limits)
+    encoded = [fake.encode_one(src) for src, _ in jobs]
+    width = max(len(src) for src, _ in jobs)
+    beams.join(list(range(len(jobs))), [o for _, o in jobs], [len(s) for s, _ in jobs])
+    beams.set_source_width(width)
+    state = np.stack([e[1] for e in encoded])  # (R, D + 1)
+    results: dict[int, list[Hypothesis]] = {}
+    steps: dict[int, int] = {}
+    while len(beams):
+        beams.prepare()
+        keys = beams.reqs.key[beams.rows.request].tolist()  # (R,)
+        outs = [fake.step_one(int(p), s, encoded[key][0])
+                for p, s, key in zip(beams.prev_ids(), state, keys, strict=True)]
+        logp = np.stack([o[0] for o in outs])  # (R, V)
+        order = np.argsort(-logp, axis=1, kind="stable")  # (R, V) full vocabulary, best first
+        attention = np.zeros((len(outs), width), np.float32)  # (R, S)
+        for r, o in enumerate(outs):
+            attention[r, : len(o[1])] = o[1]
+        if on_step is not None:
+            on_step(beams)
+        parents = beams.step(np.take_along_axis(logp, order, 1), order, attention)
+        state = np.stack([o[2] for o in outs])[parents]  # (R', D + 1)
+        done = np.flatnonzero(beams.done)
+        for q, hyps in zip(done.tolist(), beams.results(done), strict=True):
+            results[int(beams.reqs.key[q])] = hyps
+            steps[int(beams.reqs.key[q])] = int(beams.reqs.steps[q])
+        if len(done):  # done requests keep no rows
+            beams.keep(~beams.done)
+    return [results[i] for i in range(len(jobs))], [steps[i] for i in range(len(jobs))]

@@ -31,7 +31,8 @@ def _answer(server: Server, payload: bytes, wait: float = 10) -> tuple[float, by
     return time.monotonic() - start, data
 
 
-HEAD = b"POST /v1/models/tiny-clf/classify HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+HEAD = (b"POST /v1/models/tiny-clf/classify HTTP/1.1\r\nhost: x\r\n"
+        b"content-type: application/json\r\n")
 
 
 @pytest.mark.parametrize(("case", "payload"), [

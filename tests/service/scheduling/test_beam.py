@@ -1,4 +1,5 @@
-"""Per-request search state: penalties, the stopping bound, n-gram blocking, limits, options."""
+"""The search rules of beam.py, through the vectorised search (one request or several, no
+engine): penalties, the stopping bound, early stopping, limits, sampling."""
 
 from __future__ import annotations
 
@@ -6,35 +7,41 @@ import math
 
 import numpy as np
 import pytest
-from fake_translator import FakeTranslator
+from fake_translator import FakeTranslator, decode_with_beams
 
 from service.scheduling.beam import (
     LENGTH_SLACK,
     DecodeLimits,
-    Hypothesis,
-    RequestSearch,
     SearchOptions,
     coverage_penalty,
     length_penalty,
     max_steps,
 )
+from service.scheduling.beams import Beams
+from service.scheduling.finished import Entries, FinishedStore
 
 
-def drive(fake: FakeTranslator, src: list[int], search: RequestSearch,
-          on_step: object = None) -> None:
-    """Feed `search` full-vocabulary steps of the fake model (one row at a time)."""
-    memory, state0 = fake.encode_one(src)
-    states = np.array([state0])
-    while not search.done:
-        prev = search.prev_ids()
-        outs = [fake.step_one(int(p), s, memory) for p, s in zip(prev, states, strict=True)]
-        logp = np.stack([o[0] for o in outs])  # (R, V)
-        order = np.argsort(-logp, axis=1, kind="stable")  # (R, V)
-        top = np.take_along_axis(logp, order, axis=1)
-        if callable(on_step):
-            on_step(search)
-        parents = search.step(top, order, np.stack([o[1] for o in outs]))
-        states = np.stack([o[2] for o in outs])[parents] if len(parents) else states[:0]
+def _no_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests stop only when no live hypothesis is left (run to the length cap)."""
+    def done_when_empty(self: Beams, going: np.ndarray, val: np.ndarray) -> np.ndarray:
+        return np.logical_not(going.any(1))
+
+    monkeypatch.setattr(Beams, "_stopped", done_when_empty)
+
+
+def _record_finished(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], float]]:
+    """Every hypothesis that finishes, n-best or not: (tokens, score)."""
+    sink: list[tuple[tuple[int, ...], float]] = []
+    merge = FinishedStore.merge
+
+    def recording(self: FinishedStore, request: np.ndarray, new: Entries,
+                  n_best: np.ndarray) -> None:
+        for tokens, length, score in zip(new.tokens, new.length, new.score, strict=True):
+            sink.append((tuple(tokens[:length].tolist()), float(score)))
+        merge(self, request, new, n_best)
+
+    monkeypatch.setattr(FinishedStore, "merge", recording)
+    return sink
 
 
 def test_penalty_formulas() -> None:
@@ -46,71 +53,55 @@ def test_penalty_formulas() -> None:
     assert coverage_penalty(cov, 0.0) == 0.0
 
 
+def test_scores_follow_the_formulas() -> None:
+    """Each answer's score is its log-prob, length and coverage penalties (beam.py)."""
+    fake = FakeTranslator(seed=2)
+    opts = SearchOptions(beam_size=3, n_best=3, length_penalty=0.7, coverage_penalty=0.4)
+    results, _ = decode_with_beams(fake, [([5, 6, 7, 8], opts)])
+    for hyp in results[0]:
+        assert hyp.coverage is not None and hyp.coverage.shape == (4,)
+        expected = hyp.logprob / length_penalty(len(hyp.token_ids), 0.7)
+        expected += coverage_penalty(hyp.coverage, 0.4)
+        assert hyp.score == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize("alpha,beta", [(0.0, 0.0), (0.6, 0.0), (1.5, 0.4), (0.0, 0.5)])
 def test_stopping_bound_is_an_upper_bound(alpha: float, beta: float,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """No finished hypothesis ever scores above the bound of any of its live ancestors."""
     fake = FakeTranslator(seed=3)
-    monkeypatch.setattr(RequestSearch, "_should_stop", lambda self: not self.live)
+    _no_early_stop(monkeypatch)
+    finished = _record_finished(monkeypatch)
+    bounds: dict[tuple[int, ...], float] = {}
+
+    def record(beams: Beams) -> None:
+        steps = beams.reqs.steps[beams.rows.request]
+        for tokens, n, bound in zip(beams.rows.tokens, steps, beams.bounds(), strict=True):
+            bounds[tuple(tokens[:n].tolist())] = float(bound)
+
+    opts = SearchOptions(beam_size=4, n_best=4, length_penalty=alpha, coverage_penalty=beta,
+                         max_length=12)
     for src in ([5, 6, 7], [9, 4, 11, 12], [20]):
-        opts = SearchOptions(beam_size=4, n_best=4, length_penalty=alpha, coverage_penalty=beta,
-                             max_length=12)
-        search = RequestSearch(opts, len(src), fake.limits)
-        bounds: dict[tuple[int, ...], float] = {}
-
-        def record(s: RequestSearch, bounds: dict[tuple[int, ...], float] = bounds) -> None:
-            for h in s.live:
-                bounds[h.token_ids] = s.best_possible(h)
-
-        everything: list[Hypothesis] = []
-        monkeypatch.setattr(search, "_finish", _keep_all(search, everything))
-        drive(fake, src, search, record)
-        assert everything
-        for hyp in everything:
+        finished.clear()
+        bounds.clear()
+        decode_with_beams(fake, [(src, opts)], record)
+        assert finished
+        for tokens, score in finished:
             for prefix, bound in bounds.items():
-                if hyp.token_ids[: len(prefix)] == prefix:
-                    assert hyp.score <= bound + 1e-12
-
-
-def _keep_all(search: RequestSearch, sink: list[Hypothesis]):  # type: ignore[no-untyped-def]
-    original = search._finish
-
-    def finish(hyp: Hypothesis, ended: bool = False) -> None:
-        original(hyp, ended)
-        sink.append(hyp)
-
-    return finish
+                if tokens[: len(prefix)] == prefix:
+                    assert score <= bound + 1e-12
 
 
 def test_early_stop_saves_steps_without_changing_results(
         monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTranslator(seed=1)
-    src = [5, 9, 13, 17]
-    opts = SearchOptions(beam_size=3, n_best=2, length_penalty=0.4, coverage_penalty=0.1,
-                         max_length=30)
-    early = RequestSearch(opts, len(src), fake.limits)
-    drive(fake, src, early)
-    monkeypatch.setattr(RequestSearch, "_should_stop", lambda self: not self.live)
-    full = RequestSearch(opts, len(src), fake.limits)
-    drive(fake, src, full)
-    assert early.steps < full.steps
-    assert [h.token_ids for h in early.results()] == [h.token_ids for h in full.results()]
-
-
-def test_banned_tokens_match_brute_force() -> None:
-    rng = np.random.default_rng(0)
-    for n in (1, 2, 3):
-        search = RequestSearch(SearchOptions(no_repeat_ngram_size=n), 3, DecodeLimits())
-        for _ in range(50):
-            toks = tuple(int(t) for t in rng.integers(4, 8, size=rng.integers(0, 10)))
-            brute = {t for t in range(4, 8)
-                     if _has_repeat(toks + (t,), n)}
-            assert search._banned(Hypothesis(toks, 0.0)) == brute
-
-
-def _has_repeat(toks: tuple[int, ...], n: int) -> bool:
-    grams = [toks[i : i + n] for i in range(len(toks) - n + 1)]
-    return len(grams) != len(set(grams)) and grams[-1] in grams[:-1]
+    job = ([5, 9, 13, 17], SearchOptions(beam_size=3, n_best=2, length_penalty=0.4,
+                                         coverage_penalty=0.1, max_length=30))
+    early, early_steps = decode_with_beams(fake, [job])
+    _no_early_stop(monkeypatch)
+    full, full_steps = decode_with_beams(fake, [job])
+    assert early_steps[0] < full_steps[0]
+    assert [h.token_ids for h in early[0]] == [h.token_ids for h in full[0]]
 
 
 def test_max_steps_takes_the_smallest_cap() -> None:
@@ -124,22 +115,27 @@ def test_max_steps_takes_the_smallest_cap() -> None:
 def test_min_length_and_max_length_hold() -> None:
     fake = FakeTranslator(eos_slope=3.0)  # EOS soon: min_length has to hold it back
     opts = SearchOptions(beam_size=2, n_best=2, min_length=5, max_length=9)
-    search = RequestSearch(opts, 3, fake.limits)
-    drive(fake, [5, 6, 7], search)
-    for hyp in search.results():
+    results, _ = decode_with_beams(fake, [([5, 6, 7], opts)])
+    for hyp in results[0]:
         body = hyp.token_ids[:-1] if hyp.ended else hyp.token_ids
         assert len(body) >= 5 and len(hyp.token_ids) <= 9
+
+
+def test_truncated_at_the_cap_without_eos() -> None:
+    fake = FakeTranslator(eos_slope=0.0)  # EOS never likely: everything reaches the cap
+    results, steps = decode_with_beams(fake, [([5, 6, 7], SearchOptions(beam_size=3, n_best=3,
+                                                                        max_length=4))])
+    assert steps == [4]
+    assert all(len(h.token_ids) == 4 and not h.ended for h in results[0])
 
 
 def test_tiny_top_p_sampling_is_greedy() -> None:
     fake = FakeTranslator()
     for src in ([5, 6], [9, 10, 11, 12]):
-        greedy = RequestSearch(SearchOptions(beam_size=1), len(src), fake.limits)
-        nucleus = RequestSearch(SearchOptions(beam_size=1, top_p=1e-9, seed=5), len(src),
-                                fake.limits)
-        drive(fake, src, greedy)
-        drive(fake, src, nucleus)
-        assert greedy.results()[0].token_ids == nucleus.results()[0].token_ids
+        greedy, _ = decode_with_beams(fake, [(src, SearchOptions(beam_size=1))])
+        nucleus, _ = decode_with_beams(fake, [(src, SearchOptions(beam_size=1, top_p=1e-9,
+                                                                   seed=5))])
+        assert greedy[0][0].token_ids == nucleus[0][0].token_ids
 
 
 def test_a_tiny_temperature_samples_greedily() -> None:
@@ -150,7 +146,17 @@ def test_a_tiny_temperature_samples_greedily() -> None:
     results = []
     for opts in (SearchOptions(beam_size=1, temperature=5e-324, seed=1, max_length=12),
                  SearchOptions(beam_size=1, max_length=12)):
-        search = RequestSearch(opts, len(src), fake.limits)
-        drive(fake, src, search)
-        results.append(search.results()[0].token_ids)
+        found, _ = decode_with_beams(fake, [(src, opts)])
+        results.append(found[0][0].token_ids)
     assert results[0] == results[1]
+
+
+def test_attention_rows_are_kept_per_hypothesis() -> None:
+    fake = FakeTranslator()
+    opts = SearchOptions(beam_size=3, n_best=2, return_attention=True)
+    results, _ = decode_with_beams(fake, [([5, 6, 7], opts), ([9, 10, 11, 12, 13], opts)])
+    for src_len, hyps in zip((3, 5), results, strict=True):
+        for hyp in hyps:
+            matrix = hyp.attention_matrix()
+            assert matrix is not None and matrix.shape == (len(hyp.token_ids), src_len)
+            np.testing.assert_allclose(matrix.sum(1), 1.0, rtol=1e-5)  # softmax rows

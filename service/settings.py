@@ -63,7 +63,12 @@ class Settings(BaseSettings):
     queue_size: int = Field(default=256, ge=1)
     """Most texts waiting per model; beyond it requests get 429."""
     request_timeout_s: float = Field(default=30.0, gt=0)
-    """Per-request deadline; passed -> 504."""
+    """Per-request deadline; passed -> 504. A request may ask for a shorter one with the
+    `X-Request-Timeout` header (seconds) or the OIP `timeout` parameter (microseconds)."""
+    max_queue_wait_s: float = Field(default=0.5, gt=0)
+    """Admission by expected wait: a request whose expected wait in its model's queue (from
+    the recently measured service rate) exceeds this, or its own deadline, gets 429 at once,
+    before it is tokenized, with Retry-After from the backlog."""
     drain_timeout_s: float = Field(default=20.0, ge=0)
     """On SIGTERM, how long admitted work may take before the process exits."""
     shutdown_delay_s: float = Field(default=5.0, ge=0)
@@ -158,7 +163,7 @@ class Settings(BaseSettings):
             batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
             max_live_hypotheses=self.max_live_hypotheses, decode_groups=self.decode_groups,
-            warmup=self.warmup)
+            max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup)
 
     def runtime_spec(self) -> RuntimeSpec:
         """The runtime every bundle is loaded with."""

@@ -21,6 +21,7 @@ from pydantic import (
 )
 from starlette.types import Receive, Scope
 
+from service.errors import BadRequest, QueueFull
 from service.state import AppState
 from service.workers.base import Call, text_pattern
 
@@ -116,11 +117,43 @@ async def _watch_disconnect(receive: Receive, call: Call) -> None:
             return
 
 
+TIMEOUT_HEADER = b"x-request-timeout"
+
+
+def request_timeout(state: AppState, scope: Scope, asked_s: float | None = None) -> float:
+    """Seconds this request may take: `request_timeout_s`, or less when the client asks
+    (the X-Request-Timeout header in seconds, or `asked_s` from the OIP `timeout`)."""
+    limit = state.settings.request_timeout_s
+    for key, value in scope["headers"]:
+        if key == TIMEOUT_HEADER:
+            try:
+                header = float(value)
+            except ValueError:
+                header = -1.0
+            if not 0 < header < float("inf"):
+                raise BadRequest("X-Request-Timeout must be a positive number of seconds")
+            limit = min(limit, header)
+    return limit if asked_s is None else min(limit, asked_s)
+
+
+def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
+    """429 before any work when the model's queue is already longer than this request may
+    wait (the engine's last report, or the in-process batcher's own estimate): the cheap
+    refusal; the model's own admission decides for the rest, with the request's size."""
+    wait = model.expected_wait()
+    budget = min(timeout_s, state.settings.max_queue_wait_s)
+    if wait is not None and wait > budget:
+        raise QueueFull(f"overloaded: expected queue wait {wait:.3f} s > {budget:.3f} s "
+                        "allowed", retry_after=max(state.settings.retry_after_s, wait))
+
+
 @contextlib.asynccontextmanager
-async def request_call(state: AppState, scope: Scope, receive: Receive) -> AsyncIterator[Call]:
+async def request_call(state: AppState, scope: Scope, receive: Receive,
+                       timeout_s: float | None = None) -> AsyncIterator[Call]:
     """A Call with the request deadline, recorded in the ASGI scope (Server-Timing and the
     request metrics read it) and counted in flight; watches for the client leaving."""
-    call = Call(deadline=time.monotonic() + state.settings.request_timeout_s)
+    seconds = request_timeout(state, scope) if timeout_s is None else timeout_s
+    call = Call(deadline=time.monotonic() + seconds)
     scope.setdefault("state", {})["call"] = call
     name = scope.get("path_params", {}).get("name", "")
     gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.classify import ClassifyRequest
-from service.api.common import describe_errors, request_call
+from service.api.common import describe_errors, request_call, request_timeout, shed_early
 from service.api.oip import codec, tasks
 from service.api.oip.routes import response_parts
 from service.api.tag import TagRequest
@@ -100,10 +100,12 @@ class FastPath:
         if verb == "infer":
             entry, worker = repo.ready(name, version)
             req, tail = codec.parse_request(body, _header(scope, codec.HEADER.encode()))
+            timeout = request_timeout(self.state, scope, codec.timeout_s(req))
+            shed_early(self.state, worker.ctx.model, timeout)
             inputs = codec.decode_inputs(req, tail)
             asked = codec.check_outputs(req, tasks.output_names(worker))
             parameters = codec.request_parameters(req)
-            async with request_call(self.state, scope, receive) as call:
+            async with request_call(self.state, scope, receive, timeout) as call:
                 outputs = await tasks.infer(worker, inputs, parameters, call)
             head, tail_bytes, media = response_parts(entry, req, outputs, asked)
             return 200, [(b"content-type", media.encode()), *head], tail_bytes
@@ -112,21 +114,25 @@ class FastPath:
 
     async def _v1(self, verb: str, name: str, version: str | None, body: bytes,
                   scope: Scope, receive: Receive) -> tuple[list[Any], int]:
-        repo = self.state.repository
+        repo, state = self.state.repository, self.state
+        timeout = request_timeout(state, scope)
         if verb == "classify":
             entry, clf = repo.worker(name, version, ClassifierWorker)
+            shed_early(state, clf.ctx.model, timeout)
             c = _validate(ClassifyRequest, body)
-            async with request_call(self.state, scope, receive) as call:
+            async with request_call(state, scope, receive, timeout) as call:
                 return await clf.classify(c.texts, c.top_k, c.return_attention, call), \
                     entry.version
         if verb == "translate":
             entry, mt = repo.worker(name, version, TranslatorWorker)
+            shed_early(state, mt.ctx.model, timeout)
             t = _validate(TranslateRequest, body)
-            async with request_call(self.state, scope, receive) as call:
+            async with request_call(state, scope, receive, timeout) as call:
                 return await mt.translate(t.texts, t.search_options(), call), entry.version
         entry, tagger = repo.worker(name, version, TaggerWorker)
+        shed_early(state, tagger.ctx.model, timeout)
         g = _validate(TagRequest, body)
-        async with request_call(self.state, scope, receive) as call:
+        async with request_call(state, scope, receive, timeout) as call:
             return await tagger.tag(g.texts, call), entry.version
 
 

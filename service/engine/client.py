@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,10 @@ from service.scheduling.decoding import Decoded
 log = logging.getLogger("seqserve.engine.client")
 
 
+WAIT_TTL_S = 0.5
+"""How long an engine's report of a model's queue wait stays usable for early shedding."""
+
+
 class EngineUnavailable(Exception):
     """The engine did not answer in time."""
 
@@ -38,6 +43,7 @@ class EngineUnavailable(Exception):
 class _Pending:
     futures: list[asyncio.Future[Any]]
     decoding: bool
+    model: tuple[str, int]
     done: bool = False
 
 
@@ -49,6 +55,8 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._state: asyncio.Future[p.State] | None = None
+        self._waits: dict[tuple[str, int], tuple[float, float]] = {}
+        """(model, version) -> (expected queue wait, time.monotonic() when reported)."""
         self._channel: Channel | None = None
 
     async def start(self) -> None:
@@ -76,13 +84,20 @@ class EngineClient:
                 return list(state.models)
         raise EngineUnavailable(f"the engine at {self.address} did not answer in {timeout} s")
 
+    def expected_wait(self, model: str, version: int) -> float | None:
+        """The engine's last report of the model's queue wait, if recent (< WAIT_TTL_S)."""
+        found = self._waits.get((model, version))
+        if found is None or time.monotonic() - found[1] > WAIT_TTL_S:
+            return None
+        return found[0]
+
     def submit(self, model: str, version: int, rows: Sequence[list[int]], deadline: float,
                options: SearchOptions | None = None) -> list[asyncio.Future[Any]]:
         """Send one request's rows; one future per row (Timed, or Decoded with options)."""
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in rows]
-        pending = _Pending(futures, options is not None)
+        pending = _Pending(futures, options is not None, (model, version))
         self._pending[rid] = pending
         for f in futures:
             f.add_done_callback(functools.partial(self._on_done, rid))
@@ -116,6 +131,8 @@ class EngineClient:
         pending = self._pending.pop(msg.id, None)
         if pending is None:
             return  # cancelled meanwhile
+        if msg.wait is not None:
+            self._waits[pending.model] = (msg.wait, time.monotonic())
         pending.done = True
         if isinstance(msg, p.Failure):
             _fail(pending, _error(msg))
@@ -161,6 +178,10 @@ class _RemoteModel:
     def describe(self) -> dict[str, Any]:
         return dict(self.state.describe)
 
+    def expected_wait(self) -> float | None:
+        """The engine's recent report of this model's queue wait (None: none recent)."""
+        return self.client.expected_wait(self.state.name, self.state.version)
+
     async def start(self) -> None:
         """Nothing to start here: the engine warmed the model up."""
 
@@ -180,6 +201,7 @@ class RemoteRowModel(_RemoteModel):
 class RemoteDecodeModel(_RemoteModel):
     """A translator in the engine (implements `scheduling.models.DecodeModel`)."""
 
-    def submit(self, sources: Sequence[list[int]],
-               options: SearchOptions) -> list[asyncio.Future[Decoded]]:
-        return self.client.submit(self.state.name, self.state.version, sources, 0.0, options)
+    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
+               deadline: float) -> list[asyncio.Future[Decoded]]:
+        return self.client.submit(self.state.name, self.state.version, sources, deadline,
+                                  options)

@@ -40,6 +40,8 @@ class EngineOptions:
     """Most rows (texts) waiting per model."""
     retry_after_s: float = 1.0
     """Retry-After of the engine's 429 and 503."""
+    max_queue_wait_s: float | None = None
+    """Admission by expected wait (None: the queue bounds only)."""
     max_tokens: int = 256
     """Longest text in tokens (capped by each bundle's own limit)."""
     max_live_hypotheses: int = 1024
@@ -55,11 +57,12 @@ class EngineOptions:
             max_batch_size=self.max_batch_size,
             max_batch_tokens=max(self.max_batch_tokens, max_tokens),
             max_wait_s=self.max_wait_s, queue_size=self.queue_size,
-            retry_after_s=self.retry_after_s, overhead_tokens=self.batch_overhead_tokens)
+            retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s,
+            overhead_tokens=self.batch_overhead_tokens)
         engine = EngineConfig(
             max_live_hypotheses=self.max_live_hypotheses, max_queue=self.queue_size,
             max_admit=self.max_batch_size, groups=self.decode_groups,
-            retry_after_s=self.retry_after_s)
+            retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s)
         return ModelConfig(batcher, engine, max_tokens, self.warmup)
 
     def to_json(self) -> str:

@@ -3,7 +3,9 @@
 API -> engine: `Hello` (which models, in what state), `Submit` (token rows of one request for
 one model; translators add their search options), `Cancel` (the client left or its deadline
 passed). Engine -> API: `State`, `Rows` (per-row result arrays and timings), `Decodes` (per
-source hypotheses), `Failure` (a `service.errors` class name, its message and Retry-After).
+source hypotheses), `Failure` (a `service.errors` class name, its message and Retry-After);
+each reply also carries the model's expected queue wait, which API processes use to shed
+load before they tokenize.
 
 Token ids travel as one int32 buffer plus lengths; result arrays as (dtype, shape, bytes).
 Deadlines are `time.monotonic()` values: one clock for every process on the machine.
@@ -65,6 +67,8 @@ class Rows(msgspec.Struct, tag="rows", array_like=True):
     """Per row, its result arrays (classifier: logits, attention; tagger: labels, probs)."""
     timings: list[tuple[float, float, int]]
     """Per row: queue seconds, compute seconds, batch size."""
+    wait: float | None = None
+    """The model's expected queue wait as the reply left (for early shedding upstream)."""
 
 
 class Hyp(msgspec.Struct, array_like=True):
@@ -85,6 +89,7 @@ class Decode(msgspec.Struct, array_like=True):
 class Decodes(msgspec.Struct, tag="decodes", array_like=True):
     id: int
     results: list[Decode]
+    wait: float | None = None
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):
@@ -93,6 +98,7 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
     """Class name of the `service.errors.ServiceError` to raise (else InferenceFailed)."""
     message: str
     retry_after: float | None = None
+    wait: float | None = None
 
 
 ToEngine = Hello | Submit | Cancel

@@ -121,12 +121,14 @@ class EngineServer:
         try:
             futures = self._futures(msg)
         except ServiceError as exc:
-            self._send(identity, _failure(msg.id, exc))
+            model = self.models.get((msg.model, msg.version))
+            self._send(identity, _failure(msg.id, exc, model.expected_wait() if model else None))
             return
         gathered = asyncio.gather(*futures)
         key = (identity, msg.id)
         self.inflight[key] = gathered
-        gathered.add_done_callback(lambda g: self._done(key, g, msg.options is not None))
+        model = self.models[msg.model, msg.version]
+        gathered.add_done_callback(lambda g: self._done(key, g, msg.options is not None, model))
 
     def _futures(self, msg: p.Submit) -> list[asyncio.Future[Any]]:
         if self.closing:
@@ -138,37 +140,39 @@ class EngineServer:
         rows = p.unpack_rows(msg.lengths, msg.ids)
         if isinstance(model, DecodedModel):
             options = SearchOptions(**(msg.options or {}))
-            return list(model.submit(rows, options))
+            return list(model.submit(rows, options, msg.deadline))
         return list(model.submit(rows, msg.deadline))
 
-    def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool) -> None:
+    def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool,
+              model: ServedModel) -> None:
         if self.inflight.pop(key, None) is None or gathered.cancelled():
             return  # cancelled by its API process: nobody waits for an answer
         identity, rid = key
+        wait = model.expected_wait()
         exc = gathered.exception()
         if exc is not None:
-            self._send(identity, _failure(rid, exc))
+            self._send(identity, _failure(rid, exc, wait))
         elif decoding:
-            self._send(identity, p.Decodes(rid, [_decode(d) for d in gathered.result()]))
+            self._send(identity, p.Decodes(rid, [_decode(d) for d in gathered.result()], wait))
         else:
-            self._send(identity, _rows(rid, gathered.result()))
+            self._send(identity, _rows(rid, gathered.result(), wait))
 
     def _send(self, identity: bytes, msg: p.ToApi) -> None:
         if self.channel is not None and not self.channel.socket.closed:
             self.channel.send([identity, p.encoder.encode(msg)])
 
 
-def _failure(rid: int, exc: BaseException) -> p.Failure:
+def _failure(rid: int, exc: BaseException, wait: float | None) -> p.Failure:
     if isinstance(exc, ServiceError):
-        return p.Failure(rid, type(exc).__name__, exc.message, exc.retry_after)
+        return p.Failure(rid, type(exc).__name__, exc.message, exc.retry_after, wait)
     log.error("request %d failed: %s: %s", rid, type(exc).__name__, exc)
-    return p.Failure(rid, "InferenceFailed", f"inference failed: {exc}")
+    return p.Failure(rid, "InferenceFailed", f"inference failed: {exc}", None, wait)
 
 
-def _rows(rid: int, done: list[Timed[Any]]) -> p.Rows:
+def _rows(rid: int, done: list[Timed[Any]], wait: float | None) -> p.Rows:
     results = [[p.to_array(a) for a in t.value] for t in done]
     timings = [(t.timing.queue_s, t.timing.compute_s, t.timing.batch_size) for t in done]
-    return p.Rows(rid, results, timings)
+    return p.Rows(rid, results, timings, wait)
 
 
 def _decode(d: Decoded) -> p.Decode:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -76,3 +77,51 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np
     for i, r in enumerate(rows):
         ids[i, : len(r)] = r
     return ids, lengths
+
+
+PROBE_AFTER_S = 1.0
+"""An idle model whose cost was last measured longer ago than this admits the next request
+whatever the estimate says, to measure again."""
+
+
+@dataclass
+class CostEstimate:
+    """Seconds of compute per unit of work (a token, a request), from recent batches: an
+    exponential average of each batch's seconds / units. Unknown (None) until measured."""
+
+    alpha: float = 0.2
+    """Weight of the newest batch."""
+    per_unit: float | None = None
+    observed_at: float = 0.0
+    """time.monotonic() of the last measurement."""
+
+    def stale(self, after_s: float = PROBE_AFTER_S) -> bool:
+        """No measurement for `after_s`: an idle model should let a request through to
+        measure again (a slow spell must not refuse every request forever)."""
+        return time.monotonic() - self.observed_at > after_s
+
+    def observe(self, units: int, seconds: float) -> None:
+        if units <= 0 or seconds <= 0:
+            return
+        self.observed_at = time.monotonic()
+        value = seconds / units
+        self.per_unit = value if self.per_unit is None else (
+            self.alpha * value + (1 - self.alpha) * self.per_unit)
+
+    def seconds(self, units: float, parallel: int = 1) -> float | None:
+        """Expected seconds to work through `units` on `parallel` workers (None: unknown)."""
+        return None if self.per_unit is None else units * self.per_unit / max(parallel, 1)
+
+
+def admission_refusal(wait: float | None, service: float | None, deadline: float,
+                      max_wait_s: float | None, now: float) -> str | None:
+    """Why a request should be refused now, or None: its expected queue wait is over the
+    server's bound, or its wait plus its own expected compute would pass its deadline."""
+    wait = wait or 0.0
+    if max_wait_s is not None and wait > max_wait_s:
+        return f"expected queue wait {wait:.3f} s > {max_wait_s:.3f} s allowed"
+    total = wait + (service or 0.0)
+    if (wait or service) and total > deadline - now:
+        return (f"expected queue wait {wait:.3f} s + compute {service or 0.0:.3f} s > the "
+                f"request's {max(deadline - now, 0.0):.3f} s left")
+    return None

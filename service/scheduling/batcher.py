@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
-from service.scheduling.base import NullObserver, Observer, Timed, Timing
+from service.scheduling.base import (
+    CostEstimate,
+    NullObserver,
+    Observer,
+    Timed,
+    Timing,
+    admission_refusal,
+)
 
 log = logging.getLogger("seqserve.batcher")
 
@@ -58,6 +65,10 @@ class BatcherConfig:
     """Most rows waiting; a submit that would exceed it raises QueueFull."""
     retry_after_s: float = 1.0
     """Retry-After of QueueFull / ShuttingDown."""
+    max_queue_wait_s: float | None = None
+    """Admission by expected wait: rows whose expected queue wait (the tokens ahead of them
+    at the recently measured seconds per token) exceeds this, or their deadline, are refused
+    at once (QueueFull, Retry-After = the backlog's drain time); None: the depth bound only."""
     overhead_tokens: float = 64.0
     """Fixed cost of starting one batch, in padded-token units: how much padding length
     grouping accepts to run fewer, larger batches (0: only equal lengths share a batch)."""
@@ -92,6 +103,9 @@ class Batcher(Generic[P, R]):
         self._freed = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
         self._executor = ThreadPoolExecutor(len(self.computes), thread_name_prefix=f"batch-{name}")
+        self._queued_tokens = 0  # tokens of the rows counted in _live
+        self.cost = CostEstimate()
+        """Seconds of compute per token, from recent batches (warm-up included)."""
         self.max_depth_seen = 0
         """Highest queue depth ever observed (tests check the bound)."""
         self.batches_run = 0
@@ -101,6 +115,10 @@ class Batcher(Generic[P, R]):
     def depth(self) -> int:
         """Rows waiting for a batch (cancelled rows excluded)."""
         return self._live
+
+    def expected_wait(self, tokens: int = 0) -> float | None:
+        """Seconds rows of `tokens` more would wait before computing (None: not measured)."""
+        return self.cost.seconds(self._queued_tokens + tokens, len(self.computes))
 
     def start(self) -> None:
         """Start the loop task on the running event loop."""
@@ -119,6 +137,7 @@ class Batcher(Generic[P, R]):
                 f"{self.config.queue_size} waiting)",
                 retry_after=self.config.retry_after_s,
             )
+        self._admit_by_wait(sum(max(int(n), 1) for _, n in rows), deadline)
         loop = asyncio.get_running_loop()
         futures = []
         for payload, length in rows:
@@ -126,10 +145,23 @@ class Batcher(Generic[P, R]):
             row.future.add_done_callback(functools.partial(self._on_done, row))
             self._pending.append(row)
             futures.append(row.future)
+            self._queued_tokens += row.length
         self._live += len(rows)
         self._depth_changed()
         self._wake.set()
         return futures
+
+    def _admit_by_wait(self, tokens: int, deadline: float) -> None:
+        """QueueFull when rows of `tokens` would wait too long, or miss their deadline."""
+        idle = not self._live and not self._running
+        if idle and self.cost.stale():
+            return  # a probe: measure again before refusing on an old estimate
+        wait = self.expected_wait()
+        why = admission_refusal(wait, self.cost.seconds(tokens), deadline,
+                                self.config.max_queue_wait_s, time.monotonic())
+        if why is not None:
+            raise QueueFull(f"model {self.name!r} cannot take it in time: {why}",
+                            retry_after=max(self.config.retry_after_s, wait or 0.0))
 
     async def close(self, timeout: float) -> bool:
         """Refuse new rows, finish the queued ones within `timeout`; True when all finished."""
@@ -254,6 +286,7 @@ class Batcher(Generic[P, R]):
                     row.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
             return
         compute_s = time.monotonic() - start
+        self.cost.observe(sum(lengths), compute_s)
         for row, result in zip(batch, results, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch))
@@ -263,6 +296,7 @@ class Batcher(Generic[P, R]):
         if row.queued:
             row.queued = False
             self._live -= 1
+            self._queued_tokens -= row.length
 
     def _on_done(self, row: _Row[P, R], _: object) -> None:
         if row.queued and row.future.cancelled():

@@ -105,15 +105,15 @@ class DecodingEngine:
 
     # -- submission -----------------------------------------------------------------------
 
-    def submit(self, sources: Sequence[list[int]],
-               options: SearchOptions) -> list[asyncio.Future[Decoded]]:
+    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
+               deadline: float | None = None) -> list[asyncio.Future[Decoded]]:
         """Queue each source (token ids, non-empty) for decoding; one future per source.
 
         All or none: raises QueueFull when the queue cannot take every source, ShuttingDown
         while draining. Options are trusted (the HTTP schema checked them). Cancelling a
         future frees that source's rows at the next step.
         """
-        requests = self.core.add(sources, options)
+        requests = self.core.add(sources, options, deadline)
         loop = asyncio.get_running_loop()
         futures = []
         for r in requests:

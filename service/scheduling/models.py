@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,14 +50,18 @@ class RowModel(Protocol):
     def submit(self, rows: Sequence[list[int]],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]: ...
 
+    def expected_wait(self) -> float | None: ...
+
     def describe(self) -> dict[str, Any]: ...
 
 
 class DecodeModel(Protocol):
     """What a translator worker needs of its model (in this process or another)."""
 
-    def submit(self, sources: Sequence[list[int]],
-               options: SearchOptions) -> list[asyncio.Future[Decoded]]: ...
+    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
+               deadline: float) -> list[asyncio.Future[Decoded]]: ...
+
+    def expected_wait(self) -> float | None: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -128,7 +133,10 @@ class BatchedModel:
             for length in length_buckets(self.config.max_tokens):
                 rows = max(1, min(cfg.max_batch_size, cfg.max_batch_tokens // length))
                 for n in sorted({1, rows}):
+                    start = time.perf_counter()
                     compute([[self.unk_id] * length] * n)
+                    if n > 1:  # full batches: what a queue's rows will see
+                        self.batcher.cost.observe(n * length, time.perf_counter() - start)
 
     async def stop(self, timeout: float) -> bool:
         return await self.batcher.close(timeout)
@@ -142,6 +150,10 @@ class BatchedModel:
                deadline: float) -> list[asyncio.Future[Timed[Any]]]:
         """Queue token rows (all or none); one future per row."""
         return self.batcher.submit([(r, len(r)) for r in rows], deadline)
+
+    def expected_wait(self) -> float | None:
+        """Seconds a request would wait for compute now (None: not measured yet)."""
+        return self.batcher.expected_wait()
 
 
 class DecodedModel:
@@ -180,10 +192,14 @@ class DecodedModel:
                            "max_live_hypotheses": cfg.max_live_hypotheses,
                            "queue_size": cfg.max_queue}}
 
-    def submit(self, sources: Sequence[list[int]],
-               options: SearchOptions) -> list[asyncio.Future[Decoded]]:
+    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
+               deadline: float) -> list[asyncio.Future[Decoded]]:
         """Queue sources for decoding (all or none); one future per source."""
-        return self.engine.submit(sources, options)
+        return self.engine.submit(sources, options, deadline)
+
+    def expected_wait(self) -> float | None:
+        """Seconds a source would wait for admission now (None: not measured yet)."""
+        return self.engine.core.expected_wait()
 
 
 ServedModel = BatchedModel | DecodedModel

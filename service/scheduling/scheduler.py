@@ -34,7 +34,7 @@ import numpy as np
 
 from service.errors import InferenceFailed, QueueFull, ShuttingDown
 from service.runtimes.base import Runtime
-from service.scheduling.base import NullObserver, Observer
+from service.scheduling.base import CostEstimate, NullObserver, Observer, admission_refusal
 from service.scheduling.beam import DecodeLimits, Hypothesis, SearchOptions
 from service.scheduling.group import DecodeGroup
 from service.scheduling.work import (
@@ -86,6 +86,11 @@ class EngineCore:
         self.table: dict[int, Request] = {}
         self._ids = itertools.count()
         self._epoch = 0  # bumped by a reset: work scheduled before it is stale
+        self.admit_cost = CostEstimate()
+        """Seconds per admitted request while others waited: the admission rate."""
+        self.decode_cost = CostEstimate()
+        """Seconds from admission to answer per request (warm-up included)."""
+        self._backlog_since: float | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -100,15 +105,19 @@ class EngineCore:
 
     # -- requests in ----------------------------------------------------------------------
 
-    def add(self, sources: Sequence[list[int]], options: SearchOptions) -> list[Request]:
+    def add(self, sources: Sequence[list[int]], options: SearchOptions,
+            deadline: float | None = None) -> list[Request]:
         """Queue sources (all or none): ShuttingDown while closing, QueueFull when the queue
-        cannot take them all."""
+        cannot take them all or they would wait past their budget (`deadline`, a
+        time.monotonic() value, capped by `max_queue_wait_s`)."""
         cfg = self.config
         if self.closing:
             raise ShuttingDown("the translator is shutting down", retry_after=cfg.retry_after_s)
         if self._waiting + len(sources) > cfg.max_queue:
             raise QueueFull(f"translator queue full ({self._waiting} of {cfg.max_queue} "
                             "waiting)", retry_after=cfg.retry_after_s)
+        if deadline is not None:
+            self._admit_by_wait(len(sources), deadline)
         now = self.clock()
         requests = [Request(next(self._ids), list(src), options, now) for src in sources]
         for r in requests:
@@ -116,6 +125,20 @@ class EngineCore:
         self._queue.extend(requests)
         self._waiting += len(requests)
         return requests
+
+    def expected_wait(self, sources: int = 0) -> float | None:
+        """Seconds `sources` more would wait for admission (None: not measured yet)."""
+        return self.admit_cost.seconds(self._waiting + sources)
+
+    def _admit_by_wait(self, sources: int, deadline: float) -> None:
+        if not self.table and self.decode_cost.stale():
+            return  # idle on an old estimate: a probe, to measure again
+        wait = self.expected_wait()
+        why = admission_refusal(wait, self.decode_cost.per_unit, deadline,
+                                self.config.max_queue_wait_s, time.monotonic())
+        if why is not None:
+            raise QueueFull(f"translator cannot take it in time: {why}",
+                            retry_after=max(self.config.retry_after_s, wait or 0.0))
 
     def cancel(self, rid: int) -> None:
         """The caller gave up on a request: it leaves now, or at its group's next update."""
@@ -259,7 +282,15 @@ class EngineCore:
             head.status, head.admitted = Status.ENCODING, now
             admitted.append(self._queue.popleft())
         self._waiting -= len(admitted)
+        self._note_admission(len(admitted), now)
         return admitted
+
+    def _note_admission(self, count: int, now: float) -> None:
+        """Learn the admission rate from admissions made while others were waiting (an idle
+        engine's pace says nothing about its capacity)."""
+        if count and self._backlog_since is not None:
+            self.admit_cost.observe(count, now - self._backlog_since)
+        self._backlog_since = now if self._waiting else None
 
     # -- update's parts -------------------------------------------------------------------
 
@@ -315,6 +346,7 @@ class EngineCore:
         tokens = len(best.token_ids) - int(best.ended) if best else 0  # EOS not counted
         self.stats.generated_tokens += tokens
         self.observer.on_finish(tokens, now - r.admitted)
+        self.decode_cost.observe(1, now - r.admitted)
         return Outcome(r, Decoded(hyps, r.admitted - r.submitted, now - r.admitted, steps))
 
     def _fail(self, r: Request, exc: Exception) -> Outcome:

@@ -40,6 +40,10 @@ class EngineConfig:
     pad_id: int = 0
     """Padding id of source batches."""
     retry_after_s: float = 1.0
+    max_queue_wait_s: float | None = None
+    """Admission by expected wait: sources whose expected wait for admission (the sources
+    ahead of them at the recently measured admission rate) exceeds this, or their deadline,
+    are refused at once (QueueFull); None: the queue bound only."""
     """Retry-After of QueueFull and ShuttingDown (the server passes its setting)."""
 
     def __post_init__(self) -> None:

@@ -194,6 +194,7 @@ class ModelWorker(Protocol):
     """A served model version: its task's methods plus a description."""
 
     task: ClassVar[str]
+    ctx: WorkerContext[Any]
 
     def describe(self) -> dict[str, Any]:
         """Task-specific facts for GET /v1/models/{name} (labels, limits, runtime)."""

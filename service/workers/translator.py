@@ -27,7 +27,7 @@ class TranslatorWorker:
         self.check_options(options)
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
                                offsets=options.return_attention)
-        futures = self.ctx.model.submit([e.ids for e in encoded], options)
+        futures = self.ctx.model.submit([e.ids for e in encoded], options, call.deadline)
         decoded: list[Decoded] = await call.wait(futures)
         return [self._translation(e, d.hypotheses, options.return_attention)
                 for e, d in zip(encoded, decoded, strict=True)]

@@ -92,9 +92,9 @@ def copy_repo(src: Path, dst: Path) -> Path:
 
 
 def settings(repo: Path, **overrides: Any) -> Settings:
-    """Test settings: one runtime thread, no warm-up."""
-    return Settings(repo=repo, intra_op_threads=1, inter_op_threads=1, warmup=False,
-                    **overrides)
+    """Test settings: one runtime thread, no warm-up (unless overridden)."""
+    return Settings(**{"repo": repo, "intra_op_threads": 1, "inter_op_threads": 1,
+                       "warmup": False, **overrides})
 
 
 @contextlib.asynccontextmanager

@@ -32,8 +32,10 @@ def _st() -> str:
 
 
 def test_schemathesis_finds_no_failure(tiny_full_repo: Path, tmp_path: Path) -> None:
+    # warm-up on, as served: it measures the models' costs, which admission needs to refuse
+    # (429) a deadline too short to meet instead of missing it (504)
     app = create_app(settings(tiny_full_repo, max_texts=4, max_chars=200, truncate=True,
-                              api_key=KEY))
+                              warmup=True, api_key=KEY))
     seed = os.environ.get("SEQSERVE_SCHEMATHESIS_SEED", "20261130")
     examples = os.environ.get("SEQSERVE_SCHEMATHESIS_EXAMPLES", "12")
     report = tmp_path / "report.json"

@@ -63,7 +63,11 @@ def test_deadline_passed_gives_504(tiny_repo: Path) -> None:
             assert "deadline" in r.json()["error"]
         runtime.delay_s = 0.0
         time.sleep(0.5)  # let the batch in compute finish
-        ok = httpx.post(base + URL, json={"texts": ["one"]}, timeout=10)
+        for _ in range(50):  # 429 while the slow spell is fresh (0.4 s a row > 0.2 s), then
+            ok = httpx.post(base + URL, json={"texts": ["one"]}, timeout=10)  # a probe
+            if ok.status_code != 429:
+                break
+            time.sleep(0.1)
         assert ok.status_code == 200
     assert len(runtime.calls) <= 2 + 1  # rows queued behind the slow batch were dropped
 
@@ -104,3 +108,29 @@ def test_client_disconnect_leaves_no_queued_work(tiny_repo: Path) -> None:
         text = httpx.get(base + "/metrics").text
     assert 'seqserve_queue_depth{model="tiny-clf"} 0.0' in text
     assert 'seqserve_requests_total{endpoint="classify",model="tiny-clf",status="499"}' in text
+
+
+def test_admission_by_expected_wait_and_request_deadlines(tiny_repo: Path) -> None:
+    """Once a batch's cost is measured, requests that would wait past max_queue_wait_s, or
+    whose own deadline (X-Request-Timeout, OIP `timeout`) is shorter than their expected wait
+    plus compute, get 429 + Retry-After at once; a malformed deadline is a 400."""
+    runtime = FakeRuntime(delay_s=0.1)
+    app = _app(tiny_repo, runtime, max_batch_size=1, max_wait_ms=0, queue_size=64,
+               max_queue_wait_s=0.25)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        assert c.post(URL, json={"texts": ["one"]}).status_code == 200  # measures 0.1 s/row
+        short = c.post(URL, json={"texts": ["one"]}, headers={"X-Request-Timeout": "0.05"})
+        assert short.status_code == 429 and short.headers["retry-after"]
+        assert "left" in short.json()["error"]
+        bad = c.post(URL, json={"texts": ["one"]}, headers={"X-Request-Timeout": "soon"})
+        assert bad.status_code == 400 and "X-Request-Timeout" in bad.json()["error"]
+        oip = c.post(f"/v2/models/{MODEL}/infer", json={
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["one"]}],
+            "parameters": {"timeout": 1000}})  # microseconds: 1 ms
+        assert oip.status_code == 429
+        rs = asyncio.run(_fire(base, [{"texts": ["one two"]}] * 12))  # 1.2 s of work at once
+    codes = [r.status_code for r in rs if isinstance(r, httpx.Response)]
+    assert len(codes) == 12 and set(codes) <= {200, 429}
+    assert 2 <= codes.count(200) <= 6  # about max_queue_wait_s / 0.1 s admitted
+    refused = [r for r in rs if isinstance(r, httpx.Response) and r.status_code == 429]
+    assert all(r.headers["retry-after"] for r in refused)

@@ -89,7 +89,8 @@ def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path) -> None:
     total = 300
     body = json.dumps({"texts": ["one two three"] * 4}).encode()
     with serve(tiny_repo, "--api-workers", "2", "--max-batch-size", "1",
-               "--queue-size", "2048", "--shutdown-delay-s", "0.5") as server:
+               "--queue-size", "2048", "--shutdown-delay-s", "0.5",
+               "--max-queue-wait-s", "60") as server:  # drain, not admission, here
         conns = [RawConnection(server.url) for _ in range(total)]
         try:
             for conn in conns:  # each connection accepted and answered once

@@ -151,6 +151,16 @@ def request_parameters(request: V2InferRequest) -> dict[str, Any]:
     return {k: v for k, v in given.items() if k not in PROTOCOL_PARAMETERS}
 
 
+def timeout_s(request: V2InferRequest) -> float | None:
+    """The request's own deadline (the `timeout` parameter, microseconds) in seconds."""
+    value = (request.parameters or {}).get("timeout")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
+        raise BadRequest("parameters.timeout must be a whole number of microseconds >= 1")
+    return float(value) / 1e6
+
+
 def check_outputs(request: V2InferRequest, produced: list[str]) -> list[str]:
     """The names of the requested outputs (empty: all); 400 for an output this model does not
     produce or an extension this server does not implement."""

@@ -49,8 +49,9 @@ class ProtocolParameters(BaseModel):
     """Accepted and ignored."""
     headers: dict[str, StrictStr] | None = None
     """Accepted and ignored."""
-    timeout: WholeInt | None = Field(None, ge=0)
-    """Accepted and ignored (microseconds)."""
+    timeout: WholeInt | None = Field(None, ge=1)
+    """The request's deadline in microseconds (Triton's unit): at most the server's
+    `request_timeout_s`; admission refuses it (429) when its model's queue is longer."""
 
 
 class V2InferRequest(BaseModel):

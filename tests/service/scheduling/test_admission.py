@@ -1,0 +1,91 @@
+"""Admission by expected wait: the batcher and the decoding core refuse (QueueFull, with a
+Retry-After from the backlog) what would wait past the server's bound or the request's own
+deadline, from costs they measured; an idle model with an old estimate lets a probe in."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from fake_translator import FakeTranslator
+from service_fakes import make_batcher
+
+from service.errors import QueueFull
+from service.scheduling.base import CostEstimate, admission_refusal
+from service.scheduling.beam import SearchOptions
+from service.scheduling.scheduler import EngineCore
+from service.scheduling.work import EngineConfig
+
+
+def test_refusal_rules() -> None:
+    now = 100.0
+    assert admission_refusal(None, None, now + 0.001, 0.5, now) is None  # nothing measured
+    assert admission_refusal(0.2, 0.01, now + 1, 0.5, now) is None
+    assert "queue wait" in (admission_refusal(0.6, 0.01, now + 10, 0.5, now) or "")
+    assert "left" in (admission_refusal(0.1, 0.2, now + 0.25, 0.5, now) or "")
+
+
+def test_cost_estimate_follows_recent_batches() -> None:
+    cost = CostEstimate(alpha=0.5)
+    assert cost.seconds(100) is None and cost.stale()
+    cost.observe(100, 1.0)
+    cost.observe(100, 3.0)
+    assert cost.per_unit == pytest.approx(0.02)
+    assert cost.seconds(50, parallel=2) == pytest.approx(0.5) and not cost.stale()
+
+
+def test_batcher_refuses_what_would_wait_too_long() -> None:
+    async def scenario() -> None:
+        b = make_batcher(lambda rows: (time.sleep(0.05), list(rows))[1], max_batch_size=1,
+                         queue_size=1000, max_wait_s=0.0, max_queue_wait_s=0.15)
+        b.cost.observe(10, 0.05)  # 5 ms a token, as if measured by the warm-up
+        b.start()
+        far = time.monotonic() + 60
+        admitted = b.submit([(i, 10) for i in range(2)], far)  # 2 x 50 ms = 0.1 s of work
+        with pytest.raises(QueueFull, match="left"):  # its own deadline is shorter
+            b.submit([(98, 10)], time.monotonic() + 0.12)
+        admitted += b.submit([(i, 10) for i in range(2)], far)  # 0.2 s of work ahead
+        with pytest.raises(QueueFull, match="expected queue wait") as refused:
+            b.submit([(99, 10)] * 2, far)
+        assert refused.value.retry_after is not None and refused.value.retry_after >= 0.15
+        await asyncio.gather(*admitted)
+        await b.close(5)
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_batcher_with_an_old_estimate_lets_a_probe_in() -> None:
+    async def scenario() -> None:
+        b = make_batcher(max_wait_s=0.0, max_queue_wait_s=0.1)
+        b.cost.observe(1, 10.0)  # a slow spell: 10 s a token...
+        b.cost.observed_at -= 5  # ...measured 5 s ago
+        b.start()
+        done = await asyncio.gather(*b.submit([(1, 1)], time.monotonic() + 1))
+        assert done[0].value == 1 and b.cost.per_unit is not None and b.cost.per_unit < 10
+        await b.close(5)
+
+    asyncio.run(scenario())
+
+
+def test_decoding_core_refuses_by_admission_rate_and_decode_time() -> None:
+    fake = FakeTranslator()
+    core = EngineCore(fake, fake.limits, EngineConfig(max_live_hypotheses=16, max_admit=1,
+                                                      max_queue=100, max_queue_wait_s=0.5))
+    opts = SearchOptions(beam_size=4)
+    core.admit_cost.observe(1, 0.2)  # one admission per 0.2 s while others waited
+    core.decode_cost.observe(1, 0.05)
+    far = time.monotonic() + 60
+    core.add([[5, 6]], opts, far)  # 1 waiting: 0.2 s ahead, + 0.05 s to decode
+    with pytest.raises(QueueFull, match="left"):
+        core.add([[7, 8]], opts, time.monotonic() + 0.1)
+    core.add([[5, 6]] * 2, opts, far)  # 3 waiting: 0.6 s ahead of the next
+    with pytest.raises(QueueFull, match="expected queue wait") as refused:
+        core.add([[7, 8]], opts, far)
+    assert refused.value.retry_after is not None and refused.value.retry_after >= 0.5
+    outcomes = []
+    for _ in range(200):  # the queued ones are still answered
+        outcomes += core.step()
+        if not core.has_work():
+            break
+    assert len(outcomes) == 3

@@ -131,6 +131,6 @@ def test_admission_by_expected_wait_and_request_deadlines(tiny_repo: Path) -> No
         rs = asyncio.run(_fire(base, [{"texts": ["one two"]}] * 12))  # 1.2 s of work at once
     codes = [r.status_code for r in rs if isinstance(r, httpx.Response)]
     assert len(codes) == 12 and set(codes) <= {200, 429}
-    assert 2 <= codes.count(200) <= 6  # about max_queue_wait_s / 0.1 s admitted
+    assert codes.count(200) >= 1 and codes.count(429) >= 6  # a few admitted, most refused
     refused = [r for r in rs if isinstance(r, httpx.Response) and r.status_code == 429]
     assert all(r.headers["retry-after"] for r in refused)

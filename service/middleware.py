@@ -6,6 +6,9 @@
   handler can still see `http.disconnect`);
 - answers 503 + Retry-After to new work while the server drains, and closes every
   connection after its answer then (`Connection: close`: no client reuses it);
+- answers 429 + Retry-After at once to new inference work while this process already holds
+  `max_in_flight` requests (the engine's admission cannot see a backlog that waits for the
+  API process's own CPU);
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
 - counts requests and observes durations into the app's metrics.
 """
@@ -23,6 +26,8 @@ if TYPE_CHECKING:
     from service.state import AppState
 
 OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
+INFERENCE = ("/v1/models/", "/v2/models/")
+"""Paths whose POSTs are inference work (refused first under overload)."""
 
 
 async def send_error(send: Send, status: int, message: str, headers: dict[str, str]) -> None:
@@ -53,6 +58,8 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
+        self.admitted = 0
+        """Inference requests this process is working on (admitted, not yet answered)."""
         self._series: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,9 +87,20 @@ class ServingMiddleware:
                 await send_error(send_timed, 413, f"request body exceeds max_body_bytes ({limit})",
                                  {})
                 return
+            inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
+            if inference and self.admitted >= self.state.settings.max_in_flight:
+                limit, retry = self.state.settings.max_in_flight, self.state.settings.retry_after_s
+                await send_error(send_timed, 429, "server overloaded: this process already "
+                                 f"works on max_in_flight ({limit}) requests",
+                                 {"retry-after": str(retry)})
+                return
             if scope["method"] == "POST":
                 _json_by_default(scope)
-            await self.app(scope, _replay(body, receive), send_timed)
+            self.admitted += inference
+            try:
+                await self.app(scope, _replay(body, receive), send_timed)
+            finally:
+                self.admitted -= inference
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)
                 self._observe(scope, status["code"], time.monotonic() - start)

@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     """On SIGTERM, first say not ready and keep answering for this long (new work: 503 with
     Connection: close) while load balancers take the instance out, then stop listening and
     drain. 5 s: Kubernetes endpoint removal (deploy/ sets no preStop sleep: this is it)."""
+    max_in_flight: int = Field(default=1024, ge=1)
+    """Inference requests one API process works on at once; beyond it new ones get 429 at
+    once. A safety valve against a backlog inside a saturated API process (which the engine's
+    admission cannot see), not a latency control: measured here, a 429 costs the API process
+    more than half of what a served request costs, so a low bound under clients that retry
+    at once spends the CPU on refusals (docs/performance.md, "Overload")."""
     header_timeout_s: float = Field(default=10.0, gt=0)
     """A connection must send complete request headers this soon after opening (or after
     its request's first byte), else 408 and closed (slowloris, idle sockets)."""

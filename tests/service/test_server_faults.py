@@ -134,3 +134,17 @@ def test_admission_by_expected_wait_and_request_deadlines(tiny_repo: Path) -> No
     assert codes.count(200) >= 1 and codes.count(429) >= 6  # a few admitted, most refused
     refused = [r for r in rs if isinstance(r, httpx.Response) and r.status_code == 429]
     assert all(r.headers["retry-after"] for r in refused)
+
+
+def test_an_api_process_refuses_beyond_max_in_flight(tiny_repo: Path) -> None:
+    runtime = FakeRuntime(delay_s=0.3)
+    app = _app(tiny_repo, runtime, max_batch_size=8, max_wait_ms=50, max_in_flight=2,
+               max_queue_wait_s=30)
+    with serve_in_thread(app) as base:
+        rs = asyncio.run(_fire(base, [{"texts": ["one"]}] * 6))
+        health = httpx.get(f"{base}/v2/health/ready", timeout=10)  # not inference: open
+    codes = sorted(r.status_code for r in rs if isinstance(r, httpx.Response))
+    assert codes.count(200) >= 2 and codes.count(429) >= 1 and set(codes) <= {200, 429}
+    refused = next(r for r in rs if isinstance(r, httpx.Response) and r.status_code == 429)
+    assert "max_in_flight" in refused.json()["error"] and refused.headers["retry-after"]
+    assert health.status_code == 200

@@ -6,7 +6,9 @@
 #
 # Needs: model_repository/ with the demo bundles (make run), data/langid and
 # data/numbers-en-fr test splits, python3 with torch (CUDA), numpy, sentencepiece,
-# onnxruntime, prometheus-client, fastapi, uvicorn, pydantic-settings, httpx.
+# onnxruntime, prometheus-client, fastapi, uvicorn, pydantic-settings, httpx, pyzmq, msgspec.
+# The server runs as users run it: a supervisor, API processes and one engine process
+# (--api-workers/--instances auto: chosen for the machine and printed in serve.log).
 #   bash deploy/gpu-check.sh [OUT_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,11 +35,12 @@ for _ in $(seq 1 300); do
         2>/dev/null && break
     sleep 1
 done
-for spec in "langid classify data/langid/test.jsonl" \
-            "numbers-en-fr translate data/numbers-en-fr/test.jsonl"; do
+for spec in "langid classify data/langid/test.jsonl 1" \
+            "langid classify data/langid/test.jsonl 32" \
+            "numbers-en-fr translate data/numbers-en-fr/test.jsonl 1"; do
     set -- $spec
     "$PY" -m service.cli loadtest "http://127.0.0.1:$PORT" --model "$1" --task "$2" \
-        --texts "$3" --concurrency 64 --duration 10 --out "$OUT/load_$1" --no-plots --quiet \
-        2>&1 | tee "$OUT/load_$1.log"
+        --texts "$3" --texts-per-request "$4" --concurrency 64 --duration 10 \
+        --out "$OUT/load_$1_$4" --no-plots --quiet 2>&1 | tee "$OUT/load_$1_$4.log"
 done
 kill -TERM "$SERVER"; wait "$SERVER" || true

@@ -1,10 +1,11 @@
 """`--api-workers auto`, `--instances auto`: the process and thread layout for this machine.
 
-Chosen by measurement on the 2-core CPU box (docs/performance.md, "Process layout"): the
-API processes and the engine's runtime instances share the cores, so the API processes take
-half of them and the runtime instances the other half, one thread each. On CUDA the device
-does the compute; API processes take every core but two (the engine's loop and the load
-balancer's share), and two instances keep two batches in flight on the device.
+Chosen by measurement on the 2-core CPU box (docs/performance.md, "Peers"): the API
+processes take half the cores and the runtime instances the rest, one thread each, at least
+two instances (on 2 cores, 1 API process + 2 instances served long texts 1.33x faster than
+one instance, short texts 0.9x; two API processes were slower on both). On CUDA the device
+does the compute; API processes take every core but two (the engine's loop and the
+system's share), and two instances keep two batches in flight on the device.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def resolve(settings: Settings, available: int | None = None) -> Settings:
     if api == "auto":
         api = update["api_workers"] = max(1, n - 2) if gpu else max(1, n // 2)
     if settings.instances == "auto":
-        update["instances"] = 2 if gpu else max(1, n - int(api)) if api else max(1, n // 2)
+        update["instances"] = 2 if gpu else max(2, n - int(api)) if api else max(1, n // 2)
     instances = update.get("instances", settings.instances)
     if settings.intra_op_threads == 0 and settings.instances == "auto" and not gpu:
         update["intra_op_threads"] = max(1, (n - int(api)) // int(instances)) if api else 1

@@ -10,8 +10,10 @@ from service.tuning import cgroup_cpu_limit, describe, resolve
 
 def test_auto_layout_on_a_two_core_cpu() -> None:
     s = resolve(Settings(), available=2)
-    assert (s.api_workers, s.instances, s.intra_op_threads) == (1, 1, 1)
+    assert (s.api_workers, s.instances, s.intra_op_threads) == (1, 2, 1)
     assert "1 API process(es) + 1 engine process" in describe(s)
+    eight = resolve(Settings(), available=8)
+    assert (eight.api_workers, eight.instances, eight.intra_op_threads) == (4, 4, 1)
 
 
 def test_auto_layout_on_a_gpu_node() -> None:

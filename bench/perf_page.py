@@ -392,8 +392,8 @@ def render(out: Path, page: Path, others: list[Path] | None = None) -> None:
           f"tokens: {gf / 1e9:.2f} GFLOP/s, {gf / peak1:.1%} of the 1-thread sgemm peak.")
         w("")
     # ---- translator
-    w("## 2. Translator: numbers-en-fr (biGRU encoder 2x128, GRU decoder 256, Bahdanau "
-      "attention, word vocab 445), beam 5")
+    w("## 2. Translator: numbers-en-fr (biGRU encoder 2x128, GRU decoder 256, Luong decoder "
+      "with the additive score, word vocab 445), beam 5")
     w("")
     w(f"Same method, one test-split sentence per request (mean {src_tok:.1f} source tokens), "
       f"beam 5, {d:.0f} s per point, load average {loads_of(tr)}. One point:")

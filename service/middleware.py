@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
 INFERENCE = ("/v1/models/", "/v2/models/")
+Refusal = tuple[int, str, dict[str, str]]
+"""Status, message and headers of an answer the middleware gives itself."""
 """Paths whose POSTs are inference work (refused first under overload)."""
 
 
@@ -70,30 +72,15 @@ class ServingMiddleware:
         status = {"code": 500, "observed": 0}
         send_timed = self._timed_send(scope, send, start, status)
         try:
-            if self.state.draining and not scope["path"].startswith(OPEN_WHILE_DRAINING):
-                retry = {"retry-after": str(self.state.settings.retry_after_s)}
-                await send_error(send_timed, 503, "server is shutting down", retry)
-                return
-            try:
-                async with asyncio.timeout(self.state.settings.body_timeout_s):
-                    body = await self._read_body(scope, receive)
-            except TimeoutError:
-                seconds = self.state.settings.body_timeout_s
-                await send_error(send_timed, 408, f"request body did not arrive within "
-                                 f"{seconds:g} s (body_timeout_s)", {"connection": "close"})
-                return
-            if body is None:
-                limit = self.state.settings.max_body_bytes
-                await send_error(send_timed, 413, f"request body exceeds max_body_bytes ({limit})",
-                                 {})
-                return
             inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
-            if inference and self.admitted >= self.state.settings.max_in_flight:
-                limit, retry = self.state.settings.max_in_flight, self.state.settings.retry_after_s
-                await send_error(send_timed, 429, "server overloaded: this process already "
-                                 f"works on max_in_flight ({limit}) requests",
-                                 {"retry-after": str(retry)})
+            answer = self._refusal(scope, inference)
+            got = await self._body_or_refusal(scope, receive) if answer is None else b""
+            if isinstance(got, tuple):
+                answer = got
+            if answer is not None:
+                await send_error(send_timed, *answer)
                 return
+            body = got if isinstance(got, bytes) else b""
             if scope["method"] == "POST":
                 _json_by_default(scope)
             self.admitted += inference
@@ -104,6 +91,29 @@ class ServingMiddleware:
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)
                 self._observe(scope, status["code"], time.monotonic() - start)
+
+    def _refusal(self, scope: Scope, inference: bool) -> Refusal | None:
+        """503 while draining (not probes and scrapes); 429 beyond max_in_flight."""
+        s = self.state.settings
+        if self.state.draining and not scope["path"].startswith(OPEN_WHILE_DRAINING):
+            return 503, "server is shutting down", {"retry-after": str(s.retry_after_s)}
+        if inference and self.admitted >= s.max_in_flight:
+            return (429, "server overloaded: this process already works on max_in_flight "
+                    f"({s.max_in_flight}) requests", {"retry-after": str(s.retry_after_s)})
+        return None
+
+    async def _body_or_refusal(self, scope: Scope, receive: Receive) -> bytes | Refusal:
+        """The whole body, or the answer to a body too slow (408) or too large (413)."""
+        s = self.state.settings
+        try:
+            async with asyncio.timeout(s.body_timeout_s):
+                body = await self._read_body(scope, receive)
+        except TimeoutError:
+            return (408, f"request body did not arrive within {s.body_timeout_s:g} s "
+                    "(body_timeout_s)", {"connection": "close"})
+        if body is None:
+            return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", {}
+        return body
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None when it is (or announces itself) over the limit."""

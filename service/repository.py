@@ -142,6 +142,7 @@ class ModelRepository:
         limits = TextLimits(s.max_texts, s.max_chars, max_tokens_of(manifest, s.max_tokens),
                             s.truncate)
         tokenizer = Tokenizer.load(entry.path / manifest.tokenizer.file)
+        tokenizer.blank_characters()  # ~0.1 s, here at load instead of in a first request
         return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model)
 
     async def stop_all(self, timeout: float) -> bool:

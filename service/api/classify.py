@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, StrictBool
+from starlette.types import Receive, Scope
 
-from service.api.common import ERRORS, TextsRequest, WholeInt, app_state, call_scope
+from service.api.common import (
+    ERRORS,
+    TextsRequest,
+    WholeInt,
+    app_state,
+    request_call,
+    request_timeout,
+    shed_early,
+)
+from service.state import AppState
 from service.workers.classifier import ClassifierWorker
 
 router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
@@ -49,13 +61,22 @@ class ClassifyResponse(BaseModel):
     results: list[Classification]
 
 
-async def _classify(request: Request, name: str, version: str | None,
-                    body: ClassifyRequest) -> JSONResponse:
-    entry, worker = app_state(request).repository.worker(name, version, ClassifierWorker)
-    async with call_scope(request) as call:
+async def classify_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                         version: str | None, body: ClassifyRequest) -> dict[str, Any]:
+    """The answer (as plain data, the shape of ClassifyResponse) to a validated body: this route's
+    and the hot path's (`service.api.fast`)."""
+    entry, worker = state.repository.worker(name, version, ClassifierWorker)
+    timeout = request_timeout(state, scope)
+    shed_early(state, worker.ctx.model, timeout)  # before tokenizing
+    async with request_call(state, scope, receive, timeout) as call:
         results = await worker.classify(body.texts, body.top_k, body.return_attention, call)
-    # The shape of ClassifyResponse, built as plain data (no second validation pass).
-    return JSONResponse({"model": name, "version": entry.version, "results": results})
+    return {"model": name, "version": entry.version, "results": results}
+
+
+async def _classify(request: Request, name: str, version: str | None, body: ClassifyRequest
+                    ) -> JSONResponse:
+    return JSONResponse(await classify_answer(app_state(request), request.scope, request.receive,
+                                                   name, version, body))
 
 
 @router.post("/models/{name}/classify", name="classify", response_model=ClassifyResponse)

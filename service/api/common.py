@@ -120,19 +120,27 @@ async def _watch_disconnect(receive: Receive, call: Call) -> None:
 TIMEOUT_HEADER = b"x-request-timeout"
 
 
+def header(scope: Scope, name: bytes) -> str | None:
+    """The value of the request header `name` (lower case), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
 def request_timeout(state: AppState, scope: Scope, asked_s: float | None = None) -> float:
     """Seconds this request may take: `request_timeout_s`, or less when the client asks
     (the X-Request-Timeout header in seconds, or `asked_s` from the OIP `timeout`)."""
     limit = state.settings.request_timeout_s
-    for key, value in scope["headers"]:
-        if key == TIMEOUT_HEADER:
-            try:
-                header = float(value)
-            except ValueError:
-                header = -1.0
-            if not 0 < header < float("inf"):
-                raise BadRequest("X-Request-Timeout must be a positive number of seconds")
-            limit = min(limit, header)
+    given = header(scope, TIMEOUT_HEADER)
+    if given is not None:
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds < float("inf"):
+            raise BadRequest("X-Request-Timeout must be a positive number of seconds")
+        limit = min(limit, seconds)
     return limit if asked_s is None else min(limit, asked_s)
 
 
@@ -168,10 +176,3 @@ async def request_call(state: AppState, scope: Scope, receive: Receive,
             await watcher
         if gauge is not None:
             gauge.dec()
-
-
-@contextlib.asynccontextmanager
-async def call_scope(request: Request) -> AsyncIterator[Call]:
-    """`request_call` for a FastAPI route."""
-    async with request_call(app_state(request), request.scope, request.receive) as call:
-        yield call

@@ -9,7 +9,8 @@ default and pinned versions) directly on the ASGI messages:
 - the body is validated by the very same pydantic models (`model_validate_json`), so the
   validation rules and the error messages are those of the FastAPI routes (which stay
   registered: the OpenAPI document is unchanged, and any other request goes through them);
-- the worker call, the request context and the answer's shape are the routes' own;
+- the answer is computed by the routes' own functions (`classify_answer`, ...,
+  `infer_answer`): worker, request context, early shedding and shape are theirs;
 - the answer is encoded with msgspec's JSON encoder; every error goes through
   `service.errors.error_answer`, the same mapping as the app's exception handlers.
 """
@@ -17,27 +18,30 @@ default and pinned versions) directly on the ASGI messages:
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.classify import ClassifyRequest
-from service.api.common import describe_errors, request_call, request_timeout, shed_early
-from service.api.oip import codec, tasks
-from service.api.oip.routes import response_parts
-from service.api.tag import TagRequest
-from service.api.translate import TranslateRequest
+from service.api.classify import ClassifyRequest, classify_answer
+from service.api.common import describe_errors, header
+from service.api.oip.routes import infer_answer
+from service.api.tag import TagRequest, tag_answer
+from service.api.translate import TranslateRequest, translate_answer
 from service.errors import ServiceError, error_answer
 from service.state import AppState
-from service.workers.classifier import ClassifierWorker
-from service.workers.tagger import TaggerWorker
-from service.workers.translator import TranslatorWorker
 
 ROUTE = re.compile(r"^/(v1|v2)/models/([^/]+)(?:/versions/([^/]+))?/"
                    r"(classify|translate|tag|infer)$")
 ENDPOINTS = {"classify": "classify", "translate": "translate", "tag": "tag", "infer": "v2_infer"}
+V1: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[dict[str, Any]]]]] = {
+    "classify": (ClassifyRequest, classify_answer),
+    "translate": (TranslateRequest, translate_answer),
+    "tag": (TagRequest, tag_answer),
+}
+"""Each v1 verb's body model and answer (the routes' own functions)."""
 JSON = [(b"content-type", b"application/json")]
 encode = msgspec.json.Encoder().encode
 
@@ -96,44 +100,14 @@ class FastPath:
     async def _answer(self, scope: Scope, body: bytes, receive: Receive,
                       route: tuple[str, str, str | None]) -> Answer:
         verb, name, version = route
-        repo = self.state.repository
         if verb == "infer":
-            entry, worker = repo.ready(name, version)
-            req, tail = codec.parse_request(body, _header(scope, codec.HEADER.encode()))
-            timeout = request_timeout(self.state, scope, codec.timeout_s(req))
-            shed_early(self.state, worker.ctx.model, timeout)
-            inputs = codec.decode_inputs(req, tail)
-            asked = codec.check_outputs(req, tasks.output_names(worker))
-            parameters = codec.request_parameters(req)
-            async with request_call(self.state, scope, receive, timeout) as call:
-                outputs = await tasks.infer(worker, inputs, parameters, call)
-            head, tail_bytes, media = response_parts(entry, req, outputs, asked)
-            return 200, [(b"content-type", media.encode()), *head], tail_bytes
-        results, model_version = await self._v1(verb, name, version, body, scope, receive)
-        return 200, JSON, encode({"model": name, "version": model_version, "results": results})
-
-    async def _v1(self, verb: str, name: str, version: str | None, body: bytes,
-                  scope: Scope, receive: Receive) -> tuple[list[Any], int]:
-        repo, state = self.state.repository, self.state
-        timeout = request_timeout(state, scope)
-        if verb == "classify":
-            entry, clf = repo.worker(name, version, ClassifierWorker)
-            shed_early(state, clf.ctx.model, timeout)
-            c = _validate(ClassifyRequest, body)
-            async with request_call(state, scope, receive, timeout) as call:
-                return await clf.classify(c.texts, c.top_k, c.return_attention, call), \
-                    entry.version
-        if verb == "translate":
-            entry, mt = repo.worker(name, version, TranslatorWorker)
-            shed_early(state, mt.ctx.model, timeout)
-            t = _validate(TranslateRequest, body)
-            async with request_call(state, scope, receive, timeout) as call:
-                return await mt.translate(t.texts, t.search_options(), call), entry.version
-        entry, tagger = repo.worker(name, version, TaggerWorker)
-        shed_early(state, tagger.ctx.model, timeout)
-        g = _validate(TagRequest, body)
-        async with request_call(state, scope, receive, timeout) as call:
-            return await tagger.tag(g.texts, call), entry.version
+            head, payload, media = await infer_answer(self.state, scope, receive, name,
+                                                      version, body)
+            return 200, [(b"content-type", media.encode()), *head], payload
+        model, answer = V1[verb]
+        request = model.model_validate_json(body)
+        return 200, JSON, encode(await answer(self.state, scope, receive, name, version,
+                                              request))
 
 
 class HotPathRouter:
@@ -157,21 +131,6 @@ class HotPathRouter:
         await self.fast(scope, b"".join(chunks), receive, send, route)
 
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def _validate(model: type[M], body: bytes) -> M:
-    return model.model_validate_json(body)
-
-
 def _content_type(scope: Scope) -> bytes:
-    value = _header(scope, b"content-type") or ""
+    value = header(scope, b"content-type") or ""
     return value.encode("latin-1").split(b";")[0].strip().lower()
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value).decode("latin-1")
-    return None
-

@@ -6,11 +6,22 @@ character span [start, end) in the text as sent, so `text[start:end] == token`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.types import Receive, Scope
 
-from service.api.common import ERRORS, TextsRequest, app_state, call_scope
+from service.api.common import (
+    ERRORS,
+    TextsRequest,
+    app_state,
+    request_call,
+    request_timeout,
+    shed_early,
+)
+from service.state import AppState
 from service.workers.tagger import TaggerWorker
 
 router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
@@ -40,13 +51,22 @@ class TagResponse(BaseModel):
     results: list[Tagging]
 
 
+async def tag_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                    version: str | None, body: TagRequest) -> dict[str, Any]:
+    """The answer (as plain data, the shape of TagResponse) to a validated body: this route's
+    and the hot path's (`service.api.fast`)."""
+    entry, worker = state.repository.worker(name, version, TaggerWorker)
+    timeout = request_timeout(state, scope)
+    shed_early(state, worker.ctx.model, timeout)  # before tokenizing
+    async with request_call(state, scope, receive, timeout) as call:
+        results = await worker.tag(body.texts, call)
+    return {"model": name, "version": entry.version, "results": results}
+
+
 async def _tag(request: Request, name: str, version: str | None, body: TagRequest
                ) -> JSONResponse:
-    entry, worker = app_state(request).repository.worker(name, version, TaggerWorker)
-    async with call_scope(request) as call:
-        results = await worker.tag(body.texts, call)
-    # The shape of TagResponse, built as plain data (no second validation pass).
-    return JSONResponse({"model": name, "version": entry.version, "results": results})
+    return JSONResponse(await tag_answer(app_state(request), request.scope, request.receive,
+                                              name, version, body))
 
 
 @router.post("/models/{name}/tag", name="tag", response_model=TagResponse)

@@ -22,18 +22,22 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from starlette.types import Receive, Scope
 
 from service.api.common import (
     ERRORS,
     TextsRequest,
     WholeInt,
     app_state,
-    call_scope,
     describe_errors,
+    request_call,
+    request_timeout,
+    shed_early,
     standard_bounds,
 )
 from service.errors import BadRequest
 from service.scheduling.beam import MAX_BEAM_SIZE, SearchOptions
+from service.state import AppState
 from service.workers.translator import TranslatorWorker
 
 router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
@@ -198,13 +202,22 @@ class TranslateResponse(BaseModel):
     results: list[Translation]
 
 
-async def _translate(request: Request, name: str, version: str | None,
-                     body: TranslateRequest) -> JSONResponse:
-    entry, worker = app_state(request).repository.worker(name, version, TranslatorWorker)
-    async with call_scope(request) as call:
+async def translate_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                          version: str | None, body: TranslateRequest) -> dict[str, Any]:
+    """The answer (as plain data, the shape of TranslateResponse) to a validated body: this route's
+    and the hot path's (`service.api.fast`)."""
+    entry, worker = state.repository.worker(name, version, TranslatorWorker)
+    timeout = request_timeout(state, scope)
+    shed_early(state, worker.ctx.model, timeout)  # before tokenizing
+    async with request_call(state, scope, receive, timeout) as call:
         results = await worker.translate(body.texts, body.search_options(), call)
-    # The shape of TranslateResponse, built as plain data (no second validation pass).
-    return JSONResponse({"model": name, "version": entry.version, "results": results})
+    return {"model": name, "version": entry.version, "results": results}
+
+
+async def _translate(request: Request, name: str, version: str | None, body: TranslateRequest
+                     ) -> JSONResponse:
+    return JSONResponse(await translate_answer(app_state(request), request.scope, request.receive,
+                                                    name, version, body))
 
 
 @router.post("/models/{name}/translate", name="translate", response_model=TranslateResponse)

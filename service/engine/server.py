@@ -118,23 +118,22 @@ class EngineServer:
             self._send(identity, p.State(self.states))
 
     def _submit(self, identity: bytes, msg: p.Submit) -> None:
+        model = self.models.get((msg.model, msg.version))
         try:
-            futures = self._futures(msg)
+            futures = self._futures(msg, model)
         except ServiceError as exc:
-            model = self.models.get((msg.model, msg.version))
             self._send(identity, _failure(msg.id, exc, model.expected_wait() if model else None))
             return
+        assert model is not None  # _futures refuses a missing one
         gathered = asyncio.gather(*futures)
         key = (identity, msg.id)
         self.inflight[key] = gathered
-        model = self.models[msg.model, msg.version]
         gathered.add_done_callback(lambda g: self._done(key, g, msg.options is not None, model))
 
-    def _futures(self, msg: p.Submit) -> list[asyncio.Future[Any]]:
+    def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
         if self.closing:
             raise ShuttingDown("the engine is shutting down",
                                retry_after=self.options.retry_after_s)
-        model = self.models.get((msg.model, msg.version))
         if model is None:
             raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not loaded")
         rows = p.unpack_rows(msg.lengths, msg.ids)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from server_support import RawConnection
 from service_fakes import FakeRuntime, fake_factory, serve_in_thread
 
 from service.app import create_app
@@ -140,11 +142,21 @@ def test_an_api_process_refuses_beyond_max_in_flight(tiny_repo: Path) -> None:
     runtime = FakeRuntime(delay_s=0.3)
     app = _app(tiny_repo, runtime, max_batch_size=8, max_wait_ms=50, max_in_flight=2,
                max_queue_wait_s=30)
+    body = json.dumps({"texts": ["one"]}).encode()
     with serve_in_thread(app) as base:
-        rs = asyncio.run(_fire(base, [{"texts": ["one"]}] * 6))
+        conns = [RawConnection(base) for _ in range(6)]
+        try:
+            for conn in conns:  # open and answered once: every request below is written
+                assert conn.request("GET", "/v2/health/live")[0] == 200
+            for conn in conns:  # all six written while the first ones compute (0.3 s)
+                conn.send("POST", URL, body, {"content-type": "application/json"})
+            answers = [conn.read_response() for conn in conns]
+        finally:
+            for conn in conns:
+                conn.close()
         health = httpx.get(f"{base}/v2/health/ready", timeout=10)  # not inference: open
-    codes = sorted(r.status_code for r in rs if isinstance(r, httpx.Response))
+    codes = [status for status, _, _ in answers]
     assert codes.count(200) >= 2 and codes.count(429) >= 1 and set(codes) <= {200, 429}
-    refused = next(r for r in rs if isinstance(r, httpx.Response) and r.status_code == 429)
-    assert "max_in_flight" in refused.json()["error"] and refused.headers["retry-after"]
+    _, headers, refused = next(a for a in answers if a[0] == 429)
+    assert "max_in_flight" in json.loads(refused)["error"] and headers["retry-after"]
     assert health.status_code == 200

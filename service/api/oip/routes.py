@@ -8,8 +8,16 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.types import Receive, Scope
 
-from service.api.common import ERRORS, app_state, call_scope
+from service.api.common import (
+    ERRORS,
+    app_state,
+    header,
+    request_call,
+    request_timeout,
+    shed_early,
+)
 from service.api.oip import codec, tasks
 from service.api.oip.schemas import (
     V2InferRequest,
@@ -18,6 +26,7 @@ from service.api.oip.schemas import (
     V2ServerMetadata,
 )
 from service.repository import ModelEntry
+from service.state import AppState
 
 router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
 
@@ -81,16 +90,27 @@ async def model_version_ready(name: str, version: str, request: Request) -> JSON
     return _ready(request, name, version)
 
 
-async def _infer(request: Request, name: str, version: str | None) -> Response:
-    entry, worker = app_state(request).repository.ready(name, version)
-    body = await request.body()
-    req, tail = codec.parse_request(body, request.headers.get(codec.HEADER))
+async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                       version: str | None, body: bytes) -> tuple[list[tuple[bytes, bytes]],
+                                                                  bytes, str]:
+    """An infer request's extra headers, body and media type: this route's and the hot
+    path's (`service.api.fast`)."""
+    entry, worker = state.repository.ready(name, version)
+    req, tail = codec.parse_request(body, header(scope, codec.HEADER.encode()))
+    timeout = request_timeout(state, scope, codec.timeout_s(req))
+    shed_early(state, worker.ctx.model, timeout)  # before decoding and tokenizing
     inputs = codec.decode_inputs(req, tail)
     asked = codec.check_outputs(req, tasks.output_names(worker))
     parameters = codec.request_parameters(req)
-    async with call_scope(request) as call:
+    async with request_call(state, scope, receive, timeout) as call:
         outputs = await tasks.infer(worker, inputs, parameters, call)
-    headers, payload, media = response_parts(entry, req, outputs, asked)
+    return response_parts(entry, req, outputs, asked)
+
+
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    headers, payload, media = await infer_answer(app_state(request), request.scope,
+                                                 request.receive, name, version,
+                                                 await request.body())
     return Response(payload, media_type=media,
                     headers={k.decode(): v.decode() for k, v in headers})
 

@@ -35,10 +35,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY models/ models/
-COPY export/ export/
-COPY service/ service/
-COPY loadtest/ loadtest/
+COPY seqserve/ seqserve/
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[cpu]"
 
@@ -75,10 +72,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY models/ models/
-COPY export/ export/
-COPY service/ service/
-COPY loadtest/ loadtest/
+COPY seqserve/ seqserve/
 RUN python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[gpu]"
 

@@ -24,12 +24,12 @@ run: $(STAMP)
 test: $(STAMP)
 	# system tools the deploy tests use (promtool, prometheus); no-op when present
 	bash deploy/install-test-tools.sh
-	$(BIN)/ruff check models export service loadtest bench deploy tests
+	$(BIN)/ruff check seqserve bench deploy tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check models export service loadtest bench deploy tests
+	$(BIN)/ruff check seqserve bench deploy tests
 	$(BIN)/mypy
 
 clean:

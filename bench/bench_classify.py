@@ -55,7 +55,7 @@ async def ready() -> dict:
 
 def request_texts(n: int, seed: int = 0) -> list[str]:
     """n texts of 10-60 words drawn from the built-in langid data."""
-    from models.data.registry import generate
+    from seqserve.models.data.registry import generate
 
     ds = generate("langid", size=2000, seed=seed)
     words = [w for ex in ds.splits["train"] for w in str(ex["text"]).split()]
@@ -168,7 +168,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def serve_cmd(args: argparse.Namespace, port: int, max_batch: int) -> list[str]:
-    return [sys.executable, "-m", "service.cli", "serve", "--repo", str(args.repo),
+    return [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(args.repo),
             "--port", str(port), "--max-batch-size", str(max_batch),
             "--max-wait-ms", str(args.max_wait_ms), "--intra-op-threads", str(args.threads),
             "--queue-size", "1024", "--log-level", "warning",
@@ -208,7 +208,7 @@ def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, A
     import numpy as np
     import onnxruntime as ort
 
-    from export.manifest import list_bundles, load_bundle
+    from seqserve.export.manifest import list_bundles, load_bundle
 
     path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
     manifest = load_bundle(path)
@@ -239,8 +239,8 @@ def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> None:
-    from export.manifest import list_bundles, load_bundle
-    from models.tokenizer import Tokenizer
+    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.models.tokenizer import Tokenizer
 
     path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
     tok = Tokenizer.load(path / load_bundle(path).tokenizer.file)
@@ -309,11 +309,11 @@ def make_bundle(args: argparse.Namespace) -> None:
     """An untrained canonical classifier (vocab 8000, 128/128, 2-layer biLSTM) as a bundle."""
     import torch
 
-    from export.bundle import export_run
-    from models.checkpoint import build_model, save_checkpoint
-    from models.config import TrainConfig
-    from models.data.registry import generate
-    from models.tokenizer import train_tokenizer
+    from seqserve.export.bundle import export_run
+    from seqserve.models.checkpoint import build_model, save_checkpoint
+    from seqserve.models.config import TrainConfig
+    from seqserve.models.data.registry import generate
+    from seqserve.models.tokenizer import train_tokenizer
 
     torch.set_num_threads(1)
     ds = generate("langid", size=4000, seed=0)
@@ -337,10 +337,10 @@ def gpu_check(args: argparse.Namespace) -> None:
     rows), then the server (--runtime torchscript) under the same 64-connection load."""
     import numpy as np
 
-    from export.manifest import list_bundles, load_bundle
-    from models.tokenizer import Tokenizer
-    from service.runtimes import graph_files
-    from service.runtimes.torchscript import TorchScriptRuntime
+    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.service.runtimes import graph_files
+    from seqserve.service.runtimes.torchscript import TorchScriptRuntime
 
     path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
     manifest = load_bundle(path)

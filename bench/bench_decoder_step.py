@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from export.manifest import load_bundle  # noqa: E402
-from models.tokenizer import Tokenizer  # noqa: E402
+from seqserve.export.manifest import load_bundle  # noqa: E402
+from seqserve.models.tokenizer import Tokenizer  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -80,7 +80,7 @@ def step_case(bundle: Path, texts: list[str], rows: int, beam: int, k: int,
 
 
 def main() -> None:
-    from models.data.registry import load_dataset
+    from seqserve.models.data.registry import load_dataset
 
     args = parse_args()
     texts = [r["source"] for r in load_dataset(args.data).splits["test"]]

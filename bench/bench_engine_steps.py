@@ -111,7 +111,7 @@ class Phases:
         setattr(owner, name, timed)
 
     def install(self) -> None:
-        import service.scheduling.decoding as decoding
+        import seqserve.service.scheduling.decoding as decoding
 
         if hasattr(decoding, "_step_inputs"):  # the per-request engine (baf6bc6)
             engine = decoding.DecodingEngine
@@ -120,8 +120,8 @@ class Phases:
             for name in ("_launch", "_retire", "_admit", "_drop_cancelled", "_place_joining"):
                 self.wrap(engine, name, "engine")
         else:
-            from service.scheduling.group import DecodeGroup
-            from service.scheduling.scheduler import EngineCore
+            from seqserve.service.scheduling.group import DecodeGroup
+            from seqserve.service.scheduling.scheduler import EngineCore
 
             self.wrap(DecodeGroup, "inputs", "search")
             self.wrap(DecodeGroup, "advance", "search")
@@ -137,8 +137,8 @@ def sources(n: int, vocab: int, seed: int = 1) -> list[list[int]]:
 
 async def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
     """One point, in this interpreter (the engine of whichever tree is on sys.path)."""
-    from service.scheduling.beam import DecodeLimits, SearchOptions
-    from service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats
+    from seqserve.service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats
+    from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
     phases = Phases()
     phases.install()

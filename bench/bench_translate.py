@@ -3,7 +3,7 @@
 N concurrent clients each send one test-split sentence at a time (beam 5 by default) to
 (a) the decoding engine with step-level continuous batching, (b) the same engine with
 request-level batching (an admitted batch runs to completion before the next is admitted),
-(c) per-request eager PyTorch beam search (`models.decoding.beam_search`, one at a time).
+(c) per-request eager PyTorch beam search (`seqserve.models.decoding.beam_search`, one at a time).
 Prints generated tokens/s, p50/p99 latency, the process CPU time per 1000 generated tokens
 (all threads: less sensitive than wall time to other work on a shared machine), the ratios,
 and the engine's decoder-step time per row at the batch sizes it actually ran.
@@ -42,10 +42,10 @@ def _tree() -> str:
 
 sys.path.insert(0, _tree())
 
-from export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
-from models.tokenizer import Tokenizer  # noqa: E402
-from service.scheduling.beam import DecodeLimits, SearchOptions  # noqa: E402
-from service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats  # noqa: E402
+from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
+from seqserve.models.tokenizer import Tokenizer  # noqa: E402
+from seqserve.service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats  # noqa: E402
+from seqserve.service.scheduling.search import DecodeLimits, SearchOptions  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
@@ -79,11 +79,11 @@ def make_runtime(kind: str, device: str, threads: int, path: Path, manifest: Man
     fmt = "onnx" if kind == "onnx" else "torchscript"
     files = {g: path / str(spec.file(fmt)) for g, spec in manifest.graphs.items()}
     if kind == "onnx":
-        from service.runtimes.onnx import OnnxRuntime
+        from seqserve.service.runtimes.onnx import OnnxRuntime
 
         providers = ["CUDAExecutionProvider"] if device == "cuda" else []
         return OnnxRuntime(files, [*providers, "CPUExecutionProvider"], threads, 1)
-    from service.runtimes.torchscript import TorchScriptRuntime
+    from seqserve.service.runtimes.torchscript import TorchScriptRuntime
 
     return TorchScriptRuntime(files, manifest, device=device, intra_op_threads=threads)
 
@@ -97,7 +97,7 @@ class EagerRuntime:
     def __init__(self, run_dir: Path | str, device: str) -> None:
         import torch
 
-        from models.checkpoint import load_run
+        from seqserve.models.checkpoint import load_run
 
         model, _, _ = load_run(run_dir)
         self.model = model.to(device).eval()
@@ -138,7 +138,7 @@ def test_sentences(data: str, n: int) -> list[str]:
     if (folder / "test.jsonl").is_file():
         rows = [json.loads(line) for line in (folder / "test.jsonl").open(encoding="utf-8")]
     else:
-        from models.data.registry import generate
+        from seqserve.models.data.registry import generate
 
         rows = generate(data).splits["test"]
     sources = [str(r["source"]) for r in rows]
@@ -204,8 +204,8 @@ async def eager_mode(manifest: Manifest, items: list[list[int]],
                      args: argparse.Namespace) -> dict[str, float]:
     import torch
 
-    from models.checkpoint import load_run
-    from models.decoding import beam_search
+    from seqserve.models.checkpoint import load_run
+    from seqserve.models.decoding import beam_search
 
     torch.set_num_threads(args.threads)
     model, _, _ = load_run(args.run_dir or manifest.source_run["path"])

@@ -33,7 +33,7 @@ from num2words import num2words
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.data.sampling import split_for  # noqa: E402  (only: which values trained)
+from seqserve.models.data.sampling import split_for  # noqa: E402  (only: which values trained)
 
 Writer = Callable[[str], str]
 WAYS: dict[str, Writer] = {
@@ -139,7 +139,7 @@ class Eager:
     """The trained models from their run directories (beam 5 like the server)."""
 
     def __init__(self, translator: Path | None, tagger: Path | None) -> None:
-        from models.checkpoint import load_run
+        from seqserve.models.checkpoint import load_run
 
         self.translator = load_run(translator) if translator else None
         self.tagger = load_run(tagger) if tagger else None
@@ -147,7 +147,7 @@ class Eager:
     def translate(self, texts: list[str]) -> list[str]:
         import torch
 
-        from models.decoding import beam_search
+        from seqserve.models.decoding import beam_search
 
         assert self.translator is not None
         model, _, tok = self.translator
@@ -164,7 +164,7 @@ class Eager:
     def tag(self, texts: list[str]) -> list[list[str | None]]:
         import torch
 
-        from models.word_align import align
+        from seqserve.models.word_align import align
 
         assert self.tagger is not None
         model, config, tok = self.tagger

@@ -25,8 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
-from models.tokenizer import Tokenizer  # noqa: E402
+from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
+from seqserve.models.tokenizer import Tokenizer  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,7 +65,7 @@ def batch(tok: Tokenizer, texts: list[str]) -> dict[str, np.ndarray]:
 def runtime(path: Path, manifest: Manifest, device: str) -> Any:
     """The bundle's TorchScript twins; if this torch cannot load them (files saved by a newer
     torch), the twins are traced again here from the bundle's source run, and we say so."""
-    from service.runtimes.torchscript import TorchScriptRuntime
+    from seqserve.service.runtimes.torchscript import TorchScriptRuntime
 
     files = {g: path / str(spec.file("torchscript")) for g, spec in manifest.graphs.items()}
     try:
@@ -79,9 +79,9 @@ def runtime(path: Path, manifest: Manifest, device: str) -> Any:
 def retrace(manifest: Manifest) -> dict[str, Path]:
     import tempfile
 
-    from export.formats import export_torchscript
-    from export.graphs import graph_defs
-    from models.checkpoint import load_run
+    from seqserve.export.formats import export_torchscript
+    from seqserve.export.graphs import graph_defs
+    from seqserve.models.checkpoint import load_run
 
     run_dir = Path(manifest.source_run["path"])
     if not run_dir.is_dir():
@@ -125,8 +125,8 @@ def free_port() -> int:
 def serve(repo: Path, device: str, port: int) -> Any:
     import uvicorn
 
-    from service.app import create_app
-    from service.settings import Settings
+    from seqserve.service.server.app import create_app
+    from seqserve.service.web.settings import Settings
 
     settings = Settings(repo=repo, runtime="torchscript", device=device, port=port,
                         max_batch_size=256, max_texts=256, max_batch_tokens=65536)

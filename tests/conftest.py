@@ -5,7 +5,7 @@
   tiny model, without training (well under a second). Parameters are scaled by `gain` so that
   the untrained model's outputs depend visibly on its input (at gain 1 a random translator
   repeats one token whatever the source).
-- `tiny_classifier_run`, `tiny_translator_run`: real runs of `models.train.run_training` on
+- `tiny_classifier_run`, `tiny_translator_run`: real runs of `seqserve.models.train.run_training` on
   small built-in data, a few seconds each: LSTM language-ID classifier (16 labels, max 80
   tokens) and word-level GRU en->fr numbers translator (max 72 tokens; it emits eos).
 - `tiny_repo`: a model_repository with "tiny-clf" v1 and "tiny-mt" v1 exported from them
@@ -59,9 +59,9 @@ def write_tiny_run(out: Path, task: str, seed: int = 0, gain: float = 3.0,
     """A finished run directory for a tiny randomly initialised model (see module doc)."""
     import torch
 
-    from models.checkpoint import build_model, save_checkpoint
-    from models.config import TrainConfig
-    from models.tokenizer import train_tokenizer
+    from seqserve.models.checkpoint import build_model, save_checkpoint
+    from seqserve.models.config import TrainConfig
+    from seqserve.models.tokenizer import train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(tiny_texts(), out / "tokenizer.model", vocab_size=64)
@@ -103,7 +103,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 
 
 def _train_tiny(out: Path, task: str) -> Path:
-    from models.train import run_training
+    from seqserve.models.train import run_training
 
     common = {"batch_size": 16, "num_threads": 1, "warmup_steps": 10, "lr": 1e-2}
     if task == "classifier":
@@ -134,7 +134,7 @@ def tiny_translator_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_repo(tmp_path_factory: pytest.TempPathFactory, tiny_classifier_run: Path,
               tiny_translator_run: Path) -> Path:
     """model_repository with tiny-clf/1 and tiny-mt/1 (do not modify: shared by all tests)."""
-    from export.bundle import export_run
+    from seqserve.export.bundle import export_run
 
     repo = tmp_path_factory.mktemp("model_repository")
     export_run(tiny_classifier_run, repo, "tiny-clf", version=1, progress=False)
@@ -155,7 +155,7 @@ def tiny_full_repo(tmp_path_factory: pytest.TempPathFactory, tiny_repo: Path,
     """tiny_repo plus "tiny-tag" v1: one model of every task (do not modify: shared)."""
     import shutil
 
-    from export.bundle import export_run
+    from seqserve.export.bundle import export_run
 
     repo = tmp_path_factory.mktemp("full_repository") / "repo"
     shutil.copytree(tiny_repo, repo)

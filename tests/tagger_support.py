@@ -12,7 +12,7 @@ TAGGER_MODEL = {"vocab_size": 300, "embed_size": 24, "hidden_size": 24, "num_lay
 
 def train_tiny_tagger(out: Path, **model_overrides: Any) -> Path:
     """A real short training run on numbers-tags (a few seconds on one thread)."""
-    from models.train import run_training
+    from seqserve.models.train import run_training
 
     run_training("tagger", "numbers-tags", out, {**TAGGER_MODEL, **model_overrides},
                  {"epochs": 2, "batch_size": 32, "lr": 1e-2, "warmup_steps": 10,
@@ -26,11 +26,11 @@ def write_untrained_tagger(out: Path, seed: int = 0, gain: float = 2.0,
     """A finished run directory for a freshly initialised tiny tagger (no training)."""
     import torch
 
-    from models.checkpoint import build_model, save_checkpoint
-    from models.config import TrainConfig
-    from models.data.registry import generate
-    from models.data.tags import TAGS
-    from models.tokenizer import train_tokenizer
+    from seqserve.models.checkpoint import build_model, save_checkpoint
+    from seqserve.models.config import TrainConfig
+    from seqserve.models.data.registry import generate
+    from seqserve.models.data.tags import TAGS
+    from seqserve.models.tokenizer import train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(generate("numbers-tags", size=300).texts(), out / "tokenizer.model",

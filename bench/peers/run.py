@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seqserve-cmd", action="append", default=None, metavar="[LABEL=]CMD",
                    help="seqserve command line up to the flags the harness adds (--repo, "
                    "--host, --port, --truncate, --log-level); repeat to compare variants. "
-                   "Default: this checkout's `python -m service.cli serve`")
+                   "Default: this checkout's `python -m seqserve.service.cli serve`")
     p.add_argument("--duration", type=float, default=20.0, help="seconds measured per run")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every server this many times, order reversed every other "
@@ -127,7 +127,7 @@ def build_servers(args: argparse.Namespace, bundle: Path, workdir: Path) -> list
     for name in wanted:
         if name == "seqserve":
             repo = single_model_repo(bundle, args.model, workdir)
-            for spec in args.seqserve_cmd or [f"{sys.executable} -m service.cli serve"]:
+            for spec in args.seqserve_cmd or [f"{sys.executable} -m seqserve.service.cli serve"]:
                 label, cmd = spec.split("=", 1) if "=" in spec.split()[0] else ("seqserve", spec)
                 out.append(sv.seqserve(label, shlex.split(cmd), repo, args.model))
         elif name == "mosec":

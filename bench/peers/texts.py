@@ -90,7 +90,7 @@ def workloads(rows: list[tuple[str, str]], seed: int = 0) -> dict[str, Workload]
 
 def langid_rows(seed: int = 0) -> list[tuple[str, str]]:
     """Every phrase of the built-in langid dataset (all splits) with its label."""
-    from models.data.registry import generate
+    from seqserve.models.data.registry import generate
 
     ds = generate("langid", seed=seed)
     return [(str(ex["text"]), str(ex["label"])) for split in ds.splits.values() for ex in split]

@@ -2,8 +2,8 @@
 
 Each request carries texts drawn uniformly (with replacement) from a texts file, so request
 lengths replay the file's distribution; 429/503 answers count as failures named "shed". Texts,
-sampling and request bodies come from the load tool's own modules (`loadtest.texts`,
-`loadtest.protocol`), so both tools send the same requests.
+sampling and request bodies come from the load tool's own modules (`seqserve.loadtest.texts`,
+`seqserve.loadtest.protocol`), so both tools send the same requests.
 
     SEQSERVE_LOADTEST_TEXTS=texts.txt SEQSERVE_LOADTEST_MODEL=langid \\
       locust -f deploy/loadtest/locustfile.py --host http://127.0.0.1:8000 ClassifyUser
@@ -28,8 +28,8 @@ from functools import lru_cache
 
 from locust import HttpUser, constant, task
 
-from loadtest.protocol import SHED_STATUSES, build_payload
-from loadtest.texts import TextSampler, load_text_file
+from seqserve.loadtest.protocol import SHED_STATUSES, build_payload
+from seqserve.loadtest.texts import TextSampler, load_text_file
 
 FALLBACK_TEXTS = (
     "hello world",

@@ -56,7 +56,7 @@ def test_hadolint_is_live(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_runtime_stage_contract(target: str) -> None:
-    from service.cli import build_parser
+    from seqserve.service.cli import build_parser
 
     stage = parse_dockerfile(DOCKERFILE.read_text()).stage(target)
     user, entry, cmd = stage.last("USER"), stage.last("ENTRYPOINT"), stage.last("CMD")
@@ -78,7 +78,7 @@ def test_runtime_stage_contract(target: str) -> None:
     assert f":{args.port}/" in probe[2], "HEALTHCHECK asks the port the server binds"
     assert exec_form(volume.args) == [args.repo]
     # SEQSERVE_* variables the image sets are Settings fields with valid values.
-    from service.settings import Settings
+    from seqserve.service.web.settings import Settings
 
     env = {k: v for i in stage.all("ENV") for k, v in env_pairs(i.args)
            if k.startswith("SEQSERVE_")}

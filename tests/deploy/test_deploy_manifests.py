@@ -89,8 +89,8 @@ def _get_route_checker() -> Any:
     """`exists(path)`: whether the real app routes a GET of `path` (its own router matching)."""
     from starlette.routing import Match
 
-    from service.app import create_app
-    from service.settings import Settings
+    from seqserve.service.server.app import create_app
+    from seqserve.service.web.settings import Settings
 
     app = create_app(Settings(repo=Path("unused")))
 
@@ -132,7 +132,7 @@ def test_probes_hit_real_routes_on_the_served_port(rendered: Docs, overlay: str)
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_args_parse_and_configmap_names_settings(rendered: Docs, overlay: str) -> None:
-    from service.settings import Settings
+    from seqserve.service.web.settings import Settings
 
     docs = rendered[overlay]
     args = parse_container_cli(docs)

@@ -13,9 +13,9 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.bundle import export_run
-from export.manifest import load_bundle
-from models.checkpoint import load_run
+from seqserve.export.bundle import export_run
+from seqserve.export.manifest import load_bundle
+from seqserve.models.checkpoint import load_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 
@@ -145,9 +145,9 @@ def test_frozen_dims_are_rejected(make_run: Callable[..., Path], tmp_path: Path)
     and names the frozen dim; the same graph with the contract's axes passes."""
     import warnings
 
-    from export.formats import check_onnx, dynamic_axes
-    from export.graphs import graph_defs
-    from models.errors import BundleError
+    from seqserve.export.formats import check_onnx, dynamic_axes
+    from seqserve.export.graphs import graph_defs
+    from seqserve.models.errors import BundleError
 
     model, config, _ = load_run(make_run("translator"))
     encoder = graph_defs("translator", model, config["model"]["vocab_size"])[0]

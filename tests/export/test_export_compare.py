@@ -1,11 +1,17 @@
-"""export.compare: the numpy helpers behind the parity report."""
+"""seqserve.export.compare: the numpy helpers behind the parity report."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from export.compare import grid_lengths, max_abs, padded_batch, row_view, topk_id_mismatches
-from export.manifest import TensorSpec
+from seqserve.export.compare import (
+    grid_lengths,
+    max_abs,
+    padded_batch,
+    row_view,
+    topk_id_mismatches,
+)
+from seqserve.export.manifest import TensorSpec
 
 
 def test_padded_batch() -> None:

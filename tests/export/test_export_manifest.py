@@ -1,4 +1,4 @@
-"""export.manifest: round trip, hash checks, listing; and that it stays torch-free."""
+"""seqserve.export.manifest: round trip, hash checks, listing; and that it stays torch-free."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from export.manifest import (
+from seqserve.export.manifest import (
     GraphSpec,
     Manifest,
     TensorSpec,
@@ -22,7 +22,7 @@ from export.manifest import (
     sha256_file,
     write_manifest,
 )
-from models.errors import BundleError
+from seqserve.models.errors import BundleError
 
 
 def _clf_manifest(version: int = 1, files: dict[str, str] | None = None) -> Manifest:
@@ -158,7 +158,7 @@ def test_manifest_module_is_torch_free() -> None:
         "        if name.split('.')[0] in ('torch', 'onnx', 'onnxruntime'):\n"
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import export.manifest\n"
+        "import seqserve.export.manifest\n"
         "print('ok')\n"
     )
     root = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from export.bundle import export_run
-from export.manifest import Manifest, sha256_file, write_manifest
-from export.verify import verify_bundle
-from models.errors import BundleError, UserError
-from service.cli import main
+from seqserve.export.bundle import export_run
+from seqserve.export.manifest import Manifest, sha256_file, write_manifest
+from seqserve.export.verify import verify_bundle
+from seqserve.models.errors import BundleError, UserError
+from seqserve.service.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 
@@ -96,9 +96,9 @@ def test_verify_parity_catches_swapped_weights(repo_copy: Path) -> None:
     pass, the ONNX vs TorchScript parity does not."""
     import torch
 
-    from export.formats import export_torchscript
-    from export.graphs import graph_defs
-    from models.checkpoint import build_model
+    from seqserve.export.formats import export_torchscript
+    from seqserve.export.graphs import graph_defs
+    from seqserve.models.checkpoint import build_model
 
     bundle = repo_copy / "tiny-mt" / "1"
     config = json.loads((bundle / "manifest.json").read_text())["source_run"]["config"]
@@ -147,7 +147,7 @@ def test_failed_parity_leaves_nothing(make_run: Callable[..., Path], tmp_path: P
     and no temporary folder remain."""
     import torch
 
-    import models.checkpoint as checkpoint
+    import seqserve.models.checkpoint as checkpoint
 
     real_load_run = checkpoint.load_run
 

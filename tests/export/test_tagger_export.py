@@ -13,10 +13,10 @@ import pytest
 import torch
 from tagger_support import train_tiny_tagger, write_untrained_tagger
 
-from export.bundle import export_run
-from export.manifest import load_bundle
-from models.checkpoint import load_run
-from models.tagger import Tagger
+from seqserve.export.bundle import export_run
+from seqserve.export.manifest import load_bundle
+from seqserve.models.checkpoint import load_run
+from seqserve.models.tagger import Tagger
 
 GRID = {"batch_sizes": (1, 3, 8), "lengths": (1, 7, 24)}
 VARIANTS: list[dict[str, Any]] = [

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from loadtest.client import (
+from seqserve.loadtest.client import (
     ConnectError,
     HttpxClient,
     RawClient,
     ReadTimeout,
     RemoteProtocolError,
 )
-from loadtest.config import LoadConfig
-from loadtest.runner import run_load
-from loadtest.texts import TextSampler, load_text_file
-from models.errors import UserError
+from seqserve.loadtest.config import LoadConfig
+from seqserve.loadtest.runner import run_load
+from seqserve.loadtest.texts import TextSampler, load_text_file
+from seqserve.models.errors import UserError
 
 pytestmark = pytest.mark.timeout(60)
 BODY = {"texts": ["one two three"]}
@@ -125,7 +125,7 @@ def test_raw_client_times_out_and_the_runner_counts_it(texts_file: Path) -> None
     reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 
     async def call(url: str) -> Any:
-        from loadtest.runner import arun_load
+        from seqserve.loadtest.runner import arun_load
 
         cfg = LoadConfig(url, "m", rate=20.0, requests=4, duration_s=None, timeout_s=0.3)
         return await arun_load(cfg, TextSampler(load_text_file(texts_file)))

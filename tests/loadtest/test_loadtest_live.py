@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from loadtest.config import LoadConfig
-from loadtest.runner import RunResult, run_load
-from loadtest.sweep import run_sweep
-from loadtest.texts import TextSampler, load_text_file
+from seqserve.loadtest.config import LoadConfig
+from seqserve.loadtest.runner import RunResult, run_load
+from seqserve.loadtest.sweep import run_sweep
+from seqserve.loadtest.texts import TextSampler, load_text_file
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.config import LoadConfig
-from loadtest.runner import run_load
-from loadtest.texts import TextSampler
+from seqserve.loadtest.config import LoadConfig
+from seqserve.loadtest.runner import run_load
+from seqserve.loadtest.texts import TextSampler
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -20,8 +20,8 @@ TEXTS = ["one two three", "twenty", "forty five thousand and six", "un deux", "c
 def real_server(tiny_repo: Path) -> Iterator[str]:
     from server_support import serve_app
 
-    from service.app import create_app
-    from service.settings import Settings
+    from seqserve.service.server.app import create_app
+    from seqserve.service.web.settings import Settings
 
     settings = Settings(repo=tiny_repo, intra_op_threads=1, inter_op_threads=1, queue_size=64)
     with serve_app(create_app(settings)) as url:

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.config import LoadConfig
-from loadtest.protocol import (
+from seqserve.loadtest.config import LoadConfig
+from seqserve.loadtest.protocol import (
     build_payload,
     count_generated_tokens,
     parse_retry_after,
     parse_server_timing,
 )
-from loadtest.records import RequestRecord
-from loadtest.runner import RunResult
-from loadtest.schedule import parse_sweep, poisson_arrivals
-from loadtest.stats import meets_slo, summarize
-from loadtest.tables import results_markdown, summary_text
-from loadtest.texts import TextSampler, load_text_file
-from models.errors import DataError, UserError
+from seqserve.loadtest.records import RequestRecord
+from seqserve.loadtest.runner import RunResult
+from seqserve.loadtest.schedule import parse_sweep, poisson_arrivals
+from seqserve.loadtest.stats import meets_slo, summarize
+from seqserve.loadtest.tables import results_markdown, summary_text
+from seqserve.loadtest.texts import TextSampler, load_text_file
+from seqserve.models.errors import DataError, UserError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,8 +161,8 @@ def test_summary_counts_and_slo() -> None:
 def test_tool_imports_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import loadtest, service.cli.loadtest\n"
-        "from loadtest import run_load, run_sweep, write_results\n"
+        "import seqserve.loadtest, seqserve.service.cli.loadtest\n"
+        "from seqserve.loadtest import run_load, run_sweep, write_results\n"
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "assert 'httpx' not in sys.modules and 'matplotlib' not in sys.modules\n"
     )

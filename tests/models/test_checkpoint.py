@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from models.checkpoint import build_model, load_checkpoint, load_run, save_checkpoint
-from models.classifier import Classifier
-from models.config import ClassifierConfig, TranslatorConfig
-from models.errors import UserError
-from models.tokenizer import train_tokenizer
-from models.translator import Translator
+from seqserve.models.checkpoint import build_model, load_checkpoint, load_run, save_checkpoint
+from seqserve.models.classifier import Classifier
+from seqserve.models.config import ClassifierConfig, TranslatorConfig
+from seqserve.models.errors import UserError
+from seqserve.models.tokenizer import train_tokenizer
+from seqserve.models.translator import Translator
 
 torch.set_num_threads(1)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.classifier import Classifier
-from models.config import ClassifierConfig
-from models.rnn import length_mask
+from seqserve.models.classifier import Classifier
+from seqserve.models.config import ClassifierConfig
+from seqserve.models.rnn import length_mask
 
 torch.set_num_threads(1)
 

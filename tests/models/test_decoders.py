@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from models.config import TranslatorConfig, translator_overrides
-from models.rnn import length_mask
-from models.translator import Translator
+from seqserve.models.config import TranslatorConfig, translator_overrides
+from seqserve.models.rnn import length_mask
+from seqserve.models.translator import Translator
 
 torch.set_num_threads(1)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.diagnostics import (
+from seqserve.models.diagnostics import (
     cell_view,
     fit_decay_rate,
     gradient_flow_callback,
@@ -18,15 +18,20 @@ from models.diagnostics import (
     spectral_norms,
     unroll,
 )
-from models.diagnostics_report import FLOW_PNG, JSON_NAME, SPECTRAL_PNG, run_gradient_diagnostics
-from models.diagnostics_task import (
+from seqserve.models.diagnostics_report import (
+    FLOW_PNG,
+    JSON_NAME,
+    SPECTRAL_PNG,
+    run_gradient_diagnostics,
+)
+from seqserve.models.diagnostics_task import (
     CopyModel,
     GradientDiagnosticsConfig,
     copy_batch,
     measure_copy,
     run_cell,
 )
-from service.cli import main
+from seqserve.service.cli import main
 
 LAYERS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.data.surface import FORMS, SMALL
-from models.forms_eval import (
+from seqserve.models.data.surface import FORMS, SMALL
+from seqserve.models.forms_eval import (
     SEARCH_NAME,
     format_table,
     tagging_forms,
     translation_forms,
     worst,
 )
-from models.normalization import PUNCT_AS_SPACE
-from models.train import run_training
-from service.cli import main
-from service.cli.demo import _format_metrics, _print_forms
+from seqserve.models.normalization import PUNCT_AS_SPACE
+from seqserve.models.train import run_training
+from seqserve.service.cli import main
+from seqserve.service.cli.demo import _format_metrics, _print_forms
 
 torch.set_num_threads(1)
 

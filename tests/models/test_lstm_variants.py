@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from models.classifier import Classifier
-from models.config import ClassifierConfig, TaggerConfig, TranslatorConfig
-from models.lstm_variants import VariantLSTM
-from models.rnn import PaddingSafeRNN, length_mask
-from models.tagger import Tagger
-from models.translator import Translator
+from seqserve.models.classifier import Classifier
+from seqserve.models.config import ClassifierConfig, TaggerConfig, TranslatorConfig
+from seqserve.models.lstm_variants import VariantLSTM
+from seqserve.models.rnn import PaddingSafeRNN, length_mask
+from seqserve.models.tagger import Tagger
+from seqserve.models.translator import Translator
 
 torch.set_num_threads(1)
 

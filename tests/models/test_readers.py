@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from models.data.readers import read_file, read_user_data
-from models.data.registry import load_dataset
-from models.errors import DataError
+from seqserve.models.data.readers import read_file, read_user_data
+from seqserve.models.data.registry import load_dataset
+from seqserve.models.errors import DataError
 
 
 def _write(path: Path, text: str | bytes) -> Path:

@@ -10,14 +10,14 @@ from collections import defaultdict
 
 import pytest
 
-from models.data import english, numbers, surface, tags
-from models.data.dataset import Dataset
-from models.data.english import LEXICON, Words
-from models.data.registry import generate
-from models.data.sampling import split_for
-from models.data.surface import FORMS, SMALL, Style
-from models.data.values import KINDS
-from models.normalization import PUNCT_AS_SPACE
+from seqserve.models.data import english, numbers, surface, tags
+from seqserve.models.data.dataset import Dataset
+from seqserve.models.data.english import LEXICON, Words
+from seqserve.models.data.registry import generate
+from seqserve.models.data.sampling import split_for
+from seqserve.models.data.surface import FORMS, SMALL, Style
+from seqserve.models.data.values import KINDS
+from seqserve.models.normalization import PUNCT_AS_SPACE
 
 MONTHS = {"january", "february", "march", "april", "may", "june", "july", "august",
           "september", "october", "november", "december"}

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.config import TaggerConfig
-from models.data import tags as tagdata
-from models.data.registry import generate, load_dataset, save_dataset
-from models.errors import DataError
-from models.tagger import IGNORE_INDEX, Tagger
-from models.tokenizer import train_tokenizer
-from models.train import run_training
-from models.train_tagger import encode_tagging, label_scores
-from models.word_align import align, piece_labels
+from seqserve.models.config import TaggerConfig
+from seqserve.models.data import tags as tagdata
+from seqserve.models.data.registry import generate, load_dataset, save_dataset
+from seqserve.models.errors import DataError
+from seqserve.models.tagger import IGNORE_INDEX, Tagger
+from seqserve.models.tokenizer import train_tokenizer
+from seqserve.models.train import run_training
+from seqserve.models.train_tagger import encode_tagging, label_scores
+from seqserve.models.word_align import align, piece_labels
 
 torch.set_num_threads(1)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.data.dataset import Dataset
-from models.rnn import PaddingSafeRNN
-from models.train import run_training
+from seqserve.models.data.dataset import Dataset
+from seqserve.models.rnn import PaddingSafeRNN
+from seqserve.models.train import run_training
 
 torch.set_num_threads(1)
 
@@ -105,7 +105,7 @@ def test_classifier_with_tbptt_still_learns(tmp_path: Path) -> None:
 
 
 def test_tbptt_is_refused_for_translators(tmp_path: Path) -> None:
-    from models.errors import UserError
+    from seqserve.models.errors import UserError
 
     with pytest.raises(UserError, match="tbptt"):
         run_training("translator", "numbers-en-fr", tmp_path / "mt", {"vocab_size": 200},

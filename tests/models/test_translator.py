@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import TranslatorConfig
-from models.decoding import beam_search, greedy_decode
-from models.rnn import length_mask
-from models.translator import Translator
+from seqserve.models.config import TranslatorConfig
+from seqserve.models.decoding import beam_search, greedy_decode
+from seqserve.models.rnn import length_mask
+from seqserve.models.translator import Translator
 
 torch.set_num_threads(1)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.scheduling.beam import DecodeLimits, Hypothesis, SearchOptions
-from service.scheduling.beams import Beams
+from seqserve.service.scheduling.beam_search import Beams
+from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions
 
 
 @dataclass

@@ -37,7 +37,7 @@ class Server:
                 ppid = int(stat.rsplit(")", 1)[1].split()[1])
                 if ppid == self.proc.pid and stat.rsplit(")", 1)[1].split()[0] != "Z":
                     cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                    out[int(entry.name)] = "engine" if "service.engine" in cmd else "api"
+                    out[int(entry.name)] = "engine" if "seqserve.service.engine" in cmd else "api"
         return out
 
     def output(self) -> str:
@@ -61,7 +61,7 @@ def serve(repo: Path, *flags: str) -> Iterator[Server]:
     port = free_port()
     env = {**os.environ, "SEQSERVE_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--repo", str(repo), "--port",
+        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(repo), "--port",
          str(port), "--no-warmup", "--intra-op-threads", "1",
          *(() if "--shutdown-delay-s" in flags else ("--shutdown-delay-s", "0")), *flags],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

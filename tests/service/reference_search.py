@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from export.manifest import load_bundle
-from service.runtimes import load_runtime
-from service.runtimes.base import RuntimeSpec
-from service.scheduling.beam import SearchOptions, max_steps
-from service.scheduling.models import decode_limits
+from seqserve.export.manifest import load_bundle
+from seqserve.service.runtimes import load_runtime
+from seqserve.service.runtimes.base import RuntimeSpec
+from seqserve.service.scheduling.models import decode_limits
+from seqserve.service.scheduling.search import SearchOptions, max_steps
 
 # step(prev_id, state, memory) -> (full log-probs (V,), attention (S,), new state)
 StepFn = Callable[[int, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
@@ -96,7 +96,7 @@ def reference_beam_search(step: StepFn, memory: np.ndarray, state: np.ndarray, *
 
 def onnx_reference(repo: Path, text: str, options: SearchOptions) -> list[Any]:
     """Reference beam search over the bundle's ONNX graphs, one row, full vocabulary."""
-    from models.tokenizer import Tokenizer
+    from seqserve.models.tokenizer import Tokenizer
 
     path = repo / "tiny-mt" / "1"
     manifest = load_bundle(path)

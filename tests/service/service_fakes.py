@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 from fastapi import FastAPI
 
-from service.scheduling.batcher import Batcher, BatcherConfig
-from service.settings import Settings
+from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
+from seqserve.service.web.settings import Settings
 
 
 class FakeRuntime:

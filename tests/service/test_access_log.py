@@ -17,10 +17,10 @@ import pytest
 from server_support import serve_app
 from service_fakes import free_port, settings
 
-from service.access_log import request_id
-from service.app import create_app
-from service.logs import TRACEBACK_FRAMES, JsonFormatter, TextFormatter
-from service.workers.classifier import ClassifierWorker
+from seqserve.service.core.logs import TRACEBACK_FRAMES, JsonFormatter, TextFormatter
+from seqserve.service.server.app import create_app
+from seqserve.service.web.access_log import request_id
+from seqserve.service.workers.classifier import ClassifierWorker
 
 URL = "/v1/models/tiny-clf/classify"
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def test_serve_writes_json_lines(tiny_repo: Path) -> None:
     """`seqserve serve --log-format json`: every line on stderr is JSON, uvicorn's too."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--repo", str(tiny_repo), "--port",
+        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(tiny_repo), "--port",
          str(port), "--no-warmup", "--log-format", "json", "--intra-op-threads", "1"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

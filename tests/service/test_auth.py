@@ -11,10 +11,10 @@ import pytest
 from server_support import serve_app
 from service_fakes import settings
 
-from service.app import create_app
-from service.auth import ApiKeyError, key_matches, load_keys
-from service.cli import build_parser
-from service.cli.serve import settings_from_args
+from seqserve.service.cli import build_parser
+from seqserve.service.cli.serve import settings_from_args
+from seqserve.service.server.app import create_app
+from seqserve.service.web.auth import ApiKeyError, key_matches, load_keys
 
 KEY = "k3y-0f-the-first-kind"
 OTHER = "second-key-from-the-file"

@@ -15,12 +15,12 @@ from fake_translator import FakeTranslator
 from server_support import RawConnection, serve_app
 from service_fakes import settings
 
-from export.manifest import Manifest
-from service.app import create_app
-from service.runtimes import load_runtime
-from service.runtimes.base import RuntimeSpec
-from service.scheduling.decoding import DecodingEngine
-from service.scheduling.models import DecodedModel
+from seqserve.export.manifest import Manifest
+from seqserve.service.runtimes import load_runtime
+from seqserve.service.runtimes.base import RuntimeSpec
+from seqserve.service.scheduling.decoding import DecodingEngine
+from seqserve.service.scheduling.models import DecodedModel
+from seqserve.service.server.app import create_app
 
 LONG = {"beam_size": 8, "n_best": 1, "min_length": 35, "max_length": 40}
 """Each request holds 8 hypothesis rows for at least 35 slow steps."""

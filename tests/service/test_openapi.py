@@ -19,7 +19,7 @@ from pathlib import Path
 from server_support import serve_app
 from service_fakes import settings
 
-from service.app import create_app
+from seqserve.service.server.app import create_app
 
 KEY = "schemathesis-test-key"
 MIN_CASES = 1000

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from service_fakes import copy_repo, serve_in_thread
 
-from service.app import create_app
-from service.settings import Settings
+from seqserve.service.server.app import create_app
+from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"
 

@@ -12,9 +12,9 @@ import httpx
 from server_support import RawConnection
 from service_fakes import FakeRuntime, fake_factory, serve_in_thread
 
-from service.app import create_app
-from service.scheduling.batcher import Batcher
-from service.settings import Settings
+from seqserve.service.scheduling.batcher import Batcher
+from seqserve.service.server.app import create_app
+from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"
 URL = f"/v1/models/{MODEL}/classify"

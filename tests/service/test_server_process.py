@@ -44,9 +44,9 @@ SLOW_SERVER = """
 import sys
 sys.path.insert(0, {here!r})
 from service_fakes import FakeRuntime, fake_factory
-from service.app import create_app
-from service.settings import Settings
-from service.shutdown import build_server
+from seqserve.service.server.app import create_app
+from seqserve.service.web.settings import Settings
+from seqserve.service.server.shutdown import build_server
 settings = Settings(repo={repo!r}, port={port}, warmup=False, max_batch_size=4, max_wait_ms=0,
                     queue_size=512, drain_timeout_s=20, shutdown_delay_s=0.5, log_level="warning")
 app = create_app(settings, fake_factory(FakeRuntime(delay_s=0.1)))
@@ -122,7 +122,7 @@ def test_onnx_serving_path_runs_without_torch(tiny_repo: Path, tmp_path: Path) -
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--repo", str(tiny_repo),
+        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(tiny_repo),
          "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from models.errors import UserError
-from service.cli import build_parser, main
-from service.cli.serve import settings_from_args
-from service.settings import Settings
+from seqserve.models.errors import UserError
+from seqserve.service.cli import build_parser, main
+from seqserve.service.cli.serve import settings_from_args
+from seqserve.service.web.settings import Settings
 
 
 def test_env_then_flags(monkeypatch: pytest.MonkeyPatch) -> None:

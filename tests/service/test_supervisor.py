@@ -134,8 +134,8 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
 def test_children_get_the_same_settings() -> None:
     from pydantic import SecretStr
 
-    from service.settings import Settings
-    from service.supervisor import settings_env
+    from seqserve.service.server.supervisor import settings_env
+    from seqserve.service.web.settings import Settings
 
     given = Settings(api_key=SecretStr("k1\nk2"), providers=["A", "B"], truncate=True,
                      max_texts=7, api_workers=3)

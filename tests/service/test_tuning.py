@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from service.settings import Settings
-from service.tuning import cgroup_cpu_limit, describe, resolve
+from seqserve.service.server.layout import cgroup_cpu_limit, describe, resolve
+from seqserve.service.web.settings import Settings
 
 
 def test_auto_layout_on_a_two_core_cpu() -> None:

@@ -19,8 +19,8 @@ import pytest
 from server_support import RawConnection
 from service_fakes import serve_in_thread
 
-from service.app import create_app
-from service.settings import Settings
+from seqserve.service.server.app import create_app
+from seqserve.service.web.settings import Settings
 
 LIMITS = {"max_texts": 4, "max_chars": 500, "max_tokens": 64, "max_body_bytes": 200_000}
 MODELS = {"classifier": "tiny-clf", "translator": "tiny-mt", "tagger": "tiny-tag"}

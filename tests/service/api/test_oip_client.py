@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from service_fakes import serve_in_thread
 
-from service.app import create_app
-from service.settings import Settings
+from seqserve.service.server.app import create_app
+from seqserve.service.web.settings import Settings
 
 httpclient = pytest.importorskip("tritonclient.http")
 MODEL = "tiny-clf"

@@ -16,7 +16,7 @@ import pytest
 from service_fakes import run_bounded, serve_asgi, settings
 from tagger_support import write_untrained_tagger
 
-from service.app import create_app
+from seqserve.service.server.app import create_app
 
 TEXTS = [
     "the twenty-first of march nineteen eighty-seven",
@@ -35,7 +35,7 @@ def tag_repo(tiny_full_repo: Path) -> Path:
 @pytest.fixture(scope="module")
 def variant_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-var/1: an untrained tagger with every LSTM variant (the "loop" export form)."""
-    from export.bundle import export_run
+    from seqserve.export.bundle import export_run
 
     run = write_untrained_tagger(tmp_path_factory.mktemp("var-run"), peephole=True, cifg=True,
                                  proj_size=6)
@@ -47,7 +47,7 @@ def variant_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("runtime", ["onnx", "torchscript"])
 def test_tag_round_trip_offsets_and_labels(tag_repo: Path, runtime: str) -> None:
-    from models.data.tags import TAGS, tagged
+    from seqserve.models.data.tags import TAGS, tagged
 
     async def go() -> list[httpx.Response]:
         async with serve_asgi(create_app(settings(tag_repo, runtime=runtime))) as c:

@@ -21,14 +21,14 @@ from fastapi import FastAPI
 from reference_search import onnx_reference
 from service_fakes import run_bounded, serve_asgi, settings
 
-from export.manifest import Manifest, load_bundle
-from service.api.translate import TranslateOptions
-from service.app import create_app
-from service.runtimes import load_runtime
-from service.runtimes.base import RuntimeSpec
-from service.scheduling.decoding import DecodingEngine
-from service.scheduling.models import DecodedModel
-from service.workers.translator import TranslatorWorker
+from seqserve.export.manifest import Manifest, load_bundle
+from seqserve.service.api.translate import TranslateOptions
+from seqserve.service.runtimes import load_runtime
+from seqserve.service.runtimes.base import RuntimeSpec
+from seqserve.service.scheduling.decoding import DecodingEngine
+from seqserve.service.scheduling.models import DecodedModel
+from seqserve.service.server.app import create_app
+from seqserve.service.workers.translator import TranslatorWorker
 
 TEXTS = ["one two three", "twenty", "forty fifty hundred thousand and un deux",
          "six seven", "cinq six sept huit neuf dix vingt", "eleven twelve twenty thirty"]
@@ -206,8 +206,8 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
     """The worker's path for a client that left (499) or a deadline that passed (504)."""
     import time
 
-    from service.errors import ClientGone, DeadlineExceeded
-    from service.workers.base import Call
+    from seqserve.service.core.errors import ClientGone, DeadlineExceeded
+    from seqserve.service.workers.base import Call
 
     app = create_app(settings(tiny_repo), fake_factory(delay=0.003))
     long = TranslateOptions(beam_size=4, min_length=30, max_length=40).search_options()

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from service_fakes import run_bounded, serve_asgi, settings
 
-from export.bundle import export_run
-from service.app import create_app
-from service.cli import main
+from seqserve.export.bundle import export_run
+from seqserve.service.cli import main
+from seqserve.service.server.app import create_app
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from service.api.translate import TranslateOptions
-from service.errors import BadRequest
-from service.scheduling.beam import MAX_BEAM_SIZE
-from service.settings import Settings
+from seqserve.service.api.translate import TranslateOptions
+from seqserve.service.core.errors import BadRequest
+from seqserve.service.scheduling.search import MAX_BEAM_SIZE
+from seqserve.service.web.settings import Settings
 
 
 @pytest.mark.parametrize("bad", [

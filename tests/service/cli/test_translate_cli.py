@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from reference_search import onnx_reference
 
-from service.cli import main
-from service.scheduling.beam import SearchOptions
+from seqserve.service.cli import main
+from seqserve.service.scheduling.search import SearchOptions
 
 
 def test_translate_command_equals_reference_and_plots(tiny_repo: Path, tmp_path: Path,

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from service_fakes import serve_in_thread
 
-from export.manifest import load_bundle
-from service.app import create_app
-from service.runtimes import load_runtime
-from service.runtimes.base import RuntimeSpec, RuntimeUnavailable
-from service.runtimes.onnx import check_providers
-from service.settings import Settings
+from seqserve.export.manifest import load_bundle
+from seqserve.service.runtimes import load_runtime
+from seqserve.service.runtimes.base import RuntimeSpec, RuntimeUnavailable
+from seqserve.service.runtimes.onnx import check_providers
+from seqserve.service.server.app import create_app
+from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"
 

@@ -11,11 +11,11 @@ import pytest
 from fake_translator import FakeTranslator
 from service_fakes import make_batcher
 
-from service.errors import QueueFull
-from service.scheduling.base import CostEstimate, admission_refusal
-from service.scheduling.beam import SearchOptions
-from service.scheduling.scheduler import EngineCore
-from service.scheduling.work import EngineConfig
+from seqserve.service.core.errors import QueueFull
+from seqserve.service.scheduling.base import CostEstimate, admission_refusal
+from seqserve.service.scheduling.scheduler import EngineCore
+from seqserve.service.scheduling.search import SearchOptions
+from seqserve.service.scheduling.work import EngineConfig
 
 
 def test_refusal_rules() -> None:

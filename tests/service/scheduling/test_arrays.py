@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.scheduling.arrays import (
+from seqserve.service.scheduling.arrays import (
     banned_mask,
     distinct_count,
     fit,

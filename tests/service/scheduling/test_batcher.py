@@ -9,8 +9,8 @@ import time
 import pytest
 from service_fakes import make_batcher
 
-from service.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
-from service.scheduling.batcher import plan_batch
+from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
+from seqserve.service.scheduling.batcher import plan_batch
 
 
 def run(coro):  # type: ignore[no-untyped-def]

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from fake_translator import FakeTranslator, decode_with_beams
 
-from service.scheduling.beam import (
+from seqserve.service.scheduling.beam_search import Beams
+from seqserve.service.scheduling.finished import Entries, FinishedStore
+from seqserve.service.scheduling.search import (
     LENGTH_SLACK,
     DecodeLimits,
     SearchOptions,
@@ -17,8 +19,6 @@ from service.scheduling.beam import (
     length_penalty,
     max_steps,
 )
-from service.scheduling.beams import Beams
-from service.scheduling.finished import Entries, FinishedStore
 
 
 def _no_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,8 +9,8 @@ import numpy as np
 from fake_translator import FakeTranslator, decode_with_beams
 from reference_search import reference_beam_search
 
-from service.scheduling.beam import SearchOptions, max_steps
-from service.scheduling.beams import Beams
+from seqserve.service.scheduling.beam_search import Beams
+from seqserve.service.scheduling.search import SearchOptions, max_steps
 
 MIXED = [
     SearchOptions(beam_size=1),

@@ -11,9 +11,9 @@ import pytest
 from fake_translator import FakeTranslator
 from reference_search import reference_beam_search
 
-from service.errors import InferenceFailed, QueueFull
-from service.scheduling.beam import Hypothesis, SearchOptions, max_steps
-from service.scheduling.decoding import DecodingEngine, EngineConfig
+from seqserve.service.core.errors import InferenceFailed, QueueFull
+from seqserve.service.scheduling.decoding import DecodingEngine, EngineConfig
+from seqserve.service.scheduling.search import Hypothesis, SearchOptions, max_steps
 
 SOURCES = [
     [5, 6, 7],
@@ -233,7 +233,7 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy() -> None:
 
 
 def test_abort_fails_pending_work_and_stop_returns() -> None:
-    from service.errors import ShuttingDown
+    from seqserve.service.core.errors import ShuttingDown
 
     fake = FakeTranslator(delay=0.002)
     engine = make_engine(fake, max_live_hypotheses=5)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 from fake_translator import FakeTranslator
 
-from service.scheduling.beam import SearchOptions
-from service.scheduling.group import DecodeGroup, MemoryBank
+from seqserve.service.scheduling.group import DecodeGroup, MemoryBank
+from seqserve.service.scheduling.search import SearchOptions
 
 
 def _memories(lengths: list[int], width: int, dim: int = 3, fill: float = 7.0) -> np.ndarray:

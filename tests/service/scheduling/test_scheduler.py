@@ -8,10 +8,10 @@ import pytest
 from fake_translator import FakeTranslator
 from reference_search import reference_beam_search
 
-from service.errors import InferenceFailed, QueueFull, ShuttingDown
-from service.scheduling.beam import SearchOptions, max_steps
-from service.scheduling.scheduler import EngineCore, Outcome
-from service.scheduling.work import Decoded, EncodeWork, EngineConfig, Status, StepWork
+from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
+from seqserve.service.scheduling.scheduler import EngineCore, Outcome
+from seqserve.service.scheduling.search import SearchOptions, max_steps
+from seqserve.service.scheduling.work import Decoded, EncodeWork, EngineConfig, Status, StepWork
 
 SOURCES = [[5, 6, 7], [9, 4, 11, 12, 13, 8], [14], [15, 16, 17, 18, 19, 20], [7, 7, 7, 7]]
 

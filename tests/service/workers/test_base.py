@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from models.tokenizer import Tokenizer
-from service.errors import BadRequest, ClientGone, DeadlineExceeded
-from service.scheduling.base import Timed, Timing
-from service.workers.base import Call, TextLimits, encode_texts
+from seqserve.models.tokenizer import Tokenizer
+from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
+from seqserve.service.scheduling.base import Timed, Timing
+from seqserve.service.workers.base import Call, TextLimits, encode_texts
 
 LIMITS = TextLimits(max_texts=3, max_chars=40, max_tokens=5, truncate=False)
 

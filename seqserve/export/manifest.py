@@ -1,0 +1,368 @@
+"""The bundle manifest: read, write, hash-check and list artifact bundles.
+
+Torch-free on purpose: the server imports this module (stdlib, numpy-free even, and
+`seqserve.models.errors` only). The layout is the contract in docs/contracts.md:
+
+    model_repository/NAME/VERSION/manifest.json      VERSION = positive integer
+                                  tokenizer.model
+                                  GRAPH.onnx, GRAPH.pt
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqserve.models.errors import BundleError
+
+SCHEMA_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+CHECKSUM_KEY = "manifest_sha256"
+TASKS = ("classifier", "translator", "tagger")
+GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
+                  "tagger": ("tagger",)}
+DECODERS = ("none", "bahdanau", "luong")
+"""Translator decoders (models/decoders.py); a translator manifest without one is luong."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output as declared in the manifest."""
+
+    name: str
+    """Tensor name in the ONNX graph (and position in the TorchScript tuple)."""
+    dtype: str
+    """numpy-style dtype name: "int64", "float32" or "bool"."""
+    shape: tuple[str | int, ...]
+    """Symbolic dim names (strings); a fixed int only where the contract says so."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(name=str(d["name"]), dtype=str(d["dtype"]), shape=tuple(d["shape"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One exported graph: its files (per format) and its signature."""
+
+    inputs: tuple[TensorSpec, ...]
+    """Inputs in positional order (the TorchScript twin takes them in this order)."""
+    outputs: tuple[TensorSpec, ...]
+    """Outputs in order (the TorchScript twin returns them as a tuple in this order)."""
+    onnx: str | None = None
+    """File name of the ONNX graph inside the bundle, or None when not exported."""
+    torchscript: str | None = None
+    """File name of the TorchScript twin inside the bundle, or None when not exported."""
+    rnn_form: str | None = None
+    """How its recurrent layers are exported: "native" ONNX RNN ops or a "loop" of standard
+    ops (LSTM variants); None in older manifests."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GraphSpec:
+        return cls(
+            inputs=tuple(TensorSpec.from_dict(x) for x in d["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(x) for x in d["outputs"]),
+            onnx=d.get("onnx"),
+            torchscript=d.get("torchscript"),
+            rnn_form=d.get("rnn_form"),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.onnx is not None:
+            out["onnx"] = self.onnx
+        if self.torchscript is not None:
+            out["torchscript"] = self.torchscript
+        if self.rnn_form is not None:
+            out["rnn_form"] = self.rnn_form
+        out["inputs"] = [t.to_dict() for t in self.inputs]
+        out["outputs"] = [t.to_dict() for t in self.outputs]
+        return out
+
+    def file(self, fmt: str) -> str | None:
+        """The file for format "onnx" or "torchscript" (None when that format is absent)."""
+        if fmt not in ("onnx", "torchscript"):
+            raise ValueError(f"unknown format {fmt!r}; expected 'onnx' or 'torchscript'")
+        return self.onnx if fmt == "onnx" else self.torchscript
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """The tokenizer file and its fixed special ids."""
+
+    file: str = "tokenizer.model"
+    """Tokenizer file name inside the bundle."""
+    vocab_size: int = 0
+    """Number of pieces, specials included."""
+    pad_id: int = 0
+    """Padding id (right padding)."""
+    unk_id: int = 1
+    """Unknown-piece id."""
+    bos_id: int = 2
+    """Beginning-of-sequence id (decoder start token)."""
+    eos_id: int = 3
+    """End-of-sequence id (decoder stop token)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything `manifest.json` records about one bundle (docs/contracts.md)."""
+
+    task: str
+    """"classifier" or "translator"."""
+    name: str
+    """Model name (the folder above the version)."""
+    version: int
+    """Positive integer version (the folder name)."""
+    graphs: dict[str, GraphSpec]
+    """Graph name -> spec: `classifier`, or `encoder` + `decoder_step`."""
+    tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
+    """Tokenizer file and special ids."""
+    created: str = ""
+    """ISO 8601 UTC creation time, e.g. "2026-11-30T00:00:00Z"."""
+    source_run: dict[str, Any] = field(default_factory=dict)
+    """{"path", "config", "test_metrics"} of the training run."""
+    labels: list[str] = field(default_factory=list)
+    """Class labels in logit order (classifiers; empty for translators)."""
+    limits: dict[str, int] = field(default_factory=dict)
+    """{"max_tokens", "max_decode_length"}: input and output length limits."""
+    opset: int | None = None
+    """ONNX opset of the graphs (None when no ONNX graph was exported)."""
+    parity: dict[str, Any] = field(default_factory=dict)
+    """Parity report measured at export time (max abs differences, grid, tolerances)."""
+    libraries: dict[str, str] = field(default_factory=dict)
+    """Versions of torch, onnx, onnxruntime used at export."""
+    files: dict[str, str] = field(default_factory=dict)
+    """File name -> sha256 hex digest of every file in the bundle except manifest.json
+    (which carries its own `manifest_sha256`, written by `write_manifest`)."""
+    schema_version: int = SCHEMA_VERSION
+    """Manifest schema version."""
+    decoder: str | None = None
+    """Translators: the decoder, "none" (fixed context: decoder_step's attention output is
+    all zeros) | "bahdanau" | "luong"; None for other tasks and in older manifests (= luong)."""
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise BundleError(f"manifest: task {self.task!r} is not one of {TASKS}")
+        if self.version < 1:
+            raise BundleError(f"manifest: version {self.version} must be a positive integer")
+        missing = [g for g in GRAPHS_BY_TASK[self.task] if g not in self.graphs]
+        if missing:
+            raise BundleError(f"manifest: task {self.task} needs graphs {missing}")
+        if self.decoder is not None and (self.task != "translator"
+                                         or self.decoder not in DECODERS):
+            raise BundleError(f"manifest: decoder {self.decoder!r} needs task translator and "
+                              f"one of {DECODERS}")
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether decoder_step's attention output means anything (False for decoder none;
+        classifiers have attention pooling, taggers none)."""
+        if self.task == "translator":
+            return self.decoder != "none"
+        return self.task == "classifier"
+
+    @property
+    def formats(self) -> list[str]:
+        """Formats present for every graph ("onnx", "torchscript")."""
+        return [
+            f for f in ("onnx", "torchscript")
+            if all(g.file(f) is not None for g in self.graphs.values())
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "schema_version": self.schema_version,
+            "task": self.task,
+            "name": self.name,
+            "version": self.version,
+            "created": self.created,
+            "source_run": self.source_run,
+            "tokenizer": asdict(self.tokenizer),
+            "labels": list(self.labels),
+            "limits": dict(self.limits),
+            "graphs": {k: g.to_dict() for k, g in self.graphs.items()},
+            "opset": self.opset,
+            "parity": self.parity,
+            "libraries": dict(self.libraries),
+            "files": dict(sorted(self.files.items())),
+        }
+        if self.decoder is not None:
+            d["decoder"] = self.decoder
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        try:
+            schema = int(d.get("schema_version", 0))
+            if schema != SCHEMA_VERSION:
+                raise BundleError(
+                    f"manifest: schema_version {schema} is not supported (expected "
+                    f"{SCHEMA_VERSION})"
+                )
+            return cls(
+                schema_version=schema,
+                task=str(d["task"]),
+                name=str(d["name"]),
+                version=int(d["version"]),
+                created=str(d.get("created", "")),
+                source_run=dict(d.get("source_run") or {}),
+                tokenizer=TokenizerSpec(**(d.get("tokenizer") or {})),
+                labels=[str(x) for x in d.get("labels") or []],
+                limits={str(k): int(v) for k, v in (d.get("limits") or {}).items()},
+                graphs={k: GraphSpec.from_dict(g) for k, g in d["graphs"].items()},
+                opset=None if d.get("opset") is None else int(d["opset"]),
+                parity=dict(d.get("parity") or {}),
+                libraries={str(k): str(v) for k, v in (d.get("libraries") or {}).items()},
+                files={str(k): str(v) for k, v in (d.get("files") or {}).items()},
+                decoder=None if d.get("decoder") is None else str(d["decoder"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest_checksum(data: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON (sorted keys, compact), without its own
+    `manifest_sha256` field: a byte changed in manifest.json changes the parsed content or
+    breaks the JSON, so either way the file no longer matches."""
+    body = {k: v for k, v in data.items() if k != CHECKSUM_KEY}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def read_manifest(bundle_dir: str | os.PathLike[str], require_checksum: bool = False
+                  ) -> Manifest:
+    """Parse `bundle_dir/manifest.json`; check its own `manifest_sha256` when present
+    (required with `require_checksum`). File hashes are checked by `load_bundle`."""
+    path = Path(bundle_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise BundleError(f"{path}: manifest.json is missing")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{path}: manifest.json is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: manifest.json must hold a JSON object")
+    if CHECKSUM_KEY in data:
+        if data[CHECKSUM_KEY] != manifest_checksum(data):
+            raise BundleError(f"{path}: manifest.json was changed after export "
+                              f"({CHECKSUM_KEY} does not match its content)")
+    elif require_checksum:
+        raise BundleError(f"{path}: manifest.json has no {CHECKSUM_KEY}")
+    return Manifest.from_dict(data)
+
+
+def write_manifest(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> Path:
+    """Write `bundle_dir/manifest.json` (indented, contract key order, own checksum last)."""
+    path = Path(bundle_dir) / MANIFEST_FILE
+    data = manifest.to_dict()
+    data[CHECKSUM_KEY] = manifest_checksum(data)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def hash_files(bundle_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """sha256 of every regular file in the bundle folder except manifest.json."""
+    root = Path(bundle_dir)
+    return {
+        p.name: sha256_file(p)
+        for p in sorted(root.iterdir())
+        if p.name != MANIFEST_FILE and p.is_file()
+    }
+
+
+def _referenced_files(manifest: Manifest) -> list[str]:
+    names = [manifest.tokenizer.file]
+    for g in manifest.graphs.values():
+        names += [f for f in (g.onnx, g.torchscript) if f is not None]
+    return names
+
+
+def verify_files(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Check the folder against `manifest.files`; raise BundleError naming the first bad file."""
+    root = Path(bundle_dir)
+    for name in _referenced_files(manifest):
+        if name not in manifest.files:
+            raise BundleError(f"{root / name}: used by the manifest but has no sha256 in 'files'")
+    present = {p.name for p in root.iterdir() if p.name != MANIFEST_FILE}
+    for name in sorted(present - set(manifest.files)):
+        raise BundleError(f"{root / name}: file is not listed in the manifest")
+    for name, digest in sorted(manifest.files.items()):
+        path = root / name
+        if os.sep in name or "/" in name or name in ("", ".", ".."):
+            raise BundleError(f"{root}: manifest lists an invalid file name {name!r}")
+        if not path.is_file():
+            raise BundleError(f"{path}: listed in the manifest but missing")
+        actual = sha256_file(path)
+        if actual != digest:
+            raise BundleError(
+                f"{path}: sha256 mismatch (manifest {digest[:12]}..., file {actual[:12]}...)"
+            )
+
+
+def load_bundle(bundle_dir: str | os.PathLike[str], verify: bool = True,
+                require_checksum: bool = False) -> Manifest:
+    """Read a bundle's manifest and (by default) verify every file's sha256.
+
+    Raises BundleError naming the file when a hash differs, a listed file is missing, a file
+    exists beside the manifest without being listed, or manifest.json itself does not match
+    its `manifest_sha256` (checked whenever present; required with `require_checksum`).
+    """
+    root = Path(bundle_dir)
+    if not root.is_dir():
+        raise BundleError(f"{root}: bundle folder does not exist")
+    manifest = read_manifest(root, require_checksum)
+    if verify:
+        verify_files(root, manifest)
+    return manifest
+
+
+def list_bundles(repo: str | os.PathLike[str]) -> list[tuple[str, int, Path]]:
+    """(name, version, path) of every `repo/NAME/VERSION/` holding a manifest.json.
+
+    Version folders are positive integers; other folders (including the temporary folders an
+    export writes before its atomic rename, which start with ".") are skipped. Sorted by name,
+    then version ascending.
+    """
+    root = Path(repo)
+    if not root.is_dir():
+        return []
+    found: list[tuple[str, int, Path]] = []
+    for model_dir in sorted(root.iterdir()):
+        if not model_dir.is_dir() or model_dir.name.startswith("."):
+            continue
+        for vdir in model_dir.iterdir():
+            if not (vdir.is_dir() and vdir.name.isdigit() and vdir.name.isascii()):
+                continue
+            version = int(vdir.name)
+            if version >= 1 and (vdir / MANIFEST_FILE).is_file():
+                found.append((model_dir.name, version, vdir))
+    return sorted(found, key=lambda t: (t[0], t[1]))
+
+
+def next_version(repo: str | os.PathLike[str], name: str) -> int:
+    """One more than the highest integer version folder of `name` (1 when there is none)."""
+    model_dir = Path(repo) / name
+    if not model_dir.is_dir():
+        return 1
+    versions = [
+        int(p.name) for p in model_dir.iterdir()
+        if p.is_dir() and p.name.isdigit() and p.name.isascii()
+    ]
+    return max(versions, default=0) + 1

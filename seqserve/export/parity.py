@@ -1,0 +1,252 @@
+"""Parity and batch-invariance checks of exported graphs over a grid of padded batches.
+
+Every format (eager, onnx, torchscript) is a set of runners, one per graph. Over batch sizes
+x longest lengths (mixed-length, right-padded batches) the check records
+
+- parity: max |format - reference| per graph output (reference: eager at export time, the
+  TorchScript twin in `seqserve verify`), top-k ids compared with tie tolerance;
+- batch invariance: per format, max |row in the padded batch - that row run alone| /
+  max(1, |row alone|) (on the row's valid positions: absolute up to magnitude 1, relative
+  above) and max |padded positions| (must be zero);
+- dynamic k: the decoder step run with k=1 returns column 0 of its k=5 result.
+
+The decoder step runs twice per batch: from the encoder's state, then from the reference's
+new state, so the recurrent inputs a first step sees as zeros (Luong input feeding starts
+from o_0 = 0) are non-zero in the second and every decoder's state path is compared.
+
+The report is JSON-ready (it goes into the manifest); `failures` lists every broken bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from seqserve.export.compare import (
+    grid_lengths,
+    max_abs,
+    max_scaled,
+    padded_batch,
+    row_view,
+    topk_id_mismatches,
+)
+from seqserve.export.manifest import GRAPHS_BY_TASK, GraphSpec
+from seqserve.export.runners import Arrays, Runner
+
+BATCH_SIZES = (1, 3, 16)
+LENGTHS = (1, 7, 64)
+PARITY_TOL = 1e-4
+INVARIANCE_TOL = 1e-5
+BEAMS = 2  # decoder-step hypothesis rows per request
+TOP_K = 5
+
+
+@dataclass
+class _Tally:
+    """Running maxima, keyed "format" -> "graph.output"."""
+
+    parity: dict[str, dict[str, float]] = field(default_factory=dict)
+    invariance: dict[str, dict[str, float]] = field(default_factory=dict)
+    id_mismatches: dict[str, int] = field(default_factory=dict)
+    tie_swaps: dict[str, int] = field(default_factory=dict)
+    k_dynamic: dict[str, bool] = field(default_factory=dict)
+
+    def note(self, table: dict[str, dict[str, float]], fmt: str, key: str, value: float) -> None:
+        row = table.setdefault(fmt, {})
+        row[key] = max(row.get(key, 0.0), value)
+
+    def ids(self, fmt: str, bad: int, ties: int) -> None:
+        self.id_mismatches[fmt] = self.id_mismatches.get(fmt, 0) + bad
+        self.tie_swaps[fmt] = self.tie_swaps.get(fmt, 0) + ties
+
+
+@dataclass(frozen=True)
+class ParityGrid:
+    """What to run: grid, tolerances and seed."""
+
+    max_length: int
+    """Configured maximum input length (always part of the grid)."""
+    vocab_size: int
+    """Token ids are drawn from [4, vocab_size)."""
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
+    """Batch sizes (requests per batch)."""
+    lengths: tuple[int, ...] = LENGTHS
+    """Longest lengths per batch (those above max_length are dropped)."""
+    parity_tol: float = PARITY_TOL
+    """Bound on |format - reference|."""
+    invariance_tol: float = INVARIANCE_TOL
+    """Bound on |row in batch - row alone| and on padded outputs."""
+    pad_id: int = 0
+    """Padding id."""
+    seed: int = 0
+    """Seed of the generated batches."""
+
+    def cases(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Padded batches (ids (B, T), lengths (B,)) over batch sizes x lengths."""
+        rng = np.random.default_rng(self.seed)
+        for longest in grid_lengths(self.lengths, self.max_length):
+            for batch in self.batch_sizes:
+                yield padded_batch(rng, batch, longest, self.vocab_size, self.pad_id)
+
+
+def _compare_outputs(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, ref: Arrays,
+                     got: Arrays, tol: float) -> None:
+    for out in spec.outputs:
+        if out.name == "topk_ids":
+            bad, ties = topk_id_mismatches(ref["topk_ids"], ref["topk_logprobs"],
+                                           got["topk_ids"], got["topk_logprobs"], tol)
+            tally.ids(fmt, bad, ties)
+        else:
+            tally.note(tally.parity, fmt, f"{graph}.{out.name}", max_abs(ref[out.name],
+                                                                        got[out.name]))
+
+
+def _row_invariance(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, batch_out: Arrays,
+                    row: int, length: int, alone: Arrays, tol: float) -> None:
+    views = {out.name: row_view(out, batch_out[out.name], row, length) for out in spec.outputs}
+    for out in spec.outputs:
+        valid, tail = views[out.name]
+        if out.name == "topk_ids":  # (1, k): compared with tie tolerance
+            bad, ties = topk_id_mismatches(alone["topk_ids"], alone["topk_logprobs"], valid,
+                                           views["topk_logprobs"][0], tol)
+            tally.ids(fmt, bad, ties)
+            continue
+        diff = max_scaled(valid, alone[out.name])
+        if tail.size:
+            diff = max(diff, float(np.max(np.abs(tail.astype(np.float64)))))
+        tally.note(tally.invariance, fmt, f"{graph}.{out.name}", diff)
+
+
+def _sequence_graph(tally: _Tally, graph: str, spec: GraphSpec, runners: dict[str, Runner],
+                    reference: str, ids: np.ndarray, lengths: np.ndarray, tol: float,
+                    inv_tol: float) -> Arrays:
+    """classifier or encoder on one batch: parity against reference and row invariance.
+    Returns the reference outputs."""
+    names = [t.name for t in spec.inputs]  # (ids, lengths) under their graph names
+    outs = {fmt: run({names[0]: ids, names[1]: lengths}) for fmt, run in runners.items()}
+    for fmt, got in outs.items():
+        if fmt != reference:
+            _compare_outputs(tally, fmt, graph, spec, outs[reference], got, tol)
+        for b, n in enumerate(lengths.tolist()):
+            alone = runners[fmt]({names[0]: ids[b : b + 1, :n], names[1]: lengths[b : b + 1]})
+            _row_invariance(tally, fmt, graph, spec, got, b, n, alone, inv_tol)
+    return outs[reference]
+
+
+def _step_inputs(rng: np.random.Generator, enc: Arrays, vocab_size: int) -> Arrays:
+    """Decoder-step inputs for BEAMS hypotheses per request from encoder outputs."""
+    batch = enc["memory"].shape[0]
+    memory_index = np.repeat(np.arange(batch, dtype=np.int64), BEAMS)  # (R,)
+    return {
+        "prev_ids": rng.integers(4, vocab_size, size=memory_index.shape[0], dtype=np.int64),
+        "state": np.ascontiguousarray(enc["state"][memory_index]),  # (R, state_dim)
+        "memory": enc["memory"],  # (N, S, D)
+        "src_mask": enc["src_mask"],  # (N, S)
+        "memory_index": memory_index,
+        "k": np.array([min(TOP_K, vocab_size)], dtype=np.int64),
+    }
+
+
+def _decoder_step(tally: _Tally, spec: GraphSpec, runners: dict[str, Runner], reference: str,
+                  inputs: Arrays, lengths: np.ndarray, tol: float, inv_tol: float) -> Arrays:
+    """One step on every format: parity, row invariance, dynamic k. Returns the reference's
+    outputs."""
+    outs = {fmt: run(inputs) for fmt, run in runners.items()}
+    for fmt, got in outs.items():
+        if fmt != reference:
+            _compare_outputs(tally, fmt, "decoder_step", spec, outs[reference], got, tol)
+        for r, req in enumerate(inputs["memory_index"].tolist()):
+            n = int(lengths[req])
+            alone_in = dict(inputs, prev_ids=inputs["prev_ids"][r : r + 1],
+                            state=inputs["state"][r : r + 1],
+                            memory=inputs["memory"][req : req + 1, :n],
+                            src_mask=inputs["src_mask"][req : req + 1, :n],
+                            memory_index=np.zeros(1, dtype=np.int64))
+            alone = runners[fmt](alone_in)
+            _row_invariance(tally, fmt, "decoder_step", spec, got, r, n, alone, inv_tol)
+        if fmt not in tally.k_dynamic:  # once per format: k=1 on the same graph
+            one = runners[fmt](dict(inputs, k=np.array([1], dtype=np.int64)))
+            tally.k_dynamic[fmt] = bool(
+                one["topk_ids"].shape == (got["topk_ids"].shape[0], 1)
+                and got["topk_ids"].shape[1] == int(inputs["k"][0])
+                and np.array_equal(one["topk_ids"][:, 0], got["topk_ids"][:, 0])
+            )
+    return outs[reference]
+
+
+def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: str,
+                 specs: dict[str, GraphSpec], grid: ParityGrid,
+                 progress: bool = False) -> dict[str, Any]:
+    """Run the grid for every format in `runners` (format -> graph -> runner).
+
+    The decoder step is fed from the reference encoder's outputs, so every format sees the
+    same step inputs. Returns the JSON-ready report (see module doc).
+    """
+    started = time.perf_counter()
+    tally = _Tally()
+    rng = np.random.default_rng(grid.seed + 1)
+    cases = list(grid.cases())
+    first_graph = GRAPHS_BY_TASK[task][0]
+    bar = _progress(len(cases), f"parity {task}", progress)
+    for ids, lengths in cases:
+        graph_runners = {fmt: r[first_graph] for fmt, r in runners.items()}
+        ref_out = _sequence_graph(tally, first_graph, specs[first_graph], graph_runners,
+                                  reference, ids, lengths, grid.parity_tol, grid.invariance_tol)
+        if task == "translator":
+            step_runners = {fmt: r["decoder_step"] for fmt, r in runners.items()}
+            step_in = _step_inputs(rng, ref_out, grid.vocab_size)
+            for _ in range(2):  # the second step starts from the first one's new state
+                step_out = _decoder_step(tally, specs["decoder_step"], step_runners, reference,
+                                         step_in, lengths, grid.parity_tol, grid.invariance_tol)
+                step_in = dict(step_in, state=step_out["new_state"],
+                               prev_ids=step_out["topk_ids"][:, 0].astype(np.int64))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return _report(task, tally, reference, list(runners), grid, len(cases),
+                   time.perf_counter() - started)
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="batch", leave=False)
+
+
+def _report(task: str, tally: _Tally, reference: str, formats: list[str], grid: ParityGrid,
+            cases: int, seconds: float) -> dict[str, Any]:
+    failures: list[str] = []
+    for fmt, row in tally.parity.items():
+        failures += [f"{fmt} vs {reference}: {key} differs by {v:.3g} > {grid.parity_tol:g}"
+                     for key, v in row.items() if not v <= grid.parity_tol]
+    for fmt, row in tally.invariance.items():
+        failures += [f"{fmt}: batch invariance of {key} broken by {v:.3g} > "
+                     f"{grid.invariance_tol:g}" for key, v in row.items()
+                     if not v <= grid.invariance_tol]
+    failures += [f"{fmt}: {n} top-k ids differ (not near-ties)"
+                 for fmt, n in tally.id_mismatches.items() if n]
+    failures += [f"{fmt}: decoder_step ignores its k input (k=1 run is not column 0 of k={TOP_K})"
+                 for fmt, ok in tally.k_dynamic.items() if not ok]
+    return {
+        "reference": reference,
+        "formats": formats,
+        "grid": {"batch_sizes": list(grid.batch_sizes),
+                 "lengths": grid_lengths(grid.lengths, grid.max_length),
+                 "batches": cases, "seed": grid.seed},
+        "tolerances": {"parity": grid.parity_tol, "invariance": grid.invariance_tol},
+        "parity_max_abs": tally.parity,
+        "invariance_max_diff": tally.invariance,
+        "topk_id_mismatches": tally.id_mismatches,
+        "topk_tie_swaps": tally.tie_swaps,
+        "k_dynamic": tally.k_dynamic if task == "translator" else {},
+        "failures": failures,
+        "passed": not failures,
+        "seconds": round(seconds, 2),
+    }

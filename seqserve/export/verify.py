@@ -1,0 +1,100 @@
+"""Re-verify a written bundle without the training run: hashes, graph signatures, and
+(optionally) ONNX vs TorchScript parity plus batch invariance on generated inputs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from seqserve.export.manifest import GRAPHS_BY_TASK, GraphSpec, Manifest, load_bundle
+from seqserve.models.errors import BundleError
+
+
+def _check_specs(manifest: Manifest) -> None:
+    """The manifest's declared signatures must be the contract's."""
+    from seqserve.export.graphs import SPECS
+
+    for name in GRAPHS_BY_TASK[manifest.task]:
+        got, want = manifest.graphs[name], SPECS[name]
+        if (got.inputs, got.outputs) != (want.inputs, want.outputs):
+            raise BundleError(f"manifest.json: graph {name} declares a signature that differs "
+                              "from the contract (docs/contracts.md)")
+        if got.onnx is None and got.torchscript is None:
+            raise BundleError(f"manifest.json: graph {name} has no file in any format")
+
+
+def _runners(root: Path, manifest: Manifest) -> dict[str, dict[str, Any]]:
+    from seqserve.export.runners import onnx_runner, torchscript_runner
+
+    runners: dict[str, dict[str, Any]] = {}
+    for name, spec in manifest.graphs.items():
+        try:
+            if spec.onnx:
+                runners.setdefault("onnx", {})[name] = onnx_runner(root / spec.onnx, spec)
+            if spec.torchscript:
+                runners.setdefault("torchscript", {})[name] = torchscript_runner(
+                    root / spec.torchscript, spec)
+        except Exception as exc:  # a corrupt-but-rehashed file fails to load
+            raise BundleError(f"{root}: graph {name} does not load: {exc}") from exc
+    return runners
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _vocab_size(manifest: Manifest) -> int:
+    model_cfg = (manifest.source_run.get("config") or {}).get("model") or {}
+    return int(model_cfg.get("vocab_size") or manifest.tokenizer.vocab_size)
+
+
+def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
+                  progress: bool = False, grid: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Check a bundle; raise BundleError naming what is wrong, else return a report dict.
+
+    Checks: every sha256 (no missing, no unlisted files), manifest.json against its own
+    `manifest_sha256`, the contract signatures in the
+    manifest and in each ONNX graph (symbolic dims, dtypes, opset, checker), and with
+    `parity`: ONNX vs TorchScript within the recorded tolerance and batch invariance of each
+    format over the grid (batch sizes x lengths up to the bundle's max_tokens), with the
+    contract's bounds (1e-4 parity, 1e-5 invariance) unless `grid` overrides them.
+    """
+    from seqserve.export.formats import check_onnx
+
+    root = Path(bundle_dir)
+    manifest = load_bundle(root, verify=True, require_checksum=True)
+    _check_specs(manifest)
+    for spec in manifest.graphs.values():
+        if spec.onnx:
+            check_onnx(root / spec.onnx, GraphSpec(spec.inputs, spec.outputs), manifest.opset)
+    report: dict[str, Any] = {"bundle": str(root), "name": manifest.name,
+                              "version": manifest.version, "task": manifest.task,
+                              "files": sorted(manifest.files), "hashes": "ok", "parity": None}
+    if not parity:
+        return report
+    from seqserve.export.parity import ParityGrid, check_parity
+
+    runners = _runners(root, manifest)
+    reference = "torchscript" if "torchscript" in runners else "onnx"
+    params = ParityGrid(  # the contract's bounds, not whatever the manifest says
+        max_length=int(manifest.limits.get("max_tokens", 64)),
+        vocab_size=_vocab_size(manifest), pad_id=manifest.tokenizer.pad_id, **(grid or {}),
+    )
+    with _torch_threads(1):  # many small runs: one thread is fastest, even on an idle box
+        result = check_parity(manifest.task, runners, reference, manifest.graphs, params,
+                              progress=progress)
+    report["parity"] = result
+    if not result["passed"]:
+        raise BundleError(f"{root}: parity check failed:\n  " + "\n  ".join(result["failures"]))
+    return report

@@ -1,0 +1,134 @@
+"""PNG plots (matplotlib, Agg backend): latency and throughput against offered rate, histogram."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from seqserve.loadtest.runner import RunResult
+
+MAX_HIST_STEPS = 6
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """Label a log axis with plain numbers (120, 300) instead of 1.2x10^2."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v: float, _pos: int) -> str:
+        return f"{v:g}" if f"{v:e}"[0] in "25" else ""  # label 2x and 5x only
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
+def _x_of(step: RunResult) -> float:
+    """Offered rate (open loop) or the achieved send rate (closed loop)."""
+    return step.config.rate if step.config.rate is not None else step.summary["sent_rps"]
+
+
+def _x_label(steps: list[RunResult]) -> str:
+    if steps[0].config.mode == "open":
+        return "offered rate (req/s)"
+    return "send rate (req/s, closed loop)"
+
+
+def _latency_plot(plt: Any, path: Path, steps: list[RunResult], slo: float | None) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    xs = [_x_of(s) for s in steps]
+    for key in ("p50", "p90", "p99", "max"):
+        ys = [(s.summary["latency_ms"] or {}).get(key, float("nan")) for s in steps]
+        ax.plot(xs, ys, marker="o", label=key)
+    if slo is not None:
+        ax.axhline(slo, color="red", linestyle="--", label=f"SLO p99 {slo:g} ms")
+    ax.set(
+        xlabel=_x_label(steps),
+        ylabel="latency from scheduled send (ms)",
+        title=f"{steps[0].config.model} {steps[0].config.task}: latency",
+    )
+    ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _throughput_plot(plt: Any, path: Path, steps: list[RunResult]) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    xs = [_x_of(s) for s in steps]
+    ax.plot(xs, [s.summary["throughput_rps"] for s in steps], marker="o", label="ok req/s")
+    ax.plot(
+        xs, [s.summary["sent_rps"] for s in steps], marker="x", linestyle=":", label="sent req/s"
+    )
+    if steps[0].config.mode == "open":
+        ax.plot(xs, xs, color="gray", linestyle="--", label="offered")
+    ax.set(
+        xlabel=_x_label(steps),
+        ylabel="requests/s",
+        title=f"{steps[0].config.model} {steps[0].config.task}: throughput",
+    )
+    if steps[0].config.task == "translate":
+        ax2 = ax.twinx()
+        ax2.plot(
+            xs,
+            [s.summary["tokens_per_s"] or 0.0 for s in steps],
+            color="green",
+            marker="s",
+            label="generated tokens/s",
+        )
+        ax2.set_ylabel("generated tokens/s")
+        ax2.legend(loc="lower right")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _histogram_plot(plt: Any, np: Any, path: Path, steps: list[RunResult]) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    shown = steps[-MAX_HIST_STEPS:]
+    data = [np.array([r.latency_s for r in s.records if r.outcome == "ok"]) * 1e3 for s in shown]
+    nonempty = [d for d in data if d.size]
+    if nonempty:
+        lo = max(min(float(d.min()) for d in nonempty), 1e-3)
+        hi = max(max(float(d.max()) for d in nonempty), lo * 1.01)
+        bins = np.geomspace(lo, hi, 50)
+        for step, d in zip(shown, data, strict=True):
+            if d.size:
+                label = f"{_x_of(step):.1f} req/s" if len(shown) > 1 else f"n={d.size}"
+                ax.hist(d, bins=bins, histtype="step", label=label)
+        ax.set_xscale("log")
+        _plain_log_ticks(ax.xaxis)
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no successful requests", ha="center", transform=ax.transAxes)
+    ax.set(
+        xlabel="latency from scheduled send (ms)",
+        ylabel="requests",
+        title=f"{steps[0].config.model} {steps[0].config.task}: latency histogram",
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(out: Path, steps: list[RunResult], slo_p99_ms: float | None) -> dict[str, Path]:
+    """latency_vs_rate.png, throughput_vs_rate.png and latency_hist.png in `out`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = {
+        "latency_plot": out / "latency_vs_rate.png",
+        "throughput_plot": out / "throughput_vs_rate.png",
+        "histogram": out / "latency_hist.png",
+    }
+    _latency_plot(plt, paths["latency_plot"], steps, slo_p99_ms)
+    _throughput_plot(plt, paths["throughput_plot"], steps)
+    _histogram_plot(plt, np, paths["histogram"], steps)
+    return paths

@@ -1,0 +1,74 @@
+"""Files of a load test: results.json, results.csv and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from seqserve.loadtest.plots import write_plots
+from seqserve.loadtest.records import CSV_FIELDS
+from seqserve.loadtest.runner import RunResult
+
+RESULTS_SCHEMA = 1
+
+
+def results_payload(
+    steps: list[RunResult],
+    *,
+    slo_p99_ms: float | None = None,
+    best_rate: float | None = None,
+    passed: list[bool] | None = None,
+    command: str | None = None,
+    label: str | None = None,
+) -> dict[str, Any]:
+    """The results.json document: configuration, per-step summaries and the verdict."""
+    if not steps:
+        raise ValueError("no steps to report")
+    throughputs = [s.summary["throughput_rps"] for s in steps]
+    return {
+        "tool": "seqserve loadtest",
+        "schema_version": RESULTS_SCHEMA,
+        "label": label,
+        "command": command,
+        "started_at": steps[0].started_at,
+        "config": asdict(steps[0].config)
+        | {"rate": None if len(steps) > 1 else steps[0].config.rate},
+        "rates": [s.config.rate for s in steps],
+        "slo_p99_ms": slo_p99_ms,
+        "best_rate": best_rate,
+        "passed": passed,
+        "saturation_rps": max(throughputs),
+        "steps": [s.summary for s in steps],
+    }
+
+
+def write_csv(path: Path, steps: list[RunResult]) -> None:
+    """Per-request rows of every step."""
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(CSV_FIELDS))
+        writer.writeheader()
+        for i, step in enumerate(steps):
+            for record in step.records:
+                writer.writerow(record.csv_row(step=i, offered_rate=step.config.rate))
+
+
+def write_results(
+    out_dir: str | Path, steps: list[RunResult], plots: bool = True, **payload_args: Any
+) -> dict[str, Path]:
+    """Write results.json, results.csv and (by default) the plots; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    payload = results_payload(steps, **payload_args)
+    paths = {"json": out / "results.json", "csv": out / "results.csv"}
+    paths["json"].write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    write_csv(paths["csv"], steps)
+    if plots:
+        if importlib.util.find_spec("matplotlib") is None:
+            print("plots skipped: matplotlib is not installed (pip install matplotlib)")
+        else:
+            paths |= write_plots(out, steps, payload.get("slo_p99_ms"))
+    return paths

@@ -1,0 +1,181 @@
+"""The load generator: an open-loop scheduler and a closed-loop client pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from seqserve.loadtest.client import Client, Response, make_client
+from seqserve.loadtest.config import LoadConfig
+from seqserve.loadtest.live import LiveStats, ProgressFn, report_progress
+from seqserve.loadtest.protocol import (
+    SHED_STATUSES,
+    build_payload,
+    count_generated_tokens,
+    parse_retry_after,
+    parse_server_timing,
+)
+from seqserve.loadtest.records import RequestRecord
+from seqserve.loadtest.schedule import poisson_arrivals
+from seqserve.loadtest.texts import TextSampler
+
+ERROR_PAUSE_S = 0.01
+"""Closed loop: pause after an error or a shed answer without Retry-After (no hot loop)."""
+
+
+@dataclass
+class RunResult:
+    """Everything one run produced."""
+
+    config: LoadConfig
+    records: list[RequestRecord]
+    started_at: str
+    """UTC ISO time the run started."""
+    wall_s: float
+    """Start to last completion, seconds."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Filled by `stats.summarize`."""
+
+
+class _Run:
+    """Shared state of one run: clock origin, client, texts, counters."""
+
+    def __init__(self, cfg: LoadConfig, sampler: TextSampler, client: Client) -> None:
+        self.cfg = cfg
+        self.sampler = sampler
+        self.client = client
+        self.live = LiveStats()
+        self.records: list[RequestRecord] = []
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def new_record(self, scheduled_s: float) -> RequestRecord:
+        record = RequestRecord(len(self.records), scheduled_s, texts=self.cfg.texts_per_request)
+        self.records.append(record)
+        return record
+
+    async def send(self, record: RequestRecord) -> None:
+        """Send one request and fill in the record; never raises for network or HTTP trouble."""
+        cfg = self.cfg
+        payload = build_payload(cfg.task, self.sampler.draw(record.texts), cfg.beam_size)
+        record.sent_s = self.now()
+        self.live.on_sent()
+        try:
+            response = await self.client.post_json(cfg.path, payload)
+        except Exception as exc:  # every transport failure is a counted error, not a crash
+            record.done_s = self.now()
+            record.outcome, record.error = "error", type(exc).__name__
+            self.live.on_done(record)
+            return
+        record.done_s = self.now()
+        _fill_from_response(record, response, cfg.task)
+        self.live.on_done(record)
+
+
+def _fill_from_response(record: RequestRecord, response: Response, task: str) -> None:
+    record.status = response.status
+    timing = parse_server_timing(response.headers.get("server-timing"))
+    record.server_queue_ms = timing.get("queue")
+    record.server_compute_ms = timing.get("compute")
+    if 200 <= response.status < 300:
+        record.outcome = "ok"
+        if task == "translate":
+            try:
+                record.tokens = count_generated_tokens(response.json())
+            except ValueError:
+                record.outcome, record.error = "http_error", "InvalidJSON"
+    elif response.status in SHED_STATUSES:
+        record.outcome = "shed"
+        record.retry_after_s = parse_retry_after(response.headers.get("retry-after"))
+    else:
+        record.outcome = "http_error"
+
+
+async def _open_loop(run: _Run) -> None:
+    """Launch each request at its Poisson arrival time without waiting for earlier ones."""
+    cfg = run.cfg
+    assert cfg.rate is not None
+    arrivals = poisson_arrivals(cfg.rate, cfg.duration_s, cfg.requests, cfg.seed)
+    in_flight: set[asyncio.Task[None]] = set()
+    for at in arrivals:
+        await asyncio.sleep(max(0.0, at - run.now()))  # also yields when behind schedule
+        record = run.new_record(at)
+        if len(in_flight) >= cfg.max_in_flight:
+            record.outcome = "dropped"  # client-side overflow: counted, never sent
+        else:
+            task = asyncio.create_task(run.send(record))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        run.live.on_scheduled(record)
+    if in_flight:
+        await asyncio.gather(*in_flight)
+
+
+async def _closed_worker(run: _Run, budget: list[int]) -> None:
+    """One client: send, wait for the answer (and any Retry-After), send again."""
+    cfg = run.cfg
+    while cfg.duration_s is None or run.now() < cfg.duration_s:
+        if budget[0] <= 0:
+            return
+        budget[0] -= 1
+        record = run.new_record(run.now())
+        run.live.on_scheduled(record)
+        await run.send(record)
+        pause = 0.0
+        if record.outcome == "shed" and record.retry_after_s is not None:
+            pause = min(record.retry_after_s, cfg.max_retry_after_s)
+        elif record.outcome in ("shed", "error"):
+            pause = ERROR_PAUSE_S
+        if cfg.duration_s is not None:
+            pause = min(pause, max(0.0, cfg.duration_s - run.now()))
+        if pause > 0:
+            await asyncio.sleep(pause)
+
+
+async def _closed_loop(run: _Run) -> None:
+    cfg = run.cfg
+    assert cfg.concurrency is not None
+    budget = [cfg.requests if cfg.requests is not None else 2**62]
+    await asyncio.gather(*(_closed_worker(run, budget) for _ in range(cfg.concurrency)))
+
+
+async def arun_load(
+    cfg: LoadConfig, sampler: TextSampler, progress: ProgressFn | None = None, label: str = ""
+) -> RunResult:
+    """Run one load test (open or closed loop) and return its records and summary."""
+    from seqserve.loadtest.stats import summarize
+
+    connections = cfg.max_in_flight if cfg.mode == "open" else (cfg.concurrency or 1)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    client = make_client(cfg.http_client, cfg.url, connections, cfg.timeout_s)
+    try:
+        run = _Run(cfg, sampler, client)
+        reporter = None
+        if progress is not None:
+            reporter = asyncio.create_task(report_progress(run.live, progress, label))
+        try:
+            await (_open_loop(run) if cfg.mode == "open" else _closed_loop(run))
+        finally:
+            if reporter is not None:
+                reporter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reporter
+        wall_s = run.now()
+    finally:
+        await client.aclose()
+    result = RunResult(cfg, run.records, started_at, wall_s)
+    result.summary = summarize(result)
+    return result
+
+
+def run_load(
+    cfg: LoadConfig, sampler: TextSampler, progress: ProgressFn | None = None, label: str = ""
+) -> RunResult:
+    """Blocking wrapper of `arun_load`."""
+    return asyncio.run(arun_load(cfg, sampler, progress, label))

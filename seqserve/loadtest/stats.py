@@ -1,0 +1,105 @@
+"""Summaries of a run: counts, rates, client latency and Server-Timing percentiles."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from seqserve.loadtest.records import RequestRecord
+
+if TYPE_CHECKING:
+    from seqserve.loadtest.runner import RunResult
+
+PERCENTILES = (50, 90, 99)
+
+
+def percentiles_ms(values_s: Iterable[float | None], scale: float = 1e3) -> dict[str, float] | None:
+    """{"p50", "p90", "p99", "max", "mean", "min"} of the non-None values, times `scale`."""
+    import numpy as np
+
+    arr = np.array([v for v in values_s if v is not None], dtype=np.float64) * scale  # (N,)
+    if arr.size == 0:
+        return None
+    out = {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
+    out |= {"max": float(arr.max()), "mean": float(arr.mean()), "min": float(arr.min())}
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def _span_rate(times: Sequence[float]) -> float | None:
+    """Events per second over a sorted series: (n - 1) / (last - first)."""
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def count_outcomes(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Scheduled = dropped + sent; sent = ok + errors; shed is the 429/503 part of errors."""
+    outcomes = Counter(r.outcome for r in records)
+    sent = [r for r in records if r.sent_s is not None]
+    failed = [r for r in sent if r.outcome != "ok"]
+    by_status = Counter(str(r.status) for r in failed if r.status is not None)
+    by_kind = Counter(r.error or "unknown" for r in failed if r.status is None)
+    return {
+        "scheduled": len(records),
+        "dropped": outcomes["dropped"],
+        "sent": len(sent),
+        "ok": outcomes["ok"],
+        "errors": len(failed),
+        "shed": outcomes["shed"],
+        "errors_by_status": dict(sorted(by_status.items())),
+        "errors_by_kind": dict(sorted(by_kind.items())),
+    }
+
+
+def summarize(result: RunResult) -> dict[str, Any]:
+    """The numbers reported for one run (milliseconds, seconds, per-second rates)."""
+    cfg, records, wall = result.config, result.records, max(result.wall_s, 1e-9)
+    ok = [r for r in records if r.outcome == "ok"]
+    counts = count_outcomes(records)
+    tokens = sum(r.tokens for r in ok)
+    texts = sum(r.texts for r in ok)
+    sent_times = sorted(r.sent_s for r in records if r.sent_s is not None)
+    summary: dict[str, Any] = {
+        "mode": cfg.mode,
+        "offered_rate": cfg.rate,
+        "concurrency": cfg.concurrency,
+        **counts,
+        "duration_s": round(wall, 4),
+        "scheduled_rate": _span_rate([r.scheduled_s for r in records]),
+        "send_rate": _span_rate(sent_times),
+        "sent_rps": counts["sent"] / wall,
+        "throughput_rps": len(ok) / wall,
+        "texts_per_s": texts / wall,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / wall if cfg.task == "translate" else None,
+        "latency_ms": percentiles_ms(r.latency_s for r in ok),
+        "service_ms": percentiles_ms(r.service_s for r in ok),
+        "send_lag_ms": percentiles_ms(r.send_lag_s for r in records)
+        if cfg.mode == "open"
+        else None,
+        "server_queue_ms": percentiles_ms((r.server_queue_ms for r in ok), scale=1.0),
+        "server_compute_ms": percentiles_ms((r.server_compute_ms for r in ok), scale=1.0),
+    }
+    summary["client_behind"] = client_behind(summary)
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
+
+
+CLIENT_LAG_WARN_MS = 50.0
+"""Open loop: a p99 send lag above this means the client, not the server, set the pace."""
+
+
+def client_behind(summary: dict[str, Any]) -> bool:
+    """True when the load generator could not send on schedule (its numbers then over-state
+    latency and under-state the rate the server could take)."""
+    lag = summary.get("send_lag_ms")
+    return lag is not None and float(lag["p99"]) > CLIENT_LAG_WARN_MS
+
+
+def meets_slo(summary: dict[str, Any], slo_p99_ms: float, max_error_rate: float) -> bool:
+    """p99 (from scheduled time) within the SLO and errors plus drops within the error budget."""
+    latency = summary.get("latency_ms")
+    if not latency or summary["ok"] == 0:
+        return False
+    bad = summary["errors"] + summary["dropped"]
+    return latency["p99"] <= slo_p99_ms and bad <= max_error_rate * summary["scheduled"]

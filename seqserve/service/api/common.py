@@ -1,0 +1,179 @@
+"""What every route shares: the app state, the per-request `Call`, the error schema, the texts
+field and the one formatter of validation errors."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any
+
+from fastapi import Request
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictStr,
+    WithJsonSchema,
+)
+from starlette.types import Receive, Scope
+
+from seqserve.service.core.errors import BadRequest, QueueFull
+from seqserve.service.web.state import AppState
+from seqserve.service.workers.base import Call, text_pattern
+
+HARD_MAX_TEXTS = 4096
+"""Schema ceiling of texts per request (settings.max_texts is the live limit)."""
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 404, 413, 422, 429, 500, 503, 504)
+}
+"""The error answers every POST route documents."""
+
+
+def _whole(value: object) -> object:
+    """A number without a fractional part is an integer (JSON Schema's rule): 5.0 -> 5."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeInt = Annotated[int, BeforeValidator(_whole), Strict()]
+"""An integer field: JSON integers and whole numbers (5, 5.0, 5e0); never a string, a bool or
+5.5. The OpenAPI `integer` type means exactly this, so the document and the server agree."""
+
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
+def standard_bounds(schema: dict[str, Any]) -> None:
+    """pydantic writes the bounds of a union field (`int | None`, `float | int`) as `ge`/`le`/
+    `gt`/`lt`, which JSON Schema ignores; rename them to `minimum`/`maximum`/`exclusive...`
+    (a model's `json_schema_extra`)."""
+    for prop in schema.get("properties", {}).values():
+        for node in [prop, *prop.get("anyOf", [])]:
+            for short, name in _BOUNDS.items():
+                if short in node:
+                    node[name] = node.pop(short)
+
+
+TEXT_RULES = ("Each text: 1 to max_chars characters, at least one of them kept by the model's "
+              "tokenizer (a text of only whitespace or control characters, or only punctuation "
+              "for a tokenizer that drops it, has no tokens), no NUL, valid Unicode (no "
+              "lone surrogates). A text over the model's token limit is a 400, or is cut to "
+              "it when the server truncates (the answer then says `truncated`).")
+Text = Annotated[StrictStr, WithJsonSchema({"type": "string", "minLength": 1,
+                                            "pattern": text_pattern()})]
+"""One input text. Its rules are checked once, for every protocol, by
+`seqserve.service.workers.base.encode_texts`; the schema declares them (maxLength: see
+openapi.py)."""
+
+
+class TextsRequest(BaseModel):
+    """Base of the v1 request bodies: a non-empty list of texts, no unknown fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[Text] = Field(min_length=1, max_length=HARD_MAX_TEXTS,
+                              description=f"Texts, 1 to max_texts of them. {TEXT_RULES}")
+
+
+def describe_errors(errors: Sequence[Any] | object, flags: bool = False) -> str:
+    """One line per pydantic error, `loc: message` (`body.texts.0: Input should be a valid
+    string`); with `flags`, the location is written as a CLI flag (`--n-best: ...`)."""
+    parts = []
+    for e in errors if isinstance(errors, list | tuple) else []:
+        if e.get("type") == "json_invalid":
+            parts.append(f"malformed JSON: {e.get('ctx', {}).get('error', e.get('msg'))}")
+            continue
+        loc = [str(x) for x in e.get("loc", ())]
+        message = str(e.get("msg")).removeprefix("Value error, ")
+        if flags:
+            where = "--" + "-".join(loc).replace("_", "-") if loc else ""
+            message = message.replace("_", "-")
+        else:
+            where = ".".join(loc)
+        parts.append(f"{where}: {message}" if where else message)
+    return "; ".join(parts) or "invalid request"
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.seqserve
+    return state
+
+
+async def _watch_disconnect(receive: Receive, call: Call) -> None:
+    """Set `call.disconnected` when the server reports the client gone (the body was read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            call.disconnected.set()
+            return
+
+
+TIMEOUT_HEADER = b"x-request-timeout"
+
+
+def header(scope: Scope, name: bytes) -> str | None:
+    """The value of the request header `name` (lower case), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+def request_timeout(state: AppState, scope: Scope, asked_s: float | None = None) -> float:
+    """Seconds this request may take: `request_timeout_s`, or less when the client asks
+    (the X-Request-Timeout header in seconds, or `asked_s` from the OIP `timeout`)."""
+    limit = state.settings.request_timeout_s
+    given = header(scope, TIMEOUT_HEADER)
+    if given is not None:
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds < float("inf"):
+            raise BadRequest("X-Request-Timeout must be a positive number of seconds")
+        limit = min(limit, seconds)
+    return limit if asked_s is None else min(limit, asked_s)
+
+
+def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
+    """429 before any work when the model's queue is already longer than this request may
+    wait (the engine's last report, or the in-process batcher's own estimate): the cheap
+    refusal; the model's own admission decides for the rest, with the request's size."""
+    wait = model.expected_wait()
+    budget = min(timeout_s, state.settings.max_queue_wait_s)
+    if wait is not None and wait > budget:
+        raise QueueFull(f"overloaded: expected queue wait {wait:.3f} s > {budget:.3f} s "
+                        "allowed", retry_after=max(state.settings.retry_after_s, wait))
+
+
+@contextlib.asynccontextmanager
+async def request_call(state: AppState, scope: Scope, receive: Receive,
+                       timeout_s: float | None = None) -> AsyncIterator[Call]:
+    """A Call with the request deadline, recorded in the ASGI scope (Server-Timing and the
+    request metrics read it) and counted in flight; watches for the client leaving."""
+    seconds = request_timeout(state, scope) if timeout_s is None else timeout_s
+    call = Call(deadline=time.monotonic() + seconds)
+    scope.setdefault("state", {})["call"] = call
+    name = scope.get("path_params", {}).get("name", "")
+    gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None
+    if gauge is not None:
+        gauge.inc()
+    watcher = asyncio.create_task(_watch_disconnect(receive, call))
+    try:
+        yield call
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+        if gauge is not None:
+            gauge.dec()

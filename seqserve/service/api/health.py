@@ -1,0 +1,73 @@
+"""Liveness, readiness, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel, Field
+
+from seqserve.service.api.common import app_state
+
+router = APIRouter()
+
+
+class Readiness(BaseModel):
+    ready: bool
+    error: str | None = Field(None, description="Why not (503 only).")
+
+
+READINESS: dict[int | str, dict[str, Any]] = {200: {"model": Readiness},
+                                               503: {"model": Readiness}}
+
+
+def _readiness(request: Request) -> JSONResponse:
+    state = app_state(request)
+    if state.ready:
+        return JSONResponse({"ready": True})
+    if state.draining:
+        why = "draining"
+    elif not state.started:
+        why = "loading"
+    else:
+        pending = state.repository.not_ready()
+        why = "; ".join(pending) if pending else "no model in the repository"
+    return JSONResponse({"ready": False, "error": f"not ready: {why}"}, status_code=503)
+
+
+@router.get("/v2/health/live", name="health_live", tags=["health"])
+async def live() -> dict[str, bool]:
+    """The process is up and answering."""
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", name="health_ready", tags=["health"], responses=READINESS)
+async def ready(request: Request) -> JSONResponse:
+    """200 once every model version is loaded and warmed up (`--readiness any`: at least one);
+    503 with the reason while loading, draining, or when a version failed."""
+    return _readiness(request)
+
+
+@router.get("/health/live", name="health_live", tags=["health"], include_in_schema=False)
+async def live_alias() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/health/ready", name="health_ready", tags=["health"], include_in_schema=False)
+async def ready_alias(request: Request) -> JSONResponse:
+    return _readiness(request)
+
+
+METRICS_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
+    "description": "Prometheus text exposition format.",
+    "content": {"text/plain": {"schema": {"type": "string"}}},
+}}
+
+
+@router.get("/metrics", name="metrics", tags=["health"], response_class=PlainTextResponse,
+            responses=METRICS_RESPONSE)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition of this app's registry."""
+    body, content_type = app_state(request).metrics.exposition()
+    return Response(body, media_type=content_type)

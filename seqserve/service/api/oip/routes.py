@@ -1,0 +1,159 @@
+"""Open Inference Protocol (KServe v2) REST: server/model metadata, readiness and infer."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.types import Receive, Scope
+
+from seqserve.service.api.common import (
+    ERRORS,
+    app_state,
+    header,
+    request_call,
+    request_timeout,
+    shed_early,
+)
+from seqserve.service.api.oip import codec, tasks
+from seqserve.service.api.oip.schemas import (
+    V2InferRequest,
+    V2InferResponse,
+    V2ModelMetadata,
+    V2ServerMetadata,
+)
+from seqserve.service.web.repository import ModelEntry
+from seqserve.service.web.state import AppState
+
+router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
+
+
+@router.get("", name="v2_server_metadata")
+async def server_metadata(request: Request) -> V2ServerMetadata:
+    return V2ServerMetadata(
+        name="seqserve", version=request.app.version, extensions=["binary_tensor_data"]
+    )
+
+
+def _metadata(request: Request, name: str, version: str | None) -> V2ModelMetadata:
+    repo = app_state(request).repository
+    entry, worker = repo.ready(name, version)
+    inputs, outputs = tasks.signature(worker)
+    versions = [str(v) for v, e in sorted(repo.versions(name).items()) if e.state == "ready"]
+    return V2ModelMetadata.model_validate({
+        "name": name, "versions": versions, "platform": f"seqserve_{entry.task}",
+        "inputs": inputs, "outputs": outputs,
+    })
+
+
+@router.get("/models/{name}", name="v2_model_metadata")
+async def model_metadata(name: str, request: Request) -> V2ModelMetadata:
+    return _metadata(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}", name="v2_model_metadata")
+async def model_version_metadata(name: str, version: str, request: Request) -> V2ModelMetadata:
+    return _metadata(request, name, version)
+
+
+def _ready(request: Request, name: str, version: str | None) -> JSONResponse:
+    entry = app_state(request).repository.entry(name, version)
+    ok = entry.state == "ready" and not app_state(request).draining
+    body: dict[str, Any] = {"name": name, "version": str(entry.version), "ready": ok}
+    if not ok:
+        body["error"] = f"model {name!r} version {entry.version} is not ready ({entry.state})"
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+class ModelReadiness(BaseModel):
+    name: str
+    version: str
+    ready: bool
+    error: str | None = None
+
+
+READY: dict[int | str, dict[str, Any]] = {200: {"model": ModelReadiness},
+                                          503: {"model": ModelReadiness}}
+
+
+@router.get("/models/{name}/ready", name="v2_model_ready", responses=READY)
+async def model_ready(name: str, request: Request) -> JSONResponse:
+    return _ready(request, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready",
+            responses=READY)
+async def model_version_ready(name: str, version: str, request: Request) -> JSONResponse:
+    return _ready(request, name, version)
+
+
+async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                       version: str | None, body: bytes) -> tuple[list[tuple[bytes, bytes]],
+                                                                  bytes, str]:
+    """An infer request's extra headers, body and media type: this route's and the hot
+    path's (`seqserve.service.api.fast`)."""
+    entry, worker = state.repository.ready(name, version)
+    req, tail = codec.parse_request(body, header(scope, codec.HEADER.encode()))
+    timeout = request_timeout(state, scope, codec.timeout_s(req))
+    shed_early(state, worker.ctx.model, timeout)  # before decoding and tokenizing
+    inputs = codec.decode_inputs(req, tail)
+    asked = codec.check_outputs(req, tasks.output_names(worker))
+    parameters = codec.request_parameters(req)
+    async with request_call(state, scope, receive, timeout) as call:
+        outputs = await tasks.infer(worker, inputs, parameters, call)
+    return response_parts(entry, req, outputs, asked)
+
+
+async def _infer(request: Request, name: str, version: str | None) -> Response:
+    headers, payload, media = await infer_answer(app_state(request), request.scope,
+                                                 request.receive, name, version,
+                                                 await request.body())
+    return Response(payload, media_type=media,
+                    headers={k.decode(): v.decode() for k, v in headers})
+
+
+def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V2Tensor],
+                   asked: list[str]) -> tuple[list[tuple[bytes, bytes]], bytes, str]:
+    """Extra headers, body and media type of an infer answer with the `asked` outputs (all
+    when none were named), each as JSON data or binary per the request."""
+    head: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
+    if req.id is not None:
+        head["id"] = req.id
+    blobs, listed = [], []
+    for t in outputs:
+        if asked and t.name not in asked:
+            continue
+        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if codec.wants_binary(req, t.name):
+            blob = codec.encode_binary(t)
+            item["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            item["data"] = [x.decode() if isinstance(x, bytes) else x for x in t.data]
+        listed.append(item)
+    head["outputs"] = listed
+    text = json.dumps(head).encode()
+    if not blobs:
+        return [], text, "application/json"
+    return ([(b"inference-header-content-length", str(len(text)).encode())],
+            text + b"".join(blobs), "application/octet-stream")
+
+
+# The OpenAPI document lists one infer operation per served model instead of these two
+# (service/openapi.py): the body depends on the model behind the path.
+@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse,
+             include_in_schema=False)
+async def infer(name: str, request: Request) -> Response:
+    """OIP inference. Body: an OIP inference request (`{"id"?, "parameters"?, "inputs": [{"name",
+    "datatype", "shape", "data" | "parameters": {"binary_data_size"}}], "outputs"?}`), JSON
+    tensors or the binary tensor data extension (`Inference-Header-Content-Length`)."""
+    return await _infer(request, name, None)
+
+
+@router.post("/models/{name}/versions/{version}/infer", name="v2_infer",
+             response_model=V2InferResponse, include_in_schema=False)
+async def infer_version(name: str, version: str, request: Request) -> Response:
+    return await _infer(request, name, version)

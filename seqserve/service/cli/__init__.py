@@ -1,0 +1,57 @@
+"""The `seqserve` command: the composition root.
+
+Each subcommand is a module of this package exposing `NAME`, `HELP`, `add_arguments(parser)`
+and `run(args) -> int`. Command modules import only argparse-level things at module scope;
+heavy imports (torch, onnxruntime, fastapi) happen inside `run`, so `seqserve serve` never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from seqserve.models.errors import UserError
+from seqserve.service.cli import (
+    data,
+    demo,
+    diagnose,
+    export,
+    loadtest,
+    serve,
+    train,
+    translate,
+    verify,
+)
+
+COMMANDS = (data, train, export, verify, demo, serve, translate, loadtest, diagnose)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seqserve",
+        description="Train, export and serve recurrent sequence models.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in COMMANDS:
+        cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

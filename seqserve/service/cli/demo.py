@@ -1,0 +1,147 @@
+"""`seqserve demo`: the built-in end-to-end job behind `make run`.
+
+Generates the built-in data, trains the language-ID classifier and the en->fr translator
+(unless finished runs exist), reports their test metrics, exports both into the model
+repository (unless a verified bundle of the same run exists), and serves them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+NAME = "demo"
+HELP = "Run the built-in demo: data, training, export and serving."
+
+CLASSIFIER = ("langid", "langid")  # (dataset, model name)
+TRANSLATOR = ("numbers-en-fr", "numbers-en-fr")
+TAGGER = ("numbers-tags", "numbers-tags")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", type=Path, default=Path("."), help="where data/, runs/ go")
+    parser.add_argument("--repo", type=Path, default=None, help="model repository folder")
+    parser.add_argument("--retrain", action="store_true", help="train even if runs exist")
+    parser.add_argument("--no-serve", action="store_true", help="stop after export")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+
+
+def run(args: argparse.Namespace) -> int:
+    work: Path = args.workdir
+    repo: Path = args.repo or work / "model_repository"
+    started = time.perf_counter()
+    runs = {}
+    for task, (dataset, model) in (("classifier", CLASSIFIER), ("translator", TRANSLATOR),
+                                   ("tagger", TAGGER)):
+        runs[model] = _train(task, dataset, work, retrain=args.retrain)
+    train_s = time.perf_counter() - started
+    print(f"\n== test-split metrics (this command's data + training time {train_s / 60:.1f} min;"
+          " reused runs count 0) ==")
+    for model, run_dir in runs.items():
+        print(f"{model:>16}: {_format_metrics(_read_json(run_dir / 'test_metrics.json'))}")
+    for model, run_dir in runs.items():
+        _print_forms(model, _read_json(run_dir / "test_metrics.json"))
+    for model, run_dir in runs.items():
+        _export(run_dir, repo, model)
+    if args.no_serve:
+        return 0
+    return _serve(repo, args.host, args.port)
+
+
+def _train(task: str, dataset: str, work: Path, retrain: bool) -> Path:
+    from seqserve.models.data.registry import write_dataset
+    from seqserve.models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR, run_training
+
+    data_dir = work / "data" / dataset
+    if not (data_dir / "meta.json").exists():
+        print(f"== generating dataset {dataset} -> {data_dir}")
+        write_dataset(dataset, data_dir)
+    run_dir = work / "runs" / dataset
+    if (run_dir / "DONE").exists() and not retrain:
+        print(f"== {task} run {run_dir} is finished; reusing it (--retrain to train again)")
+        return run_dir
+    print(f"== training {task} on {dataset} -> {run_dir}")
+    overrides = {"classifier": DEMO_CLASSIFIER, "translator": DEMO_TRANSLATOR,
+                 "tagger": DEMO_TAGGER}[task]
+    run_training(
+        task,
+        str(data_dir),
+        run_dir,
+        model_overrides=dict(overrides.get("model", {})),
+        train_overrides=dict(overrides.get("train", {})),
+        progress=True,
+    )
+    return run_dir
+
+
+def _export(run_dir: Path, repo: Path, name: str) -> Path:
+    from seqserve.export.bundle import export_run
+    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.models.errors import BundleError
+
+    run_path = str(run_dir.resolve())
+    for bundle_name, _version, path in list_bundles(repo):
+        if bundle_name != name:
+            continue
+        try:
+            manifest = load_bundle(path, verify=True)
+        except BundleError as exc:  # a broken bundle is reported, not reused
+            print(f"== ignoring {path}: {exc}")
+            continue
+        if manifest.source_run.get("path") == run_path:
+            print(f"== {name}: verified bundle {path} already holds run {run_dir}")
+            return Path(path)
+    print(f"== exporting {run_dir} -> {repo}/{name}")
+    return Path(export_run(run_dir, repo, name, progress=True))
+
+
+def _serve(repo: Path, host: str, port: int) -> int:
+    from seqserve.service.cli.serve import serve
+    from seqserve.service.web.settings import Settings
+
+    settings = Settings(repo=repo, host=host, port=port)
+    base = f"http://{host}:{port}"
+    print(
+        "\n== serving; try:\n"
+        f"curl -s {base}/v1/models\n"
+        f"curl -s -X POST {base}/v1/models/{CLASSIFIER[1]}/classify "
+        "-H 'content-type: application/json' "
+        "-d '{\"texts\": [\"vingt et un mars deux mille cinq\", \"dvacet jedna\"], "
+        "\"top_k\": 3}'\n"
+        f"curl -s -X POST {base}/v1/models/{TRANSLATOR[1]}/translate "
+        "-H 'content-type: application/json' "
+        "-d '{\"texts\": [\"Two hundred and forty-one.\", \"thirteen\"], \"beam_size\": 5}'\n"
+        f"curl -s -X POST {base}/v1/models/{TAGGER[1]}/tag "
+        "-H 'content-type: application/json' "
+        "-d '{\"texts\": [\"the first of may two thousand and five\"]}'\n"
+        f"curl -s {base}/metrics | grep seqserve_requests_total\n",
+        flush=True,
+    )
+    return serve(settings)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _print_forms(model: str, metrics: dict[str, Any]) -> None:
+    """The per-surface-form table of a run whose test rows name their form."""
+    from seqserve.models.forms_eval import format_table
+
+    if metrics.get("forms"):
+        search = f"; translations: {metrics['search']}" if "search" in metrics else ""
+        print(f"\n== {model}: test split per surface form (docs/data.md){search} ==")
+        print("\n".join(format_table(metrics["forms"])))
+
+
+def _format_metrics(metrics: dict[str, Any]) -> str:
+    shown = []
+    for key, value in metrics.items():
+        if key == "forms" or key.startswith("f1/"):
+            continue
+        shown.append(f"{key}={value:.4f}" if isinstance(value, float) else f"{key}={value}")
+    return ", ".join(shown) or "(no metrics)"

@@ -1,0 +1,263 @@
+"""`seqserve loadtest`: open- or closed-loop load against a running server, with a report.
+
+Open loop (`--rate`) sends Poisson arrivals and measures latency from each request's scheduled
+send time, so a slow server cannot hide its queue (no coordinated omission). Closed loop
+(`--concurrency`) keeps C requests in flight and honours Retry-After. `--sweep START:STOP:STEP`
+raises the rate step by step and, with `--slo-p99`, reports the highest rate within the SLO.
+`--report-md OUT --from results.json...` turns result files into markdown tables.
+
+Exit status: 0, or 1 when `--slo-p99` was given and no step met it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from seqserve.models.errors import UserError
+
+NAME = "loadtest"
+HELP = "Load-test a running server (open/closed loop, sweeps) and write a report."
+
+DEFAULT_DATASETS = {"classify": "langid", "translate": "numbers-en-fr"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("url", nargs="?", help="server base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", help="model name on the server")
+    parser.add_argument("--task", choices=["classify", "translate"], default="classify")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests/s")
+    load.add_argument("--concurrency", type=int, help="closed loop: clients in flight")
+    load.add_argument("--sweep", help="open-loop sweep START:STOP:STEP in requests/s")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run/step")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        help="requests per run/step (with --duration: whichever comes first)",
+    )
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--texts", type=Path, help="texts: one per line, or JSONL text/source")
+    src.add_argument(
+        "--dataset", help=f"built-in dataset name (default by task: {DEFAULT_DATASETS})"
+    )
+    parser.add_argument("--split", default="test", help="dataset split (default test)")
+    parser.add_argument("--slo-p99", type=float, help="p99 latency SLO in milliseconds")
+    parser.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.01,
+        help="fraction of errors+drops a step may have and still pass the SLO",
+    )
+    parser.add_argument("--beam-size", type=int, default=5, help="translate: beam size")
+    parser.add_argument("--texts-per-request", type=int, default=1)
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=512,
+        help="open loop: outstanding requests before arrivals are dropped",
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--http-client", choices=["raw", "httpx"], default="raw",
+        help="raw: lean asyncio HTTP/1.1 client (default); httpx: slower, for comparison",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("loadtest-results"),
+        help="folder for results.json, results.csv and plots",
+    )
+    parser.add_argument("--label", help="name of this run in reports")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no per-second progress lines")
+    parser.add_argument(
+        "--report-md",
+        type=Path,
+        metavar="OUT",
+        help="write markdown tables from --from result files ('-': stdout)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="from_results",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="results.json files (or their folders) for --report-md",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.report_md is not None:
+        return _report_md(args.report_md, args.from_results or [])
+    cfg = _config(args)
+    texts = _texts(args)
+    print(f"loadtest {cfg.endpoint}: {cfg.mode} loop, {len(texts)} distinct texts", flush=True)
+    progress = None if args.quiet else _progress
+    if args.sweep:
+        return _run_sweep(args, cfg, texts, progress)
+    return _run_single(args, cfg, texts, progress)
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from seqserve.loadtest.config import LoadConfig
+    from seqserve.loadtest.schedule import parse_sweep
+
+    if not args.url or not args.model:
+        raise UserError("give the server URL and --model (or --report-md with --from)")
+    rate = args.rate
+    if args.sweep:
+        try:
+            rate = parse_sweep(args.sweep)[0]
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
+    if rate is None and args.concurrency is None:
+        raise UserError("give --rate R (open loop), --concurrency C (closed loop) or --sweep")
+    return LoadConfig(
+        url=args.url,
+        model=args.model,
+        task=args.task,
+        rate=rate,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        requests=args.requests,
+        max_in_flight=args.max_in_flight,
+        timeout_s=args.timeout,
+        beam_size=args.beam_size,
+        texts_per_request=args.texts_per_request,
+        seed=args.seed,
+        http_client=args.http_client,
+    )
+
+
+def _texts(args: argparse.Namespace) -> list[str]:
+    from seqserve.loadtest.texts import load_dataset_texts, load_text_file
+
+    if args.texts is not None:
+        return load_text_file(args.texts)
+    name = args.dataset or DEFAULT_DATASETS[args.task]
+    return load_dataset_texts(name, args.split)
+
+
+def _run_single(args: argparse.Namespace, cfg: Any, texts: list[str], progress: Any) -> int:
+    from seqserve.loadtest.report import write_results
+    from seqserve.loadtest.runner import run_load
+    from seqserve.loadtest.stats import meets_slo
+    from seqserve.loadtest.tables import summary_text
+    from seqserve.loadtest.texts import TextSampler
+
+    result = run_load(cfg, TextSampler(texts, cfg.seed), progress)
+    passed = None
+    if args.slo_p99 is not None:
+        passed = [meets_slo(result.summary, args.slo_p99, args.max_error_rate)]
+    print(summary_text(result.summary))
+    paths = write_results(
+        args.out,
+        [result],
+        plots=not args.no_plots,
+        slo_p99_ms=args.slo_p99,
+        best_rate=cfg.rate if passed and passed[0] else None,
+        passed=passed,
+        command=_command_line(args),
+        label=args.label,
+    )
+    _print_verdict(args.slo_p99, passed)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 1 if passed is not None and not any(passed) else 0
+
+
+def _run_sweep(args: argparse.Namespace, cfg: Any, texts: list[str], progress: Any) -> int:
+    from seqserve.loadtest.report import write_results
+    from seqserve.loadtest.schedule import parse_sweep
+    from seqserve.loadtest.sweep import run_sweep
+    from seqserve.loadtest.tables import steps_text
+
+    sweep = run_sweep(
+        cfg,
+        parse_sweep(args.sweep),
+        texts=texts,
+        slo_p99_ms=args.slo_p99,
+        max_error_rate=args.max_error_rate,
+        progress=progress,
+    )
+    print(steps_text([s.summary for s in sweep.steps]))
+    paths = write_results(
+        args.out,
+        sweep.steps,
+        plots=not args.no_plots,
+        slo_p99_ms=args.slo_p99,
+        best_rate=sweep.best_rate,
+        passed=sweep.passed if args.slo_p99 is not None else None,
+        command=_command_line(args),
+        label=args.label,
+    )
+    print(f"saturation: {sweep.saturation_rps:.1f} ok req/s")
+    if args.slo_p99 is not None:
+        best = "none" if sweep.best_rate is None else f"{sweep.best_rate:g} req/s"
+        print(f"highest rate with p99 <= {args.slo_p99:g} ms: {best}")
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 1 if args.slo_p99 is not None and sweep.best_rate is None else 0
+
+
+def _print_verdict(slo: float | None, passed: list[bool] | None) -> None:
+    if slo is not None and passed is not None:
+        print(f"SLO p99 <= {slo:g} ms: {'met' if passed[0] else 'NOT met'}")
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """A command that reproduces this run (canonical flags, defaults included)."""
+    parts = ["seqserve", "loadtest", args.url, "--model", args.model, "--task", args.task]
+    for flag, value in (
+        ("--rate", args.rate),
+        ("--concurrency", args.concurrency),
+        ("--sweep", args.sweep),
+        ("--duration", args.duration),
+        ("--requests", args.requests),
+        ("--texts", args.texts),
+        ("--dataset", args.dataset),
+        ("--slo-p99", args.slo_p99),
+        ("--seed", args.seed),
+    ):
+        if value is not None:
+            parts += [flag, str(value)]
+    if args.task == "translate":
+        parts += ["--beam-size", str(args.beam_size)]
+    if args.http_client != "raw":
+        parts += ["--http-client", args.http_client]
+    if args.texts_per_request != 1:
+        parts += ["--texts-per-request", str(args.texts_per_request)]
+    if args.label:
+        parts += ["--label", args.label]
+    return shlex.join(parts)
+
+
+def _report_md(out: Path, sources: list[Path]) -> int:
+    import json
+
+    from seqserve.loadtest.tables import results_markdown
+
+    if not sources:
+        raise UserError("--report-md needs result files: --from DIR/results.json ...")
+    payloads = []
+    for src in sources:
+        path = src / "results.json" if src.is_dir() else src
+        try:
+            payloads.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"cannot read results file {path}: {exc}") from exc
+    text = results_markdown(payloads)
+    if str(out) == "-":
+        sys.stdout.write(text)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+    return 0

@@ -1,0 +1,92 @@
+"""`seqserve serve`: serve a model repository over HTTP (never imports torch on ONNX).
+
+The flags are generated from the `Settings` fields: one `--flag` per field (its name with
+dashes), its description as help, its default shown, and its `SEQSERVE_<FIELD>` variable
+named. Only flags given on the command line override the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+
+NAME = "serve"
+HELP = "Serve a model repository over HTTP (classify, translate, tag, KServe v2, /metrics)."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from seqserve.service.web.settings import Settings
+
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        shown = field.default if field.default_factory is None else "[]"
+        help_text = (f"{(field.description or '').strip()} "
+                     f"[default: {shown}; env SEQSERVE_{name.upper()}]")
+        help_text = help_text.replace("%", "%%")
+        kind, choices = _flag_type(field.annotation)
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, choices=choices, default=None, help=help_text,
+                                metavar=None if choices else name.upper())
+
+
+def _flag_type(annotation: typing.Any) -> tuple[typing.Any, list[str] | None]:
+    """argparse type and choices of a Settings field (lists come as comma-separated text)."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, [str(a) for a in typing.get_args(annotation)]
+    if annotation in (bool, int, float):
+        return annotation, None
+    return str, None
+
+
+def settings_from_args(args: argparse.Namespace) -> typing.Any:
+    """Settings from the environment with the given flags on top."""
+    from pydantic import ValidationError
+
+    from seqserve.models.errors import UserError
+    from seqserve.service.web.settings import Settings
+
+    given = {k: getattr(args, k) for k in Settings.model_fields
+             if getattr(args, k, None) is not None}
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        raise UserError(f"invalid serve settings: {exc}") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    return serve(settings_from_args(args))
+
+
+def serve(settings: typing.Any) -> int:
+    """Serve until SIGTERM/SIGINT, then drain admitted work (also used by `seqserve demo`):
+    a supervisor with API processes and an engine process, or one process (--api-workers 0)."""
+    import logging
+    import sys
+
+    from seqserve.models.errors import UserError
+    from seqserve.service.core.logs import configure_logging
+    from seqserve.service.server import layout as tuning
+
+    if not settings.repo.is_dir():
+        raise UserError(f"{settings.repo}: model repository folder does not exist")
+    configure_logging(settings.log_level, settings.log_format)
+    settings = tuning.resolve(settings)
+    logging.getLogger("seqserve").info("layout: %s", tuning.describe(settings))
+    if settings.api_workers:
+        from seqserve.service.server.supervisor import Supervisor
+
+        return Supervisor(settings).run()
+    from seqserve.service.server.app import create_app
+    from seqserve.service.server.shutdown import build_server
+
+    sys.setswitchinterval(settings.switch_interval_ms / 1000.0)  # process-wide: set here only
+    app = create_app(settings)
+    server = build_server(app, app.state.seqserve)
+    configure_logging(settings.log_level, settings.log_format)  # again: uvicorn's Config
+    server.run()                                                  # set up its own loggers
+    return 0

@@ -1,0 +1,136 @@
+"""`seqserve train classifier|translator|tagger --data SPEC --out RUN_DIR [options]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+NAME = "train"
+HELP = "Train a classifier, translator or tagger into a run directory."
+
+# argparse dest -> config field
+_MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "embed": "embed_size",
+                "layers": "num_layers", "attention": "attention", "dropout": "dropout",
+                "vocab_size": "vocab_size", "max_length": "max_length",
+                "bidirectional": "bidirectional", "proj_size": "proj_size",
+                "peephole": "peephole", "cifg": "cifg", "decoder": "decoder",
+                "input_feeding": "input_feeding", "forget_bias": "forget_bias"}
+_TRAIN_FLAGS = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
+                "max_minutes": "max_minutes", "patience": "patience",
+                "scheduled_sampling": "scheduled_sampling", "clip_norm": "clip_norm",
+                "weight_decay": "weight_decay", "label_smoothing": "label_smoothing",
+                "tokenizer_type": "tokenizer_type", "threads": "num_threads",
+                "tokenizer_normalization": "tokenizer_normalization",
+                "max_train_examples": "max_train_examples",
+                "max_eval_examples": "max_eval_examples", "tbptt": "tbptt",
+                "gradient_flow_every": "gradient_flow_every"}
+
+
+class _Unset:
+    """`--forget-bias none`: JSON null in the config (PyTorch's default init)."""
+
+
+FORGET_BIAS_DEFAULT_INIT = _Unset()
+
+
+def _forget_bias(value: str) -> float | _Unset:
+    if value.strip().lower() in ("none", "default"):
+        return FORGET_BIAS_DEFAULT_INIT
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number (e.g. 1) or 'none'") from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", choices=["classifier", "translator", "tagger"],
+                        help="model family")
+    parser.add_argument("--data", required=True,
+                        help="built-in dataset name, dataset folder, or CSV/TSV/JSONL data")
+    parser.add_argument("--out", required=True, help="run directory to write")
+    parser.add_argument("--size", type=int, default=None,
+                        help="train examples of a built-in dataset (default: its own)")
+    parser.add_argument("--demo-defaults", action="store_true",
+                        help="start from the demo run's settings (flags still override)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--cell", choices=["rnn", "lstm", "gru"])
+    model.add_argument("--hidden", type=int, help="hidden size")
+    model.add_argument("--embed", type=int, help="embedding size")
+    model.add_argument("--layers", type=int, help="RNN layers")
+    model.add_argument("--attention", choices=["additive", "dot", "general", "none"],
+                       help="attention score (translator: bahdanau takes additive; luong "
+                            "additive, dot or general; none takes none)")
+    model.add_argument("--decoder", choices=["none", "bahdanau", "luong"],
+                       help="translator decoder: none (fixed context), bahdanau, luong "
+                            "(default luong; its default score is filled in)")
+    model.add_argument("--input-feeding", action=argparse.BooleanOptionalAction, default=None,
+                       help="translator, luong decoder: feed the previous attentional vector")
+    model.add_argument("--forget-bias", type=_forget_bias, metavar="B",
+                       help="LSTM forget-gate bias at init (default 1; 'none' = PyTorch's "
+                            "uniform init)")
+    model.add_argument("--dropout", type=float)
+    model.add_argument("--vocab-size", type=int, help="target tokenizer vocabulary size")
+    model.add_argument("--max-length", type=int, help="longest input in tokens")
+    model.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None)
+    model.add_argument("--proj-size", type=int, help="LSTM recurrent projection size (0 = none)")
+    model.add_argument("--peephole", action=argparse.BooleanOptionalAction, default=None,
+                       help="LSTM peephole connections")
+    model.add_argument("--cifg", action=argparse.BooleanOptionalAction, default=None,
+                       help="LSTM coupled input-forget gate")
+    train = parser.add_argument_group("training")
+    train.add_argument("--epochs", type=int)
+    train.add_argument("--batch-size", type=int)
+    train.add_argument("--lr", type=float)
+    train.add_argument("--seed", type=int)
+    train.add_argument("--max-minutes", type=float, help="training time budget (0 = none)")
+    train.add_argument("--patience", type=int, help="early-stopping patience in epochs")
+    train.add_argument("--scheduled-sampling", type=float,
+                       help="final probability of feeding the model's own prediction")
+    train.add_argument("--clip-norm", type=float)
+    train.add_argument("--weight-decay", type=float)
+    train.add_argument("--label-smoothing", type=float)
+    train.add_argument("--tokenizer-type", choices=["unigram", "bpe", "word", "char"])
+    train.add_argument("--tokenizer-normalization",
+                       help="nmt_nfkc_cf | nmt_nfkc_cf_punct | nmt_nfkc | nfkc | nfkc_cf | "
+                            "identity (default: the dataset's own, else nmt_nfkc_cf)")
+    train.add_argument("--threads", type=int, help="torch threads")
+    train.add_argument("--max-train-examples", type=int)
+    train.add_argument("--max-eval-examples", type=int)
+    train.add_argument("--tbptt", type=int, help="truncated BPTT chunk length (0 = full BPTT)")
+    train.add_argument("--gradient-flow-every", type=int,
+                       help="measure gradient flow every N steps (gradient_flow.jsonl)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, object]:
+    values = {field: getattr(args, flag) for flag, field in flags.items()
+              if getattr(args, flag) is not None}
+    return {k: None if v is FORGET_BIAS_DEFAULT_INIT else v for k, v in values.items()}
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqserve.models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR, run_training
+
+    model_overrides: dict[str, object] = {}
+    train_overrides: dict[str, object] = {}
+    if args.demo_defaults:
+        demo = {"classifier": DEMO_CLASSIFIER, "translator": DEMO_TRANSLATOR,
+                "tagger": DEMO_TAGGER}[args.task]
+        args.size = args.size or demo.get("data_size")
+        model_overrides.update(demo["model"])
+        train_overrides.update(demo["train"])
+        if args.decoder is not None and args.attention is None:  # the decoder's own score
+            model_overrides.pop("attention", None)
+    model_overrides.update(_overrides(args, _MODEL_FLAGS))
+    train_overrides.update(_overrides(args, _TRAIN_FLAGS))
+    metrics = run_training(args.task, args.data, args.out, model_overrides, train_overrides,
+                           progress=not args.quiet, data_size=args.size)
+    print(json.dumps({"run_dir": args.out, "test": metrics}, indent=2))
+    if metrics.get("forms"):
+        from seqserve.models.forms_eval import format_table
+
+        search = f" (translations: {metrics['search']})" if "search" in metrics else ""
+        print(f"test split per surface form{search}:", file=sys.stderr)
+        print("\n".join(format_table(metrics["forms"])), file=sys.stderr)
+    return 0

@@ -1,0 +1,140 @@
+"""Prometheus metrics of one process (a private CollectorRegistry, never the global one).
+
+Names and labels follow docs/contracts.md. `ModelMetrics` is the one adapter through which
+the schedulers (batcher, decoding engine) record into it.
+
+Across processes (API processes + engine): with `PROMETHEUS_MULTIPROC_DIR` set before
+prometheus_client is imported (the supervisor sets it for every child), every process writes
+its samples there and `/metrics` of any API process reports the sum over all of them
+(prometheus-client's multiprocess mode). Gauges say how they combine: request gauges add up
+over live processes, engine gauges come from the one engine.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.15, 1.25, 1.5, 2.0, 3.0, 5.0)
+
+
+class Metrics:
+    """Every instrument of the server, registered in `self.registry`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        me = ["model", "endpoint"]
+        self.request_duration = Histogram(
+            "seqserve_request_duration_seconds", "Request wall time in the server.", me,
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.queue_time = Histogram(
+            "seqserve_queue_time_seconds", "Time a request waited for its batch.", me,
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.compute_time = Histogram(
+            "seqserve_compute_time_seconds", "Runtime time of the request's batch.", me,
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.batch_size = Histogram(
+            "seqserve_batch_size", "Rows per batch.", ["model"], registry=r,
+            buckets=BATCH_BUCKETS)
+        self.batch_tokens = Histogram(
+            "seqserve_batch_tokens", "Padded tokens per batch (rows x longest row).", ["model"],
+            registry=r, buckets=TOKEN_BUCKETS)
+        self.padding_ratio = Histogram(
+            "seqserve_padding_ratio", "Padded tokens / real tokens per batch.", ["model"],
+            registry=r, buckets=RATIO_BUCKETS)
+        self.queue_depth = Gauge(
+            "seqserve_queue_depth", "Rows waiting in the model's queue.", ["model"], registry=r,
+            multiprocess_mode="livesum")
+        self.in_flight = Gauge(
+            "seqserve_in_flight_requests", "Requests admitted and not yet answered.", ["model"],
+            registry=r, multiprocess_mode="livesum")
+        self.requests = Counter(
+            "seqserve_requests", "Answered requests by status.", ["model", "endpoint", "status"],
+            registry=r)
+        self.model_ready = Gauge(
+            "seqserve_model_ready", "1 when the model version serves, else 0.",
+            ["model", "version"], registry=r, multiprocess_mode="livemax")
+        self.load_failures = Counter(
+            "seqserve_model_load_failures", "Bundles that failed verification or loading.",
+            ["model", "version"], registry=r)
+        self.encoder_time = Histogram(
+            "seqserve_encoder_time_seconds", "Encoder runtime per admission batch.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.decoder_step_time = Histogram(
+            "seqserve_decoder_step_time_seconds", "Decoder step runtime.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.live_hypotheses = Gauge(
+            "seqserve_live_hypotheses", "Hypothesis rows in the decoding engine.", ["model"],
+            registry=r, multiprocess_mode="livesum")
+        self.generated_tokens = Counter(
+            "seqserve_generated_tokens", "Tokens emitted by decoding.", ["model"], registry=r)
+        self.decode_steps = Counter(
+            "seqserve_decode_steps", "Decoder steps run.", ["model"], registry=r)
+        self.time_per_token = Histogram(
+            "seqserve_time_per_token_seconds", "Request time / generated tokens.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """Body and content type of `/metrics`: this process's registry, or every process's
+        samples in multiprocess mode."""
+        if os.environ.get(MULTIPROC_ENV):
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def observer(self, model: str) -> ModelMetrics:
+        """The scheduler-side instruments of one model, labels bound (a scheduling Observer)."""
+        return ModelMetrics(self, model)
+
+
+class ModelMetrics:
+    """Records what a batcher or decoding engine reports
+    (`seqserve.service.scheduling.base.Observer`)
+    into the app's instruments, labels bound to one model."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        m = metrics
+        self.batch_size = m.batch_size.labels(model)
+        self.batch_tokens = m.batch_tokens.labels(model)
+        self.padding_ratio = m.padding_ratio.labels(model)
+        self.queue_depth = m.queue_depth.labels(model)
+        self.live = m.live_hypotheses.labels(model)
+        self.encoder_time = m.encoder_time.labels(model)
+        self.step_time = m.decoder_step_time.labels(model)
+        self.steps = m.decode_steps.labels(model)
+        self.tokens = m.generated_tokens.labels(model)
+        self.per_token = m.time_per_token.labels(model)
+
+    def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
+        self.batch_size.observe(rows)
+        self.batch_tokens.observe(padded_tokens)
+        self.padding_ratio.observe(padded_tokens / max(real_tokens, 1))
+
+    def on_depth(self, waiting: int, live_rows: int | None = None) -> None:
+        self.queue_depth.set(waiting)
+        if live_rows is not None:
+            self.live.set(live_rows)
+
+    def on_encode(self, seconds: float, batch: int) -> None:
+        self.encoder_time.observe(seconds)
+
+    def on_step(self, seconds: float, rows: int) -> None:
+        self.step_time.observe(seconds)
+        self.batch_size.observe(rows)
+        self.steps.inc()
+
+    def on_finish(self, tokens: int, seconds: float) -> None:
+        self.tokens.inc(tokens)
+        if tokens:
+            self.per_token.observe(seconds / tokens)

@@ -1,0 +1,40 @@
+"""One bundle version -> verified manifest, runtime instances and its started, scheduled model.
+
+The engine process loads every bundle with `load_model`; the single-process server does the
+same in its own process. A failure raises (the caller records the version as failed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from seqserve.export.manifest import Manifest, load_bundle
+from seqserve.service.engine.options import EngineOptions
+from seqserve.service.runtimes import load_runtime
+from seqserve.service.runtimes.base import Runtime, RuntimeSpec
+from seqserve.service.scheduling.base import Observer
+from seqserve.service.scheduling.models import ServedModel, build_model
+
+RuntimeFactory = Callable[[RuntimeSpec, Path, Manifest], Runtime]
+"""Builds a bundle's runtime (tests inject fakes); default
+`seqserve.service.runtimes.load_runtime`."""
+
+
+def max_tokens_of(manifest: Manifest, limit: int) -> int:
+    """The token limit of a bundle's texts: the server's, capped by the bundle's own."""
+    return min(limit, int(manifest.limits.get("max_tokens", limit)))
+
+
+def build_served(name: str, path: Path, options: EngineOptions,
+                 observer: Observer | None = None,
+                 runtime_factory: RuntimeFactory | None = None,
+                 ) -> tuple[Manifest, ServedModel]:
+    """Verify the bundle, open its runtime instances and schedule them (blocking: call it
+    from a thread). Start the model with `await model.start()` (warm-up) before it serves."""
+    manifest = load_bundle(path, verify=True)
+    factory = runtime_factory or load_runtime
+    instances = 1 if manifest.task == "translator" else max(1, options.instances)
+    runtimes = [factory(options.runtime, path, manifest) for _ in range(instances)]
+    config = options.model_config(max_tokens_of(manifest, options.max_tokens))
+    return manifest, build_model(name, runtimes, manifest, config, observer)

@@ -1,0 +1,138 @@
+"""The frames between API processes (DEALER) and the engine (ROUTER): msgspec msgpack.
+
+API -> engine: `Hello` (which models, in what state), `Submit` (token rows of one request for
+one model; translators add their search options), `Cancel` (the client left or its deadline
+passed). Engine -> API: `State`, `Rows` (per-row result arrays and timings), `Decodes` (per
+source hypotheses), `Failure` (a `seqserve.service.core.errors` class name, its message and
+Retry-After);
+each reply also carries the model's expected queue wait, which API processes use to shed
+load before they tokenize.
+
+Token ids travel as one int32 buffer plus lengths; result arrays as (dtype, shape, bytes).
+Deadlines are `time.monotonic()` values: one clock for every process on the machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+
+class Hello(msgspec.Struct, tag="hello", array_like=True):
+    pass
+
+
+class Submit(msgspec.Struct, tag="submit", array_like=True):
+    id: int
+    model: str
+    version: int
+    deadline: float
+    lengths: bytes
+    """int32 (n,): tokens of each row."""
+    ids: bytes
+    """int32 (sum of lengths,): the rows' token ids, concatenated."""
+    options: dict[str, Any] | None = None
+    """Translators: `SearchOptions` fields."""
+
+
+class Cancel(msgspec.Struct, tag="cancel", array_like=True):
+    id: int
+
+
+class ModelState(msgspec.Struct, array_like=True):
+    name: str
+    version: int
+    path: str
+    state: str
+    """"ready" | "failed"."""
+    reason: str | None
+    task: str | None
+    describe: dict[str, Any]
+
+
+class State(msgspec.Struct, tag="state", array_like=True):
+    models: list[ModelState]
+
+
+class Array(msgspec.Struct, array_like=True):
+    dtype: str
+    shape: list[int]
+    data: bytes
+
+
+class Rows(msgspec.Struct, tag="rows", array_like=True):
+    id: int
+    results: list[list[Array]]
+    """Per row, its result arrays (classifier: logits, attention; tagger: labels, probs)."""
+    timings: list[tuple[float, float, int]]
+    """Per row: queue seconds, compute seconds, batch size."""
+    wait: float | None = None
+    """The model's expected queue wait as the reply left (for early shedding upstream)."""
+
+
+class Hyp(msgspec.Struct, array_like=True):
+    token_ids: list[int]
+    logprob: float
+    score: float
+    ended: bool
+    attention: Array | None
+
+
+class Decode(msgspec.Struct, array_like=True):
+    hypotheses: list[Hyp]
+    queue_s: float
+    decode_s: float
+    steps: int
+
+
+class Decodes(msgspec.Struct, tag="decodes", array_like=True):
+    id: int
+    results: list[Decode]
+    wait: float | None = None
+
+
+class Failure(msgspec.Struct, tag="failure", array_like=True):
+    id: int
+    kind: str
+    """Class name of the `seqserve.service.core.errors.ServiceError` to raise (else
+    InferenceFailed)."""
+    message: str
+    retry_after: float | None = None
+    wait: float | None = None
+
+
+ToEngine = Hello | Submit | Cancel
+ToApi = State | Rows | Decodes | Failure
+
+encoder = msgspec.msgpack.Encoder()
+engine_decoder = msgspec.msgpack.Decoder(ToEngine)
+api_decoder = msgspec.msgpack.Decoder(ToApi)
+
+
+def pack_rows(rows: list[list[int]]) -> tuple[bytes, bytes]:
+    """Token rows -> (lengths int32 buffer, concatenated ids int32 buffer)."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))  # (n,)
+    ids = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(lengths.sum()))
+    return lengths.tobytes(), ids.tobytes()
+
+
+def unpack_rows(lengths: bytes, ids: bytes) -> list[list[int]]:
+    """The inverse of `pack_rows`."""
+    sizes = np.frombuffer(lengths, dtype=np.int32)  # (n,)
+    flat = np.frombuffer(ids, dtype=np.int32).tolist()  # (sum,)
+    out, start = [], 0
+    for n in sizes.tolist():
+        out.append(flat[start : start + n])
+        start += n
+    return out
+
+
+def to_array(a: np.ndarray) -> Array:
+    a = np.ascontiguousarray(a)
+    return Array(a.dtype.str, list(a.shape), a.tobytes())
+
+
+def from_array(a: Array) -> np.ndarray:
+    return np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(a.shape)

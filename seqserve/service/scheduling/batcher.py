@@ -1,0 +1,332 @@
+"""Dynamic batcher: one per model, model-free, one asyncio task owns the queue.
+
+Callers `submit` rows (payload + token length) and await futures. The loop task waits for the
+first row, lets more arrive until the batch is full (max rows, or rows x longest row at the
+token budget) or the oldest row has waited `max_wait_s`, then takes the oldest row plus its
+nearest neighbours by length (a contiguous window of the length-sorted queue, so padding stays
+small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
+An exception fails that batch's rows only; the loop goes on.
+
+Which rows: the queue, sorted by length, is split into contiguous groups that minimise the
+total cost sum(overhead + rows x longest) under the row and token limits (`plan_batch`); the
+group holding the oldest row runs. A padded model pays rows x longest row, so this trades
+padding against the fixed cost of a batch instead of always filling batches to the top.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
+from seqserve.service.scheduling.base import (
+    CostEstimate,
+    NullObserver,
+    Observer,
+    Timed,
+    Timing,
+    admission_refusal,
+)
+
+log = logging.getLogger("seqserve.batcher")
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Row(Generic[P, R]):
+    payload: P
+    length: int
+    deadline: float  # time.monotonic() seconds
+    future: asyncio.Future[Timed[R]]
+    enqueued: float = field(default_factory=time.monotonic)
+    queued: bool = True  # counted in the batcher's live depth
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    """Limits of one batcher."""
+
+    max_batch_size: int = 32
+    """Most rows per batch."""
+    max_batch_tokens: int = 4096
+    """Padded-token budget per batch: rows x longest row."""
+    max_wait_s: float = 0.002
+    """Longest the oldest row waits for the batch to fill."""
+    queue_size: int = 256
+    """Most rows waiting; a submit that would exceed it raises QueueFull."""
+    retry_after_s: float = 1.0
+    """Retry-After of QueueFull / ShuttingDown."""
+    max_queue_wait_s: float | None = None
+    """Admission by expected wait: rows whose expected queue wait (the tokens ahead of them
+    at the recently measured seconds per token) exceeds this, or their deadline, are refused
+    at once (QueueFull, Retry-After = the backlog's drain time); None: the depth bound only."""
+    overhead_tokens: float = 64.0
+    """Fixed cost of starting one batch, in padded-token units: how much padding length
+    grouping accepts to run fewer, larger batches (0: only equal lengths share a batch)."""
+
+
+class Batcher(Generic[P, R]):
+    """Batches rows for `compute(payloads) -> results` (one result per payload, same order).
+
+    With several computes (model instances, each its own runtime session) up to that many
+    batches run at once, each on its own thread; a batch is formed when an instance is free,
+    so it holds everything that arrived while the instances were busy.
+    """
+
+    def __init__(
+        self,
+        compute: Callable[[list[P]], Sequence[R]] | Sequence[Callable[[list[P]], Sequence[R]]],
+        config: BatcherConfig,
+        *,
+        name: str = "model",
+        observer: Observer | None = None,
+    ) -> None:
+        self.computes = list(compute) if isinstance(compute, Sequence) else [compute]
+        self.config = config
+        self.name = name
+        self.observer: Observer = observer or NullObserver()
+        self._pending: deque[_Row[P, R]] = deque()
+        self._live = 0  # pending rows whose future is not done (cancelled rows leave at once)
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._free = deque(range(len(self.computes)))  # idle instances
+        self._freed = asyncio.Event()
+        self._running: set[asyncio.Task[None]] = set()
+        self._executor = ThreadPoolExecutor(len(self.computes), thread_name_prefix=f"batch-{name}")
+        self._queued_tokens = 0  # tokens of the rows counted in _live
+        self.cost = CostEstimate()
+        """Seconds of compute per token, from recent batches (warm-up included)."""
+        self.max_depth_seen = 0
+        """Highest queue depth ever observed (tests check the bound)."""
+        self.batches_run = 0
+        """Batches handed to `compute` (failed ones included)."""
+
+    @property
+    def depth(self) -> int:
+        """Rows waiting for a batch (cancelled rows excluded)."""
+        return self._live
+
+    def expected_wait(self, tokens: int = 0) -> float | None:
+        """Seconds rows of `tokens` more would wait before computing (None: not measured)."""
+        return self.cost.seconds(self._queued_tokens + tokens, len(self.computes))
+
+    def start(self) -> None:
+        """Start the loop task on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+
+    def submit(
+        self, rows: Sequence[tuple[P, int]], deadline: float
+    ) -> list[asyncio.Future[Timed[R]]]:
+        """Admit all `(payload, length)` rows or none; returns one future per row."""
+        if self._closing:
+            raise ShuttingDown("server is shutting down", retry_after=self.config.retry_after_s)
+        if self._live + len(rows) > self.config.queue_size:
+            raise QueueFull(
+                f"model {self.name!r} queue is full ({self._live} of "
+                f"{self.config.queue_size} waiting)",
+                retry_after=self.config.retry_after_s,
+            )
+        self._admit_by_wait(sum(max(int(n), 1) for _, n in rows), deadline)
+        loop = asyncio.get_running_loop()
+        futures = []
+        for payload, length in rows:
+            row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future())
+            row.future.add_done_callback(functools.partial(self._on_done, row))
+            self._pending.append(row)
+            futures.append(row.future)
+            self._queued_tokens += row.length
+        self._live += len(rows)
+        self._depth_changed()
+        self._wake.set()
+        return futures
+
+    def _admit_by_wait(self, tokens: int, deadline: float) -> None:
+        """QueueFull when rows of `tokens` would wait too long, or miss their deadline."""
+        idle = not self._live and not self._running
+        if idle and self.cost.stale():
+            return  # a probe: measure again before refusing on an old estimate
+        wait = self.expected_wait()
+        why = admission_refusal(wait, self.cost.seconds(tokens), deadline,
+                                self.config.max_queue_wait_s, time.monotonic())
+        if why is not None:
+            raise QueueFull(f"model {self.name!r} cannot take it in time: {why}",
+                            retry_after=max(self.config.retry_after_s, wait or 0.0))
+
+    async def close(self, timeout: float) -> bool:
+        """Refuse new rows, finish the queued ones within `timeout`; True when all finished."""
+        self._closing = True
+        self._wake.set()
+        drained = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._draining()), timeout)
+            except TimeoutError:
+                drained = False
+                self._task.cancel()
+                for row in self._pending:
+                    self._dequeue(row)
+                    if not row.future.done():
+                        row.future.set_exception(ShuttingDown("drain timeout passed"))
+                self._pending.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        return drained
+
+    async def _draining(self) -> None:
+        if self._task is not None:
+            await self._task
+        if self._running:
+            await asyncio.wait(set(self._running))
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            while not self._free:  # every instance busy: rows keep arriving meanwhile
+                self._freed.clear()
+                await self._freed.wait()
+            await self._fill()
+            self._drop_dead()
+            batch = self._take_batch()
+            if batch:
+                task = asyncio.ensure_future(self._execute(batch, self._free.popleft()))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+
+    async def _fill(self) -> None:
+        """Wait until the batch is full or the oldest row has waited max_wait_s."""
+        close_at = self._pending[0].enqueued + self.config.max_wait_s
+        while not self._closing and not self._full():
+            left = close_at - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), left)
+            except TimeoutError:
+                return
+
+    def _full(self) -> bool:
+        live = [r.length for r in self._pending if not r.future.done()]
+        if len(live) >= self.config.max_batch_size:
+            return True
+        return len(live) * max(live, default=0) >= self.config.max_batch_tokens
+
+    def _drop_dead(self) -> None:
+        """Remove rows nobody waits for (future done) or whose deadline passed."""
+        now = time.monotonic()
+        keep: deque[_Row[P, R]] = deque()
+        for row in self._pending:
+            if row.future.done():
+                continue
+            if row.deadline <= now:
+                self._dequeue(row)
+                row.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                continue
+            keep.append(row)
+        if len(keep) != len(self._pending):
+            self._pending = keep
+            self._depth_changed()
+
+    def _take_batch(self) -> list[_Row[P, R]]:
+        if not self._pending:
+            return []
+        anchor = self._pending[0]
+        ordered = sorted(self._pending, key=lambda r: r.length)
+        lengths = [r.length for r in ordered]
+        i, j = plan_batch(
+            lengths, ordered.index(anchor), self.config.max_batch_size,
+            self.config.max_batch_tokens, self.config.overhead_tokens,
+        )
+        chosen = {id(r) for r in ordered[i:j]}
+        batch = [r for r in self._pending if id(r) in chosen]  # FIFO order
+        for r in batch:
+            self._dequeue(r)
+        self._pending = deque(r for r in self._pending if id(r) not in chosen)
+        self._depth_changed()
+        return batch
+
+    async def _execute(self, batch: list[_Row[P, R]], instance: int) -> None:
+        try:
+            await self._compute(batch, self.computes[instance])
+        finally:
+            self._free.append(instance)
+            self._freed.set()
+
+    async def _compute(self, batch: list[_Row[P, R]],
+                       compute: Callable[[list[P]], Sequence[R]]) -> None:
+        lengths = [r.length for r in batch]
+        self.observer.on_batch(len(batch), len(batch) * max(lengths), sum(lengths))
+        self.batches_run += 1
+        start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        payloads = [r.payload for r in batch]
+        try:
+            results = await loop.run_in_executor(self._executor, compute, payloads)
+            if len(results) != len(batch):
+                raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
+        except Exception as exc:  # one batch fails, the loop goes on
+            log.exception("model %s: batch of %d failed", self.name, len(batch))
+            for row in batch:
+                if not row.future.done():
+                    row.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+            return
+        compute_s = time.monotonic() - start
+        self.cost.observe(sum(lengths), compute_s)
+        for row, result in zip(batch, results, strict=True):
+            if not row.future.done():
+                timing = Timing(start - row.enqueued, compute_s, len(batch))
+                row.future.set_result(Timed(result, timing))
+
+    def _dequeue(self, row: _Row[P, R]) -> None:
+        if row.queued:
+            row.queued = False
+            self._live -= 1
+            self._queued_tokens -= row.length
+
+    def _on_done(self, row: _Row[P, R], _: object) -> None:
+        if row.queued and row.future.cancelled():
+            self._dequeue(row)
+            self._depth_changed()
+
+    def _depth_changed(self) -> None:
+        depth = self._live
+        self.max_depth_seen = max(self.max_depth_seen, depth)
+        self.observer.on_depth(depth)
+
+
+def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
+               overhead: float) -> tuple[int, int]:
+    """The group [i, j) of sorted `lengths` holding `anchor` in the cheapest split of all rows
+    into contiguous groups, a group costing `overhead + rows x lengths[j-1]`, each group
+    within `max_rows` and `max_tokens` (a single row always forms a valid group)."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of lengths[:j]
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[j - 1]
+        for i in range(j - 1, max(0, j - max_rows) - 1, -1):
+            rows = j - i
+            if rows > 1 and rows * longest > max_tokens:
+                break
+            cost = best[i] + overhead + rows * longest
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    j = n
+    while start[j] > anchor:
+        j = start[j]
+    return start[j], j

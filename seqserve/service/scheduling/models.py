@@ -1,0 +1,229 @@
+"""One served model on the scheduling side: its runtime behind a batcher or a decoding engine.
+
+`build_model(task, runtime, manifest, config, observer)` gives a `BatchedModel` (classifier,
+tagger: rows through the dynamic batcher) or a `DecodedModel` (translator: the decoding
+engine). Both have `start()` (warm up, then serve), `stop(timeout)` (drain) and `submit(...)`,
+which returns one future per row or source. Workers hold such a model and nothing else of
+this layer, so the same workers can later talk to a model in another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from seqserve.export.manifest import Manifest
+from seqserve.service.core.errors import ShuttingDown
+from seqserve.service.runtimes.base import Runtime
+from seqserve.service.scheduling.base import Observer, Timed, pad_rows
+from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
+from seqserve.service.scheduling.decoding import Decoded, DecodingEngine, EngineConfig
+from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
+
+RowCompute = Callable[[list[list[int]]], list[Any]]
+"""Token rows -> one result per row (runs on the batcher's thread)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How one model is scheduled (the server derives it from its settings)."""
+
+    batcher: BatcherConfig
+    """Classifier and tagger batching."""
+    engine: EngineConfig
+    """Translator decoding (its `pad_id` is replaced by the bundle's)."""
+    max_tokens: int
+    """Longest token row a request may bring (warm-up covers up to it)."""
+    warmup: bool = True
+    """Run the model over its length buckets before it serves."""
+
+
+class RowModel(Protocol):
+    """What a classifier or tagger worker needs of its model (in this process or another)."""
+
+    def submit(self, rows: Sequence[list[int]],
+               deadline: float) -> list[asyncio.Future[Timed[Any]]]: ...
+
+    def expected_wait(self) -> float | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class DecodeModel(Protocol):
+    """What a translator worker needs of its model (in this process or another)."""
+
+    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
+               deadline: float) -> list[asyncio.Future[Decoded]]: ...
+
+    def expected_wait(self) -> float | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+def classifier_rows(runtime: Runtime, pad_id: int) -> RowCompute:
+    """Rows -> (logits (C,), attention (L,)) per row, through the `classifier` graph."""
+
+    def compute(rows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        ids, lengths = pad_rows(rows, pad_id)  # (B, T), (B,)
+        out = runtime.run("classifier", {"input_ids": ids, "lengths": lengths})
+        logits, attention = out["logits"], out["attention"]  # (B, C), (B, T)
+        return [(logits[i], attention[i, : lengths[i]]) for i in range(len(rows))]
+
+    return compute
+
+
+def tagger_rows(runtime: Runtime, pad_id: int) -> RowCompute:
+    """Rows -> (best label (L,), its probability (L,)) per row, through the `tagger` graph."""
+
+    def compute(rows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        ids, lengths = pad_rows(rows, pad_id)  # (B, T), (B,)
+        log_probs = runtime.run("tagger", {"input_ids": ids, "lengths": lengths})["log_probs"]
+        best = log_probs.argmax(-1)  # (B, T)
+        prob = np.exp(np.take_along_axis(log_probs, best[..., None], -1)[..., 0])  # (B, T)
+        return [(best[i, : lengths[i]], prob[i, : lengths[i]]) for i in range(len(rows))]
+
+    return compute
+
+
+ROW_TASKS: dict[str, Callable[[Runtime, int], RowCompute]] = {
+    "classifier": classifier_rows,
+    "tagger": tagger_rows,
+}
+
+
+def length_buckets(max_tokens: int) -> list[int]:
+    """Warm-up lengths: powers of two up to, and including, `max_tokens`."""
+    out, n = [], 1
+    while n < max_tokens:
+        out.append(n)
+        n *= 2
+    return [*out, max_tokens]
+
+
+class BatchedModel:
+    """A classifier or tagger: token rows through a dynamic batcher, one compute per runtime
+    instance (several instances: several batches in flight)."""
+
+    def __init__(self, name: str, runtimes: Sequence[Runtime], computes: Sequence[RowCompute],
+                 unk_id: int, config: ModelConfig, observer: Observer | None = None) -> None:
+        self.runtime = runtimes[0]
+        self.runtimes = list(runtimes)
+        self.computes = list(computes)
+        self.unk_id = unk_id
+        self.config = config
+        self.batcher: Batcher[list[int], Any] = Batcher(self.computes, config.batcher,
+                                                        name=name, observer=observer)
+
+    async def start(self) -> None:
+        if self.config.warmup:
+            await asyncio.to_thread(self.warm_up)
+        self.batcher.start()
+
+    def warm_up(self) -> None:
+        """Every length bucket at batch 1 and at the largest batch the budget allows, on
+        every instance."""
+        cfg = self.batcher.config
+        for compute in self.computes:
+            for length in length_buckets(self.config.max_tokens):
+                rows = max(1, min(cfg.max_batch_size, cfg.max_batch_tokens // length))
+                for n in sorted({1, rows}):
+                    start = time.perf_counter()
+                    compute([[self.unk_id] * length] * n)
+                    if n > 1:  # full batches: what a queue's rows will see
+                        self.batcher.cost.observe(n * length, time.perf_counter() - start)
+
+    async def stop(self, timeout: float) -> bool:
+        return await self.batcher.close(timeout)
+
+    def describe(self) -> dict[str, Any]:
+        """What runs this model (for GET /v1/models)."""
+        return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
+                "instances": len(self.runtimes)}
+
+    def submit(self, rows: Sequence[list[int]],
+               deadline: float) -> list[asyncio.Future[Timed[Any]]]:
+        """Queue token rows (all or none); one future per row."""
+        return self.batcher.submit([(r, len(r)) for r in rows], deadline)
+
+    def expected_wait(self) -> float | None:
+        """Seconds a request would wait for compute now (None: not measured yet)."""
+        return self.batcher.expected_wait()
+
+
+class DecodedModel:
+    """A translator: sources through the decoding engine."""
+
+    def __init__(self, runtime: Runtime, limits: DecodeLimits, unk_id: int, config: ModelConfig,
+                 observer: Observer | None = None) -> None:
+        self.runtime = runtime
+        self.unk_id = unk_id
+        self.config = config
+        self.engine = DecodingEngine(runtime, limits, config.engine, observer)
+
+    async def start(self) -> None:
+        self.engine.start()
+        if self.config.warmup:  # one short decode per source length bucket
+            n = self.config.max_tokens
+            lengths = sorted({1, min(8, n), n})
+            await self.engine.translate([[self.unk_id] * k for k in lengths],
+                                        SearchOptions(beam_size=4, max_length=3))
+
+    async def stop(self, timeout: float) -> bool:
+        """Finish admitted and queued translations within `timeout`; then fail the rest."""
+        stopping = asyncio.ensure_future(self.engine.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=timeout)
+        if done:
+            return True
+        self.engine.abort(ShuttingDown("the server stopped before this translation finished"))
+        await asyncio.wait({stopping}, timeout=5.0)
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        """What runs this model and its decoding limits (for GET /v1/models)."""
+        cfg = self.engine.config
+        return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
+                "limits": {"max_decode_length": self.engine.limits.max_decode_length,
+                           "max_live_hypotheses": cfg.max_live_hypotheses,
+                           "queue_size": cfg.max_queue}}
+
+    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
+               deadline: float) -> list[asyncio.Future[Decoded]]:
+        """Queue sources for decoding (all or none); one future per source."""
+        return self.engine.submit(sources, options, deadline)
+
+    def expected_wait(self) -> float | None:
+        """Seconds a source would wait for admission now (None: not measured yet)."""
+        return self.engine.core.expected_wait()
+
+
+ServedModel = BatchedModel | DecodedModel
+
+
+def decode_limits(manifest: Manifest) -> DecodeLimits:
+    """A translator bundle's special ids, vocabulary and decode-length limit."""
+    tok = manifest.tokenizer
+    return DecodeLimits(bos_id=tok.bos_id, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
+                        max_decode_length=int(manifest.limits.get("max_decode_length", 128)))
+
+
+def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Manifest,
+                config: ModelConfig, observer: Observer | None = None) -> ServedModel:
+    """The scheduled model of `manifest.task` over its runtime instances (translators use the
+    first); LookupError for a task no scheduler serves."""
+    instances = [runtimes] if not isinstance(runtimes, Sequence) else list(runtimes)
+    tok = manifest.tokenizer
+    if manifest.task == "translator":
+        cfg = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
+                                                                      pad_id=tok.pad_id))
+        return DecodedModel(instances[0], decode_limits(manifest), tok.unk_id, cfg, observer)
+    rows = ROW_TASKS.get(manifest.task)
+    if rows is None:
+        raise LookupError(f"no scheduler serves task {manifest.task!r}")
+    computes = [rows(rt, tok.pad_id) for rt in instances]
+    return BatchedModel(name, instances, computes, tok.unk_id, config, observer)

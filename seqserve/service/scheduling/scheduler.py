@@ -1,0 +1,358 @@
+"""The decoding engine's core: a synchronous, model-free scheduler (vLLM `EngineCore.step`).
+
+    work = core.schedule()            # evict, place, admit; what to run now
+    result = core.execute(item)       # encoder or decoder_step calls (any thread)
+    outcomes = core.update(item, result)   # beam bookkeeping, answers, failures
+
+`core.step()` does the three in a row; the asyncio engine (decoding.py) runs `execute` off
+the event loop and overlaps work items. Every live request is in one table with one status
+(work.Status): WAITING (in the admission queue), ENCODING (its encoder batch runs),
+DECODING (encoded: waiting for a group, or in one), then FINISHED or ABORTED as it leaves.
+
+- schedule(): evict cancelled requests from idle groups; place encoded requests into the
+  idle group with the fewest rows; admit waiting requests while the live-hypothesis budget
+  allows (each reserves `beam_size` rows) as one encoder batch, unless one is running; and
+  launch a decoder step for every idle group with rows.
+- update(): an encoder batch's requests become DECODING (to be placed); a step's outputs go
+  through the group's vectorised beam search (beams.py), finished requests are answered and
+  leave with their rows.
+
+With `EngineConfig.groups` G > 1 the requests are split into G groups whose steps take turns
+on the runtime, so one group's update overlaps another's step. `continuous=False` admits a
+batch only when the previous one has completely finished (request-level batching).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
+from seqserve.service.runtimes.base import Runtime
+from seqserve.service.scheduling.base import CostEstimate, NullObserver, Observer, admission_refusal
+from seqserve.service.scheduling.group import DecodeGroup
+from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions
+from seqserve.service.scheduling.work import (
+    Decoded,
+    EncodeResult,
+    EncodeWork,
+    EngineConfig,
+    Request,
+    Status,
+    StepResult,
+    StepStats,
+    StepWork,
+    Work,
+    execute,
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A request that left the engine: its answer, or why it failed."""
+
+    request: Request
+    result: Decoded | Exception
+
+
+@dataclass(eq=False)
+class _Encoded:
+    """An encoder batch's requests waiting for a group (all DECODING)."""
+
+    requests: list[Request]
+    memory: np.ndarray  # (n, S, D)
+    state: np.ndarray  # (n, state_dim)
+    lengths: np.ndarray  # (n,)
+
+
+class EngineCore:
+    """See module doc."""
+
+    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: EngineConfig,
+                 observer: Observer | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.runtime = runtime
+        self.limits = limits
+        self.config = config
+        self.observer: Observer = observer or NullObserver()
+        self.clock = clock
+        self.stats = StepStats()
+        self.closing = False
+        self.table: dict[int, Request] = {}
+        self._ids = itertools.count()
+        self._epoch = 0  # bumped by a reset: work scheduled before it is stale
+        self.admit_cost = CostEstimate()
+        """Seconds per admitted request while others waited: the admission rate."""
+        self.decode_cost = CostEstimate()
+        """Seconds from admission to answer per request (warm-up included)."""
+        self._backlog_since: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._queue: deque[Request] = deque()  # admission order (status says who is still in)
+        self._waiting = 0
+        self._encoded: list[_Encoded] = []
+        self._cancelled: set[int] = set()  # DECODING requests to evict from their group
+        self.groups = [DecodeGroup(self.limits) for _ in range(self.config.groups)]
+        self._busy: set[int] = set()  # groups whose step is out
+        self._encoding = False
+        self._epoch += 1
+
+    # -- requests in ----------------------------------------------------------------------
+
+    def add(self, sources: Sequence[list[int]], options: SearchOptions,
+            deadline: float | None = None) -> list[Request]:
+        """Queue sources (all or none): ShuttingDown while closing, QueueFull when the queue
+        cannot take them all or they would wait past their budget (`deadline`, a
+        time.monotonic() value, capped by `max_queue_wait_s`)."""
+        cfg = self.config
+        if self.closing:
+            raise ShuttingDown("the translator is shutting down", retry_after=cfg.retry_after_s)
+        if self._waiting + len(sources) > cfg.max_queue:
+            raise QueueFull(f"translator queue full ({self._waiting} of {cfg.max_queue} "
+                            "waiting)", retry_after=cfg.retry_after_s)
+        if deadline is not None:
+            self._admit_by_wait(len(sources), deadline)
+        now = self.clock()
+        requests = [Request(next(self._ids), list(src), options, now) for src in sources]
+        for r in requests:
+            self.table[r.rid] = r
+        self._queue.extend(requests)
+        self._waiting += len(requests)
+        return requests
+
+    def expected_wait(self, sources: int = 0) -> float | None:
+        """Seconds `sources` more would wait for admission (None: not measured yet)."""
+        return self.admit_cost.seconds(self._waiting + sources)
+
+    def _admit_by_wait(self, sources: int, deadline: float) -> None:
+        if not self.table and self.decode_cost.stale():
+            return  # idle on an old estimate: a probe, to measure again
+        wait = self.expected_wait()
+        why = admission_refusal(wait, self.decode_cost.per_unit, deadline,
+                                self.config.max_queue_wait_s, time.monotonic())
+        if why is not None:
+            raise QueueFull(f"translator cannot take it in time: {why}",
+                            retry_after=max(self.config.retry_after_s, wait or 0.0))
+
+    def cancel(self, rid: int) -> None:
+        """The caller gave up on a request: it leaves now, or at its group's next update."""
+        r = self.table.get(rid)
+        if r is None or r.status in (Status.FINISHED, Status.ABORTED):
+            return
+        if r.status is Status.WAITING:
+            self._waiting -= 1
+            del self.table[rid]
+        elif r.status is Status.DECODING:
+            self._cancelled.add(rid)
+        r.status = Status.ABORTED
+
+    def abort(self) -> list[Request]:
+        """Every live request is aborted (shutdown past its grace); returns them."""
+        aborted = [r for r in self.table.values()]
+        for r in aborted:
+            self.cancel(r.rid)
+        return aborted
+
+    # -- views ----------------------------------------------------------------------------
+
+    @property
+    def queued(self) -> int:
+        """Sources waiting for admission (cancelled ones excluded)."""
+        return self._waiting
+
+    @property
+    def live_rows(self) -> int:
+        return sum(g.rows for g in self.groups)
+
+    def has_work(self) -> bool:
+        return bool(self.table) or bool(self._busy) or self._encoding
+
+    # -- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[Outcome]:
+        """schedule, execute and update, in a row (no event loop needed)."""
+        outcomes = []
+        for work in self.schedule():
+            outcomes += self.update(work, self.execute(work))
+        return outcomes
+
+    def execute(self, work: Work) -> EncodeResult | StepResult:
+        """Run one work item on the runtime; reads only the item (safe on any thread)."""
+        return execute(self.runtime, work)
+
+    def schedule(self) -> list[Work]:
+        """Evict, place, admit; the work to run now."""
+        for i, group in enumerate(self.groups):
+            if i not in self._busy:
+                self._evict(group)
+        self._place()
+        work: list[Work] = []
+        admitted = self._admit()
+        if admitted:
+            self._encoding = True
+            work.append(EncodeWork(admitted, self.config.pad_id, self._epoch))
+        for i, group in enumerate(self.groups):
+            if i not in self._busy and group.rows:
+                self._busy.add(i)
+                work.append(StepWork(group, i, group.inputs(), group.beams.rows.request))
+        return work
+
+    def update(self, work: Work, result: EncodeResult | StepResult) -> list[Outcome]:
+        """Apply a finished work item; the requests that left."""
+        if isinstance(work, EncodeWork):
+            assert isinstance(result, EncodeResult)
+            return self._encoded_batch(work, result)
+        assert isinstance(result, StepResult)
+        self._busy.discard(work.index)
+        if self.groups[work.index] is not work.group:  # reset since: nobody waits for it
+            return []
+        try:
+            return self._stepped(work.group, result)
+        except Exception as exc:  # malformed outputs: fail this group's requests only
+            self.groups[work.index] = DecodeGroup(self.limits)
+            return [self._fail(self.table[rid], exc) for rid in work.group.keys.tolist()
+                    if rid in self.table]
+
+    def fail_all(self, error: Exception) -> list[Outcome]:
+        """Fail every live request (a bug in the loop must not hang its clients)."""
+        outcomes = [self._fail(r, error) for r in list(self.table.values())]
+        self._reset()
+        return outcomes
+
+    # -- schedule's parts -----------------------------------------------------------------
+
+    def _evict(self, group: DecodeGroup) -> None:
+        if self._cancelled and len(group.keys):
+            gone = np.isin(group.keys, list(self._cancelled))  # (Q,)
+            if gone.any():
+                for rid in group.keys[gone].tolist():
+                    self._cancelled.discard(rid)
+                    self.table.pop(rid, None)
+                group.evict(~gone)
+
+    def _place(self) -> None:
+        """Encoded requests join the idle group with the fewest rows, if it has no more rows
+        than any group (the groups stay balanced)."""
+        if not self._encoded:
+            return
+        idle = [g for i, g in enumerate(self.groups) if i not in self._busy]
+        if not idle:
+            return
+        group = min(idle, key=lambda g: g.rows)
+        if group.rows and group.rows > min(g.rows for g in self.groups):
+            return
+        for batch in self._encoded:
+            live = [i for i, r in enumerate(batch.requests) if r.status is Status.DECODING]
+            for r in batch.requests:
+                if r.status is Status.ABORTED:  # cancelled after its encoder ran
+                    self._cancelled.discard(r.rid)
+                    self.table.pop(r.rid, None)
+            if live:
+                at = np.array(live)
+                group.join([batch.requests[i].rid for i in live],
+                           [batch.requests[i].options for i in live],
+                           [len(batch.requests[i].src_ids) for i in live],
+                           batch.memory[at], batch.lengths[at], batch.state[at])
+        self._encoded = []
+
+    def _admit(self) -> list[Request]:
+        cfg = self.config
+        if self._encoding:
+            return []
+        if not cfg.continuous and (self._encoded or any(g.rows for g in self.groups)):
+            return []
+        reserved = sum(g.reserved() for g in self.groups)
+        reserved += sum(r.options.beam_size for b in self._encoded for r in b.requests)
+        admitted: list[Request] = []
+        now = self.clock()
+        while self._queue and len(admitted) < cfg.max_admit:
+            head = self._queue[0]
+            if head.status is not Status.WAITING:  # cancelled while queued
+                self._queue.popleft()
+                continue
+            if reserved + head.options.beam_size > cfg.max_live_hypotheses:
+                break
+            reserved += head.options.beam_size
+            head.status, head.admitted = Status.ENCODING, now
+            admitted.append(self._queue.popleft())
+        self._waiting -= len(admitted)
+        self._note_admission(len(admitted), now)
+        return admitted
+
+    def _note_admission(self, count: int, now: float) -> None:
+        """Learn the admission rate from admissions made while others were waiting (an idle
+        engine's pace says nothing about its capacity)."""
+        if count and self._backlog_since is not None:
+            self.admit_cost.observe(count, now - self._backlog_since)
+        self._backlog_since = now if self._waiting else None
+
+    # -- update's parts -------------------------------------------------------------------
+
+    def _encoded_batch(self, work: EncodeWork, result: EncodeResult) -> list[Outcome]:
+        if work.epoch != self._epoch:
+            return []
+        self._encoding = False
+        self.observer.on_encode(result.seconds, len(work.requests))
+        outcomes = []
+        for i, r in enumerate(work.requests):
+            if i in result.failed:
+                outcomes.append(self._fail(r, result.failed[i]))
+            elif r.status is Status.ABORTED:  # cancelled while encoding
+                self.table.pop(r.rid, None)
+            else:
+                r.status = Status.DECODING
+        if len(outcomes) < len(work.requests):
+            self._encoded.append(_Encoded(work.requests, result.memory, result.state,
+                                          result.lengths))
+        return outcomes
+
+    def _stepped(self, group: DecodeGroup, result: StepResult) -> list[Outcome]:
+        """Beam bookkeeping for the group's step; answer and evict who finished."""
+        if result.batched:
+            self.stats.add(group.rows, result.seconds)
+            self.observer.on_step(result.seconds, group.rows)
+        group.advance(result.out)
+        leave = group.beams.done.copy()  # (Q,)
+        outcomes = []
+        for q, exc in result.failed.items():
+            leave[q] = True
+            outcomes.append(self._fail(self.table[int(group.keys[q])], exc))
+        if self._cancelled:
+            leave |= np.isin(group.keys, list(self._cancelled))
+        positions = np.flatnonzero(leave)
+        answered = [q for q in positions.tolist() if q not in result.failed
+                    and self.table[int(group.keys[q])].status is Status.DECODING]
+        for q, hyps in zip(answered, group.beams.results(np.array(answered, np.int64)),
+                           strict=True):
+            outcomes.append(self._answer(self.table[int(group.keys[q])], hyps,
+                                         int(group.beams.reqs.steps[q])))
+        for rid in group.keys[positions].tolist():
+            self._cancelled.discard(rid)
+            self.table.pop(rid, None)
+        if len(positions):
+            group.evict(~leave)
+        return outcomes
+
+    def _answer(self, r: Request, hyps: list[Hypothesis], steps: int) -> Outcome:
+        now = self.clock()
+        r.status = Status.FINISHED
+        best = hyps[0] if hyps else None
+        tokens = len(best.token_ids) - int(best.ended) if best else 0  # EOS not counted
+        self.stats.generated_tokens += tokens
+        self.observer.on_finish(tokens, now - r.admitted)
+        self.decode_cost.observe(1, now - r.admitted)
+        return Outcome(r, Decoded(hyps, r.admitted - r.submitted, now - r.admitted, steps))
+
+    def _fail(self, r: Request, exc: Exception) -> Outcome:
+        r.status = Status.ABORTED
+        self.table.pop(r.rid, None)
+        self._cancelled.discard(r.rid)
+        error = exc if isinstance(exc, InferenceFailed) else InferenceFailed(
+            f"decoding failed: {exc}")
+        return Outcome(r, error)

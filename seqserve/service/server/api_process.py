@@ -1,0 +1,38 @@
+"""`python -m seqserve.service.server.api_process`: one API process (started by the supervisor).
+
+Serves HTTP on the listening socket the supervisor bound and passed down (its descriptor in
+SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS). The
+settings come from the SEQSERVE_* variables the supervisor set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+LISTEN_FD_ENV = "SEQSERVE_LISTEN_FD"
+
+
+def main() -> int:
+    from seqserve.service.core.logs import configure_logging
+    from seqserve.service.engine.client import EngineClient
+    from seqserve.service.engine.options import ADDRESS_ENV
+    from seqserve.service.server.app import create_app
+    from seqserve.service.server.shutdown import build_server
+    from seqserve.service.web.settings import Settings
+
+    settings = Settings()
+    sys.setswitchinterval(settings.switch_interval_ms / 1000.0)
+    sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
+    app = create_app(settings, engine=EngineClient(os.environ[ADDRESS_ENV]))
+    server = build_server(app, app.state.seqserve, supervised=True)
+    configure_logging(settings.log_level, settings.log_format)  # after uvicorn's Config
+    logging.getLogger("seqserve").debug("API process %d started", os.getpid())
+    server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

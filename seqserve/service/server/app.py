@@ -1,0 +1,136 @@
+"""`create_app(settings)`: the FastAPI app. Nothing is built at import time.
+
+The lifespan loads the repository (verify, load, warm up) and only then reports ready; on
+shutdown readiness turns false first, new work gets 503, and admitted work drains. Every
+router of `seqserve.service.api` is included here by a plain import; every error is mapped to its
+JSON
+answer here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from seqserve.service.api import classify, health, models, tag, translate
+from seqserve.service.api.common import describe_errors
+from seqserve.service.api.fast import FastPath, HotPathRouter
+from seqserve.service.api.oip import routes as oip
+from seqserve.service.core.errors import ServiceError, error_answer
+from seqserve.service.core.metrics import Metrics
+from seqserve.service.engine.client import EngineClient
+from seqserve.service.engine.loading import RuntimeFactory
+from seqserve.service.server.openapi import install as install_openapi
+from seqserve.service.web.access_log import with_access_log
+from seqserve.service.web.auth import with_api_keys
+from seqserve.service.web.middleware import ServingMiddleware
+from seqserve.service.web.repository import ModelRepository
+from seqserve.service.web.settings import Settings
+from seqserve.service.web.state import AppState
+
+log = logging.getLogger("seqserve.app")
+
+
+def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None,
+               engine: EngineClient | None = None) -> FastAPI:
+    """Build the app for `settings`. Its models run in this process, or, given an `engine`
+    client, in the engine process. `runtime_factory` replaces the real runtimes in tests."""
+    metrics = Metrics()
+    repository = ModelRepository(settings, metrics, runtime_factory, engine)
+    state = AppState(settings, metrics, repository)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if engine is not None:
+            await engine.start()
+        await state.repository.load_all()
+        state.started = True
+        pending = "; ".join(state.repository.not_ready()) or "no model"
+        log.info("ready: %s", "yes" if state.ready else f"no ({pending})")
+        yield
+        state.begin_drain()
+        drained = await state.repository.stop_all(state.drain_left())
+        if engine is not None:
+            await engine.close()
+        log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
+
+    app = SeqserveApp(
+        title="seqserve",
+        version=_version(),
+        description="Recurrent sequence models: classify, translate, KServe v2 inference.",
+        lifespan=lifespan,
+        # Our own Prometheus metrics cover requests; FastAPI's OpenTelemetry hooks (newer
+        # releases) cost a third of the per-request time here. Older releases ignore this.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
+    )
+    app.state.seqserve = state
+    _add_error_handlers(app)
+    for module in (health, models, classify, translate, tag, oip):
+        app.include_router(module.router)
+    install_openapi(app, state)  # the live limits and one infer operation per model
+    # outermost first: request id + access log, body limit + drain + timing + metrics, API
+    # keys (their 401s counted and timed), then the hot path or FastAPI's own stack
+    inner = HotPathRouter(FastPath(state), functools.partial(FastAPI.__call__, app))
+    app.entry = with_access_log(ServingMiddleware(with_api_keys(inner, settings), state),
+                                settings)
+    return app
+
+
+class SeqserveApp(FastAPI):
+    """The FastAPI app behind our own middleware chain (`entry`), which sits outside
+    FastAPI's stack so that the inference routes are answered by the hot path
+    (`seqserve.service.api.fast`) without FastAPI's per-request machinery."""
+
+    entry: ASGIApp
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.entry(scope, receive, send)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error becomes `{"error": message}`; the mapping lives here and nowhere else."""
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        status, headers, message = error_answer(exc)
+        return _error(status, message, {k.decode(): v.decode() for k, v in headers})
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(422, describe_errors(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in detail:
+            detail = "request body is not valid JSON text (malformed or not UTF-8)"
+        return _error(exc.status_code, detail, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        # Logged once, with the request's id, by service.access_log (not here). This answer
+        # is sent outside every middleware: it carries the request id itself.
+        rid = getattr(request.state, "request_id", None)
+        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug",
+                      {"X-Request-Id": rid} if rid else None)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("seqserve")
+    except Exception:
+        return "0.0.0"

@@ -1,0 +1,71 @@
+"""`--api-workers auto`, `--instances auto`: the process and thread layout for this machine.
+
+Chosen by measurement on the 2-core CPU box (docs/performance.md, "Peers"): the API
+processes take half the cores and the runtime instances the rest, one thread each, at least
+two instances (on 2 cores, 1 API process + 2 instances served long texts 1.33x faster than
+one instance, short texts 0.9x; two API processes were slower on both). On CUDA the device
+does the compute; API processes take every core but two (the engine's loop and the
+system's share), and two instances keep two batches in flight on the device.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from seqserve.service.web.settings import Settings
+
+
+def cores() -> int:
+    """CPU cores this process may use: its affinity (else the machine's count), capped by a
+    container's CPU limit (cgroup v2 `cpu.max`, or v1 `cpu.cfs_quota_us`), rounded up."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        n = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return max(1, min(n, math.ceil(limit))) if limit else n
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The container's CPU limit in cores, or None when there is none (or no cgroup)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def resolve(settings: Settings, available: int | None = None) -> Settings:
+    """`settings` with every "auto" replaced by a count (threads too, when left at 0)."""
+    n = available or cores()
+    update: dict[str, Any] = {}
+    gpu = settings.device == "cuda"
+    api = settings.api_workers
+    if api == "auto":
+        api = update["api_workers"] = max(1, n - 2) if gpu else max(1, n // 2)
+    if settings.instances == "auto":
+        update["instances"] = 2 if gpu else max(2, n - int(api)) if api else max(1, n // 2)
+    instances = update.get("instances", settings.instances)
+    if settings.intra_op_threads == 0 and settings.instances == "auto" and not gpu:
+        update["intra_op_threads"] = max(1, (n - int(api)) // int(instances)) if api else 1
+    return settings.model_copy(update=update)
+
+
+def describe(settings: Settings) -> str:
+    """One line for the start-up log: the layout in force."""
+    threads = settings.intra_op_threads or "runtime default"
+    if settings.api_workers == 0:
+        return (f"one process (API and engine), {settings.instances} instance(s) per model, "
+                f"{threads} intra-op thread(s) each; {cores()} cores")
+    return (f"{settings.api_workers} API process(es) + 1 engine process, "
+            f"{settings.instances} instance(s) per model, {threads} intra-op thread(s) each; "
+            f"{cores()} cores")

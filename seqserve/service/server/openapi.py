@@ -1,0 +1,158 @@
+"""The live OpenAPI document: what this server, with these settings and these models, accepts.
+
+FastAPI builds the document from the routes' schemas; this adds what only the running server
+knows, so that the document declares every constraint the server enforces:
+
+- the live limits: texts per request (`max_texts`) and characters per text (`max_chars`);
+- one OIP infer operation per served model and version, with that model's exact body
+  (`seqserve.service.api.oip.docs`), instead of the generic `/v2/models/{name}/infer`; the same for
+  the v1 routes (`/v1/models/{name}/classify`, `translate`, `tag`): each model's texts must
+  hold a character its own tokenizer keeps (the number models drop punctuation);
+- errors as the server writes them (`{"error": message}`, also for 422);
+- with API keys, the bearer scheme and the 401 answer on every protected operation.
+
+The document is built when first asked for once the models are loaded, then kept.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from seqserve.service.api.oip import docs, tasks
+from seqserve.service.api.oip.schemas import V2InferResponse
+from seqserve.service.web.auth import is_open
+from seqserve.service.web.state import AppState
+from seqserve.service.workers.base import text_pattern
+
+ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+INFER_ERRORS = (400, 404, 413, 429, 500, 503, 504)
+
+
+def install(app: FastAPI, state: AppState) -> None:
+    """Serve the live document at /openapi.json (and to /docs)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                          routes=app.routes)
+        live_document(doc, state)
+        if state.started:  # the models are known: keep it
+            app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def live_document(doc: dict[str, Any], state: AppState) -> None:
+    """Add the live limits, the per-model infer operations, the error and auth answers."""
+    s = state.settings
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for schema in schemas.values():
+        texts = schema.get("properties", {}).get("texts")
+        if texts is not None:
+            texts["maxItems"] = s.max_texts
+            texts["items"]["maxLength"] = s.max_chars
+    _errors_as_served(doc)
+    _v1_operations(doc, state)
+    _infer_operations(doc, state)
+    if s.api_key is not None:
+        _bearer(doc, s.auth_health, s.auth_metrics)
+
+
+def _errors_as_served(doc: dict[str, Any]) -> None:
+    """Every answer the app's handlers write is {"error": message}: 422 included."""
+    schemas = doc["components"]["schemas"]
+    for path in doc["paths"].values():
+        for op in path.values():
+            unprocessable = op.get("responses", {}).get("422")
+            if unprocessable is not None:
+                unprocessable["content"] = {"application/json": {"schema": ERROR_REF}}
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+
+
+def _infer_operations(doc: dict[str, Any], state: AppState) -> None:
+    repo, s = state.repository, state.settings
+    response = V2InferResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    doc["components"]["schemas"].update(response.pop("$defs", {}))
+    doc["components"]["schemas"]["V2InferResponse"] = response
+    errors = {str(code): {"description": "Error", "content": {"application/json": {
+        "schema": ERROR_REF}}} for code in INFER_ERRORS}
+    for name in sorted(repo.entries):
+        default = repo.default_version(name)
+        for version, entry in sorted(repo.versions(name).items()):
+            if entry.state != "ready" or entry.worker is None:
+                continue
+            outputs = [o["name"] for o in tasks.signature(entry.worker)[1]]
+            text = _text_schema(entry, s.max_chars)
+            pinned = (f"/v2/models/{name}/versions/{version}/infer", version)
+            targets = [pinned, (f"/v2/models/{name}/infer", None)] if version == default \
+                else [pinned]
+            for path, which in targets:
+                doc["paths"][path] = {"post": docs.infer_operation(
+                    name, which, entry.task or "", outputs, s.max_texts, text, errors)}
+
+
+V1_VERBS = {"classifier": "classify", "translator": "translate", "tagger": "tag"}
+
+
+def _text_schema(entry: Any, max_chars: int) -> dict[str, Any]:
+    """One text as a model accepts it: its tokenizer's own rule (`text_pattern`)."""
+    blank = entry.worker.ctx.tokenizer.blank_characters()
+    return {"type": "string", "minLength": 1, "maxLength": max_chars,
+            "pattern": text_pattern(blank)}
+
+
+def _v1_operations(doc: dict[str, Any], state: AppState) -> None:
+    """Replace the generic v1 inference paths by one operation per served model (and per
+    version), whose body schema carries that model's text rule."""
+    paths, schemas = doc["paths"], doc["components"]["schemas"]
+    generic = {verb: paths.pop(f"/v1/models/{{name}}/{verb}", None) for verb in
+               V1_VERBS.values()}
+    for verb in V1_VERBS.values():
+        paths.pop(f"/v1/models/{{name}}/versions/{{version}}/{verb}", None)
+    repo = state.repository
+    for name in sorted(repo.entries):
+        default = repo.default_version(name)
+        for version, entry in sorted(repo.versions(name).items()):
+            template = generic.get(V1_VERBS.get(entry.task or "", ""))
+            if entry.state != "ready" or entry.worker is None or template is None:
+                continue
+            op = _model_operation(template["post"], schemas, name, version,
+                                  _text_schema(entry, state.settings.max_chars))
+            verb = V1_VERBS[entry.task or ""]
+            paths[f"/v1/models/{name}/versions/{version}/{verb}"] = {"post": op}
+            if version == default:
+                paths[f"/v1/models/{name}/{verb}"] = {"post": op}
+
+
+def _model_operation(template: dict[str, Any], schemas: dict[str, Any], name: str,
+                     version: int, text: dict[str, Any]) -> dict[str, Any]:
+    op = copy.deepcopy(template)
+    op.pop("parameters", None)  # no path parameters left
+    op["operationId"] = f"{op.get('operationId', 'post')}_{name}_v{version}"
+    content = op["requestBody"]["content"]["application/json"]
+    ref = content["schema"].get("$ref", "")
+    body = copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]]) if ref else content["schema"]
+    body["properties"]["texts"]["items"] = text
+    content["schema"] = body
+    return op
+
+
+def _bearer(doc: dict[str, Any], auth_health: bool, auth_metrics: bool) -> None:
+    doc["components"]["securitySchemes"] = {"bearer": {
+        "type": "http", "scheme": "bearer",
+        "description": "An API key of the server (`--api-key`)."}}
+    unauthorized = {"description": "No valid API key", "content": {"application/json": {
+        "schema": ERROR_REF}}}
+    for path, item in doc["paths"].items():
+        if is_open(path, auth_health, auth_metrics):
+            continue
+        for op in item.values():
+            op["security"] = [{"bearer": []}]
+            op.setdefault("responses", {})["401"] = unauthorized

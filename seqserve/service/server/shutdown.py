@@ -1,0 +1,66 @@
+"""Graceful shutdown on top of uvicorn's own signal handling.
+
+On SIGTERM/SIGINT: readiness turns false at once and new requests get 503 (AppState.draining);
+after `shutdown_delay_s` (time for a load balancer to notice) uvicorn closes the listener,
+waits up to `drain_timeout_s` for admitted requests, then runs the lifespan shutdown, which
+drains the batchers. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from types import FrameType
+
+import uvicorn
+
+from seqserve.service.web.http_protocol import guarded_protocol
+from seqserve.service.web.state import AppState
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server that drains before it exits."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState, delay_s: float = 0.0,
+                 supervised: bool = False) -> None:
+        super().__init__(config)
+        self.state = state
+        self.delay_s = delay_s
+        self.supervised = supervised
+        """Under the supervisor: only its SIGTERM drains (a terminal's Ctrl-C reaches every
+        process of the group; the supervisor alone decides the order of the drain)."""
+        self.drain_since: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.supervised and sig == signal.SIGINT:
+            return
+        self.state.begin_drain()
+        if self.drain_since is not None:  # second signal: stop waiting
+            self.should_exit = True
+            self.force_exit = True
+            return
+        self.drain_since = time.monotonic()
+        if self.delay_s <= 0:
+            self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_since is not None and time.monotonic() - self.drain_since >= self.delay_s:
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def build_server(app: object, state: AppState, supervised: bool = False) -> DrainingServer:
+    """The uvicorn server for `app` with the settings' host, port and drain timeout."""
+    s = state.settings
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=s.host,
+        port=s.port,
+        log_level=s.log_level,
+        timeout_graceful_shutdown=int(max(1, round(s.drain_timeout_s))),
+        timeout_keep_alive=max(1, round(s.keepalive_timeout_s)),
+        http=guarded_protocol(s.header_timeout_s),
+        lifespan="on",
+        access_log=False,
+    )
+    return DrainingServer(config, state, s.shutdown_delay_s, supervised)

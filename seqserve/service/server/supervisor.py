@@ -1,0 +1,221 @@
+"""The supervisor of `seqserve serve`: one engine process, N API processes, one port.
+
+It binds the listening socket once (every API process inherits it and accepts on it), starts
+the engine (`python -m seqserve.service.engine`) and the API processes (`python -m
+seqserve.service.server.api_process`), and watches them:
+
+- an API process that exits is restarted (its live gauges are marked dead); one that keeps
+  dying at start makes the supervisor give up and exit non-zero;
+- an engine that exits ends the server with a non-zero status (the orchestrator restarts
+  the pod) instead of leaving API processes that can only answer errors;
+- SIGTERM or SIGINT drains, inside one `drain_timeout_s` budget: the API processes first
+  (readiness false, `shutdown_delay_s` of 503s, then they answer what they admitted, which
+  still needs the engine), then the engine. A second signal stops at once.
+
+Every child gets the settings as SEQSERVE_* variables and `PROMETHEUS_MULTIPROC_DIR`, so
+`/metrics` of any API process reports all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from pydantic import SecretStr
+
+from seqserve.service.core.metrics import MULTIPROC_ENV
+from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
+from seqserve.service.server.api_process import LISTEN_FD_ENV
+from seqserve.service.web.settings import Settings
+
+log = logging.getLogger("seqserve.supervisor")
+
+RESTART_WINDOW_S = 30.0
+"""An API process that dies this many times within this window at start: give up."""
+MAX_RESTARTS = 5
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The SEQSERVE_* variables that make a child's `Settings()` equal `settings`."""
+    env = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue  # the field's default, None
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, list | tuple):
+            text = ",".join(str(v) for v in value)
+        else:
+            text = str(value)
+        env[f"SEQSERVE_{name.upper()}"] = text
+    return env
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound once, inheritable by the API processes.
+    (proto IPPROTO_TCP: asyncio then sets TCP_NODELAY on accepted connections.)"""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+@dataclass
+class Child:
+    role: str
+    proc: subprocess.Popen[bytes]
+    started: float = field(default_factory=time.monotonic)
+
+
+class Supervisor:
+    """See the module doc. `run()` returns the process exit status."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.workdir = Path(tempfile.mkdtemp(prefix="seqserve-"))
+        self.metrics_dir = self.workdir / "metrics"
+        self.metrics_dir.mkdir()
+        self.address = f"ipc://{self.workdir / 'engine.sock'}"
+        self.sock: socket.socket | None = None
+        self.engine: Child | None = None
+        self.api: list[Child] = []
+        self.deaths: list[float] = []
+        self.signals = 0
+
+    # -- processes --------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, **settings_env(self.settings)}
+        env[MULTIPROC_ENV] = str(self.metrics_dir)
+        env[ADDRESS_ENV] = self.address
+        return env
+
+    def _start_engine(self) -> Child:
+        env = self._env()
+        env[OPTIONS_ENV] = self.settings.engine_options().to_json()
+        proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.engine"], env=env)
+        return Child("engine", proc)
+
+    def _start_api(self) -> Child:
+        assert self.sock is not None
+        env = self._env()
+        env[LISTEN_FD_ENV] = str(self.sock.fileno())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "seqserve.service.server.api_process"], env=env,
+            pass_fds=(self.sock.fileno(),))
+        return Child("api", proc)
+
+    # -- the watch loop -------------------------------------------------------------------
+
+    def run(self) -> int:
+        s = self.settings
+        self.sock = listen(s.host, s.port)
+        host, port = self.sock.getsockname()[:2]
+        log.info("listening on http://%s:%d", host, port)
+        previous = {sig: signal.signal(sig, self._on_signal)
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.engine = self._start_engine()
+            self.api = [self._start_api() for _ in range(int(s.api_workers))]
+            return self._watch()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._kill_all()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        self.signals += 1
+
+    def _watch(self) -> int:
+        assert self.engine is not None
+        while not self.signals:
+            code = self.engine.proc.poll()
+            if code is not None:
+                log.error("the engine process exited (status %s): stopping the server", code)
+                self._stop_api(timeout=5.0)
+                return code or 1
+            for i, child in enumerate(self.api):
+                if child.proc.poll() is not None and not self._restart(i, child):
+                    return 1
+            time.sleep(0.1)
+        return self._drain()
+
+    def _restart(self, i: int, child: Child) -> bool:
+        from prometheus_client import multiprocess
+
+        log.error("API process %d exited (status %s): restarting it", child.proc.pid,
+                  child.proc.returncode)
+        multiprocess.mark_process_dead(child.proc.pid, str(self.metrics_dir))
+        now = time.monotonic()
+        self.deaths = [t for t in self.deaths if now - t < RESTART_WINDOW_S] + [now]
+        if len(self.deaths) > MAX_RESTARTS:
+            log.error("API processes keep dying (%d in %.0f s): giving up", len(self.deaths),
+                      RESTART_WINDOW_S)
+            self._stop_api(timeout=5.0)
+            self._stop(self.engine, timeout=5.0)
+            return False
+        self.api[i] = self._start_api()
+        return True
+
+    # -- drain ----------------------------------------------------------------------------
+
+    def _drain(self) -> int:
+        """API processes first (they still need the engine), then the engine; one budget."""
+        budget = self.settings.drain_timeout_s + self.settings.shutdown_delay_s
+        deadline = time.monotonic() + budget
+        log.info("draining: API processes first, then the engine (%.0f s budget)", budget)
+        if self.sock is not None:
+            self.sock.close()  # the API processes hold their own copies until they stop
+        self._stop_api(timeout=max(1.0, deadline - time.monotonic()))
+        self._stop(self.engine, timeout=max(1.0, deadline - time.monotonic()))
+        failed = [c for c in [*self.api, self.engine] if c and c.proc.returncode not in (0,)]
+        for c in failed:
+            log.warning("%s process %d exited with status %s", c.role, c.proc.pid,
+                        c.proc.returncode)
+        return 0
+
+    def _stop_api(self, timeout: float) -> None:
+        for child in self.api:
+            if child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for child in self.api:
+            self._wait(child, deadline)
+
+    def _stop(self, child: Child | None, timeout: float) -> None:
+        if child is None or child.proc.poll() is not None:
+            return
+        child.proc.send_signal(signal.SIGTERM)
+        self._wait(child, time.monotonic() + timeout)
+
+    def _wait(self, child: Child, deadline: float) -> None:
+        while child.proc.poll() is None:
+            if self.signals > 1 or time.monotonic() > deadline:
+                log.warning("%s process %d did not stop in time: killing it", child.role,
+                            child.proc.pid)
+                child.proc.kill()
+                child.proc.wait()
+                return
+            time.sleep(0.05)
+
+    def _kill_all(self) -> None:
+        for child in [*self.api, self.engine]:
+            if child is not None and child.proc.poll() is None:
+                child.proc.kill()
+                child.proc.wait()

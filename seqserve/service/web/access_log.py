@@ -1,0 +1,128 @@
+"""Request ids, the access log and the one traceback of a server bug.
+
+The outermost middleware of the app:
+
+- every request gets an id: its `X-Request-Id` header when that is 1-128 characters of
+  `[A-Za-z0-9._:/+=~-]`, else a new random one; the response carries it back in
+  `X-Request-Id` and it is `scope["state"]["request_id"]` for the handlers;
+- with `access_log`, one line per request (logger `seqserve.access`): method, route (the
+  path template), model, version, status, queue/compute/total ms, request id, client. Client
+  errors (4xx) are this one line, no traceback;
+- an exception that escapes the routes (a server bug, answered 500 by the app's handler) is
+  logged once, here, as that request's line with a short traceback (`seqserve.service.core.logs`);
+  uvicorn's
+  own copy of the same traceback ("Exception in ASGI application") is filtered out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from seqserve.service.web.settings import Settings
+
+log = logging.getLogger("seqserve.access")
+HEADER = b"x-request-id"
+VALID_ID = re.compile(rb"[A-Za-z0-9._:/+=~-]{1,128}")
+LOGGED = "_seqserve_logged"
+"""Attribute set on an exception once its traceback is logged."""
+
+
+def request_id(scope: Scope) -> str:
+    """The client's X-Request-Id when it is a sane token, else a new one."""
+    for name, value in scope.get("headers", []):
+        if name == HEADER:
+            if VALID_ID.fullmatch(value):
+                return value.decode("ascii")
+            break
+    return uuid.uuid4().hex
+
+
+class _AlreadyLogged(logging.Filter):
+    """Drops uvicorn's record of an exception this module already logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not getattr(exc, LOGGED, False)
+
+
+def _filter_uvicorn_duplicates() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _AlreadyLogged) for f in logger.filters):
+        logger.addFilter(_AlreadyLogged())
+
+
+def with_access_log(app: ASGIApp, settings: Settings) -> ASGIApp:
+    """`app` behind the request-id and access-log middleware (the outermost one)."""
+    _filter_uvicorn_duplicates()
+    return AccessLogMiddleware(app, enabled=settings.access_log)
+
+
+class AccessLogMiddleware:
+    """See the module docstring."""
+
+    def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
+        self.app = app
+        self.enabled = enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.monotonic()
+        rid = request_id(scope)
+        scope.setdefault("state", {})["request_id"] = rid
+        status = {"code": 0}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = int(message["status"])
+                headers = [h for h in message.get("headers", []) if h[0] != HEADER]
+                message = {**message, "headers": [*headers, (HEADER, rid.encode())]}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            self._log(scope, rid, 500, start, exc)
+            raise
+        if self.enabled:
+            self._log(scope, rid, status["code"], start, None)
+
+    def _log(self, scope: Scope, rid: str, status: int, start: float,
+             exc: Exception | None) -> None:
+        fields = access_fields(scope, rid, status, time.monotonic() - start)
+        message = f'{fields["method"]} {fields["route"]} {status}'
+        if exc is None:
+            log.info(message, extra={"fields": fields})
+            return
+        log.error(message + " (server bug)", exc_info=exc, extra={"fields": fields})
+        with contextlib.suppress(AttributeError):  # no attributes: uvicorn logs it too
+            setattr(exc, LOGGED, True)
+
+
+def access_fields(scope: Scope, rid: str, status: int, seconds: float) -> dict[str, Any]:
+    """The access-log fields of one finished request."""
+    route = scope.get("route")
+    params = scope.get("path_params") or {}
+    call = (scope.get("state") or {}).get("call")
+    client = scope.get("client")
+    return {
+        "method": scope.get("method", ""),
+        "route": scope.get("route_path") or getattr(route, "path", None) or "unmatched",
+        "model": str(params.get("name", ""))[:128],
+        "version": str(params.get("version", ""))[:32],
+        "status": status,
+        "queue_ms": round(call.queue_s * 1000, 3) if call else 0.0,
+        "compute_ms": round(call.compute_s * 1000, 3) if call else 0.0,
+        "total_ms": round(seconds * 1000, 3),
+        "request_id": rid,
+        "client": f"{client[0]}:{client[1]}" if client else "",
+    }

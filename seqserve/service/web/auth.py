@@ -1,0 +1,125 @@
+"""API keys (off by default): `Authorization: Bearer KEY` on inference and model routes.
+
+`settings.api_key` holds the keys, one per line (a single key is the usual case), or is
+`@PATH`: a file of keys, one per line; blank lines and lines starting with `#` are skipped.
+They are read once, when the app is built. Health (`/v2/health/*`,
+`/health/*`) and `/metrics` stay open unless `auth_health` / `auth_metrics`; the API
+description (`/openapi.json`, `/docs`, `/redoc`) stays open so that `/docs` can load it.
+
+A request without a valid key gets 401 with `WWW-Authenticate: Bearer` and the JSON error
+body, before any route runs (so it cannot tell which models exist). Keys are compared as
+SHA-256 digests with `hmac.compare_digest` against every configured key, so the time taken
+does not depend on how much of a key matched nor on which key it was. Keys are never logged:
+the setting is a `SecretStr` and no message here contains one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import SecretStr
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from seqserve.models.errors import UserError
+from seqserve.service.web.middleware import send_error
+
+if TYPE_CHECKING:
+    from seqserve.service.web.settings import Settings
+
+HEALTH_PATHS = ("/v2/health/", "/health/")
+METRICS_PATHS = ("/metrics",)
+DOCS_PATHS = ("/openapi.json", "/docs", "/redoc")
+CHALLENGE = 'Bearer realm="seqserve"'
+
+
+class ApiKeyError(UserError):
+    """The api_key setting names no usable key (empty, or an unreadable or empty file)."""
+
+
+def load_keys(secret: SecretStr) -> list[bytes]:
+    """SHA-256 digests of the keys `secret` holds: one key per line of its value or, when it
+    is `@PATH`, of that file (blank lines and `#` comments skipped)."""
+    value = secret.get_secret_value().strip()
+    where = "api_key"
+    if value.startswith("@"):
+        path = Path(value[1:])
+        where = f"api_key file {path}"
+        try:
+            value = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ApiKeyError(f"{where}: cannot read it ({type(exc).__name__})") from exc
+    keys = [line.strip() for line in value.splitlines()]
+    keys = [k for k in keys if k and not k.startswith("#")]
+    if not keys:
+        raise ApiKeyError(f"{where} holds no key: give a key or @FILE, or unset api_key")
+    return [hashlib.sha256(k.encode()).digest() for k in keys]
+
+
+def is_open(path: str, auth_health: bool, auth_metrics: bool) -> bool:
+    """Whether `path` is served without a key."""
+    if path.startswith(DOCS_PATHS):
+        return True
+    if path.startswith(HEALTH_PATHS):
+        return not auth_health
+    if path.startswith(METRICS_PATHS):
+        return not auth_metrics
+    return False
+
+
+def presented_key(scope: Scope) -> bytes | None:
+    """The key of the request's `Authorization: Bearer KEY` header, or None."""
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            scheme, _, key = value.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and key.strip():
+                return key.strip()
+            return None
+    return None
+
+
+def key_matches(key: bytes, digests: list[bytes]) -> bool:
+    """Constant-time: every configured key is compared, whatever matched."""
+    digest = hashlib.sha256(key).digest()
+    found = False
+    for known in digests:
+        found |= hmac.compare_digest(digest, known)
+    return found
+
+
+def with_api_keys(app: ASGIApp, settings: Settings) -> ASGIApp:
+    """`app` behind the key check when `settings.api_key` is set (reads a key file now)."""
+    if settings.api_key is None:
+        return app
+    return ApiKeyMiddleware(app, digests=load_keys(settings.api_key),
+                            auth_health=settings.auth_health, auth_metrics=settings.auth_metrics)
+
+
+class ApiKeyMiddleware:
+    """Refuses requests to protected paths without a valid bearer key (see module doc)."""
+
+    def __init__(self, app: ASGIApp, digests: list[bytes], auth_health: bool = False,
+                 auth_metrics: bool = False) -> None:
+        self.app = app
+        self.digests = digests
+        self.auth_health = auth_health
+        self.auth_metrics = auth_metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_open(scope["path"], self.auth_health,
+                                              self.auth_metrics):
+            await self.app(scope, receive, send)
+            return
+        key = presented_key(scope)
+        if key is not None and key_matches(key, self.digests):
+            await self.app(scope, receive, send)
+            return
+        if key is None:
+            message = "missing API key: send 'Authorization: Bearer <key>'"
+            challenge = CHALLENGE
+        else:
+            message = "invalid API key"
+            challenge = CHALLENGE + ', error="invalid_token"'
+        await send_error(send, 401, message, {"WWW-Authenticate": challenge})

@@ -1,0 +1,222 @@
+"""Model repository: every bundle and version of `settings.repo`, each with a state.
+
+Loading verifies the manifest hashes, builds the scheduled model (in this process: runtime,
+batcher or decoding engine, warm-up; with an engine process: a remote model the engine
+already loaded) and the task's worker. A version that fails any step is recorded as "failed"
+with the reason (log, metrics, /v1/models) and skipped; the others serve. The highest ready
+version is the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from seqserve.export.manifest import Manifest, list_bundles, load_bundle
+from seqserve.models.tokenizer import Tokenizer
+from seqserve.service.core.errors import ModelNotFound, ModelNotReady
+from seqserve.service.core.metrics import Metrics
+from seqserve.service.engine.client import EngineClient, RemoteDecodeModel, RemoteRowModel
+from seqserve.service.engine.loading import RuntimeFactory, build_served, max_tokens_of
+from seqserve.service.engine.protocol import ModelState
+from seqserve.service.scheduling.models import DecodedModel, ServedModel
+from seqserve.service.web.settings import Settings
+from seqserve.service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
+from seqserve.service.workers.classifier import ClassifierWorker
+from seqserve.service.workers.tagger import TaggerWorker
+from seqserve.service.workers.translator import TranslatorWorker
+
+log = logging.getLogger("seqserve.repository")
+
+W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker)
+
+Model = ServedModel | RemoteRowModel | RemoteDecodeModel
+"""A model in this process, or one in the engine process."""
+
+
+@dataclass
+class ModelEntry:
+    """One model version and where it stands."""
+
+    name: str
+    version: int
+    path: Path
+    state: str = "loading"
+    """"loading" | "ready" | "failed" | "stopped"."""
+    reason: str | None = None
+    manifest: Manifest | None = None
+    model: Model | None = None
+    """The scheduled model (here, or a remote one in the engine process), once built."""
+    worker: ModelWorker | None = None
+
+    @property
+    def task(self) -> str | None:
+        return self.manifest.task if self.manifest else None
+
+
+class ModelRepository:
+    """All model versions of one app: loaded here, or served by an engine process."""
+
+    def __init__(self, settings: Settings, metrics: Metrics,
+                 runtime_factory: RuntimeFactory | None = None,
+                 engine: EngineClient | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.runtime_factory = runtime_factory
+        self.engine = engine
+        """With an engine client the models run in the engine process (it records their
+        load metrics); without, they are loaded in this process."""
+        self.entries: dict[str, dict[int, ModelEntry]] = {}
+
+    async def load_all(self, only: str | None = None) -> None:
+        """Load every version (one after another: warm-ups compete for CPU), or every
+        version of model `only`."""
+        if self.engine is not None:
+            states = await self.engine.models(self.settings.startup_timeout_s)
+            found = [(m.name, m.version, Path(m.path)) for m in states]
+        else:
+            found = list_bundles(self.settings.repo)
+        found = [b for b in found if only in (None, b[0])]
+        if not found:
+            log.warning("no bundles found under %s", self.settings.repo)
+        for name, version, path in found:
+            self.entries.setdefault(name, {})[version] = ModelEntry(name, version, path)
+            if self.engine is None:  # every series exists from the start, at 0
+                self.metrics.model_ready.labels(name, str(version)).set(0)
+                self.metrics.load_failures.labels(name, str(version))
+        remote = {(m.name, m.version): m for m in states} if self.engine is not None else {}
+        for name, version, _ in found:
+            await self._load(self.entries[name][version], remote.get((name, version)))
+
+    async def _load(self, entry: ModelEntry, remote: ModelState | None) -> None:
+        try:
+            if self.engine is not None and remote is not None:
+                worker = await asyncio.to_thread(self._open_remote, entry, remote)
+            else:
+                worker = await asyncio.to_thread(self._open_local, entry)
+                assert entry.model is not None
+                await entry.model.start()
+        except Exception as exc:  # any failure skips this version only
+            entry.state, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
+            if self.engine is None:
+                self.metrics.load_failures.labels(entry.name, str(entry.version)).inc()
+            log.error("model %s version %d not served: %s", entry.name, entry.version,
+                      entry.reason)
+            return
+        entry.worker, entry.state = worker, "ready"
+        if self.engine is None:
+            self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
+        log.info("model %s version %d ready (%s)", entry.name, entry.version, entry.task)
+
+    def _open_local(self, entry: ModelEntry) -> ModelWorker:
+        """Verify, open the runtime(s), schedule them, build the worker (blocking)."""
+        options = self.settings.engine_options()
+        entry.manifest, model = build_served(entry.name, entry.path, options,
+                                             self.metrics.observer(entry.name),
+                                             self.runtime_factory)
+        entry.model = model
+        if isinstance(model, DecodedModel):
+            return TranslatorWorker(self._context(entry, entry.manifest, model))
+        return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, model))
+
+    def _open_remote(self, entry: ModelEntry, state: ModelState) -> ModelWorker:
+        """The engine's model of this version: its manifest (hashes verified again: the
+        tokenizer is read here) and a remote model (blocking)."""
+        if state.state != "ready":
+            raise ModelNotReady(state.reason or f"the engine reports it {state.state}")
+        assert self.engine is not None
+        entry.manifest = load_bundle(entry.path, verify=True)
+        if entry.manifest.task == "translator":
+            decode = RemoteDecodeModel(self.engine, state)
+            entry.model = decode
+            return TranslatorWorker(self._context(entry, entry.manifest, decode))
+        rows = RemoteRowModel(self.engine, state)
+        entry.model = rows
+        return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, rows))
+
+    def _context(self, entry: ModelEntry, manifest: Manifest, model: Any) -> WorkerContext[Any]:
+        s = self.settings
+        limits = TextLimits(s.max_texts, s.max_chars, max_tokens_of(manifest, s.max_tokens),
+                            s.truncate)
+        tokenizer = Tokenizer.load(entry.path / manifest.tokenizer.file)
+        tokenizer.blank_characters()  # ~0.1 s, here at load instead of in a first request
+        return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model)
+
+    async def stop_all(self, timeout: float) -> bool:
+        """Drain every ready worker concurrently within `timeout`; True when all drained."""
+        ready = [e for v in self.entries.values() for e in v.values() if e.worker is not None]
+        results = await asyncio.gather(*(e.model.stop(timeout) for e in ready if e.model))
+        for e in ready:
+            e.state = "stopped"
+            self.metrics.model_ready.labels(e.name, str(e.version)).set(0)
+        return all(results)
+
+    # -- lookup ------------------------------------------------------------------------
+
+    def versions(self, name: str) -> dict[int, ModelEntry]:
+        found = self.entries.get(name)
+        if not found:
+            raise ModelNotFound(f"model {name!r} not found")
+        return found
+
+    def default_version(self, name: str) -> int | None:
+        ready = [v for v, e in self.versions(name).items() if e.state == "ready"]
+        return max(ready, default=None)
+
+    def entry(self, name: str, version: int | str | None = None) -> ModelEntry:
+        """The entry for `name` (default version when `version` is None), any state."""
+        versions = self.versions(name)
+        if version is None:
+            chosen = self.default_version(name)
+            if chosen is None:
+                chosen = max(versions)
+            return versions[chosen]
+        v = _parse_version(version)
+        if v is None or v not in versions:
+            raise ModelNotFound(f"model {name!r} has no version {version!r}")
+        return versions[v]
+
+    def ready(self, name: str, version: int | str | None = None
+              ) -> tuple[ModelEntry, ModelWorker]:
+        """The ready worker of `name`, any task, or ModelNotFound / ModelNotReady saying why."""
+        entry = self.entry(name, version)
+        if entry.state != "ready" or entry.worker is None:
+            why = f": {entry.reason}" if entry.reason else ""
+            # a failed version stays failed until the server is redeployed: no Retry-After
+            retry = None if entry.state == "failed" else self.settings.retry_after_s
+            raise ModelNotReady(
+                f"model {name!r} version {entry.version} is {entry.state}{why}",
+                retry_after=retry,
+            )
+        return entry, entry.worker
+
+    def worker(self, name: str, version: int | str | None, kind: type[W]
+               ) -> tuple[ModelEntry, W]:
+        """The ready worker of `name` when it is a `kind` (ModelNotFound when it is not)."""
+        entry = self.entry(name, version)
+        if entry.task is not None and entry.task != kind.task:
+            raise ModelNotFound(f"model {name!r} is a {entry.task}, not a {kind.task}")
+        entry, worker = self.ready(name, version)
+        if not isinstance(worker, kind):
+            raise ModelNotFound(f"model {name!r} is a {worker.task}, not a {kind.task}")
+        return entry, worker
+
+    def serving(self, strict: bool) -> bool:
+        """Whether the server may take traffic: every version ready (strict; Triton's
+        default), or at least one (relaxed). An empty repository serves nothing."""
+        states = [e.state == "ready" for v in self.entries.values() for e in v.values()]
+        return bool(states) and (all(states) if strict else any(states))
+
+    def not_ready(self) -> list[str]:
+        """"name/version: state (reason)" of every version that is not ready."""
+        return [f"{e.name}/{e.version}: {e.state}" + (f" ({e.reason})" if e.reason else "")
+                for v in self.entries.values() for e in v.values() if e.state != "ready"]
+
+
+def _parse_version(version: int | str) -> int | None:
+    if isinstance(version, int):
+        return version
+    return int(version) if version.isdigit() and version.isascii() else None

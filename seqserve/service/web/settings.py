@@ -1,0 +1,177 @@
+"""Server settings: `SEQSERVE_*` environment variables, with CLI flags on top.
+
+Nothing is read at import time: `Settings()` reads the environment when called, and
+`create_app(settings)` takes the object it is given (tests pass their own). Each field's
+docstring is its description, which `seqserve serve --help` shows with the field's flag
+(`seqserve.service.cli.serve` generates the flags from these fields).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from seqserve.service.engine.options import EngineOptions
+from seqserve.service.runtimes.base import RuntimeSpec
+from seqserve.service.scheduling.search import MAX_BEAM_SIZE
+
+
+class Settings(BaseSettings):
+    """Everything `seqserve serve` can be told; each field is also `SEQSERVE_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix="SEQSERVE_", extra="ignore", frozen=True,
+                                      use_attribute_docstrings=True)
+
+    repo: Path = Path("model_repository")
+    """Model repository: `repo/NAME/VERSION/` bundles."""
+    host: str = "127.0.0.1"
+    """Address to bind."""
+    port: int = Field(default=8000, ge=0, le=65535)
+    """Port to bind (0 picks a free one)."""
+    runtime: Literal["onnx", "torchscript"] = "onnx"
+    """Which graph format runs: ONNX Runtime or TorchScript (imports torch)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Device; with onnx it picks the default provider list."""
+    providers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Ordered ONNX Runtime providers (comma-separated in env); empty = from `device`."""
+    api_workers: int | Literal["auto"] = "auto"
+    """API processes (HTTP, validation, tokenization) in front of one engine process that
+    runs the models; 0 = one process does everything; auto = chosen for this machine's cores
+    (printed at start)."""
+    instances: int | Literal["auto"] = "auto"
+    """Runtime instances per classifier/tagger in the engine: batches in flight at once, each
+    with its own session and intra_op_threads threads; auto = chosen for this machine."""
+    startup_timeout_s: float = Field(default=600.0, gt=0)
+    """How long API processes wait for the engine to load and warm up every model."""
+    intra_op_threads: int = Field(default=0, ge=0)
+    """Threads inside one operator, per runtime instance (0 = runtime default, or chosen
+    with the instances when those are auto)."""
+    inter_op_threads: int = Field(default=0, ge=0)
+    """Threads across operators (0 = runtime default)."""
+    max_batch_size: int = Field(default=16, ge=1)
+    """Most rows in one batch (16: best seq/s of the canonical classifier on CPU here)."""
+    max_batch_tokens: int = Field(default=4096, ge=1)
+    """Padded-token budget of one batch: rows x longest row."""
+    max_wait_ms: float = Field(default=2.0, ge=0)
+    """Longest a batch waits for more rows after its first arrived."""
+    batch_overhead_tokens: float = Field(default=64.0, ge=0)
+    """Cost of starting a batch, in padded tokens: how much padding length grouping accepts
+    to run fewer, larger batches (0 = only equal lengths share a batch)."""
+    queue_size: int = Field(default=256, ge=1)
+    """Most texts waiting per model; beyond it requests get 429."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """Per-request deadline; passed -> 504. A request may ask for a shorter one with the
+    `X-Request-Timeout` header (seconds) or the OIP `timeout` parameter (microseconds)."""
+    max_queue_wait_s: float = Field(default=0.5, gt=0)
+    """Admission by expected wait: a request whose expected wait in its model's queue (from
+    the recently measured service rate) exceeds this, or its own deadline, gets 429 at once,
+    before it is tokenized, with Retry-After from the backlog."""
+    drain_timeout_s: float = Field(default=20.0, ge=0)
+    """On SIGTERM, how long admitted work may take before the process exits."""
+    shutdown_delay_s: float = Field(default=5.0, ge=0)
+    """On SIGTERM, first say not ready and keep answering for this long (new work: 503 with
+    Connection: close) while load balancers take the instance out, then stop listening and
+    drain. 5 s: Kubernetes endpoint removal (deploy/ sets no preStop sleep: this is it)."""
+    max_in_flight: int = Field(default=1024, ge=1)
+    """Inference requests one API process works on at once; beyond it new ones get 429 at
+    once. A safety valve against a backlog inside a saturated API process (which the engine's
+    admission cannot see), not a latency control: measured here, a 429 costs the API process
+    more than half of what a served request costs, so a low bound under clients that retry
+    at once spends the CPU on refusals (docs/performance.md, "Overload")."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection must send complete request headers this soon after opening (or after
+    its request's first byte), else 408 and closed (slowloris, idle sockets)."""
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    """A request body must arrive within this time of its headers, else 408 and closed
+    (a Content-Length longer than the body sent, a stalled upload)."""
+    keepalive_timeout_s: float = Field(default=5.0, gt=0)
+    """An idle keep-alive connection is closed after this long."""
+    retry_after_s: int = Field(default=1, ge=0)
+    """Value of Retry-After on 429 and 503."""
+    max_texts: int = Field(default=64, ge=1)
+    """Most texts in one request."""
+    max_chars: int = Field(default=4000, ge=1)
+    """Most characters in one text."""
+    max_tokens: int = Field(default=256, ge=1)
+    """Most tokens in one text (also capped by the bundle's own limit)."""
+    truncate: bool = False
+    """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
+    max_body_bytes: int = Field(default=1_048_576, ge=1)
+    """Largest request body; bigger is refused before it is read."""
+    max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
+    """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
+    decode_groups: int = Field(default=2, ge=1, le=8)
+    """Translators: live requests split into this many groups whose decoder steps take turns,
+    so one group's beam bookkeeping overlaps the other's step (1 = one call per step)."""
+    readiness: Literal["all", "any"] = "all"
+    """When /v2/health/ready says ready: every model version loaded (all: strict, Triton's
+    default; a failed bundle keeps the instance out of the load balancer) or at least one
+    (any)."""
+    warmup: bool = True
+    """Run each model over its length buckets before reporting ready."""
+    log_level: str = "info"
+    """Log level of the server."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines as plain text or as one JSON object per line (access log included)."""
+    access_log: bool = True
+    """One line per request: method, route, model, status, queue/compute/total ms and the
+    request id (the client's request id header, or a new id; sent back in the response)."""
+    api_key: SecretStr | None = None
+    """API key required as `Authorization: Bearer KEY` on inference and model routes (several:
+    one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged."""
+    auth_health: bool = False
+    """With api_key: also require a key on the health routes (probes then need it too)."""
+    auth_metrics: bool = False
+    """With api_key: also require a key on /metrics (the scraper then needs it too)."""
+    switch_interval_ms: float = Field(default=0.5, gt=0)
+    """Python's GIL switch interval for `seqserve serve` (default 5 ms makes the batch thread
+    wait behind the busy event loop after every runtime call; 0.5 ms measured ~15% faster)."""
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _split_providers(cls, v: object) -> object:
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(",") if p.strip()]
+        return v
+
+    @field_validator("api_workers", "instances")
+    @classmethod
+    def _auto_or_count(cls, v: int | str, info: ValidationInfo) -> int | str:
+        low = 0 if info.field_name == "api_workers" else 1
+        if isinstance(v, int) and v < low:
+            raise ValueError(f"must be 'auto' or an integer >= {low}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        if self.max_batch_tokens < self.max_tokens:
+            raise ValueError(
+                f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_tokens "
+                f"({self.max_tokens}): a single longest text must fit one batch"
+            )
+        if self.queue_size < self.max_texts:
+            raise ValueError(
+                f"queue_size ({self.queue_size}) must be >= max_texts ({self.max_texts}): "
+                "a request of max_texts texts must fit the queue"
+            )
+        return self
+
+    def engine_options(self) -> EngineOptions:
+        """What the engine (a process of its own, or this one) loads and schedules with."""
+        return EngineOptions(
+            repo=str(self.repo), runtime=self.runtime_spec(),
+            instances=self.instances if isinstance(self.instances, int) else 1,
+            max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
+            max_wait_s=self.max_wait_ms / 1000.0,
+            batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
+            retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
+            max_live_hypotheses=self.max_live_hypotheses, decode_groups=self.decode_groups,
+            max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup)
+
+    def runtime_spec(self) -> RuntimeSpec:
+        """The runtime every bundle is loaded with."""
+        return RuntimeSpec(self.runtime, self.device, tuple(self.providers),
+                           self.intra_op_threads, self.inter_op_threads)

@@ -1,0 +1,45 @@
+"""`AppState`: what the routes, the middleware and the shutdown logic share (one per app)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from seqserve.service.core.metrics import Metrics
+from seqserve.service.web.repository import ModelRepository
+from seqserve.service.web.settings import Settings
+
+log = logging.getLogger("seqserve.app")
+
+
+@dataclass
+class AppState:
+    """The app's settings, metrics, repository and lifecycle flags (app.state.seqserve)."""
+
+    settings: Settings
+    metrics: Metrics
+    repository: ModelRepository
+    started: bool = False
+    """Lifespan startup finished (repository loaded and warmed up)."""
+    draining: bool = False
+    """Shutdown began: readiness false, new work refused."""
+    drain_started: float | None = None
+    """time.monotonic() when draining began: one drain budget covers HTTP and batchers."""
+
+    @property
+    def ready(self) -> bool:
+        strict = self.settings.readiness == "all"
+        return self.started and not self.draining and self.repository.serving(strict)
+
+    def begin_drain(self) -> None:
+        if not self.draining:
+            log.info("draining: readiness false, new requests get 503")
+            self.drain_started = time.monotonic()
+        self.draining = True
+
+    def drain_left(self) -> float:
+        """Seconds left of `drain_timeout_s` since draining began (uvicorn's wait for open
+        requests spends the same budget, so the process exits inside one drain timeout)."""
+        spent = time.monotonic() - (self.drain_started or time.monotonic())
+        return max(0.0, self.settings.drain_timeout_s - spent)

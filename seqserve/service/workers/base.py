@@ -1,0 +1,210 @@
+"""What every worker shares: the one input contract, the per-request context, one wait.
+
+A worker serves one loaded bundle version of one task: texts in, plain data out (no FastAPI,
+no pydantic). It turns texts into token rows with `encode_texts` (every task and protocol
+goes through it), submits them to its scheduled model (`seqserve.service.scheduling.models`) and
+waits with `Call.wait`, which enforces the request's deadline and drops the work of a client
+that left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from seqserve.export.manifest import Manifest
+from seqserve.models.tokenizer import Piece, Tokenizer
+from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
+from seqserve.service.scheduling.base import Timing
+from seqserve.service.scheduling.models import DecodeModel, RowModel
+
+
+@dataclass(frozen=True)
+class TextLimits:
+    """The input limits of one model (the server's settings, capped by the bundle)."""
+
+    max_texts: int
+    """Most texts in one request."""
+    max_chars: int
+    """Most characters in one text."""
+    max_tokens: int
+    """Most tokens in one text."""
+    truncate: bool
+    """Over `max_tokens`: cut (and say so) instead of refusing."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One text after tokenization and the token limit."""
+
+    ids: list[int]
+    pieces: list[Piece] | None
+    """Pieces with character offsets (only when asked for: 10x slower than ids alone)."""
+    truncated: bool
+
+
+BLANK = ("\\x01-\\x20\\x7f\\x8f\\x9f\\xa0\\u061c\\u1680\\u2000-\\u200c\\u200e\\u200f\\u2028\\u2029"
+         "\\u202f\\u205f\\u2581\\u3000\\ufeff\\ufffd")
+"""Characters every tokenizer here drops (as a regex class body): control characters,
+whitespace and the few format characters SentencePiece's normalisation removes. A model's own
+set (`Tokenizer.blank_characters`) may add more (punctuation, for the number models)."""
+
+
+def text_pattern(blank: str = BLANK) -> str:
+    """What a text must match for a tokenizer that drops the `blank` characters (a regex
+    class body): no NUL and at least one character it keeps. The same text is a Python and an
+    ECMA regex, so the OpenAPI document declares exactly the rule the server checks."""
+    return f"^[^\\x00]*[^\\x00{blank}][^\\x00]*$"
+
+
+@functools.cache
+def _kept(tok: Tokenizer) -> re.Pattern[str]:
+    """Matches a character `tok` keeps (one that can make a token)."""
+    return re.compile(f"[^\\x00{tok.blank_characters()}]")
+
+
+def check_text(text: str, i: int, tok: Tokenizer) -> None:
+    """Text no tokenizer should see is a 400: lone surrogates ("\\ud800", which JSON can
+    carry), NUL (which C APIs read as the end of the text) and text with nothing the
+    tokenizer keeps (empty, whitespace or control characters only, and punctuation only
+    for a tokenizer that drops punctuation: it has no tokens)."""
+    if "\x00" in text:
+        raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
+    if _kept(tok).search(text) is None:
+        raise BadRequest(f"texts[{i}] is empty (nothing this model's tokenizer keeps, so no "
+                         "tokens)")
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadRequest(f"texts[{i}] is not valid Unicode ({exc.reason})") from exc
+
+
+def encode_texts(tok: Tokenizer, texts: list[str], limits: TextLimits,
+                 offsets: bool = False) -> list[Encoded]:
+    """The one input contract: texts -> token rows under `limits`, or BadRequest naming the
+    text and the limit (count, type, Unicode, NUL, characters, empty, tokens)."""
+    if not texts:
+        raise BadRequest("no texts: send at least one")
+    if len(texts) > limits.max_texts:
+        raise BadRequest(f"too many texts: {len(texts)} > max_texts {limits.max_texts}")
+    return [_encode(tok, text, i, limits, offsets) for i, text in enumerate(texts)]
+
+
+def _encode(tok: Tokenizer, text: str, i: int, limits: TextLimits, offsets: bool) -> Encoded:
+    if not isinstance(text, str):
+        raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
+    if len(text) > limits.max_chars:
+        raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {limits.max_chars}")
+    check_text(text, i, tok)
+    pieces = tok.encode_with_offsets(text) if offsets else None
+    ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
+    if not ids:
+        raise BadRequest(f"texts[{i}] is empty (no tokens)")
+    truncated = len(ids) > limits.max_tokens
+    if truncated and not limits.truncate:
+        raise BadRequest(f"texts[{i}] has {len(ids)} tokens > max_tokens {limits.max_tokens} "
+                         "(the server is set to reject, not truncate)")
+    kept = pieces[: limits.max_tokens] if pieces is not None else None
+    return Encoded(ids[: limits.max_tokens], kept, truncated)
+
+
+class HasTiming(Protocol):
+    @property
+    def timing(self) -> Timing: ...
+
+
+T = TypeVar("T", bound=HasTiming)
+
+
+@dataclass
+class Call:
+    """One request's deadline, disconnect signal and where its time went."""
+
+    deadline: float
+    """time.monotonic() at which the request gives up (504)."""
+    disconnected: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the client went away; its queued work is then dropped."""
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+    computed: bool = False
+    """True once a result arrived (its queue and compute time are then known)."""
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def record(self, timing: Timing) -> None:
+        self.queue_s = max(self.queue_s, timing.queue_s)
+        self.compute_s = max(self.compute_s, timing.compute_s)
+        self.computed = True
+
+    async def wait(self, futures: list[asyncio.Future[T]]) -> list[T]:
+        """Await every future; on deadline or disconnect cancel the rest (the schedulers drop
+        cancelled work before it costs compute) and raise DeadlineExceeded / ClientGone."""
+        gathered: asyncio.Future[Any] = asyncio.gather(*futures)
+        gone: asyncio.Future[Any] = asyncio.ensure_future(self.disconnected.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {gathered, gone}, timeout=max(self.remaining(), 0.0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if gathered in done:
+                results: list[T] = gathered.result()
+                for r in results:
+                    self.record(r.timing)
+                return results
+            if gone in done:
+                raise ClientGone("client disconnected")
+            raise DeadlineExceeded("request deadline passed; its work was dropped")
+        finally:
+            gone.cancel()
+            gathered.add_done_callback(_retrieve)
+            for f in futures:
+                f.cancel()  # no-op when done; queued rows are dropped, live ones freed
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Mark a future's exception as seen (we already answered the request)."""
+    if not f.cancelled():
+        f.exception()
+
+
+M = TypeVar("M", RowModel, DecodeModel)
+
+
+@dataclass
+class WorkerContext(Generic[M]):
+    """Everything a worker is built from."""
+
+    name: str
+    version: int
+    manifest: Manifest
+    tokenizer: Tokenizer
+    limits: TextLimits
+    model: M
+    """The scheduled model: its `submit` takes token rows (and search options)."""
+
+
+class ModelWorker(Protocol):
+    """A served model version: its task's methods plus a description."""
+
+    task: ClassVar[str]
+    ctx: WorkerContext[Any]
+
+    def describe(self) -> dict[str, Any]:
+        """Task-specific facts for GET /v1/models/{name} (labels, limits, runtime)."""
+        ...
+
+
+def describe_common(ctx: WorkerContext[Any]) -> dict[str, Any]:
+    """What every task's description holds: limits, runtime, providers, metrics, created."""
+    m, model = ctx.manifest, ctx.model.describe()
+    limits = {"max_tokens": ctx.limits.max_tokens, **model.pop("limits", {}),
+              "bundle": dict(m.limits)}
+    return {"limits": limits, **model, "metrics": dict(m.source_run.get("test_metrics") or {}),
+            "created": m.created}

@@ -1,0 +1,74 @@
+"""Classifier worker: texts -> token rows -> label probabilities (and attention) per text."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from seqserve.service.scheduling.base import Timed
+from seqserve.service.scheduling.models import RowModel
+from seqserve.service.workers.base import (
+    Call,
+    Encoded,
+    WorkerContext,
+    describe_common,
+    encode_texts,
+)
+
+Row = tuple[np.ndarray, np.ndarray]
+"""One text's result from the scheduler: logits (C,) and attention weights (L,)."""
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64) - logits.max()
+    e = np.exp(z)
+    return e / e.sum()  # (C,)
+
+
+class ClassifierWorker:
+    """Serves one classifier bundle version."""
+
+    task: ClassVar[str] = "classifier"
+
+    def __init__(self, ctx: WorkerContext[RowModel]) -> None:
+        self.ctx = ctx
+        self.labels = list(ctx.manifest.labels)
+
+    async def rows(self, encoded: list[Encoded], call: Call) -> list[Row]:
+        futures = self.ctx.model.submit([e.ids for e in encoded], call.deadline)
+        done: list[Timed[Row]] = await call.wait(futures)
+        return [d.value for d in done]
+
+    async def classify(self, texts: list[str], top_k: int, return_attention: bool,
+                       call: Call) -> list[dict[str, Any]]:
+        """One classification per text: label, score, top-k, token count (and attention)."""
+        encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
+                               offsets=return_attention)
+        rows = await self.rows(encoded, call)
+        return [self._result(e, logits, att, top_k, return_attention)
+                for e, (logits, att) in zip(encoded, rows, strict=True)]
+
+    async def probabilities(self, texts: list[str], call: Call) -> np.ndarray:
+        """(n, C) float32 label probabilities of each text (the OIP output)."""
+        rows = await self.rows(encode_texts(self.ctx.tokenizer, texts, self.ctx.limits), call)
+        return np.stack([softmax(logits) for logits, _ in rows]).astype(np.float32)  # (n, C)
+
+    def _result(self, e: Encoded, logits: np.ndarray, att: np.ndarray, top_k: int,
+                with_att: bool) -> dict[str, Any]:
+        probs = softmax(logits)  # (C,)
+        order = np.argsort(-probs, kind="stable")[: min(top_k, len(self.labels))]
+        top = [{"label": self.labels[j], "probability": float(probs[j])} for j in order]
+        out: dict[str, Any] = {
+            "label": top[0]["label"], "score": top[0]["probability"], "top_k": top,
+            "num_tokens": len(e.ids), "truncated": e.truncated,
+        }
+        if with_att and e.pieces is not None:
+            out["attention"] = [
+                {"token": p.piece, "weight": float(w), "start": p.start, "end": p.end}
+                for p, w in zip(e.pieces, att, strict=True)
+            ]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"labels": self.labels, **describe_common(self.ctx)}

@@ -1,0 +1,78 @@
+"""Translator worker: texts -> source token rows -> the decoding engine -> n-best translations."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from seqserve.service.core.errors import BadRequest
+from seqserve.service.scheduling.decoding import Decoded
+from seqserve.service.scheduling.models import DecodeModel
+from seqserve.service.scheduling.search import Hypothesis, SearchOptions
+from seqserve.service.workers.base import (
+    Call,
+    Encoded,
+    WorkerContext,
+    describe_common,
+    encode_texts,
+)
+
+
+class TranslatorWorker:
+    """Serves one translator bundle version."""
+
+    task: ClassVar[str] = "translator"
+
+    def __init__(self, ctx: WorkerContext[DecodeModel]) -> None:
+        self.ctx = ctx
+
+    async def translate(self, texts: list[str], options: SearchOptions,
+                        call: Call) -> list[dict[str, Any]]:
+        """One translation per text: the best hypothesis, the n-best list and, when
+        `options.return_attention`, the attention matrix of the best one."""
+        self.check_options(options)
+        encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
+                               offsets=options.return_attention)
+        futures = self.ctx.model.submit([e.ids for e in encoded], options, call.deadline)
+        decoded: list[Decoded] = await call.wait(futures)
+        return [self._translation(e, d.hypotheses, options.return_attention)
+                for e, d in zip(encoded, decoded, strict=True)]
+
+    def check_options(self, options: SearchOptions) -> None:
+        """Options that read the attention are refused for a decoder without one."""
+        m = self.ctx.manifest
+        if m.has_attention:
+            return
+        asked = [name for name, on in (("return_attention", options.return_attention),
+                                       ("coverage_penalty", options.coverage_penalty > 0)) if on]
+        if asked:
+            raise BadRequest(f"model {self.ctx.name!r} v{self.ctx.version} has no attention "
+                             f"(decoder {m.decoder!r}: fixed context, no alignment): "
+                             f"drop {' and '.join(asked)}")
+
+    def _translation(self, source: Encoded, hyps: list[Hypothesis],
+                     with_attention: bool) -> dict[str, Any]:
+        out = [self._hypothesis(h) for h in hyps]
+        best = out[0] if out else {"translation": "", "score": 0.0, "tokens": [], "token_ids": []}
+        result: dict[str, Any] = {"translation": best["translation"], "score": best["score"],
+                                  "tokens": best["tokens"], "hypotheses": out,
+                                  "truncated": source.truncated}
+        matrix = hyps[0].attention_matrix() if with_attention and hyps else None
+        if matrix is not None:
+            tok = self.ctx.tokenizer
+            result["attention"] = {
+                "source_tokens": [p.piece for p in source.pieces or []],
+                "target_tokens": [tok.id_to_piece(i) for i in hyps[0].token_ids],
+                "weights": matrix.astype(float).tolist(),  # (L, S)
+            }
+        return result
+
+    def _hypothesis(self, h: Hypothesis) -> dict[str, Any]:
+        tok = self.ctx.tokenizer
+        ids = list(h.token_ids[:-1] if h.ended else h.token_ids)
+        score = h.score if math.isfinite(h.score) else -1e30  # JSON has no -inf
+        return {"translation": tok.decode(ids), "score": score,
+                "tokens": [tok.id_to_piece(i) for i in ids], "token_ids": ids}
+
+    def describe(self) -> dict[str, Any]:
+        return {**describe_common(self.ctx), "decoder": self.ctx.manifest.decoder or "luong"}

@@ -1,7 +1,0 @@
-"""`python -m service.cli`: the `seqserve` command."""
-
-import sys
-
-from service.cli import main
-
-sys.exit(main())

@@ -1,4 +1,4 @@
-"""Benchmark (not a test): the decoding engine's own cost, with a runtime that costs ~nothing.
+"""Benchmark (not a test): the decode scheduler's own cost, with a runtime that costs ~nothing.
 
 `TableRuntime` answers `encoder` with zeros and `decoder_step` with rows looked up in
 precomputed tables (sorted top-k log-probs and ids by (decoder clock, previous token)), so a
@@ -81,7 +81,7 @@ class Phases:
     search: building a step's feed and applying its outputs to the beams (this tree:
     `DecodeGroup.inputs` + `DecodeGroup.advance`; baf6bc6: `_step_inputs` + every request's
     `_advance`, i.e. `RequestSearch.step` and its state gather). engine: the engine's own work
-    on the loop thread, search included (this tree: `EngineCore.schedule` + `update`; baf6bc6:
+    on the loop thread, search included (this tree: `DecodeScheduler.schedule` + `update`; baf6bc6:
     its synchronous methods `_launch`, `_advance`, `_retire`, `_admit`, `_drop_cancelled`,
     `_place_joining`, outermost calls only).
     """
@@ -114,19 +114,19 @@ class Phases:
         import seqserve.service.scheduling.decoding as decoding
 
         if hasattr(decoding, "_step_inputs"):  # the per-request engine (baf6bc6)
-            engine = decoding.DecodingEngine
+            engine = decoding.DecodeLoop
             self.wrap(decoding, "_step_inputs", "search", "engine")
             self.wrap(engine, "_advance", "search", "engine")
             for name in ("_launch", "_retire", "_admit", "_drop_cancelled", "_place_joining"):
                 self.wrap(engine, name, "engine")
         else:
             from seqserve.service.scheduling.group import DecodeGroup
-            from seqserve.service.scheduling.scheduler import EngineCore
+            from seqserve.service.scheduling.scheduler import DecodeScheduler
 
             self.wrap(DecodeGroup, "inputs", "search")
             self.wrap(DecodeGroup, "advance", "search")
-            self.wrap(EngineCore, "schedule", "engine")
-            self.wrap(EngineCore, "update", "engine")
+            self.wrap(DecodeScheduler, "schedule", "engine")
+            self.wrap(DecodeScheduler, "update", "engine")
 
 
 def sources(n: int, vocab: int, seed: int = 1) -> list[list[int]]:
@@ -137,19 +137,19 @@ def sources(n: int, vocab: int, seed: int = 1) -> list[list[int]]:
 
 async def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
     """One point, in this interpreter (the engine of whichever tree is on sys.path)."""
-    from seqserve.service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats
+    from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop, StepStats
     from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
     phases = Phases()
     phases.install()
     runtime = TableRuntime()
     limits = DecodeLimits(bos_id=2, eos_id=3, vocab_size=runtime.vocab, max_decode_length=64)
-    config = EngineConfig(max_live_hypotheses=clients * args.beam_size, max_queue=1 << 16,
+    config = DecodeConfig(max_live_hypotheses=clients * args.beam_size, max_queue=1 << 16,
                           max_admit=args.max_admit, groups=args.groups)
     options = SearchOptions(beam_size=args.beam_size, length_penalty=args.length_penalty,
                             coverage_penalty=args.coverage_penalty)
     items = sources(clients * args.per_client, runtime.vocab)
-    async with DecodingEngine(runtime, limits, config) as engine:  # type: ignore[arg-type]
+    async with DecodeLoop(runtime, limits, config) as engine:  # type: ignore[arg-type]
         await engine.translate(items[:clients], options)  # warm-up
         engine.stats = StepStats()
         runtime.seconds = 0.0

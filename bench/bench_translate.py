@@ -1,7 +1,7 @@
 """Benchmark (not a test): continuous vs request-level decoding vs eager PyTorch beam search.
 
 N concurrent clients each send one test-split sentence at a time (beam 5 by default) to
-(a) the decoding engine with step-level continuous batching, (b) the same engine with
+(a) the decode scheduler with step-level continuous batching, (b) the same engine with
 request-level batching (an admitted batch runs to completion before the next is admitted),
 (c) per-request eager PyTorch beam search (`seqserve.models.decoding.beam_search`, one at a time).
 Prints generated tokens/s, p50/p99 latency, the process CPU time per 1000 generated tokens
@@ -44,7 +44,7 @@ sys.path.insert(0, _tree())
 
 from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
 from seqserve.models.tokenizer import Tokenizer  # noqa: E402
-from seqserve.service.scheduling.decoding import DecodingEngine, EngineConfig, StepStats  # noqa: E402
+from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop, StepStats  # noqa: E402
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions  # noqa: E402
 
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -183,11 +183,11 @@ async def drive(clients: int, items: list[list[int]],
 async def engine_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]],
                       args: argparse.Namespace, continuous: bool) -> tuple[dict[str, float],
                                                                            StepStats]:
-    config = EngineConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
+    config = DecodeConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
                           max_queue=4096, max_admit=64, continuous=continuous,
                           groups=args.groups)
     options = SearchOptions(beam_size=args.beam_size)
-    async with DecodingEngine(runtime, limits, config) as engine:
+    async with DecodeLoop(runtime, limits, config) as engine:
         await engine.translate(items[:8], options)  # warm-up
         engine.stats = StepStats()
 
@@ -307,11 +307,11 @@ def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
     for device in ("cpu", "cuda"):
         runtime = gpu_runtime(device, args, path, manifest)
         print(f"{device}: runtime {runtime.name}", file=sys.stderr)
-        config = EngineConfig(max_live_hypotheses=256 * args.beam_size, max_queue=8192,
+        config = DecodeConfig(max_live_hypotheses=256 * args.beam_size, max_queue=8192,
                               max_admit=256)
 
-        async def all_at_once(runtime: Any = runtime, config: EngineConfig = config) -> Any:
-            async with DecodingEngine(runtime, limits, config) as engine:
+        async def all_at_once(runtime: Any = runtime, config: DecodeConfig = config) -> Any:
+            async with DecodeLoop(runtime, limits, config) as engine:
                 return await engine.translate(items, options)
 
         decoded = asyncio.run(all_at_once())
@@ -319,8 +319,8 @@ def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
         if device == "cuda":
             for clients in (1, 32, 256):
                 async def sweep(clients: int = clients, runtime: Any = runtime,
-                                config: EngineConfig = config) -> Any:
-                    async with DecodingEngine(runtime, limits, config) as engine:
+                                config: DecodeConfig = config) -> Any:
+                    async with DecodeLoop(runtime, limits, config) as engine:
                         await engine.translate(items[:8], options)  # warm-up
 
                         async def one(src: list[int]) -> int:

@@ -580,7 +580,7 @@ def render(out: Path, page: Path, others: list[Path] | None = None) -> None:
     w("| CPU (16 cores) | 1152 | 9600 | 12498 |")
     w("| CUDA | 501 | 27782 | 120048 |")
     w("")
-    w("- Translator decoding engine (in process, decode groups 1), TorchScript on CUDA: "
+    w("- Translator decode scheduler (in process, decode groups 1), TorchScript on CUDA: "
       "512/512 translations token-identical to CPU.")
     w("")
     w("| concurrent requests | 1 | 32 | 256 |")

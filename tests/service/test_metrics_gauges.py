@@ -18,7 +18,7 @@ from service_fakes import settings
 from seqserve.export.manifest import Manifest
 from seqserve.service.runtimes import load_runtime
 from seqserve.service.runtimes.base import RuntimeSpec
-from seqserve.service.scheduling.decoding import DecodingEngine
+from seqserve.service.scheduling.decoding import DecodeLoop
 from seqserve.service.scheduling.models import DecodedModel
 from seqserve.service.server.app import create_app
 
@@ -58,7 +58,7 @@ def test_cancelled_queued_and_admitted_requests_leave_the_gauges_at_zero(
     with serve_app(app) as url:
         model = app.state.seqserve.repository.entry("tiny-mt").model
         assert isinstance(model, DecodedModel)
-        engine: DecodingEngine = model.engine
+        engine: DecodeLoop = model.engine
         body = json.dumps({"texts": ["one two three"] * 2, **LONG}).encode()
         clients = []
         for _ in range(4):  # 2 x 8 rows fill the budget; the other 6 sources wait

@@ -64,7 +64,7 @@ class ClassifyResponse(BaseModel):
 async def classify_answer(state: AppState, scope: Scope, receive: Receive, name: str,
                          version: str | None, body: ClassifyRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of ClassifyResponse) to a validated body: this route's
-    and the hot path's (`seqserve.service.api.fast`)."""
+    and the hot path's (`seqserve.service.api.hot_path`)."""
     entry, worker = state.repository.worker(name, version, ClassifierWorker)
     timeout = request_timeout(state, scope)
     shed_early(state, worker.ctx.model, timeout)  # before tokenizing

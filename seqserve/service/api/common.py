@@ -1,5 +1,5 @@
-"""What every route shares: the app state, the per-request `Call`, the error schema, the texts
-field and the one formatter of validation errors."""
+"""What every route shares: the app state, the per-request `RequestContext`, the error schema,
+the texts field and the one formatter of validation errors."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope
 
 from seqserve.service.core.errors import BadRequest, QueueFull
 from seqserve.service.web.state import AppState
-from seqserve.service.workers.base import Call, text_pattern
+from seqserve.service.workers.base import RequestContext, text_pattern
 
 HARD_MAX_TEXTS = 4096
 """Schema ceiling of texts per request (settings.max_texts is the live limit)."""
@@ -109,7 +109,7 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-async def _watch_disconnect(receive: Receive, call: Call) -> None:
+async def _watch_disconnect(receive: Receive, call: RequestContext) -> None:
     """Set `call.disconnected` when the server reports the client gone (the body was read)."""
     while True:
         message = await receive()
@@ -158,11 +158,11 @@ def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
 
 @contextlib.asynccontextmanager
 async def request_call(state: AppState, scope: Scope, receive: Receive,
-                       timeout_s: float | None = None) -> AsyncIterator[Call]:
-    """A Call with the request deadline, recorded in the ASGI scope (Server-Timing and the
+                       timeout_s: float | None = None) -> AsyncIterator[RequestContext]:
+    """A RequestContext with the request deadline, recorded in the ASGI scope (Server-Timing and the
     request metrics read it) and counted in flight; watches for the client leaving."""
     seconds = request_timeout(state, scope) if timeout_s is None else timeout_s
-    call = Call(deadline=time.monotonic() + seconds)
+    call = RequestContext(deadline=time.monotonic() + seconds)
     scope.setdefault("state", {})["call"] = call
     name = scope.get("path_params", {}).get("name", "")
     gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None

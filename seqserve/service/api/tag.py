@@ -54,7 +54,7 @@ class TagResponse(BaseModel):
 async def tag_answer(state: AppState, scope: Scope, receive: Receive, name: str,
                     version: str | None, body: TagRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of TagResponse) to a validated body: this route's
-    and the hot path's (`seqserve.service.api.fast`)."""
+    and the hot path's (`seqserve.service.api.hot_path`)."""
     entry, worker = state.repository.worker(name, version, TaggerWorker)
     timeout = request_timeout(state, scope)
     shed_early(state, worker.ctx.model, timeout)  # before tokenizing

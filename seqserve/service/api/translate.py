@@ -2,7 +2,7 @@
 
 The search options are declared here once (`TranslateOptions`: limits in `Field`, combinations
 in a validator); the v1 body and the OIP `parameters` of translators are both checked against
-them, and the decoding engine trusts what passes.
+them, and the decode scheduler trusts what passes.
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class TranslateResponse(BaseModel):
 async def translate_answer(state: AppState, scope: Scope, receive: Receive, name: str,
                           version: str | None, body: TranslateRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of TranslateResponse) to a validated body: this route's
-    and the hot path's (`seqserve.service.api.fast`)."""
+    and the hot path's (`seqserve.service.api.hot_path`)."""
     entry, worker = state.repository.worker(name, version, TranslatorWorker)
     timeout = request_timeout(state, scope)
     shed_early(state, worker.ctx.model, timeout)  # before tokenizing

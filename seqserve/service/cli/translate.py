@@ -1,7 +1,7 @@
 """`seqserve translate`: translate offline through the serving engine (no HTTP).
 
 Loads one translator bundle of a model repository with the chosen runtime, decodes the given
-texts with the same `DecodingEngine` the server runs, prints the n-best hypotheses (or JSON)
+texts with the same `DecodeLoop` the server runs, prints the n-best hypotheses (or JSON)
 and can draw the attention heatmap of the first text (matplotlib, Agg backend).
 """
 
@@ -82,7 +82,7 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     from seqserve.service.core.metrics import Metrics
     from seqserve.service.web.repository import ModelRepository
     from seqserve.service.web.settings import Settings
-    from seqserve.service.workers.base import Call
+    from seqserve.service.workers.base import RequestContext
     from seqserve.service.workers.translator import TranslatorWorker
 
     settings = Settings(repo=args.repo, runtime=args.runtime, device=args.device,
@@ -98,7 +98,7 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
                             "--coverage-penalty")
         started = time.perf_counter()
         results = await worker.translate(list(args.texts), options,
-                                         Call(deadline=time.monotonic() + 3600.0))
+                                         RequestContext(deadline=time.monotonic() + 3600.0))
         seconds = time.perf_counter() - started
     except ServiceError as exc:
         raise UserError(f"{args.repo}: {exc.message}") from exc

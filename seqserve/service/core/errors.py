@@ -73,7 +73,7 @@ class InferenceFailed(ServiceError):
 
 def error_answer(exc: ServiceError) -> tuple[int, list[tuple[bytes, bytes]], str]:
     """The answer to a ServiceError: status, extra headers (Retry-After), message. The app's
-    exception handler and the hot path (`seqserve.service.api.fast`) both answer with it."""
+    exception handler and the hot path (`seqserve.service.api.hot_path`) both answer with it."""
     headers = []
     if exc.retry_after is not None:
         headers.append((b"retry-after", str(max(1, round(exc.retry_after))).encode()))

@@ -1,7 +1,7 @@
 """Prometheus metrics of one process (a private CollectorRegistry, never the global one).
 
 Names and labels follow docs/contracts.md. `ModelMetrics` is the one adapter through which
-the schedulers (batcher, decoding engine) record into it.
+the schedulers (batcher, decode scheduler) record into it.
 
 Across processes (API processes + engine): with `PROMETHEUS_MULTIPROC_DIR` set before
 prometheus_client is imported (the supervisor sets it for every child), every process writes
@@ -74,7 +74,7 @@ class Metrics:
             "seqserve_decoder_step_time_seconds", "Decoder step runtime.", ["model"],
             registry=r, buckets=LATENCY_BUCKETS)
         self.live_hypotheses = Gauge(
-            "seqserve_live_hypotheses", "Hypothesis rows in the decoding engine.", ["model"],
+            "seqserve_live_hypotheses", "Hypothesis rows in the decode scheduler.", ["model"],
             registry=r, multiprocess_mode="livesum")
         self.generated_tokens = Counter(
             "seqserve_generated_tokens", "Tokens emitted by decoding.", ["model"], registry=r)
@@ -99,7 +99,7 @@ class Metrics:
 
 
 class ModelMetrics:
-    """Records what a batcher or decoding engine reports
+    """Records what a batcher or decode scheduler reports
     (`seqserve.service.scheduling.base.Observer`)
     into the app's instruments, labels bound to one model."""
 

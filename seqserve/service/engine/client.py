@@ -137,10 +137,10 @@ class EngineClient:
         if isinstance(msg, p.Failure):
             _fail(pending, _error(msg))
         elif isinstance(msg, p.Rows):
-            for f, arrays, (q, c, b) in zip(pending.futures, msg.results, msg.timings,
+            for f, arrays, (q, c, b, s) in zip(pending.futures, msg.results, msg.timings,
                                             strict=True):
                 if not f.done():
-                    f.set_result(Timed(tuple(p.from_array(a) for a in arrays), Timing(q, c, b)))
+                    f.set_result(Timed(tuple(p.from_array(a) for a in arrays), Timing(q, c, b, s)))
         else:
             for f, d in zip(pending.futures, msg.results, strict=True):
                 if not f.done():

@@ -8,7 +8,7 @@ from typing import Any
 
 from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.batcher import BatcherConfig
-from seqserve.service.scheduling.decoding import EngineConfig
+from seqserve.service.scheduling.decoding import DecodeConfig
 from seqserve.service.scheduling.models import ModelConfig
 
 OPTIONS_ENV = "SEQSERVE_ENGINE_OPTIONS"
@@ -59,7 +59,7 @@ class EngineOptions:
             max_wait_s=self.max_wait_s, queue_size=self.queue_size,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s,
             overhead_tokens=self.batch_overhead_tokens)
-        engine = EngineConfig(
+        engine = DecodeConfig(
             max_live_hypotheses=self.max_live_hypotheses, max_queue=self.queue_size,
             max_admit=self.max_batch_size, groups=self.decode_groups,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s)

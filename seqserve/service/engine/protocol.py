@@ -66,7 +66,7 @@ class Rows(msgspec.Struct, tag="rows", array_like=True):
     id: int
     results: list[list[Array]]
     """Per row, its result arrays (classifier: logits, attention; tagger: labels, probs)."""
-    timings: list[tuple[float, float, int]]
+    timings: list[tuple[float, float, int, int]]
     """Per row: queue seconds, compute seconds, batch size."""
     wait: float | None = None
     """The model's expected queue wait as the reply left (for early shedding upstream)."""

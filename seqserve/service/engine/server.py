@@ -2,7 +2,7 @@
 
 `EngineServer.load()` loads every bundle of the repository (a failed one is reported, the
 others serve); `serve(address)` answers `Hello` with the models' states and turns each
-`Submit` into one `submit` on the model's batcher or decoding engine, so rows from every API
+`Submit` into one `submit` on the model's batcher or decode scheduler, so rows from every API
 process share the same batches. A request's reply goes out when all its rows are done; a
 `Cancel` cancels its futures, which the schedulers drop before they cost compute.
 `drain(timeout)` refuses new work and finishes what was admitted.
@@ -170,7 +170,8 @@ def _failure(rid: int, exc: BaseException, wait: float | None) -> p.Failure:
 
 def _rows(rid: int, done: list[Timed[Any]], wait: float | None) -> p.Rows:
     results = [[p.to_array(a) for a in t.value] for t in done]
-    timings = [(t.timing.queue_s, t.timing.compute_s, t.timing.batch_size) for t in done]
+    timings = [(t.timing.queue_s, t.timing.compute_s, t.timing.batch_rows,
+                t.timing.decoder_steps) for t in done]
     return p.Rows(rid, results, timings, wait)
 
 

@@ -1,4 +1,4 @@
-"""The runtime interface the batcher and the decoding engine see (docs/contracts.md)."""
+"""The runtime interface the batcher and the decode scheduler see (docs/contracts.md)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 - `batcher`: the dynamic batcher of the classifier and tagger (token budget, length grouping,
   deadlines, dropped cancellations).
-- `decoding`: the translator's decoding engine (step-level continuous batching).
+- `decoding`: the translator's decode scheduler (step-level continuous batching).
 - `beam`: per-request beam search and sampling state.
 - `base`: what they share (per-row timing, the observer interface, right-padding).
 

@@ -20,8 +20,10 @@ class Timing:
     """From submission to the start of its compute (its batch, or its admission)."""
     compute_s: float
     """Its batch's compute time (translators: admission to answer)."""
-    batch_size: int
-    """Rows in its batch (translators: decoder steps it took part in)."""
+    batch_rows: int
+    """Rows in its batch (0 for a translator's request: it has no one batch)."""
+    decoder_steps: int
+    """Decoder steps it took part in (translators; 0 for a batched row)."""
 
 
 @dataclass(frozen=True)

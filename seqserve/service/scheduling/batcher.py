@@ -289,7 +289,7 @@ class Batcher(Generic[P, R]):
         self.cost.observe(sum(lengths), compute_s)
         for row, result in zip(batch, results, strict=True):
             if not row.future.done():
-                timing = Timing(start - row.enqueued, compute_s, len(batch))
+                timing = Timing(start - row.enqueued, compute_s, len(batch), 0)
                 row.future.set_result(Timed(result, timing))
 
     def _dequeue(self, row: _Row[P, R]) -> None:

@@ -1,6 +1,6 @@
-"""The translator decoding engine: step-level continuous batching, driven from the event loop.
+"""The translator decode scheduler: step-level continuous batching, driven from the event loop.
 
-The engine's logic is the synchronous scheduler in scheduler.py (`EngineCore`: schedule,
+The engine's logic is the synchronous scheduler in scheduler.py (`DecodeScheduler`: schedule,
 execute, update; one table of requests, each with one status) and the vectorised beam search
 in beams.py. This module only feeds it and drains it:
 
@@ -11,7 +11,7 @@ in beams.py. This module only feeds it and drains it:
   another, so an admission batch encodes while a step runs), hand each finished item back to
   the core, and resolve the futures of the requests that left.
 
-With `EngineConfig.groups` G > 1 the core splits the requests into G groups whose steps take
+With `DecodeConfig.groups` G > 1 the core splits the requests into G groups whose steps take
 turns on the decoder thread: while one group's step computes, the loop updates another
 group's beams (uses a second core; results are the same). Runtime calls never run on the
 event loop.
@@ -28,33 +28,33 @@ from concurrent.futures import ThreadPoolExecutor
 
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import NullObserver, Observer
-from seqserve.service.scheduling.scheduler import EngineCore, Outcome
+from seqserve.service.scheduling.scheduler import DecodeScheduler, Outcome
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 from seqserve.service.scheduling.work import (
+    DecodeConfig,
     Decoded,
     EncodeResult,
     EncodeWork,
-    EngineConfig,
     StepResult,
     StepStats,
     Work,
 )
 
-__all__ = ["Decoded", "DecodingEngine", "EngineConfig", "StepStats"]
+__all__ = ["Decoded", "DecodeLoop", "DecodeConfig", "StepStats"]
 
-log = logging.getLogger("seqserve.engine")
+log = logging.getLogger("seqserve.decoding")
 
 
-class DecodingEngine:
+class DecodeLoop:
     """See module doc. Start with `start()`, submit with `translate()`, stop with `stop()`."""
 
-    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: EngineConfig | None = None,
+    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: DecodeConfig | None = None,
                  observer: Observer | None = None) -> None:
         self.runtime = runtime
         self.limits = limits
-        self.config = config or EngineConfig()
+        self.config = config or DecodeConfig()
         self.observer: Observer = observer or NullObserver()
-        self.core = EngineCore(runtime, limits, self.config, self.observer)
+        self.core = DecodeScheduler(runtime, limits, self.config, self.observer)
         self._futures: dict[int, asyncio.Future[Decoded]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -155,7 +155,7 @@ class DecodingEngine:
                     pool = self._encoder_pool if isinstance(work, EncodeWork) else self._executor
                     pending[loop.run_in_executor(pool, self.core.execute, work)] = work
             except Exception as exc:  # a bug here must not hang every waiting client
-                log.exception("decoding engine schedule failed")
+                log.exception("decode scheduler schedule failed")
                 self._resolve(self.core.fail_all(exc))
             if not pending:
                 if self.core.closing and not self.core.has_work():
@@ -170,7 +170,7 @@ class DecodingEngine:
                 try:
                     outcomes = self.core.update(work, future.result())
                 except Exception as exc:
-                    log.exception("decoding engine update failed")
+                    log.exception("decode scheduler update failed")
                     outcomes = self.core.fail_all(exc)
                 self._resolve(outcomes)
             self._report_depth()
@@ -188,7 +188,7 @@ class DecodingEngine:
     def _report_depth(self) -> None:
         self.observer.on_depth(self.core.queued, self.core.live_rows)
 
-    async def __aenter__(self) -> DecodingEngine:
+    async def __aenter__(self) -> DecodeLoop:
         self.start()
         return self
 

@@ -1,4 +1,4 @@
-"""One served model on the scheduling side: its runtime behind a batcher or a decoding engine.
+"""One served model on the scheduling side: its runtime behind a batcher or a decode scheduler.
 
 `build_model(task, runtime, manifest, config, observer)` gives a `BatchedModel` (classifier,
 tagger: rows through the dynamic batcher) or a `DecodedModel` (translator: the decoding
@@ -23,7 +23,7 @@ from seqserve.service.core.errors import ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
 from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
-from seqserve.service.scheduling.decoding import Decoded, DecodingEngine, EngineConfig
+from seqserve.service.scheduling.decoding import DecodeConfig, Decoded, DecodeLoop
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
 RowCompute = Callable[[list[list[int]]], list[Any]]
@@ -36,7 +36,7 @@ class ModelConfig:
 
     batcher: BatcherConfig
     """Classifier and tagger batching."""
-    engine: EngineConfig
+    engine: DecodeConfig
     """Translator decoding (its `pad_id` is replaced by the bundle's)."""
     max_tokens: int
     """Longest token row a request may bring (warm-up covers up to it)."""
@@ -157,14 +157,14 @@ class BatchedModel:
 
 
 class DecodedModel:
-    """A translator: sources through the decoding engine."""
+    """A translator: sources through the decode scheduler."""
 
     def __init__(self, runtime: Runtime, limits: DecodeLimits, unk_id: int, config: ModelConfig,
                  observer: Observer | None = None) -> None:
         self.runtime = runtime
         self.unk_id = unk_id
         self.config = config
-        self.engine = DecodingEngine(runtime, limits, config.engine, observer)
+        self.engine = DecodeLoop(runtime, limits, config.engine, observer)
 
     async def start(self) -> None:
         self.engine.start()

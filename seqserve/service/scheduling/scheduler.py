@@ -1,4 +1,4 @@
-"""The decoding engine's core: a synchronous, model-free scheduler (vLLM `EngineCore.step`).
+"""The decode scheduler's core: a synchronous, model-free scheduler (vLLM `DecodeScheduler.step`).
 
     work = core.schedule()            # evict, place, admit; what to run now
     result = core.execute(item)       # encoder or decoder_step calls (any thread)
@@ -17,7 +17,7 @@ DECODING (encoded: waiting for a group, or in one), then FINISHED or ABORTED as 
   through the group's vectorised beam search (beams.py), finished requests are answered and
   leave with their rows.
 
-With `EngineConfig.groups` G > 1 the requests are split into G groups whose steps take turns
+With `DecodeConfig.groups` G > 1 the requests are split into G groups whose steps take turns
 on the runtime, so one group's update overlaps another's step. `continuous=False` admits a
 batch only when the previous one has completely finished (request-level batching).
 """
@@ -38,10 +38,10 @@ from seqserve.service.scheduling.base import CostEstimate, NullObserver, Observe
 from seqserve.service.scheduling.group import DecodeGroup
 from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions
 from seqserve.service.scheduling.work import (
+    DecodeConfig,
     Decoded,
     EncodeResult,
     EncodeWork,
-    EngineConfig,
     Request,
     Status,
     StepResult,
@@ -70,10 +70,10 @@ class _Encoded:
     lengths: np.ndarray  # (n,)
 
 
-class EngineCore:
+class DecodeScheduler:
     """See module doc."""
 
-    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: EngineConfig,
+    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: DecodeConfig,
                  observer: Observer | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.runtime = runtime

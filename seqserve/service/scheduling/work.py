@@ -1,4 +1,4 @@
-"""The decoding engine's vocabulary: its config, a request and its status, the answer, and the
+"""The decode scheduler's vocabulary: its config, a request and its status, the answer, and the
 two kinds of work the scheduler hands out, with the runtime calls that execute them.
 
 Execution is the only part that touches the runtime. It reads nothing but its work item (the
@@ -22,7 +22,7 @@ from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class DecodeConfig:
     """Capacity and scheduling of one translator's engine."""
 
     max_live_hypotheses: int = 256
@@ -49,7 +49,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("max_live_hypotheses", "max_queue", "max_admit", "groups"):
             if getattr(self, name) < 1:
-                raise ValueError(f"EngineConfig.{name} must be >= 1")
+                raise ValueError(f"DecodeConfig.{name} must be >= 1")
 
 
 @dataclass
@@ -81,7 +81,7 @@ class Decoded:
 
     @property
     def timing(self) -> Timing:
-        return Timing(self.queue_s, self.decode_s, self.steps)
+        return Timing(self.queue_s, self.decode_s, 0, self.steps)
 
 
 class Status(enum.Enum):

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.service.api import classify, health, models, tag, translate
 from seqserve.service.api.common import describe_errors
-from seqserve.service.api.fast import FastPath, HotPathRouter
+from seqserve.service.api.hot_path import HotPath, HotPathRouter
 from seqserve.service.api.oip import routes as oip
 from seqserve.service.core.errors import ServiceError, error_answer
 from seqserve.service.core.metrics import Metrics
@@ -78,7 +78,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     install_openapi(app, state)  # the live limits and one infer operation per model
     # outermost first: request id + access log, body limit + drain + timing + metrics, API
     # keys (their 401s counted and timed), then the hot path or FastAPI's own stack
-    inner = HotPathRouter(FastPath(state), functools.partial(FastAPI.__call__, app))
+    inner = HotPathRouter(HotPath(state), functools.partial(FastAPI.__call__, app))
     app.entry = with_access_log(ServingMiddleware(with_api_keys(inner, settings), state),
                                 settings)
     return app
@@ -87,7 +87,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
 class SeqserveApp(FastAPI):
     """The FastAPI app behind our own middleware chain (`entry`), which sits outside
     FastAPI's stack so that the inference routes are answered by the hot path
-    (`seqserve.service.api.fast`) without FastAPI's per-request machinery."""
+    (`seqserve.service.api.hot_path`) without FastAPI's per-request machinery."""
 
     entry: ASGIApp
 

@@ -1,7 +1,7 @@
 """Model repository: every bundle and version of `settings.repo`, each with a state.
 
 Loading verifies the manifest hashes, builds the scheduled model (in this process: runtime,
-batcher or decoding engine, warm-up; with an engine process: a remote model the engine
+batcher or decode scheduler, warm-up; with an engine process: a remote model the engine
 already loaded) and the task's worker. A version that fails any step is recorded as "failed"
 with the reason (log, metrics, /v1/models) and skipped; the others serve. The highest ready
 version is the default.

@@ -2,12 +2,12 @@
 
 Workers import `scheduling` (their models' `submit`) and the torch-free contract modules of
 `models` and `export`; never FastAPI or pydantic. `ROW_WORKERS` maps the tasks served by a
-batcher to their worker class; translators have `TranslatorWorker` over a decoding engine.
+batcher to their worker class; translators have `TranslatorWorker` over a decode scheduler.
 """
 
 from __future__ import annotations
 
-from seqserve.service.workers.base import Call, ModelWorker, TextLimits, WorkerContext
+from seqserve.service.workers.base import ModelWorker, RequestContext, TextLimits, WorkerContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
@@ -17,5 +17,5 @@ ROW_WORKERS: dict[str, type[ClassifierWorker] | type[TaggerWorker]] = {
     "tagger": TaggerWorker,
 }
 
-__all__ = ["ROW_WORKERS", "Call", "ModelWorker", "TextLimits", "TranslatorWorker",
+__all__ = ["ROW_WORKERS", "RequestContext", "ModelWorker", "TextLimits", "TranslatorWorker",
            "WorkerContext"]

@@ -3,7 +3,8 @@
 A worker serves one loaded bundle version of one task: texts in, plain data out (no FastAPI,
 no pydantic). It turns texts into token rows with `encode_texts` (every task and protocol
 goes through it), submits them to its scheduled model (`seqserve.service.scheduling.models`) and
-waits with `Call.wait`, which enforces the request's deadline and drops the work of a client
+waits with `RequestContext.wait`, which enforces the request's deadline and drops the work of a
+client
 that left.
 """
 
@@ -123,7 +124,7 @@ T = TypeVar("T", bound=HasTiming)
 
 
 @dataclass
-class Call:
+class RequestContext:
     """One request's deadline, disconnect signal and where its time went."""
 
     deadline: float

@@ -9,8 +9,8 @@ import numpy as np
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import RowModel
 from seqserve.service.workers.base import (
-    Call,
     Encoded,
+    RequestContext,
     WorkerContext,
     describe_common,
     encode_texts,
@@ -35,13 +35,13 @@ class ClassifierWorker:
         self.ctx = ctx
         self.labels = list(ctx.manifest.labels)
 
-    async def rows(self, encoded: list[Encoded], call: Call) -> list[Row]:
+    async def rows(self, encoded: list[Encoded], call: RequestContext) -> list[Row]:
         futures = self.ctx.model.submit([e.ids for e in encoded], call.deadline)
         done: list[Timed[Row]] = await call.wait(futures)
         return [d.value for d in done]
 
     async def classify(self, texts: list[str], top_k: int, return_attention: bool,
-                       call: Call) -> list[dict[str, Any]]:
+                       call: RequestContext) -> list[dict[str, Any]]:
         """One classification per text: label, score, top-k, token count (and attention)."""
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
                                offsets=return_attention)
@@ -49,7 +49,7 @@ class ClassifierWorker:
         return [self._result(e, logits, att, top_k, return_attention)
                 for e, (logits, att) in zip(encoded, rows, strict=True)]
 
-    async def probabilities(self, texts: list[str], call: Call) -> np.ndarray:
+    async def probabilities(self, texts: list[str], call: RequestContext) -> np.ndarray:
         """(n, C) float32 label probabilities of each text (the OIP output)."""
         rows = await self.rows(encode_texts(self.ctx.tokenizer, texts, self.ctx.limits), call)
         return np.stack([softmax(logits) for logits, _ in rows]).astype(np.float32)  # (n, C)

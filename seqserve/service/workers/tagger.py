@@ -11,8 +11,8 @@ from seqserve.models.word_align import align
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import RowModel
 from seqserve.service.workers.base import (
-    Call,
     Encoded,
+    RequestContext,
     WorkerContext,
     describe_common,
     encode_texts,
@@ -31,7 +31,7 @@ class TaggerWorker:
         self.ctx = ctx
         self.labels = list(ctx.manifest.labels)
 
-    async def tag(self, texts: list[str], call: Call) -> list[dict[str, Any]]:
+    async def tag(self, texts: list[str], call: RequestContext) -> list[dict[str, Any]]:
         """One tagging per text: its words with label, probability and [start, end)."""
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits, offsets=True)
         futures = self.ctx.model.submit([e.ids for e in encoded], call.deadline)

@@ -1,4 +1,4 @@
-"""Translator worker: texts -> source token rows -> the decoding engine -> n-best translations."""
+"""Translator worker: texts -> source token rows -> the decode scheduler -> n-best translations."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from seqserve.service.scheduling.decoding import Decoded
 from seqserve.service.scheduling.models import DecodeModel
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 from seqserve.service.workers.base import (
-    Call,
     Encoded,
+    RequestContext,
     WorkerContext,
     describe_common,
     encode_texts,
@@ -27,7 +27,7 @@ class TranslatorWorker:
         self.ctx = ctx
 
     async def translate(self, texts: list[str], options: SearchOptions,
-                        call: Call) -> list[dict[str, Any]]:
+                        call: RequestContext) -> list[dict[str, Any]]:
         """One translation per text: the best hypothesis, the n-best list and, when
         `options.return_attention`, the attention matrix of the best one."""
         self.check_options(options)

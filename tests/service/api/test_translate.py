@@ -25,7 +25,7 @@ from seqserve.export.manifest import Manifest, load_bundle
 from seqserve.service.api.translate import TranslateOptions
 from seqserve.service.runtimes import load_runtime
 from seqserve.service.runtimes.base import RuntimeSpec
-from seqserve.service.scheduling.decoding import DecodingEngine
+from seqserve.service.scheduling.decoding import DecodeLoop
 from seqserve.service.scheduling.models import DecodedModel
 from seqserve.service.server.app import create_app
 from seqserve.service.workers.translator import TranslatorWorker
@@ -39,7 +39,7 @@ def worker_of(app: FastAPI, name: str = "tiny-mt") -> TranslatorWorker:
     return worker
 
 
-def engine_of(app: FastAPI, name: str = "tiny-mt") -> DecodingEngine:
+def engine_of(app: FastAPI, name: str = "tiny-mt") -> DecodeLoop:
     model = app.state.seqserve.repository.entry(name).model
     assert isinstance(model, DecodedModel)
     return model.engine
@@ -207,7 +207,7 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
     import time
 
     from seqserve.service.core.errors import ClientGone, DeadlineExceeded
-    from seqserve.service.workers.base import Call
+    from seqserve.service.workers.base import RequestContext
 
     app = create_app(settings(tiny_repo), fake_factory(delay=0.003))
     long = TranslateOptions(beam_size=4, min_length=30, max_length=40).search_options()
@@ -215,14 +215,14 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
     async def scenario() -> None:
         async with serve_asgi(app):
             worker, engine = worker_of(app), engine_of(app)
-            call = Call(deadline=time.monotonic() + 30)
+            call = RequestContext(deadline=time.monotonic() + 30)
             task = asyncio.ensure_future(worker.translate(TEXTS[:2], long, call))
             while engine.live_rows < 8:
                 await asyncio.sleep(0.002)
             call.disconnected.set()
             with pytest.raises(ClientGone):
                 await task
-            late = Call(deadline=time.monotonic() + 0.05)
+            late = RequestContext(deadline=time.monotonic() + 0.05)
             with pytest.raises(DeadlineExceeded):
                 await worker.translate(TEXTS[:2], long, late)
             for _ in range(500):

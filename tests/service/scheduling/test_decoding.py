@@ -1,4 +1,4 @@
-"""The decoding engine over the numpy fake runtime: equals the reference search, batch
+"""The decode scheduler over the numpy fake runtime: equals the reference search, batch
 invariance, cancellation, overload and fault isolation."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fake_translator import FakeTranslator
 from reference_search import reference_beam_search
 
 from seqserve.service.core.errors import InferenceFailed, QueueFull
-from seqserve.service.scheduling.decoding import DecodingEngine, EngineConfig
+from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions, max_steps
 
 SOURCES = [
@@ -38,16 +38,16 @@ OPTION_SETS = [
 ]
 
 
-def make_engine(fake: FakeTranslator | None = None, **overrides: object) -> DecodingEngine:
+def make_engine(fake: FakeTranslator | None = None, **overrides: object) -> DecodeLoop:
     fake = fake or FakeTranslator()
-    return DecodingEngine(fake, fake.limits, EngineConfig(**overrides))  # type: ignore[arg-type]
+    return DecodeLoop(fake, fake.limits, DecodeConfig(**overrides))  # type: ignore[arg-type]
 
 
 def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(asyncio.wait_for(coro, timeout=60))
 
 
-async def _translate_all(engine: DecodingEngine, jobs: list[tuple[list[int], SearchOptions]],
+async def _translate_all(engine: DecodeLoop, jobs: list[tuple[list[int], SearchOptions]],
                          ) -> list[list[Hypothesis]]:
     async with engine:
         outs = await asyncio.gather(*(engine.translate([src], o) for src, o in jobs))

@@ -1,4 +1,4 @@
-"""The one input contract (`encode_texts`) and the one wait (`Call.wait`)."""
+"""The one input contract (`encode_texts`) and the one wait (`RequestContext.wait`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from seqserve.models.tokenizer import Tokenizer
 from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
 from seqserve.service.scheduling.base import Timed, Timing
-from seqserve.service.workers.base import Call, TextLimits, encode_texts
+from seqserve.service.workers.base import RequestContext, TextLimits, encode_texts
 
 LIMITS = TextLimits(max_texts=3, max_chars=40, max_tokens=5, truncate=False)
 
@@ -48,7 +48,7 @@ def test_ids_offsets_and_truncation(tok: Tokenizer) -> None:
 
 
 def _timed(value: int, queue_s: float = 0.01) -> Timed[int]:
-    return Timed(value, Timing(queue_s, 0.02, 1))
+    return Timed(value, Timing(queue_s, 0.02, 1, 0))
 
 
 def test_wait_records_timing_and_cancels_the_rest_on_deadline() -> None:
@@ -56,12 +56,12 @@ def test_wait_records_timing_and_cancels_the_rest_on_deadline() -> None:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Timed[int]] = loop.create_future()
         done.set_result(_timed(1, 0.03))
-        call = Call(deadline=time.monotonic() + 5)
+        call = RequestContext(deadline=time.monotonic() + 5)
         assert [t.value for t in await call.wait([done])] == [1]
         assert call.computed and call.queue_s == 0.03 and call.compute_s == 0.02
         never: asyncio.Future[Timed[int]] = loop.create_future()
         with pytest.raises(DeadlineExceeded):
-            await Call(deadline=time.monotonic() + 0.02).wait([never])
+            await RequestContext(deadline=time.monotonic() + 0.02).wait([never])
         assert never.cancelled()  # the scheduler drops it before it costs compute
 
     asyncio.run(scenario())
@@ -70,7 +70,7 @@ def test_wait_records_timing_and_cancels_the_rest_on_deadline() -> None:
 def test_wait_gives_up_when_the_client_leaves() -> None:
     async def scenario() -> None:
         pending: asyncio.Future[Timed[int]] = asyncio.get_running_loop().create_future()
-        call = Call(deadline=time.monotonic() + 30)
+        call = RequestContext(deadline=time.monotonic() + 30)
         waiting = asyncio.ensure_future(call.wait([pending]))
         await asyncio.sleep(0.01)
         call.disconnected.set()

@@ -1,7 +1,7 @@
 """The OpenAPI operation of one served model's OIP infer route, with that model's exact body.
 
 An OIP request body depends on the model behind the path (its outputs, its parameters), which
-a path template cannot say, so the live document (`seqserve.service.api.openapi`) lists one infer
+a path template cannot say, so the live document (`seqserve.service.server.openapi`) lists one infer
 operation per served model and version, each with the JSON body this server accepts for it:
 exactly one input `text` (BYTES, shape [n] with n texts, n from 1 to max_texts), the model's
 output names, its parameters (the translate options for translators, none for the others)

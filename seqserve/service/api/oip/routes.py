@@ -94,7 +94,7 @@ async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: st
                        version: str | None, body: bytes) -> tuple[list[tuple[bytes, bytes]],
                                                                   bytes, str]:
     """An infer request's extra headers, body and media type: this route's and the hot
-    path's (`seqserve.service.api.fast`)."""
+    path's (`seqserve.service.api.hot_path`)."""
     entry, worker = state.repository.ready(name, version)
     req, tail = codec.parse_request(body, header(scope, codec.HEADER.encode()))
     timeout = request_timeout(state, scope, codec.timeout_s(req))

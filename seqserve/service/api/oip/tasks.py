@@ -14,7 +14,7 @@ from typing import Any
 from seqserve.service.api.oip.codec import V2Tensor, input_texts
 from seqserve.service.api.translate import TranslateOptions
 from seqserve.service.core.errors import BadRequest
-from seqserve.service.workers.base import Call, ModelWorker
+from seqserve.service.workers.base import ModelWorker, RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
@@ -42,7 +42,7 @@ def output_names(worker: ModelWorker) -> list[str]:
 
 
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
-                call: Call) -> list[V2Tensor]:
+                call: RequestContext) -> list[V2Tensor]:
     """Run the worker's task on the decoded inputs; BadRequest for what does not fit it."""
     texts = input_texts(inputs)
     if isinstance(worker, TranslatorWorker):

@@ -3,7 +3,7 @@
 Measured on the 2-core box (py-spy of an API process under 64 connections): FastAPI's
 middleware stack, routing, dependency solving and Response objects took about 40% of the
 process's time, the route itself (tokenization, the engine round trip, result building)
-35%. `FastPath` answers the same four routes (v1 classify, translate, tag and OIP v2 infer,
+35%. `HotPath` answers the same four routes (v1 classify, translate, tag and OIP v2 infer,
 default and pinned versions) directly on the ASGI messages:
 
 - the body is validated by the very same pydantic models (`model_validate_json`), so the
@@ -49,7 +49,7 @@ Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
 """Status, headers and body of a response."""
 
 
-class FastPath:
+class HotPath:
     """Answers the inference routes of one app; `match` says whether a request is one."""
 
     def __init__(self, state: AppState) -> None:
@@ -111,9 +111,9 @@ class FastPath:
 
 
 class HotPathRouter:
-    """ASGI: the inference routes to `FastPath`, everything else to `fallback` (FastAPI)."""
+    """ASGI: the inference routes to `HotPath`, everything else to `fallback` (FastAPI)."""
 
-    def __init__(self, fast: FastPath, fallback: ASGIApp) -> None:
+    def __init__(self, fast: HotPath, fallback: ASGIApp) -> None:
         self.fast = fast
         self.fallback = fallback
 

@@ -44,6 +44,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # composition roots: the command line and the package's public API (lazy imports)
     S + "cli": ANYTHING,
     "seqserve.service": (),
+    "seqserve.pack": ANYTHING,
     "seqserve": ANYTHING,
 }
 FIRST_PARTY = ("seqserve",)

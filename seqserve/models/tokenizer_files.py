@@ -18,6 +18,7 @@ declares it. Both are what `seqserve pack` and the server use, so they see the s
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -143,12 +144,12 @@ class JsonTokenizer:
         return self._blank
 
 
-def tokenizer_kind(path: str | Path) -> str:
+def tokenizer_kind(path: str | os.PathLike[str]) -> str:
     """"tokenizers" for a .json file, "sentencepiece" for anything else (.model)."""
     return "tokenizers" if Path(path).suffix.lower() == ".json" else "sentencepiece"
 
 
-def load_tokenizer(path: str | Path, kind: str | None = None,
+def load_tokenizer(path: str | os.PathLike[str], kind: str | None = None,
                    specials: tuple[int, int, int, int] | None = None) -> TextTokenizer:
     """Open a tokenizer file as a bundle declares it (kind None: from the file suffix;
     specials None: SentencePiece's fixed ids / tokenizer.json's by name)."""
@@ -156,14 +157,14 @@ def load_tokenizer(path: str | Path, kind: str | None = None,
     if kind not in KINDS:
         raise UserError(f"tokenizer kind {kind!r} is not one of {KINDS}")
     if kind == "tokenizers":
-        return JsonTokenizer.load(path, specials)
+        return JsonTokenizer.load(Path(path), specials)
     if specials is not None and specials == (0, 1, 2, 3):
         specials = None  # seqserve's own: check the file agrees
-    return Tokenizer.load(path, specials)
+    return Tokenizer.load(Path(path), specials)
 
 
-def special_ids(path: str | Path, overrides: Mapping[str, str | int | None] | None = None
-                ) -> SpecialIds:
+def special_ids(path: str | os.PathLike[str],
+                overrides: Mapping[str, str | int | None] | None = None) -> SpecialIds:
     """The special ids of a tokenizer file: read from its special tokens by name
     (`TOKEN_NAMES`), or as `overrides` name them ({"pad": "<blank>"} or {"pad": 0}: a token
     or an id). A special the tokenizer lacks is -1; UserError for an override it lacks."""

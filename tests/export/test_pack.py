@@ -31,7 +31,7 @@ from seqserve.service.cli import main
 
 LABELS = ["en", "fr", "de"]
 NAMES = ["anna", "jean pierre", "muller", "o'brien", "zoe", "x", "maximilian von", "li"]
-TGT_WORDS = "un deux trois quatre cinq six sept huit neuf dix".split()
+TGT_WORDS = ["un", "deux", "trois", "quatre", "cinq", "six", "sept", "huit", "neuf", "dix"]
 
 
 def _gain(model: torch.nn.Module, gain: float = 3.0) -> torch.nn.Module:
@@ -257,3 +257,33 @@ def test_pack_help_documents_every_option(capsys: pytest.CaptureFixture[str]) ->
             main(["pack", task, "--help"])
         out = capsys.readouterr().out
         assert all(o in out for o in options), out
+
+
+def test_manifest_schema_is_published_and_version_1_still_loads(packed: dict[str, object],
+                                                                 tmp_path: Path) -> None:
+    import jsonschema
+
+    from seqserve.export.contract import MANIFEST_SCHEMA
+    from seqserve.export.manifest import load_bundle, write_manifest
+
+    root = Path(__file__).resolve().parents[2]
+    assert json.loads((root / "docs" / "manifest.schema.json").read_text()) == MANIFEST_SCHEMA
+    bundle = packed["repo"] / "mt-cli" / "1"  # type: ignore[operator]
+    jsonschema.validate(json.loads((bundle / "manifest.json").read_text()), MANIFEST_SCHEMA)
+    import shutil
+
+    old = tmp_path / "names" / "1"
+    shutil.copytree(packed["repo"] / "names-api" / "1", old)  # type: ignore[operator]
+    data = json.loads((old / "manifest.json").read_text())
+    data["schema_version"] = 1
+    del data["tokenizer"]["kind"]
+    (old / "manifest.json").chmod(0o644)
+    old.chmod(0o755)
+    from seqserve.export.manifest import Manifest
+
+    write_manifest(old, Manifest.from_dict(data))
+    assert load_bundle(old).schema_version == 1
+    data["graphs"]["classifier"]["outputs"][0]["name"] = "scores"
+    write_manifest(old, Manifest.from_dict(data))
+    with pytest.raises(BundleError, match="contract"):
+        load_bundle(old)  # what serve and verify both check

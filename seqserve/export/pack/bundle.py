@@ -107,6 +107,9 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                                 " token by any usual name: name it with --bos-token / "
                                 "--eos-token (a token or an id)")
         specs = _write_graphs(tmp, graphs)
+        if opset is None:
+            opset = next((max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))
+                          for g in graphs.values() if g.onnx is not None), None)
         limits = {"max_tokens": int(max_tokens)}
         if task == "translator":
             limits["max_decode_length"] = int(max_decode_length)

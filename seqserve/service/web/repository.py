@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from seqserve.export.manifest import Manifest, list_bundles, load_bundle
-from seqserve.models.tokenizer import Tokenizer
+from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles, load_bundle
+from seqserve.models.tokenizer_files import TextTokenizer, load_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient, RemoteDecodeModel, RemoteRowModel
@@ -141,9 +141,12 @@ class ModelRepository:
         s = self.settings
         limits = TextLimits(s.max_texts, s.max_chars, max_tokens_of(manifest, s.max_tokens),
                             s.truncate)
-        tokenizer = Tokenizer.load(entry.path / manifest.tokenizer.file)
+        tokenizer = _tokenizer(entry.path, manifest.tokenizer)
         tokenizer.blank_characters()  # ~0.1 s, here at load instead of in a first request
-        return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model)
+        target = (None if manifest.target_tokenizer is None
+                  else _tokenizer(entry.path, manifest.target_tokenizer))
+        return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model,
+                             target)
 
     async def stop_all(self, timeout: float) -> bool:
         """Drain every ready worker concurrently within `timeout`; True when all drained."""
@@ -214,6 +217,12 @@ class ModelRepository:
         """"name/version: state (reason)" of every version that is not ready."""
         return [f"{e.name}/{e.version}: {e.state}" + (f" ({e.reason})" if e.reason else "")
                 for v in self.entries.values() for e in v.values() if e.state != "ready"]
+
+
+def _tokenizer(path: Path, spec: TokenizerSpec) -> TextTokenizer:
+    """A bundle's tokenizer file with the special ids its manifest declares."""
+    return load_tokenizer(path / spec.file, spec.kind,
+                          (spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id))
 
 
 def _parse_version(version: int | str) -> int | None:

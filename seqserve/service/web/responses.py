@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.types import Scope, Send
 
 from seqserve.service.core.answers import (
@@ -71,11 +71,10 @@ def as_response(answer: Answer) -> Response:
     return response
 
 
-class JsonResponse(Response):
+class JsonResponse(JSONResponse):
     """A JSON response encoded by the one encoder (NaN and Infinity as `null`): the app's
-    default response class, and what routes that build their answer themselves return."""
-
-    media_type = "application/json"
+    default response class, and what routes that build their answer themselves return. (A
+    JSONResponse subclass, so that FastAPI documents the routes' response models.)"""
 
     def render(self, content: Any) -> bytes:
         return encode_json(content)

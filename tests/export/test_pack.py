@@ -27,7 +27,7 @@ from foreign_models import (
 import seqserve.pack
 from seqserve.models.errors import BundleError
 from seqserve.models.tokenizer_files import load_tokenizer
-from seqserve.service.cli import main
+from seqserve.service.cli import build_parser, main
 
 LABELS = ["en", "fr", "de"]
 NAMES = ["anna", "jean pierre", "muller", "o'brien", "zoe", "x", "maximilian von", "li"]
@@ -231,6 +231,31 @@ def test_packed_translators_translate_as_the_eager_model(packed: dict[str, objec
     assert compared == 24
 
 
+def test_translator_special_token_overrides_apply_to_their_own_side(
+        packed: dict[str, object], capsys: pytest.CaptureFixture[str]) -> None:
+    d, repo = packed["dir"], packed["repo"]
+    files = ["--encoder", str(d / "enc.onnx"), "--decoder-step", str(d / "step.onnx")]  # type: ignore[operator]
+    sides = ["--source-tokenizer", str(packed["src"]), "--target-tokenizer", str(packed["tgt"])]
+    # the source has no "<s>": before, --bos-token went to both sides and failed there
+    assert main(["pack", "translator", *files, *sides, "--repo", str(repo), "--name", "mt-over",
+                 "--pad-token", "1", "--target-bos-token", "<s>", "--target-eos-token", "5",
+                 "--max-tokens", "16", "--max-decode-length", "12"]) == 0
+    manifest = json.loads((repo / "mt-over" / "1" / "manifest.json").read_text())  # type: ignore[operator]
+    src, tgt = manifest["tokenizer"], manifest["target_tokenizer"]
+    assert (src["pad_id"], src["bos_id"], src["eos_id"]) == (1, -1, 2)
+    assert (tgt["pad_id"], tgt["bos_id"], tgt["eos_id"]) == (0, 2, 5)
+    capsys.readouterr()
+    assert main(["pack", "translator", *files, "--tokenizer", str(packed["src"]), "--repo",
+                 str(repo), "--name", "mt-joint", "--target-eos-token", "</s>"]) == 2
+    assert "--target-tokenizer" in capsys.readouterr().err
+    assert not (repo / "mt-joint").exists()  # type: ignore[operator]
+    from seqserve.models.errors import UserError
+
+    with pytest.raises(UserError, match="target_tokenizer"):
+        seqserve.pack.translator(packed["mt"], tokenizer=packed["src"],  # type: ignore[arg-type]
+                                 target_specials={"eos": "</s>"}, repo=repo, name="mt-joint")
+
+
 def test_naive_bidirectional_model_is_refused_naming_the_fix(tmp_path: Path) -> None:
     tok = char_tokenizer(tmp_path / "chars.json")
     model = _gain(NaiveBiGRUClassifier(30, 3))
@@ -248,15 +273,30 @@ def test_naive_bidirectional_model_is_refused_naming_the_fix(tmp_path: Path) -> 
 
 
 def test_pack_help_documents_every_option(capsys: pytest.CaptureFixture[str]) -> None:
-    for task, options in (("classifier", ["--onnx", "--torchscript", "--tokenizer", "--labels",
-                                          "--repo", "--name", "--version", "--input-names",
-                                          "--output-names", "--pad-token", "--eos-token"]),
-                          ("translator", ["--encoder", "--decoder-step", "--source-tokenizer",
-                                          "--target-tokenizer", "--max-decode-length"])):
+    """Every option of `seqserve pack` and its subcommands has help text that --help shows."""
+    import argparse
+
+    pack = next(a for a in build_parser()._actions
+                if isinstance(a, argparse._SubParsersAction)).choices["pack"]
+    seen = 0
+    for task in ("classifier", "tagger", "translator"):
+        sub = next(a for a in pack._actions
+                   if isinstance(a, argparse._SubParsersAction)).choices[task]
         with pytest.raises(SystemExit):
-            main(["pack", task, "--help"])
-        out = capsys.readouterr().out
-        assert all(o in out for o in options), out
+            build_parser().parse_args(["pack", task, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        for action in sub._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            assert action.help and len(action.help) > 10, (task, action.option_strings)
+            assert all(o in out for o in action.option_strings), (task, action.option_strings)
+            assert " ".join(action.help.split())[:40] in out, (task, action.help)
+            seen += 1
+    assert seen >= 3 * 10
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["pack", "--help"])
+    out = capsys.readouterr().out
+    assert all(t in out for t in ("classifier", "tagger", "translator", "bundle-format.md"))
 
 
 def test_manifest_schema_is_published_and_version_1_still_loads(packed: dict[str, object],

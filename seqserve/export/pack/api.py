@@ -134,8 +134,9 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
                progress: bool = True) -> Path:
     """Pack a translator: `module` with `encode` and `step` methods, or `encoder=` and
     `step=` (modules or methods). `tokenizer` is joint; or give `source_tokenizer` and
-    `target_tokenizer`. LSTM (h, c) states and multi-layer states are flattened for the
-    served contract and rebuilt for `step`."""
+    `target_tokenizer` (`specials` then name the source side's special tokens and
+    `target_specials` the target side's: {"bos": "<s>", "eos": 3}). LSTM (h, c) states and
+    multi-layer states are flattened for the served contract and rebuilt for `step`."""
     if module is not None:
         encoder = encoder or getattr(module, "encode", None)
         step = step or getattr(module, "step", None)
@@ -153,7 +154,11 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
     if source is None:
         raise UserError("give tokenizer= (joint) or source_tokenizer= and target_tokenizer=")
     src_vocab = special_ids(source, specials).vocab_size
-    tgt_vocab = special_ids(target or source, target_specials or specials).vocab_size
+    if target is None and target_specials:
+        raise UserError("target_specials names the special tokens of target_tokenizer; with "
+                        "one joint tokenizer= give specials=")
+    tgt_vocab = (special_ids(target, target_specials) if target is not None
+                 else special_ids(source, specials)).vocab_size
     ids, lengths = _example(src_vocab, batch=3, seq=11)
     tree = state_tree(encoder, (ids, lengths))
     enc = EncoderWrap(encoder, tree, owner).eval()

@@ -103,9 +103,12 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         if task == "translator":
             side = target_tok or tok
             if side.bos_id < 0 or side.eos_id < 0:
-                raise UserError(f"the target tokenizer has no {'bos' if side.bos_id < 0 else 'eos'}"
-                                " token by any usual name: name it with --bos-token / "
-                                "--eos-token (a token or an id)")
+                what = "bos" if side.bos_id < 0 else "eos"
+                flag = (f"--target-{what}-token (Python: target_specials={{'{what}': ...}})"
+                        if target_tok is not None else
+                        f"--{what}-token (Python: specials={{'{what}': ...}})")
+                raise UserError(f"the target tokenizer has no {what} token by any usual name: "
+                                f"name it with {flag}, a token or an id")
         specs = _write_graphs(tmp, graphs)
         if opset is None:
             opset = next((max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))

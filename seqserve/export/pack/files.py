@@ -90,9 +90,12 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
                source_tokenizer: PathLike | None = None,
                target_tokenizer: PathLike | None = None, input_names: str | None = None,
                output_names: str | None = None, version: int | None = None,
-               specials: dict[str, Any] | None = None, max_tokens: int = 128,
+               specials: dict[str, Any] | None = None,
+               target_specials: dict[str, Any] | None = None, max_tokens: int = 128,
                max_decode_length: int = 128, progress: bool = True) -> Path:
-    """Pack files as bundle `repo/name/version` (see module doc and `seqserve pack --help`)."""
+    """Pack files as bundle `repo/name/version` (see module doc and `seqserve pack --help`).
+    `specials` name the special tokens of `tokenizer` / `source_tokenizer`, `target_specials`
+    those of `target_tokenizer` (a translator with separate vocabularies only)."""
     from seqserve.models.tokenizer_files import special_ids
 
     common: dict[str, Any] = {"version": version, "max_tokens": max_tokens,
@@ -140,6 +143,10 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
         raise UserError("give --tokenizer (joint) or --source-tokenizer and --target-tokenizer")
     if (source_tokenizer is None) != (target_tokenizer is None):
         raise UserError("--source-tokenizer and --target-tokenizer go together")
+    if source_tokenizer is None and any(v is not None for v in (target_specials or {}).values()):
+        raise UserError("--target-*-token options name the special tokens of "
+                        "--target-tokenizer; with one joint --tokenizer use --pad-token, "
+                        "--unk-token, --bos-token and --eos-token")
     enc, step = _load(encoder, "--encoder"), _load(decoder_step, "--decoder-step")
     n = len(user_inputs(step)) - 3
     if n < 1:
@@ -161,7 +168,9 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
               "step_attention": attention}
     return pack_bundle("translator", graphs, src, repo, name,
                        target_tokenizer=target_tokenizer if source_tokenizer else None,
-                       specials=specials, target_specials=specials, source=source,
+                       specials=specials,
+                       target_specials=target_specials if source_tokenizer else None,
+                       source=source,
                        max_decode_length=max_decode_length, attention=attention, **common)
 
 

@@ -20,11 +20,20 @@ examples:
 The graphs' contract (inputs, outputs, padding rules) is docs/bundle-format.md. pack checks
 the signature, parity with the TorchScript twin when given and batch invariance on random
 padded batches, and refuses (naming what to change) a model that fails; nothing is written
-then. Versions are never overwritten.
+then. Versions are never overwritten. Worked examples: examples/ and the README's
+"Serve your own model".
 """
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _specials(p: argparse.ArgumentParser, prefix: str = "", whose: str = "the tokenizer"
+              ) -> None:
+    for name in ("pad", "unk", "bos", "eos"):
+        p.add_argument(f"--{prefix}{name}-token", default=None, metavar="TOKEN|ID",
+                       help=f"{whose}'s {name} token, a token or an id (default: read from its "
+                       "special tokens by name)")
+
+
+def _common(p: argparse.ArgumentParser, whose: str = "the tokenizer") -> None:
     p.add_argument("--repo", type=Path, default=Path("model_repository"),
                    help="model repository folder (default: model_repository)")
     p.add_argument("--name", required=True, help="model name (folder under --repo)")
@@ -33,10 +42,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=128,
                    help="longest input in tokens the bundle accepts (default: 128; the "
                    "batch-invariance check runs up to it)")
-    for name in ("pad", "unk", "bos", "eos"):
-        p.add_argument(f"--{name}-token", default=None, metavar="TOKEN|ID",
-                       help=f"the {name} token (a token of the tokenizer, or an id); default: "
-                       f"read from the tokenizer's special tokens by name")
+    _specials(p, "", whose)
 
 
 def _rows(p: argparse.ArgumentParser, task: str) -> None:
@@ -98,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="the target side's tokenizer: decoder ids, bos and eos")
     mt.add_argument("--max-decode-length", type=int, default=128,
                     help="most tokens generated per text (default: 128)")
-    _common(mt)
+    _common(mt, "the source (or joint) tokenizer")
+    _specials(mt, "target-", "the --target-tokenizer")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     common = {"repo": args.repo, "name": args.name, "version": args.version,
               "specials": specials, "max_tokens": args.max_tokens}
     if args.task == "translator":
+        target = {n: getattr(args, f"target_{n}_token") for n in ("pad", "unk", "bos", "eos")}
         pack_files("translator", encoder=args.encoder, decoder_step=args.decoder_step,
+                   target_specials=target,
                    encoder_torchscript=args.encoder_torchscript,
                    decoder_step_torchscript=args.decoder_step_torchscript,
                    tokenizer=args.tokenizer, source_tokenizer=args.source_tokenizer,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from seqserve.export.lm_graphs import LM_SPECS, LMStepGraph, PrefillGraph, lm_examples
 from seqserve.export.manifest import GraphSpec, TensorSpec
 from seqserve.export.tagger_graphs import TAGGER_SPEC, TaggerGraph
 
@@ -70,6 +71,7 @@ SPECS: dict[str, GraphSpec] = {
     "encoder": ENCODER_SPEC,
     "decoder_step": DECODER_STEP_SPEC,
     "tagger": TAGGER_SPEC,
+    **LM_SPECS,
 }
 
 
@@ -149,6 +151,10 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
         return [GraphDef("classifier", ClassifierGraph(model).eval(), (ids, lengths))]
     if task == "tagger":
         return [GraphDef("tagger", TaggerGraph(model).eval(), (ids, lengths))]
+    if task == "lm":
+        prefill, step = lm_examples(model, ids, lengths, vocab_size)
+        return [GraphDef("prefill", PrefillGraph(model).eval(), prefill),
+                GraphDef("lm_step", LMStepGraph(model).eval(), step)]
     encoder = EncoderGraph(model).eval()
     with torch.no_grad():
         memory, src_mask, state = encoder(ids, lengths)  # (N, S, D), (N, S), (N, state_dim)

@@ -22,9 +22,9 @@ from seqserve.models.errors import BundleError
 SCHEMA_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
-TASKS = ("classifier", "translator", "tagger")
+TASKS = ("classifier", "translator", "tagger", "lm")
 GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
-                  "tagger": ("tagger",)}
+                  "tagger": ("tagger",), "lm": ("prefill", "lm_step")}
 DECODERS = ("none", "bahdanau", "luong")
 """Translator decoders (models/decoders.py); a translator manifest without one is luong."""
 

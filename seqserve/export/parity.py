@@ -106,7 +106,7 @@ def _compare_outputs(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, ref: 
 
 
 def _row_invariance(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, batch_out: Arrays,
-                    row: int, length: int, alone: Arrays, tol: float) -> None:
+                    row: int, length: int | None, alone: Arrays, tol: float) -> None:
     views = {out.name: row_view(out, batch_out[out.name], row, length) for out in spec.outputs}
     for out in spec.outputs:
         valid, tail = views[out.name]
@@ -178,6 +178,28 @@ def _decoder_step(tally: _Tally, spec: GraphSpec, runners: dict[str, Runner], re
     return outs[reference]
 
 
+def _lm_steps(tally: _Tally, spec: GraphSpec, runners: dict[str, Runner], reference: str,
+              rng: np.random.Generator, prefill: Arrays, vocab_size: int, tol: float,
+              inv_tol: float) -> None:
+    """Two lm_step calls (BEAMS rows per prompt, from the reference prefill's states, then
+    from the first step's new states): parity and each row alone vs in the batch."""
+    index = np.repeat(np.arange(prefill["state"].shape[0], dtype=np.int64), BEAMS)  # (R,)
+    inputs = {"prev_ids": rng.integers(4, vocab_size, size=index.shape[0], dtype=np.int64),
+              "state": np.ascontiguousarray(prefill["state"][index])}  # (R, S)
+    for _ in range(2):
+        outs = {fmt: run(inputs) for fmt, run in runners.items()}
+        for fmt, got in outs.items():
+            if fmt != reference:
+                _compare_outputs(tally, fmt, "lm_step", spec, outs[reference], got, tol)
+            for r in range(index.shape[0]):
+                alone = runners[fmt]({"prev_ids": inputs["prev_ids"][r : r + 1],
+                                      "state": inputs["state"][r : r + 1]})
+                _row_invariance(tally, fmt, "lm_step", spec, got, r, None, alone, inv_tol)
+        ref = outs[reference]
+        inputs = {"prev_ids": ref["log_probs"].argmax(-1).astype(np.int64),
+                  "state": ref["new_state"]}
+
+
 def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: str,
                  specs: dict[str, GraphSpec], grid: ParityGrid,
                  progress: bool = False) -> dict[str, Any]:
@@ -204,6 +226,10 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
                                          step_in, lengths, grid.parity_tol, grid.invariance_tol)
                 step_in = dict(step_in, state=step_out["new_state"],
                                prev_ids=step_out["topk_ids"][:, 0].astype(np.int64))
+        if task == "lm":
+            _lm_steps(tally, specs["lm_step"], {fmt: r["lm_step"] for fmt, r in runners.items()},
+                      reference, rng, ref_out, grid.vocab_size, grid.parity_tol,
+                      grid.invariance_tol)
         if bar is not None:
             bar.update(1)
     if bar is not None:

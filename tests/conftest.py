@@ -191,3 +191,32 @@ def tiny_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path) ->
     export_run(tiny_lm_run, repo, "tiny-lm", version=1, progress=False,
                grid={"batch_sizes": (1, 3), "lengths": (1, 7)})
     return repo
+
+
+@pytest.fixture(scope="session")
+def endless_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path) -> Path:
+    """model_repository with "endless-lm" v1: tiny_lm_run's tokenizer and shape, random
+    weights, and an output bias that makes eos (and bos, pad, unk) all but impossible, so a
+    generation runs to its max_new_tokens (disconnect and continuous-batching tests)."""
+    import shutil
+
+    import torch
+
+    from seqserve.export.bundle import export_run
+    from seqserve.models.checkpoint import build_model, save_checkpoint
+
+    run = tmp_path_factory.mktemp("endless-lm") / "run"
+    run.mkdir()
+    config = json.loads((tiny_lm_run / "config.json").read_text())
+    shutil.copyfile(tiny_lm_run / "tokenizer.model", run / "tokenizer.model")
+    torch.manual_seed(0)
+    model = build_model("lm", config["model"])
+    with torch.no_grad():
+        model.output.bias[:4] = -60.0  # type: ignore[index]
+    save_checkpoint(model, run / "model.safetensors")
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "DONE").write_text("")
+    repo = tmp_path_factory.mktemp("endless_repository")
+    export_run(run, repo, "endless-lm", version=1, progress=False,
+               grid={"batch_sizes": (1, 3), "lengths": (1, 7)})
+    return repo

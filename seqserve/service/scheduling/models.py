@@ -24,6 +24,7 @@ from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
 from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
 from seqserve.service.scheduling.decoding import DecodeConfig, Decoded, DecodeLoop
+from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
 RowCompute = Callable[[list[list[int]]], list[Any]]
@@ -202,7 +203,7 @@ class DecodedModel:
         return self.engine.core.expected_wait()
 
 
-ServedModel = BatchedModel | DecodedModel
+ServedModel = BatchedModel | DecodedModel | LMModel
 
 
 def decode_limits(manifest: Manifest) -> DecodeLimits:
@@ -218,6 +219,10 @@ def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Mani
     first); LookupError for a task no scheduler serves."""
     instances = [runtimes] if not isinstance(runtimes, Sequence) else list(runtimes)
     tok = manifest.tokenizer
+    if manifest.task == "lm":
+        engine = dataclasses.replace(config.engine, pad_id=tok.pad_id, groups=1)
+        return LMModel(instances[0], manifest, engine, config.max_tokens, config.warmup,
+                       observer)
     if manifest.task == "translator":
         cfg = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
                                                                       pad_id=tok.pad_id))

@@ -56,7 +56,7 @@ DEMO_LM: dict[str, Any] = {
     "data": "pydoc-topics",
     "model": {"vocab_size": 1024, "cell": "lstm", "embed_size": 128, "hidden_size": 256,
               "num_layers": 1, "dropout": 0.1, "tie_weights": False, "max_length": 256},
-    "train": {"epochs": 4, "batch_size": 32, "lr": 5e-3, "max_minutes": 1.5, "patience": 2,
+    "train": {"epochs": 3, "batch_size": 32, "lr": 5e-3, "max_minutes": 1.0, "patience": 2,
               "num_threads": 1, "tokenizer_type": "unigram", "tbptt": 48, "warmup_steps": 20,
               "tokenizer_normalization": "nmt_nfkc", "clip_norm": 1.0},
 }

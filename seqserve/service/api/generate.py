@@ -69,8 +69,19 @@ class SamplingOptions(BaseModel):
     n: WholeInt = Field(1, ge=1, le=MAX_N, description="Sequences per prompt.")
 
 
+def _one_of_prompts(schema: dict[str, Any]) -> None:
+    standard_bounds(schema)
+    schema["anyOf"] = [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"},
+                                                "prompts": {"type": "null"}}},
+        {"required": ["prompts"], "properties": {"prompts": {"type": "array"},
+                                                 "prompt": {"type": "null"}}}]
+
+
 class GenerateRequest(SamplingOptions):
     """POST /v1/models/{name}/generate body: exactly one of `prompt` and `prompts`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_of_prompts)
 
     prompt: Text | None = Field(None, description=f"One prompt. {TEXT_RULES}")
     prompts: list[Text] | None = Field(None, min_length=1, max_length=HARD_MAX_TEXTS,

@@ -167,7 +167,8 @@ async def _complete(state: AppState, request: Request, body: CompletionRequest,
     "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}}}},
     responses={200: {"description": "OpenAI text_completion (JSON, or server-sent events "
                                     "with stream: true)"},
-               400: {"description": "OpenAI error: {error: {message, type, param, code}}"}})
+               **{code: {"description": "OpenAI error: {error: {message, type, param, code}}"}
+                  for code in (400, 404, 413, 429, 500, 503, 504)}})
 async def completions(request: Request) -> Response:
     """OpenAI-compatible text completion with a language model (see the module doc)."""
     state = app_state(request)

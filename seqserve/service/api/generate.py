@@ -18,11 +18,19 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    StringConstraints,
+    model_validator,
+)
 from starlette.types import Receive, Scope, Send
 
 from seqserve.service.api.common import (
@@ -51,6 +59,8 @@ HARD_MAX_NEW_TOKENS = 4096
 MAX_N = 16
 MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 5
+StopText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=64)]
+StopList = Annotated[list[StopText], Field(max_length=MAX_STOPS)]
 
 
 class SamplingOptions(BaseModel):
@@ -89,9 +99,9 @@ class GenerateRequest(SamplingOptions):
     max_new_tokens: WholeInt = Field(64, ge=1, le=HARD_MAX_NEW_TOKENS,
                                      description="Most tokens generated per sequence (also "
                                                  "bounded by the server's max_new_tokens).")
-    stop: list[StrictStr] | StrictStr | None = Field(
-        None, description=f"Up to {MAX_STOPS} strings; a sequence ends before the first one "
-                          "it produces (finish_reason stop).")
+    stop: StopList | StopText | None = Field(
+        None, description=f"Up to {MAX_STOPS} strings of 1 to 64 characters; a sequence ends "
+                          "before the first one it produces (finish_reason stop).")
     logprobs: StrictBool = Field(False, description="Return each token and its log-prob.")
     stream: StrictBool = Field(False, description="Answer as server-sent events.")
 
@@ -99,9 +109,6 @@ class GenerateRequest(SamplingOptions):
     def _one_input(self) -> GenerateRequest:
         if (self.prompt is None) == (self.prompts is None):
             raise ValueError("give exactly one of prompt and prompts")
-        stops = self.stops()
-        if len(stops) > MAX_STOPS or any(not 1 <= len(s) <= 64 for s in stops):
-            raise ValueError(f"stop: at most {MAX_STOPS} strings of 1 to 64 characters")
         return self
 
     def texts(self) -> list[str]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -27,25 +27,28 @@ from seqserve.service.api.common import (
     app_state,
     request_call,
     request_timeout,
+    standard_bounds,
 )
 from seqserve.service.api.generate import (
     HARD_MAX_NEW_TOKENS,
     MAX_N,
-    MAX_STOPS,
     MAX_TOP_LOGPROBS,
     EventStream,
+    StopList,
+    StopText,
     count_tokens,
     sse,
     start_generation,
     stream_context,
 )
 from seqserve.service.api.translate import MAX_SEED, Number
-from seqserve.service.core.errors import BadRequest, ServiceError, error_answer
+from seqserve.service.core.errors import ServiceError, error_answer
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.lm import GenerateParams, Generation
 
 router = APIRouter(prefix="/v1", tags=["openai"])
+PromptList = Annotated[list[Text], Field(min_length=1, max_length=HARD_MAX_TEXTS)]
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                404: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
@@ -55,30 +58,25 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
 class CompletionRequest(BaseModel):
     """OpenAI's completion request (the fields seqserve serves)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
 
     model: StrictStr = Field(description="Model name (a language-model bundle).")
-    prompt: Text | list[Text] = Field(description="A prompt, or a list of prompts.")
+    prompt: Text | PromptList = Field(description="A prompt, or a list of prompts.")
     max_tokens: WholeInt = Field(16, ge=1, le=HARD_MAX_NEW_TOKENS)
     temperature: Number = Field(1.0, ge=0, le=2)
     top_p: Number = Field(1.0, gt=0, le=1)
     n: WholeInt = Field(1, ge=1, le=MAX_N)
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StopText | StopList | None = None
     seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED)
     stream: StrictBool = False
     logprobs: WholeInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def prompts(self) -> list[str]:
-        prompts = [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
-        if not 1 <= len(prompts) <= HARD_MAX_TEXTS:
-            raise BadRequest(f"prompt: 1 to {HARD_MAX_TEXTS} prompts")
-        return prompts
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
 
     def params(self) -> GenerateParams:
         stops = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) \
             else tuple(self.stop)
-        if len(stops) > MAX_STOPS or any(not 1 <= len(s) <= 64 for s in stops):
-            raise BadRequest(f"stop: at most {MAX_STOPS} strings of 1 to 64 characters")
         top = self.logprobs or 0
         return GenerateParams(self.max_tokens, float(self.temperature), 0, float(self.top_p),
                               self.seed, stops, self.n, self.logprobs is not None, top)

@@ -161,3 +161,62 @@ def tiny_full_repo(tmp_path_factory: pytest.TempPathFactory, tiny_repo: Path,
     shutil.copytree(tiny_repo, repo)
     export_run(tiny_tagger_run, repo, "tiny-tag", version=1, progress=False)
     return repo
+
+
+def train_tiny_lm(out: Path, **model: Any) -> Path:
+    """A real language-model run on tiny_texts (one document per line), about 2 s: a GRU of
+    32 over a 64-piece vocabulary, max 48 tokens."""
+    from seqserve.models.train_lm import run_lm_training
+
+    data = out.parent / f"{out.name}-docs.txt"
+    data.write_text("\n".join(tiny_texts(240)) + "\n", encoding="utf-8")
+    run_lm_training(str(data), out, {"vocab_size": 64, "embed_size": 16, "hidden_size": 32,
+                                     "cell": "gru", "max_length": 48, **model},
+                    {"epochs": 4, "batch_size": 8, "tbptt": 16, "lr": 1e-2, "num_threads": 1,
+                     "warmup_steps": 5}, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny_lm(tmp_path_factory.mktemp("tiny-lm") / "run")
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path) -> Path:
+    """model_repository with "tiny-lm" v1 only (do not modify: shared)."""
+    from seqserve.export.bundle import export_run
+
+    repo = tmp_path_factory.mktemp("lm_repository")
+    export_run(tiny_lm_run, repo, "tiny-lm", version=1, progress=False,
+               grid={"batch_sizes": (1, 3), "lengths": (1, 7)})
+    return repo
+
+
+@pytest.fixture(scope="session")
+def endless_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path) -> Path:
+    """model_repository with "endless-lm" v1: tiny_lm_run's tokenizer and shape, random
+    weights, and an output bias that makes eos (and bos, pad, unk) all but impossible, so a
+    generation runs to its max_new_tokens (disconnect and continuous-batching tests)."""
+    import shutil
+
+    import torch
+
+    from seqserve.export.bundle import export_run
+    from seqserve.models.checkpoint import build_model, save_checkpoint
+
+    run = tmp_path_factory.mktemp("endless-lm") / "run"
+    run.mkdir()
+    config = json.loads((tiny_lm_run / "config.json").read_text())
+    shutil.copyfile(tiny_lm_run / "tokenizer.model", run / "tokenizer.model")
+    torch.manual_seed(0)
+    model = build_model("lm", config["model"])
+    with torch.no_grad():
+        model.output.bias[:4] = -60.0  # type: ignore[index]
+    save_checkpoint(model, run / "model.safetensors")
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "DONE").write_text("")
+    repo = tmp_path_factory.mktemp("endless_repository")
+    export_run(run, repo, "endless-lm", version=1, progress=False,
+               grid={"batch_sizes": (1, 3), "lengths": (1, 7)})
+    return repo

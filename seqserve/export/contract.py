@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from seqserve.export.manifest import GRAPHS_BY_TASK, GraphSpec, Manifest, TensorSpec
+from seqserve.export.manifest import GRAPHS_BY_TASK, TASKS, GraphSpec, Manifest, TensorSpec
 from seqserve.models.errors import BundleError
 
 
@@ -49,8 +49,20 @@ DECODER_STEP_SPEC = GraphSpec(
              _spec("topk_ids", "int64", "rows", "k"),
              _spec("attention", "float32", "rows", "src_len")),
 )
+PREFILL_SPEC = GraphSpec(
+    inputs=(_spec("input_ids", "int64", "batch", "seq"), _spec("lengths", "int64", "batch")),
+    outputs=(_spec("state", "float32", "batch", "state_dim"),
+             _spec("log_probs", "float32", "batch", "seq", "vocab")),
+)
+LM_STEP_SPEC = GraphSpec(
+    inputs=(_spec("prev_ids", "int64", "rows"), _spec("state", "float32", "rows", "state_dim")),
+    outputs=(_spec("new_state", "float32", "rows", "state_dim"),
+             _spec("log_probs", "float32", "rows", "vocab")),
+)
+LM_SPECS = {"prefill": PREFILL_SPEC, "lm_step": LM_STEP_SPEC}
 SPECS: dict[str, GraphSpec] = {"classifier": CLASSIFIER_SPEC, "tagger": TAGGER_SPEC,
-                               "encoder": ENCODER_SPEC, "decoder_step": DECODER_STEP_SPEC}
+                               "encoder": ENCODER_SPEC, "decoder_step": DECODER_STEP_SPEC,
+                               **LM_SPECS}
 """Graph name -> its contract signature (every output listed, optional ones included)."""
 OPTIONAL_OUTPUTS: dict[str, tuple[str, ...]] = {"classifier": ("attention",)}
 """Outputs a graph may leave out (a classifier without attention: `return_attention` is a
@@ -225,7 +237,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     "required": ["schema_version", "task", "name", "version", "tokenizer", "graphs", "files"],
     "properties": {
         "schema_version": {"enum": [1, 2]},
-        "task": {"enum": ["classifier", "tagger", "translator"]},
+        "task": {"enum": list(TASKS)},
         "name": {"type": "string", "minLength": 1},
         "version": {"type": "integer", "minimum": 1},
         "created": {"type": "string"},
@@ -240,7 +252,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "graphs": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["inputs", "outputs"],
             "properties": {"onnx": {"type": "string"}, "torchscript": {"type": "string"},
-                           "rnn_form": {"enum": ["native", "loop"]},
+                           "rnn_form": {"enum": ["native", "loop", "cell"]},
                            "tensor_names": {"type": "object",
                                             "additionalProperties": {"type": "string"}},
                            "inputs": {"type": "array", "items": _TENSOR},

@@ -22,6 +22,7 @@ from seqserve.export.contract import (
     SPECS,
     TAGGER_SPEC,
 )
+from seqserve.export.lm_graphs import LMStepGraph, PrefillGraph, lm_examples
 from seqserve.export.manifest import GraphSpec
 from seqserve.export.tagger_graphs import TaggerGraph
 
@@ -108,6 +109,10 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
         return [GraphDef("classifier", ClassifierGraph(model).eval(), (ids, lengths))]
     if task == "tagger":
         return [GraphDef("tagger", TaggerGraph(model).eval(), (ids, lengths))]
+    if task == "lm":
+        prefill, step = lm_examples(model, ids, lengths, vocab_size)
+        return [GraphDef("prefill", PrefillGraph(model).eval(), prefill),
+                GraphDef("lm_step", LMStepGraph(model).eval(), step)]
     encoder = EncoderGraph(model).eval()
     with torch.no_grad():
         memory, src_mask, state = encoder(ids, lengths)  # (N, S, D), (N, S), (N, state_dim)

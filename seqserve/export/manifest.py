@@ -27,9 +27,9 @@ SCHEMA_VERSION = 2
 SUPPORTED_SCHEMAS = (1, 2)
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
-TASKS = ("classifier", "translator", "tagger")
+TASKS = ("classifier", "translator", "tagger", "lm")
 GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
-                  "tagger": ("tagger",)}
+                  "tagger": ("tagger",), "lm": ("prefill", "lm_step")}
 DECODERS = ("none", "bahdanau", "luong")
 """Translator decoders (models/decoders.py); a translator manifest without one is luong."""
 

@@ -8,7 +8,10 @@ x longest lengths (mixed-length, right-padded batches) the check records
 - batch invariance: per format, max |row in the padded batch - that row run alone| /
   max(1, |row alone|) (on the row's valid positions: absolute up to magnitude 1, relative
   above) and max |padded positions| (must be zero);
-- dynamic k: the decoder step run with k=1 returns column 0 of its k=5 result.
+- dynamic k: the decoder step run with k=1 returns column 0 of its k=5 result;
+- language models: the prefill batch, then two `lm_step` calls from its states (two rows per
+  prompt), parity and row invariance of each; their `state` outputs are compared relative
+  above magnitude 1 (SCALED_GRAPHS).
 
 The decoder step runs twice per batch: from the encoder's state, then from the reference's
 new state, so the recurrent inputs a first step sees as zeros (Luong input feeding starts
@@ -42,6 +45,10 @@ LENGTHS = (1, 7, 64)
 PARITY_TOL = 1e-4
 INVARIANCE_TOL = 1e-5
 BEAMS = 2  # decoder-step hypothesis rows per request
+SCALED_GRAPHS = ("prefill", "lm_step")
+"""Graphs whose state is compared relative above magnitude 1 (`max_scaled`): a language
+model's LSTM cell state is unbounded (|c| reaches tens after a long prompt), so float32
+rounding over 256 steps moves it by more than 1e-4 absolute while staying ~1e-6 relative."""
 TOP_K = 5
 
 
@@ -105,13 +112,16 @@ def _compare_outputs(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, ref: 
             bad, ties = topk_id_mismatches(ref["topk_ids"], ref["topk_logprobs"],
                                            got["topk_ids"], got["topk_logprobs"], tol)
             tally.ids(fmt, bad, ties)
+        elif graph in SCALED_GRAPHS and out.name in ("state", "new_state"):
+            tally.note(tally.parity, fmt, f"{graph}.{out.name}",
+                       max_scaled(got[out.name], ref[out.name]))
         else:
             tally.note(tally.parity, fmt, f"{graph}.{out.name}", max_abs(ref[out.name],
                                                                         got[out.name]))
 
 
 def _row_invariance(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, batch_out: Arrays,
-                    row: int, length: int, alone: Arrays, tol: float) -> None:
+                    row: int, length: int | None, alone: Arrays, tol: float) -> None:
     views = {out.name: row_view(out, batch_out[out.name], row, length) for out in spec.outputs}
     for out in spec.outputs:
         valid, tail = views[out.name]
@@ -185,6 +195,28 @@ def _decoder_step(tally: _Tally, spec: GraphSpec, runners: dict[str, Runner], re
     return outs[reference]
 
 
+def _lm_steps(tally: _Tally, spec: GraphSpec, runners: dict[str, Runner], reference: str,
+              rng: np.random.Generator, prefill: Arrays, vocab_size: int, tol: float,
+              inv_tol: float) -> None:
+    """Two lm_step calls (BEAMS rows per prompt, from the reference prefill's states, then
+    from the first step's new states): parity and each row alone vs in the batch."""
+    index = np.repeat(np.arange(prefill["state"].shape[0], dtype=np.int64), BEAMS)  # (R,)
+    inputs = {"prev_ids": rng.integers(4, vocab_size, size=index.shape[0], dtype=np.int64),
+              "state": np.ascontiguousarray(prefill["state"][index])}  # (R, S)
+    for _ in range(2):
+        outs = {fmt: run(inputs) for fmt, run in runners.items()}
+        for fmt, got in outs.items():
+            if fmt != reference:
+                _compare_outputs(tally, fmt, "lm_step", spec, outs[reference], got, tol)
+            for r in range(index.shape[0]):
+                alone = runners[fmt]({"prev_ids": inputs["prev_ids"][r : r + 1],
+                                      "state": inputs["state"][r : r + 1]})
+                _row_invariance(tally, fmt, "lm_step", spec, got, r, None, alone, inv_tol)
+        ref = outs[reference]
+        inputs = {"prev_ids": ref["log_probs"].argmax(-1).astype(np.int64),
+                  "state": ref["new_state"]}
+
+
 def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: str,
                  specs: dict[str, GraphSpec], grid: ParityGrid,
                  progress: bool = False) -> dict[str, Any]:
@@ -212,6 +244,10 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
                                          step_in, lengths, grid.parity_tol, grid.invariance_tol)
                 step_in = dict(step_in, state=step_out["new_state"],
                                prev_ids=step_out["topk_ids"][:, 0].astype(np.int64))
+        if task == "lm":
+            _lm_steps(tally, specs["lm_step"], {fmt: r["lm_step"] for fmt, r in runners.items()},
+                      reference, rng, ref_out, grid.vocab_size, grid.parity_tol,
+                      grid.invariance_tol)
         if bar is not None:
             bar.update(1)
     if bar is not None:

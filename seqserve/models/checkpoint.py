@@ -12,19 +12,20 @@ from torch import nn
 from seqserve.models.classifier import Classifier
 from seqserve.models.config import ClassifierConfig, TaggerConfig, TranslatorConfig
 from seqserve.models.errors import UserError
+from seqserve.models.lm import LanguageModel, LMConfig
 from seqserve.models.tagger import Tagger
 from seqserve.models.translator import Translator
 
 if TYPE_CHECKING:
     from seqserve.models.tokenizer import Tokenizer
 
-TASKS = ("classifier", "translator", "tagger")
+TASKS = ("classifier", "translator", "tagger", "lm")
 CHECKPOINT = "model.safetensors"
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.model"
 
 
-Model = Classifier | Translator | Tagger
+Model = Classifier | Translator | Tagger | LanguageModel
 
 
 def build_model(task: str, model_config: dict[str, Any]) -> Model:
@@ -35,12 +36,16 @@ def build_model(task: str, model_config: dict[str, Any]) -> Model:
         return Tagger(TaggerConfig.from_dict(model_config))
     if task == "translator":
         return Translator(TranslatorConfig.from_dict(model_config))
+    if task == "lm":
+        return LanguageModel(LMConfig.from_dict(model_config))
     raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
 
 
 def save_checkpoint(model: nn.Module, path: str | Path) -> None:
-    """Write the model's parameters and buffers as safetensors (contiguous CPU copies)."""
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    """Write the model's parameters and buffers as safetensors (contiguous CPU copies; tied
+    weights, such as a language model's shared embedding and output, as separate copies:
+    safetensors refuses shared storage, and loading fills the one parameter twice)."""
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 

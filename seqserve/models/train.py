@@ -96,6 +96,13 @@ def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
     Dataset) into `out_dir`; returns the test-split metrics (also in test_metrics.json)."""
     if task not in TASKS:
         raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
+    if task == "lm":  # its own loop: contiguous streams and truncated BPTT
+        from seqserve.models.train_lm import run_lm_training
+
+        if isinstance(data, Dataset):
+            raise DataError("a language model trains on a text corpus, not a labelled Dataset")
+        return run_lm_training(str(data), out_dir, model_overrides, train_overrides, progress,
+                               data_seed)
     cfg = _resolve(TrainConfig, train_overrides or {})
     _seed_everything(cfg.seed, cfg.num_threads)
     ds = data if isinstance(data, Dataset) else load_dataset(data, size=data_size, seed=data_seed)

@@ -30,8 +30,18 @@ class ModelInfo(BaseModel):
     versions: list[ModelVersionInfo]
 
 
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "seqserve"
+
+
 class ModelList(BaseModel):
     models: list[ModelInfo]
+    object: Literal["list"] = Field("list", description="OpenAI's list shape, beside `models`.")
+    data: list[OpenAIModel] = Field(default_factory=list,
+                                    description="OpenAI's model objects: one per model name.")
 
 
 def version_info(entry: ModelEntry, default: int | None) -> ModelVersionInfo:
@@ -52,7 +62,9 @@ def model_info(repo: ModelRepository, name: str) -> ModelInfo:
 async def list_models(request: Request) -> ModelList:
     """Every model with every version, its state (failed ones with the reason) and details."""
     repo = app_state(request).repository
-    return ModelList(models=[model_info(repo, name) for name in sorted(repo.entries)])
+    names = sorted(repo.entries)
+    return ModelList(models=[model_info(repo, name) for name in names], object="list",
+                     data=[OpenAIModel(id=name) for name in names])
 
 
 @router.get("/models/{name}", name="v1_model")

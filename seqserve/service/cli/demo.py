@@ -1,7 +1,8 @@
 """`seqserve demo`: the built-in end-to-end job behind `make run`.
 
-Generates the built-in data, trains the language-ID classifier and the en->fr translator
-(unless finished runs exist), reports their test metrics, exports both into the model
+Generates the built-in data, trains the language-ID classifier, the en->fr translator, the
+number tagger and the `text-lm` language model (CPython's pydoc topics; unless finished runs
+exist), reports their test metrics, exports both into the model
 repository (unless a verified bundle of the same run exists), and serves them.
 """
 
@@ -19,6 +20,7 @@ HELP = "Run the built-in demo: data, training, export and serving."
 CLASSIFIER = ("langid", "langid")  # (dataset, model name)
 TRANSLATOR = ("numbers-en-fr", "numbers-en-fr")
 TAGGER = ("numbers-tags", "numbers-tags")
+LM = ("pydoc-topics", "text-lm")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     for task, (dataset, model) in (("classifier", CLASSIFIER), ("translator", TRANSLATOR),
                                    ("tagger", TAGGER)):
         runs[model] = _train(task, dataset, work, retrain=args.retrain)
+    runs[LM[1]] = _train_lm(work, retrain=args.retrain)
     train_s = time.perf_counter() - started
     print(f"\n== test-split metrics (this command's data + training time {train_s / 60:.1f} min;"
           " reused runs count 0) ==")
@@ -75,6 +78,20 @@ def _train(task: str, dataset: str, work: Path, retrain: bool) -> Path:
         train_overrides=dict(overrides.get("train", {})),
         progress=True,
     )
+    return run_dir
+
+
+def _train_lm(work: Path, retrain: bool) -> Path:
+    """The demo language model on CPython's own Language Reference text (no download)."""
+    from seqserve.models.train_lm import DEMO_LM, run_lm_training
+
+    run_dir = work / "runs" / LM[1]
+    if (run_dir / "DONE").exists() and not retrain:
+        print(f"== lm run {run_dir} is finished; reusing it (--retrain to train again)")
+        return run_dir
+    print(f"== training lm on {LM[0]} -> {run_dir}")
+    run_lm_training(LM[0], run_dir, dict(DEMO_LM["model"]), dict(DEMO_LM["train"]),
+                    progress=True)
     return run_dir
 
 
@@ -118,6 +135,10 @@ def _serve(repo: Path, host: str, port: int) -> int:
         f"curl -s -X POST {base}/v1/models/{TAGGER[1]}/tag "
         "-H 'content-type: application/json' "
         "-d '{\"texts\": [\"the first of may two thousand and five\"]}'\n"
+        f"curl -N -X POST {base}/v1/models/{LM[1]}/generate "
+        "-H 'content-type: application/json' "
+        "-d '{\"prompt\": \"The assert statement\", \"max_new_tokens\": 60, "
+        "\"temperature\": 0.8, \"stream\": true}'\n"
         f"curl -s {base}/metrics | grep seqserve_requests_total\n",
         flush=True,
     )

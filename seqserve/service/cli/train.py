@@ -1,4 +1,7 @@
-"""`seqserve train classifier|translator|tagger --data SPEC --out RUN_DIR [options]`."""
+"""`seqserve train classifier|translator|tagger|lm --data SPEC --out RUN_DIR [options]`.
+
+`lm` trains a language model (models/train_lm.py) on the built-in `pydoc-topics` corpus or on
+text files (`--data a.txt b.txt`, or a folder of .txt files)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import json
 import sys
 
 NAME = "train"
-HELP = "Train a classifier, translator or tagger into a run directory."
+HELP = "Train a classifier, translator, tagger or language model into a run directory."
 
 # argparse dest -> config field
 _MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "embed": "embed_size",
@@ -15,7 +18,8 @@ _MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "embed": "embed_size",
                 "vocab_size": "vocab_size", "max_length": "max_length",
                 "bidirectional": "bidirectional", "proj_size": "proj_size",
                 "peephole": "peephole", "cifg": "cifg", "decoder": "decoder",
-                "input_feeding": "input_feeding", "forget_bias": "forget_bias"}
+                "input_feeding": "input_feeding", "forget_bias": "forget_bias",
+                "tie_weights": "tie_weights"}
 _TRAIN_FLAGS = {"epochs": "epochs", "batch_size": "batch_size", "lr": "lr", "seed": "seed",
                 "max_minutes": "max_minutes", "patience": "patience",
                 "scheduled_sampling": "scheduled_sampling", "clip_norm": "clip_norm",
@@ -44,10 +48,12 @@ def _forget_bias(value: str) -> float | _Unset:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", choices=["classifier", "translator", "tagger"],
-                        help="model family")
-    parser.add_argument("--data", required=True,
-                        help="built-in dataset name, dataset folder, or CSV/TSV/JSONL data")
+    parser.add_argument("task", choices=["classifier", "translator", "tagger", "lm"],
+                        help="model family (lm: language model)")
+    parser.add_argument("--data", required=True, nargs="+",
+                        help="built-in dataset name, dataset folder, or CSV/TSV/JSONL data; "
+                             "lm: pydoc-topics, or text files (one file: a document per line; "
+                             "several files or a folder of .txt: a document per file)")
     parser.add_argument("--out", required=True, help="run directory to write")
     parser.add_argument("--size", type=int, default=None,
                         help="train examples of a built-in dataset (default: its own)")
@@ -78,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="LSTM peephole connections")
     model.add_argument("--cifg", action=argparse.BooleanOptionalAction, default=None,
                        help="LSTM coupled input-forget gate")
+    model.add_argument("--tie-weights", action=argparse.BooleanOptionalAction, default=None,
+                       help="lm: share the embedding with the output projection")
     train = parser.add_argument_group("training")
     train.add_argument("--epochs", type=int)
     train.add_argument("--batch-size", type=int)
@@ -97,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--threads", type=int, help="torch threads")
     train.add_argument("--max-train-examples", type=int)
     train.add_argument("--max-eval-examples", type=int)
-    train.add_argument("--tbptt", type=int, help="truncated BPTT chunk length (0 = full BPTT)")
+    train.add_argument("--tbptt", type=int, help="truncated BPTT chunk length (0 = full BPTT; "
+                       "lm: tokens per chunk, state carried across chunks, default 64)")
     train.add_argument("--gradient-flow-every", type=int,
                        help="measure gradient flow every N steps (gradient_flow.jsonl)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -110,6 +119,12 @@ def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, obj
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.task == "lm":
+        return _run_lm(args)
+    if len(args.data) != 1:
+        print(f"seqserve train {args.task}: --data takes one dataset", file=sys.stderr)
+        return 2
+    args.data = args.data[0]
     from seqserve.models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR, run_training
 
     model_overrides: dict[str, object] = {}
@@ -133,4 +148,21 @@ def run(args: argparse.Namespace) -> int:
         search = f" (translations: {metrics['search']})" if "search" in metrics else ""
         print(f"test split per surface form{search}:", file=sys.stderr)
         print("\n".join(format_table(metrics["forms"])), file=sys.stderr)
+    return 0
+
+
+def _run_lm(args: argparse.Namespace) -> int:
+    from seqserve.models.train_lm import DEMO_LM, run_lm_training
+
+    model_overrides: dict[str, object] = {}
+    train_overrides: dict[str, object] = {}
+    if args.demo_defaults:
+        model_overrides.update(DEMO_LM["model"])
+        train_overrides.update(DEMO_LM["train"])
+    model_overrides.update(_overrides(args, _MODEL_FLAGS))
+    train_overrides.update(_overrides(args, _TRAIN_FLAGS))
+    data = args.data[0] if len(args.data) == 1 else args.data
+    metrics = run_lm_training(data, args.out, model_overrides, train_overrides,
+                              progress=not args.quiet)
+    print(json.dumps({"run_dir": args.out, "test": metrics}, indent=2))
     return 0

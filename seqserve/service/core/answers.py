@@ -66,11 +66,12 @@ class ErrorShape(enum.Enum):
     OIP = "oip"
     """`{"error": message}`: fixed by the Open Inference Protocol (KServe v2) for /v2."""
     OPENAI = "openai"
-    """`{"error": {"message", "type"}}`: for OpenAI-compatible routes (none yet)."""
+    """`{"error": {"message", "type", "param", "code"}}`: OpenAI's shape, for the
+    OpenAI-compatible routes (`/v1/completions`)."""
 
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                403: "permission_error", 404: "not_found_error", 408: "invalid_request_error",
+                403: "permission_error", 404: "invalid_request_error", 408: "timeout",
                 413: "invalid_request_error", 422: "invalid_request_error",
                 429: "rate_limit_error", 503: "overloaded_error"}
 """The OpenAI error `type` of each status (other 4xx: invalid_request_error, 5xx: api_error)."""
@@ -84,15 +85,17 @@ def retry_after_value(seconds: float) -> bytes:
 def error_answer(status: int, message: str, *, request_id: str | None = None,
                  shape: ErrorShape = ErrorShape.PLAIN, retry_after: float | None = None,
                  headers: Iterable[tuple[bytes, bytes]] = (),
-                 fields: Mapping[str, Any] | None = None) -> Answer:
+                 fields: Mapping[str, Any] | None = None, param: str | None = None) -> Answer:
     """The whole answer of an error (every 4xx/5xx the server writes): see the module doc.
     `headers` are extra headers (lower-case names); `fields` extra members of the body (a
-    readiness answer's `ready`, `name`, `version`)."""
+    readiness answer's `ready`, `name`, `version`); `param` the request field at fault (the
+    OpenAI shape names it)."""
     error: Any = message
     if shape is ErrorShape.OPENAI:
         error = {"message": message,
                  "type": OPENAI_TYPES.get(status, "api_error" if status >= 500
-                                          else "invalid_request_error")}
+                                          else "invalid_request_error"),
+                 "param": param, "code": "model_not_found" if status == 404 else None}
     doc: dict[str, Any] = {"error": error, **(fields or {})}
     if request_id is not None:
         doc["request_id"] = request_id

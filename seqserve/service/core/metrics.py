@@ -84,6 +84,18 @@ class Metrics:
             "seqserve_time_per_token_seconds", "Request time / generated tokens.", ["model"],
             registry=r, buckets=LATENCY_BUCKETS)
 
+        self.time_to_first_token = Histogram(
+            "seqserve_time_to_first_token_seconds",
+            "Language models: request start to its first generated token.", ["model"],
+            registry=r, buckets=LATENCY_BUCKETS)
+        self.inter_token_latency = Histogram(
+            "seqserve_inter_token_latency_seconds",
+            "Language models: time between a request's consecutive generated tokens.",
+            ["model"], registry=r, buckets=LATENCY_BUCKETS)
+        self.live_sequences = Gauge(
+            "seqserve_live_sequences", "Language models: sequences being generated.",
+            ["model"], registry=r, multiprocess_mode="livesum")
+
     def exposition(self) -> tuple[bytes, str]:
         """Body and content type of `/metrics`: this process's registry, or every process's
         samples in multiprocess mode."""
@@ -115,6 +127,7 @@ class ModelMetrics:
         self.steps = m.decode_steps.labels(model)
         self.tokens = m.generated_tokens.labels(model)
         self.per_token = m.time_per_token.labels(model)
+        self.live_sequences = m.live_sequences.labels(model)
 
     def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
         self.batch_size.observe(rows)
@@ -133,6 +146,9 @@ class ModelMetrics:
         self.step_time.observe(seconds)
         self.batch_size.observe(rows)
         self.steps.inc()
+
+    def on_live_sequences(self, sequences: int) -> None:
+        self.live_sequences.set(sequences)
 
     def on_finish(self, tokens: int, seconds: float) -> None:
         self.tokens.inc(tokens)

@@ -26,6 +26,7 @@ from seqserve.service.engine import protocol as p
 from seqserve.service.engine.transport import Channel
 from seqserve.service.scheduling.base import Timed, Timing
 from seqserve.service.scheduling.decoding import Decoded
+from seqserve.service.scheduling.lm import GenerateOptions, TokenEvent, TokenStream
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 
 log = logging.getLogger("seqserve.engine.client")
@@ -58,6 +59,8 @@ class EngineClient:
         self._waits: dict[tuple[str, int], tuple[float, float]] = {}
         """(model, version) -> (expected queue wait, time.monotonic() when reported)."""
         self._channel: Channel | None = None
+        self._streams: dict[int, tuple[TokenStream, tuple[str, int], list[int]]] = {}
+        """Generations in flight: their stream, model and sequences not finished."""
 
     async def start(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
@@ -71,6 +74,9 @@ class EngineClient:
         for pending in self._pending.values():
             _fail(pending, errors.ShuttingDown("this API process is stopping"))
         self._pending.clear()
+        for stream, _, _ in self._streams.values():
+            stream.put(errors.ShuttingDown("this API process is stopping"))
+        self._streams.clear()
 
     async def models(self, timeout: float) -> list[p.ModelState]:
         """The engine's models and their states (asks until it answers or `timeout`)."""
@@ -106,6 +112,41 @@ class EngineClient:
         self._send(p.Submit(rid, model, version, deadline, lengths, ids, opts))
         return futures
 
+    def generate(self, model: str, version: int, prompts: Sequence[list[int]],
+                 options: GenerateOptions, deadline: float) -> TokenStream:
+        """Send one generation; its token events arrive on the returned stream."""
+        rid = next(self._ids)
+
+        def cancel() -> None:
+            if self._streams.pop(rid, None) is not None:
+                self._send(p.Cancel(rid))
+
+        def stop(index: int) -> None:
+            if rid in self._streams:
+                self._send(p.StopSeq(rid, index))
+
+        stream = TokenStream(len(prompts) * options.n, cancel, stop)
+        self._streams[rid] = (stream, (model, version), [len(prompts) * options.n])
+        lengths, ids = p.pack_rows(list(prompts))
+        self._send(p.Generate(rid, model, version, deadline, lengths, ids,
+                              dataclasses.asdict(options)))
+        return stream
+
+    def _deliver_tokens(self, msg: p.Tokens | p.Failure) -> None:
+        stream, model, open_ = self._streams[msg.id]
+        if msg.wait is not None:
+            self._waits[model] = (msg.wait, time.monotonic())
+        if isinstance(msg, p.Failure):
+            del self._streams[msg.id]
+            stream.put(_error(msg))
+            return
+        events = [TokenEvent(i, None if t < 0 else t, lp, tuple((a, b) for a, b in top), f)
+                  for i, t, lp, top, f in msg.events]
+        open_[0] -= sum(1 for e in events if e.finish is not None)
+        if open_[0] <= 0:
+            del self._streams[msg.id]
+        stream.put(events)
+
     def _on_done(self, rid: int, future: asyncio.Future[Any]) -> None:
         pending = self._pending.get(rid)
         if pending is not None and future.cancelled() and not pending.done:
@@ -128,8 +169,11 @@ class EngineClient:
             if self._state is not None and not self._state.done():
                 self._state.set_result(msg)
             return
+        if msg.id in self._streams and isinstance(msg, p.Tokens | p.Failure):
+            self._deliver_tokens(msg)
+            return
         pending = self._pending.pop(msg.id, None)
-        if pending is None:
+        if pending is None or isinstance(msg, p.Tokens):
             return  # cancelled meanwhile
         if msg.wait is not None:
             self._waits[pending.model] = (msg.wait, time.monotonic())
@@ -205,3 +249,16 @@ class RemoteDecodeModel(_RemoteModel):
                deadline: float) -> list[asyncio.Future[Decoded]]:
         return self.client.submit(self.state.name, self.state.version, sources, deadline,
                                   options)
+
+
+class RemoteLMModel(_RemoteModel):
+    """A language model in the engine (what `workers.lm.LMWorker` needs of its model)."""
+
+    def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
+                 deadline: float) -> TokenStream:
+        return self.client.generate(self.state.name, self.state.version, prompts, options,
+                                    deadline)
+
+    def score(self, rows: Sequence[list[int]],
+              deadline: float) -> list[asyncio.Future[Timed[Any]]]:
+        return self.client.submit(self.state.name, self.state.version, rows, deadline)

@@ -34,7 +34,7 @@ def build_served(name: str, path: Path, options: EngineOptions,
     from a thread). Start the model with `await model.start()` (warm-up) before it serves."""
     manifest = load_bundle(path, verify=True)
     factory = runtime_factory or load_runtime
-    instances = 1 if manifest.task == "translator" else max(1, options.instances)
+    instances = 1 if manifest.task in ("translator", "lm") else max(1, options.instances)
     runtimes = [factory(options.runtime, path, manifest) for _ in range(instances)]
     config = options.model_config(max_tokens_of(manifest, options.max_tokens))
     return manifest, build_model(name, runtimes, manifest, config, observer)

@@ -41,6 +41,26 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
     id: int
 
 
+class Generate(msgspec.Struct, tag="generate", array_like=True):
+    """Language models: prompts (bos first) to generate from; `options` are the
+    `GenerateOptions` fields. Answered by `Tokens` frames as tokens exist (or a `Failure`)."""
+
+    id: int
+    model: str
+    version: int
+    deadline: float
+    lengths: bytes
+    ids: bytes
+    options: dict[str, Any]
+
+
+class StopSeq(msgspec.Struct, tag="stopseq", array_like=True):
+    """One sequence of a generation is done (a stop string): free its row."""
+
+    id: int
+    index: int
+
+
 class ModelState(msgspec.Struct, array_like=True):
     name: str
     version: int
@@ -93,6 +113,15 @@ class Decodes(msgspec.Struct, tag="decodes", array_like=True):
     wait: float | None = None
 
 
+class Tokens(msgspec.Struct, tag="tokens", array_like=True):
+    """One engine step's news of one generation: per sequence (index, token or -1, its
+    log-prob, top alternatives [(token, log-prob)], finish reason or None)."""
+
+    id: int
+    events: list[tuple[int, int, float, list[tuple[int, float]], str | None]]
+    wait: float | None = None
+
+
 class Failure(msgspec.Struct, tag="failure", array_like=True):
     id: int
     kind: str
@@ -103,8 +132,8 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
     wait: float | None = None
 
 
-ToEngine = Hello | Submit | Cancel
-ToApi = State | Rows | Decodes | Failure
+ToEngine = Hello | Submit | Cancel | Generate | StopSeq
+ToApi = State | Rows | Decodes | Failure | Tokens
 
 encoder = msgspec.msgpack.Encoder()
 engine_decoder = msgspec.msgpack.Decoder(ToEngine)

@@ -27,6 +27,7 @@ from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.transport import Channel
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.decoding import Decoded
+from seqserve.service.scheduling.lm import GenerateOptions, LMModel, TokenEvent
 from seqserve.service.scheduling.models import DecodedModel, ServedModel
 from seqserve.service.scheduling.search import SearchOptions
 
@@ -47,6 +48,8 @@ class EngineServer:
         self.models: dict[tuple[str, int], ServedModel] = {}
         self.states: list[p.ModelState] = []
         self.inflight: dict[Key, asyncio.Future[Any]] = {}
+        self.generations: dict[Key, tuple[LMModel, int]] = {}
+        """Language-model generations in flight: their model and scheduler request id."""
         self.closing = False
         self.channel: Channel | None = None
 
@@ -96,11 +99,11 @@ class EngineServer:
         self.closing = True
         deadline = time.monotonic() + timeout
         results = await asyncio.gather(*(m.stop(timeout) for m in self.models.values()))
-        while self.inflight and time.monotonic() < deadline:  # replies still going out
+        while (self.inflight or self.generations) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         if self.channel is not None:
             self.channel.close()
-        return all(results) and not self.inflight
+        return all(results) and not self.inflight and not self.generations
 
     def _on_frames(self, frames: list[bytes]) -> None:
         identity, payload = frames
@@ -110,10 +113,19 @@ class EngineServer:
         msg = p.engine_decoder.decode(payload)
         if isinstance(msg, p.Submit):
             self._submit(identity, msg)
+        elif isinstance(msg, p.Generate):
+            self._generate(identity, msg)
+        elif isinstance(msg, p.StopSeq):
+            found = self.generations.get((identity, msg.id))
+            if found is not None:
+                found[0].loop.stop_sequence(found[1], msg.index)
         elif isinstance(msg, p.Cancel):
             pending = self.inflight.pop((identity, msg.id), None)
             if pending is not None:
                 pending.cancel()
+            generation = self.generations.pop((identity, msg.id), None)
+            if generation is not None:
+                generation[0].loop.cancel(generation[1])
         else:
             self._send(identity, p.State(self.states))
 
@@ -130,6 +142,45 @@ class EngineServer:
         self.inflight[key] = gathered
         gathered.add_done_callback(lambda g: self._done(key, g, msg.options is not None, model))
 
+    def _generate(self, identity: bytes, msg: p.Generate) -> None:
+        """A language model's generation: every step's events go out as one Tokens frame."""
+        model = self.models.get((msg.model, msg.version))
+        key = (identity, msg.id)
+        try:
+            if self.closing:
+                raise ShuttingDown("the engine is shutting down",
+                                   retry_after=self.options.retry_after_s)
+            if not isinstance(model, LMModel):
+                raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not a "
+                                    "loaded language model")
+            options = GenerateOptions(**msg.options)
+            rows = p.unpack_rows(msg.lengths, msg.ids)
+            open_ = [len(rows) * options.n]
+            lm = model
+
+            def sink(events: list[TokenEvent] | BaseException) -> None:
+                if key not in self.generations:
+                    return  # cancelled
+                if isinstance(events, BaseException):
+                    self.generations.pop(key, None)
+                    self._send(identity, _failure(msg.id, events, lm.expected_wait()))
+                    return
+                open_[0] -= sum(1 for e in events if e.finish is not None)
+                self._send(identity, p.Tokens(msg.id, [
+                    (e.index, -1 if e.token is None else e.token, e.logprob,
+                     [tuple(t) for t in e.top], e.finish) for e in events],  # type: ignore[misc]
+                    lm.expected_wait()))
+                if open_[0] <= 0:
+                    self.generations.pop(key, None)
+
+            self.generations[key] = (model, -1)
+            rid = model.loop.submit(rows, options, msg.deadline, sink)
+            self.generations[key] = (model, rid)
+        except ServiceError as exc:
+            self.generations.pop(key, None)
+            self._send(identity, _failure(msg.id, exc,
+                                          model.expected_wait() if model else None))
+
     def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
         if self.closing:
             raise ShuttingDown("the engine is shutting down",
@@ -137,6 +188,8 @@ class EngineServer:
         if model is None:
             raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not loaded")
         rows = p.unpack_rows(msg.lengths, msg.ids)
+        if isinstance(model, LMModel):  # a Submit to a language model scores texts
+            return list(model.score(rows, msg.deadline))
         if isinstance(model, DecodedModel):
             options = SearchOptions(**(msg.options or {}))
             return list(model.submit(rows, options, msg.deadline))

@@ -52,6 +52,9 @@ class Observer(Protocol):
     def on_finish(self, tokens: int, seconds: float) -> None:
         """A translation finished with `tokens` generated tokens (translators)."""
 
+    def on_live_sequences(self, sequences: int) -> None:
+        """Sequences a language model is generating changed."""
+
 
 class NullObserver:
     """An observer that records nothing."""
@@ -69,6 +72,9 @@ class NullObserver:
         pass
 
     def on_finish(self, tokens: int, seconds: float) -> None:
+        pass
+
+    def on_live_sequences(self, sequences: int) -> None:
         pass
 
 

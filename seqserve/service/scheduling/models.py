@@ -24,6 +24,7 @@ from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
 from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
 from seqserve.service.scheduling.decoding import DecodeConfig, Decoded, DecodeLoop
+from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
 RowCompute = Callable[[list[list[int]]], list[Any]]
@@ -205,7 +206,7 @@ class DecodedModel:
         return self.engine.core.expected_wait()
 
 
-ServedModel = BatchedModel | DecodedModel
+ServedModel = BatchedModel | DecodedModel | LMModel
 
 
 def decode_limits(manifest: Manifest) -> DecodeLimits:
@@ -224,6 +225,10 @@ def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Mani
     tok = manifest.tokenizer
     pad_id = max(tok.pad_id, 0)  # a tokenizer without pad: any id (lengths mask it)
     unk_id = tok.unk_id if tok.unk_id >= 0 else pad_id  # warm-up rows only
+    if manifest.task == "lm":
+        engine = dataclasses.replace(config.engine, pad_id=pad_id, groups=1)
+        return LMModel(instances[0], manifest, engine, config.max_tokens, config.warmup,
+                       observer)
     if manifest.task == "translator":
         cfg = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
                                                                       pad_id=pad_id))

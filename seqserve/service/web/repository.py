@@ -19,21 +19,28 @@ from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles, load
 from seqserve.models.tokenizer_files import TextTokenizer, load_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
-from seqserve.service.engine.client import EngineClient, RemoteDecodeModel, RemoteRowModel
+from seqserve.service.engine.client import (
+    EngineClient,
+    RemoteDecodeModel,
+    RemoteLMModel,
+    RemoteRowModel,
+)
 from seqserve.service.engine.loading import RuntimeFactory, build_served, max_tokens_of
 from seqserve.service.engine.protocol import ModelState
+from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.models import DecodedModel, ServedModel
 from seqserve.service.web.settings import Settings
 from seqserve.service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
 from seqserve.service.workers.classifier import ClassifierWorker
+from seqserve.service.workers.lm import LMWorker
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
 
 log = logging.getLogger("seqserve.repository")
 
-W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker)
+W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker, LMWorker)
 
-Model = ServedModel | RemoteRowModel | RemoteDecodeModel
+Model = ServedModel | RemoteRowModel | RemoteDecodeModel | RemoteLMModel
 """A model in this process, or one in the engine process."""
 
 
@@ -118,6 +125,9 @@ class ModelRepository:
                                              self.metrics.observer(entry.name),
                                              self.runtime_factory)
         entry.model = model
+        if isinstance(model, LMModel):
+            return LMWorker(self._context(entry, entry.manifest, model),
+                            self.settings.max_new_tokens)
         if isinstance(model, DecodedModel):
             return TranslatorWorker(self._context(entry, entry.manifest, model))
         return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, model))
@@ -129,6 +139,11 @@ class ModelRepository:
             raise ModelNotReady(state.reason or f"the engine reports it {state.state}")
         assert self.engine is not None
         entry.manifest = load_bundle(entry.path, verify=True)
+        if entry.manifest.task == "lm":
+            lm = RemoteLMModel(self.engine, state)
+            entry.model = lm
+            return LMWorker(self._context(entry, entry.manifest, lm),
+                            self.settings.max_new_tokens)
         if entry.manifest.task == "translator":
             decode = RemoteDecodeModel(self.engine, state)
             entry.model = decode

@@ -25,6 +25,8 @@ from seqserve.service.core.answers import (
 from seqserve.service.core.errors import ServiceError
 
 OIP_PREFIX = "/v2"
+OPENAI_PATHS = frozenset({"/v1/completions"})
+"""The OpenAI-compatible routes: their errors (refusals and API keys included) are OpenAI's."""
 
 
 def request_id_of(scope: Scope) -> str | None:
@@ -35,11 +37,12 @@ def request_id_of(scope: Scope) -> str | None:
 
 
 def shape_of(scope: Scope) -> ErrorShape:
-    """The error shape of the protocol a request's path belongs to. (OpenAI-compatible routes,
-    when they come, answer `ErrorShape.OPENAI` here by their prefix.)"""
+    """The error shape of the protocol a request's path belongs to."""
     path = scope.get("path", "")
     if path == OIP_PREFIX or path.startswith(OIP_PREFIX + "/"):
         return ErrorShape.OIP
+    if path in OPENAI_PATHS:
+        return ErrorShape.OPENAI
     return ErrorShape.PLAIN
 
 

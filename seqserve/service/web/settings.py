@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
     max_body_bytes: int = Field(default=1_048_576, ge=1)
     """Largest request body; bigger is refused before it is read."""
+    max_new_tokens: int = Field(default=512, ge=1)
+    """Language models: most tokens one generated sequence may ask for (`max_new_tokens`,
+    OpenAI's `max_tokens`); more is a 400."""
     max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
     """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
     decode_groups: int = Field(default=2, ge=1, le=8)

@@ -1,0 +1,340 @@
+"""Language models: POST /v1/models/{name}/generate and /score (and /versions/{v}/...).
+
+generate: `{"prompt": "..."}` or `{"prompts": [...]}` with the sampling options below. The
+answer is JSON, or with `"stream": true` a `text/event-stream`: one `data: {"prompt_index",
+"index", "text"}` per token as soon as it exists, one `data: {"prompt_index", "index",
+"finish_reason"}` per finished sequence, `data: {"usage": ...}`, then `data: [DONE]`. A failure
+after the 200 is an `event: error` whose data is the usual error JSON; the stream then ends. A
+client that hangs up has its sequences dropped at the engine's next step.
+
+score: `{"texts": [...]}` -> per text its tokens, their log-probabilities (each given the
+text before it), the number of tokens and the perplexity, from one batched prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    StringConstraints,
+    model_validator,
+)
+from starlette.types import Receive, Scope, Send
+
+from seqserve.service.api.common import (
+    ERRORS,
+    HARD_MAX_TEXTS,
+    TEXT_RULES,
+    Text,
+    TextsRequest,
+    WholeInt,
+    app_state,
+    request_call,
+    request_timeout,
+    shed_early,
+    standard_bounds,
+)
+from seqserve.service.api.translate import MAX_SEED, Number
+from seqserve.service.core.answers import encode_json
+from seqserve.service.core.errors import ServiceError
+from seqserve.service.web.responses import JsonResponse, service_error_for
+from seqserve.service.web.state import AppState
+from seqserve.service.workers.base import RequestContext
+from seqserve.service.workers.lm import GenerateParams, Generation, LMWorker
+
+router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
+
+HARD_MAX_NEW_TOKENS = 4096
+"""Schema ceiling of max_new_tokens (settings.max_new_tokens is the live limit)."""
+MAX_N = 16
+MAX_STOPS = 4
+MAX_TOP_LOGPROBS = 5
+StopText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=64)]
+StopList = Annotated[list[StopText], Field(max_length=MAX_STOPS)]
+
+
+class SamplingOptions(BaseModel):
+    """How tokens are drawn (shared by generate and the OpenAI-compatible completions)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
+
+    temperature: Number = Field(1.0, ge=0, le=100,
+                                description="Softmax temperature; 0 = greedy (argmax).")
+    top_k: WholeInt = Field(0, ge=0, le=100_000,
+                            description="Sample among the k most likely tokens; 0 = off.")
+    top_p: Number = Field(1.0, gt=0, le=1, description="Nucleus mass; 1 = off.")
+    seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED,
+                                  description="Sampling seed: the same request with the same "
+                                              "seed gives the same text; null = random.")
+    n: WholeInt = Field(1, ge=1, le=MAX_N, description="Sequences per prompt.")
+
+
+def _one_of_prompts(schema: dict[str, Any]) -> None:
+    standard_bounds(schema)
+    schema["anyOf"] = [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"},
+                                                "prompts": {"type": "null"}}},
+        {"required": ["prompts"], "properties": {"prompts": {"type": "array"},
+                                                 "prompt": {"type": "null"}}}]
+
+
+class GenerateRequest(SamplingOptions):
+    """POST /v1/models/{name}/generate body: exactly one of `prompt` and `prompts`."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_one_of_prompts)
+
+    prompt: Text | None = Field(None, description=f"One prompt. {TEXT_RULES}")
+    prompts: list[Text] | None = Field(None, min_length=1, max_length=HARD_MAX_TEXTS,
+                                       description="Several prompts (1 to max_texts).")
+    max_new_tokens: WholeInt = Field(64, ge=1, le=HARD_MAX_NEW_TOKENS,
+                                     description="Most tokens generated per sequence (also "
+                                                 "bounded by the server's max_new_tokens).")
+    stop: StopList | StopText | None = Field(
+        None, description=f"Up to {MAX_STOPS} strings of 1 to 64 characters; a sequence ends "
+                          "before the first one it produces (finish_reason stop).")
+    logprobs: StrictBool = Field(False, description="Return each token and its log-prob.")
+    stream: StrictBool = Field(False, description="Answer as server-sent events.")
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.prompts is None):
+            raise ValueError("give exactly one of prompt and prompts")
+        return self
+
+    def texts(self) -> list[str]:
+        return [self.prompt] if self.prompt is not None else list(self.prompts or [])
+
+    def stops(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def params(self, top_logprobs: int = 0) -> GenerateParams:
+        return GenerateParams(self.max_new_tokens, float(self.temperature), self.top_k,
+                              float(self.top_p), self.seed, self.stops(), self.n,
+                              self.logprobs or top_logprobs > 0, top_logprobs)
+
+
+class GeneratedText(BaseModel):
+    prompt_index: int
+    index: int = Field(description="Sample index within its prompt (0 to n-1).")
+    text: str
+    finish_reason: str = Field(description="length | stop | eos")
+    tokens: list[str] | None = Field(None, description="With logprobs: generated tokens.")
+    logprobs: list[float] | None = Field(None, description="With logprobs: their log-probs.")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class GenerateResponse(BaseModel):
+    model: str
+    version: int
+    results: list[GeneratedText]
+    usage: Usage
+
+
+class ScoreRequest(TextsRequest):
+    """POST /v1/models/{name}/score body."""
+
+
+class ScoredText(BaseModel):
+    tokens: list[str]
+    logprobs: list[float] = Field(description="log P(token | bos and the tokens before it).")
+    num_tokens: int
+    perplexity: float = Field(description="exp(-mean log-prob) over the text's tokens.")
+    truncated: bool = False
+
+
+class ScoreResponse(BaseModel):
+    model: str
+    version: int
+    results: list[ScoredText]
+
+
+SSE_DOC = {200: {"description": "JSON, or with `stream: true` server-sent events",
+                 "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+
+
+def token_timer(state: AppState, name: str) -> Callable[[float, bool], None]:
+    """Records time to first token and inter-token latency of one request."""
+    ttft = state.metrics.time_to_first_token.labels(name)
+    itl = state.metrics.inter_token_latency.labels(name)
+
+    def observe(seconds: float, first: bool) -> None:
+        (ttft if first else itl).observe(seconds)
+
+    return observe
+
+
+def start_generation(state: AppState, scope: Scope, name: str, version: str | None,
+                     texts: list[str], params: GenerateParams, call: RequestContext
+                     ) -> tuple[int, Generation]:
+    """The ready LM worker's generation (refusals raise before anything is sent)."""
+    entry, worker = state.repository.worker(name, version, LMWorker)
+    shed_early(state, worker.ctx.model, call.remaining())
+    generation = worker.start(texts, params, call, token_timer(state, name))
+    return entry.version, generation
+
+
+def count_tokens(state: AppState, name: str, generation: Generation) -> None:
+    state.metrics.generated_tokens.labels(name).inc(generation.usage()["completion_tokens"])
+
+
+async def generate_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                          version: str | None, body: GenerateRequest) -> dict[str, Any]:
+    async with request_call(state, scope, receive, request_timeout(state, scope)) as call:
+        v, generation = start_generation(state, scope, name, version, body.texts(),
+                                         body.params(), call)
+        try:
+            await generation.run()
+        finally:
+            count_tokens(state, name, generation)
+    return {"model": name, "version": v, "results": generation.results(),
+            "usage": generation.usage()}
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    text = data if isinstance(data, str) else encode_json(data).decode()
+    return f"{head}data: {text}\n\n".encode()
+
+
+class EventStream(Response):
+    """A `text/event-stream` answer fed by an async iterator of ready event bytes; the
+    request's context lives as long as the stream: its deadline, and a watcher that stops
+    the generation as soon as the client hangs up."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, state: AppState, name: str, call: RequestContext,
+                 events: Callable[[RequestContext], AsyncIterator[bytes]]) -> None:
+        super().__init__(headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.state, self.name, self.call, self.events = state, name, call, events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call = self.call
+        self.scope = scope
+        scope.setdefault("state", {})["call"] = call
+        gauge = self.state.metrics.in_flight.labels(self.name) \
+            if self.name in self.state.repository.entries else None
+        if gauge is not None:
+            gauge.inc()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.raw_headers})
+        producer = asyncio.ensure_future(self._produce(send))
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({producer, watcher},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done:  # the client left: the generation's finally cancels it
+                call.disconnected.set()
+                producer.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await producer
+                return
+            producer.result()
+        finally:
+            watcher.cancel()
+            if gauge is not None:
+                gauge.dec()
+        with contextlib.suppress(OSError):
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _produce(self, send: Send) -> None:
+        try:
+            async for chunk in self.events(self.call):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except ServiceError as exc:  # after the 200: the usual error JSON as an error event
+            _, _, body = service_error_for(self.scope, exc)
+            await send({"type": "http.response.body", "body": sse(body.decode(), "error"),
+                        "more_body": True})
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def stream_context(state: AppState, scope: Scope) -> RequestContext:
+    return RequestContext(deadline=time.monotonic() + request_timeout(state, scope))
+
+
+async def _generate(request: Request, name: str, version: str | None,
+                    body: GenerateRequest) -> Response:
+    state = app_state(request)
+    if not body.stream:
+        return JsonResponse(await generate_answer(state, request.scope, request.receive, name,
+                                                  version, body))
+    call = stream_context(state, request.scope)
+    _, generation = start_generation(state, request.scope, name, version, body.texts(),
+                                     body.params(), call)
+
+    async def events(call: RequestContext) -> AsyncIterator[bytes]:
+        try:
+            async for ev in generation.events():
+                yield sse(ev)
+        finally:
+            count_tokens(state, name, generation)
+        yield sse({"usage": generation.usage()})
+        yield sse("[DONE]")
+
+    return EventStream(state, name, call, events)
+
+
+@router.post("/models/{name}/generate", name="generate", response_model=GenerateResponse,
+             responses=SSE_DOC)  # type: ignore[arg-type]
+async def generate(name: str, body: GenerateRequest, request: Request) -> Response:
+    """Generate text from prompts with the default version: sampling (temperature, top-k,
+    top-p, seed) or greedy, n samples per prompt, stop strings, optional log-probs, as JSON
+    or streamed as server-sent events."""
+    return await _generate(request, name, None, body)
+
+
+@router.post("/models/{name}/versions/{version}/generate", name="generate",
+             response_model=GenerateResponse, responses=SSE_DOC)  # type: ignore[arg-type]
+async def generate_version(name: str, version: str, body: GenerateRequest,
+                           request: Request) -> Response:
+    """Generate text with one version."""
+    return await _generate(request, name, version, body)
+
+
+async def score_answer(state: AppState, scope: Scope, receive: Receive, name: str,
+                       version: str | None, body: ScoreRequest) -> dict[str, Any]:
+    entry, worker = state.repository.worker(name, version, LMWorker)
+    timeout = request_timeout(state, scope)
+    shed_early(state, worker.ctx.model, timeout)
+    async with request_call(state, scope, receive, timeout) as call:
+        results = await worker.score(body.texts, call)
+    return {"model": name, "version": entry.version, "results": results}
+
+
+@router.post("/models/{name}/score", name="score", response_model=ScoreResponse)
+async def score(name: str, body: ScoreRequest, request: Request) -> JsonResponse:
+    """Score texts with the default version: each token's log-probability given the text
+    before it, and each text's perplexity (one batched prefill, no decoding)."""
+    return JsonResponse(await score_answer(app_state(request), request.scope, request.receive,
+                                           name, None, body))
+
+
+@router.post("/models/{name}/versions/{version}/score", name="score",
+             response_model=ScoreResponse)
+async def score_version(name: str, version: str, body: ScoreRequest,
+                        request: Request) -> JsonResponse:
+    """Score texts with one version."""
+    return JsonResponse(await score_answer(app_state(request), request.scope, request.receive,
+                                           name, version, body))

@@ -1,0 +1,182 @@
+"""OpenAI-compatible completions: POST /v1/completions, for the clients users already have.
+
+`model` is a bundle name (its default version), `prompt` a string or a list of strings; the
+fields are OpenAI's (`max_tokens`, `temperature`, `top_p`, `n`, `stop`, `seed`, `stream`,
+`logprobs` as an integer: that many alternatives per token); any other field is a 400 naming
+it. Answers, stream chunks and errors have OpenAI's shapes (`{"error": {"message", "type",
+"param", "code"}}`); the work goes through the same LM worker, limits and admission as
+`/v1/models/{name}/generate`. finish_reason: "length", or "stop" (a stop string or the end
+of a document: OpenAI has no "eos").
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from seqserve.service.api.common import (
+    HARD_MAX_TEXTS,
+    Text,
+    WholeInt,
+    app_state,
+    request_call,
+    request_timeout,
+    standard_bounds,
+)
+from seqserve.service.api.generate import (
+    HARD_MAX_NEW_TOKENS,
+    MAX_N,
+    MAX_TOP_LOGPROBS,
+    EventStream,
+    StopList,
+    StopText,
+    count_tokens,
+    sse,
+    start_generation,
+    stream_context,
+)
+from seqserve.service.api.translate import MAX_SEED, Number
+from seqserve.service.core.answers import ErrorShape, error_answer
+from seqserve.service.core.errors import ServiceError
+from seqserve.service.web.responses import JsonResponse, as_response, request_id_of
+from seqserve.service.web.state import AppState
+from seqserve.service.workers.base import RequestContext
+from seqserve.service.workers.lm import GenerateParams, Generation
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+PromptList = Annotated[list[Text], Field(min_length=1, max_length=HARD_MAX_TEXTS)]
+
+class CompletionRequest(BaseModel):
+    """OpenAI's completion request (the fields seqserve serves)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
+
+    model: StrictStr = Field(description="Model name (a language-model bundle).")
+    prompt: Text | PromptList = Field(description="A prompt, or a list of prompts.")
+    max_tokens: WholeInt = Field(16, ge=1, le=HARD_MAX_NEW_TOKENS)
+    temperature: Number = Field(1.0, ge=0, le=2)
+    top_p: Number = Field(1.0, gt=0, le=1)
+    n: WholeInt = Field(1, ge=1, le=MAX_N)
+    stop: StopText | StopList | None = None
+    seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED)
+    stream: StrictBool = False
+    logprobs: WholeInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+    def params(self) -> GenerateParams:
+        stops = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) \
+            else tuple(self.stop)
+        top = self.logprobs or 0
+        return GenerateParams(self.max_tokens, float(self.temperature), 0, float(self.top_p),
+                              self.seed, stops, self.n, self.logprobs is not None, top)
+
+
+def openai_error(request: Request, status: int, message: str, param: str | None = None,
+                 retry_after: float | None = None) -> Response:
+    """The one error answer in OpenAI's shape, with this request's id."""
+    return as_response(error_answer(status, message, request_id=request_id_of(request.scope),
+                                    shape=ErrorShape.OPENAI, retry_after=retry_after,
+                                    param=param))
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    extra = [".".join(str(x) for x in e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+    if extra:
+        return (f"unsupported field(s): {', '.join(extra)} (seqserve serves model, prompt, "
+                "max_tokens, temperature, top_p, n, stop, seed, stream, logprobs)", extra[0])
+    if not errors:
+        return "invalid request", None
+    loc = ".".join(str(x) for x in errors[0]["loc"])
+    return f"{loc}: {str(errors[0]['msg']).removeprefix('Value error, ')}", loc or None
+
+
+def _finish(reason: str | None) -> str | None:
+    return None if reason is None else "length" if reason == "length" else "stop"
+
+
+def _logprobs(generation: Generation, seq: int) -> dict[str, Any] | None:
+    if generation.params.top_logprobs == 0 and not generation.params.logprobs:
+        return None
+    s = generation.seqs[seq]
+    worker = generation.worker
+    tokens = [worker.piece(i) for i in s.ids]
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t)
+    return {"tokens": tokens, "token_logprobs": list(s.logprobs),
+            "top_logprobs": [{worker.piece(i): lp for i, lp in top} for top in s.tops],
+            "text_offset": offsets}
+
+
+def _head(name: str) -> dict[str, Any]:
+    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+            "created": int(time.time()), "model": name}
+
+
+async def _complete(state: AppState, request: Request, body: CompletionRequest,
+                    call: RequestContext) -> Response:
+    name = body.model
+    _, generation = start_generation(state, request.scope, name, None, body.prompts(),
+                                     body.params(), call)
+    head = _head(name)
+    n = body.n
+    if body.stream:
+        async def events(call: RequestContext) -> AsyncIterator[bytes]:
+            try:
+                async for ev in generation.events():
+                    choice = {"text": ev.get("text", ""),
+                              "index": ev["prompt_index"] * n + ev["index"], "logprobs": None,
+                              "finish_reason": _finish(ev.get("finish_reason"))}
+                    yield sse({**head, "choices": [choice]})
+            finally:
+                count_tokens(state, name, generation)
+            yield sse("[DONE]")
+
+        return EventStream(state, name, call, events)
+    try:
+        await generation.run()
+    finally:
+        count_tokens(state, name, generation)
+    usage = generation.usage()
+    choices = [{"text": s.text, "index": i, "logprobs": _logprobs(generation, i),
+                "finish_reason": _finish(s.finish or "length")}
+               for i, s in enumerate(generation.seqs)]
+    return JsonResponse({**head, "choices": choices,
+                         "usage": {**usage, "total_tokens": usage["prompt_tokens"]
+                                   + usage["completion_tokens"]}})
+
+
+@router.post("/completions", name="completions", openapi_extra={"requestBody": {
+    "required": True,
+    "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}}}},
+    responses={200: {"description": "OpenAI text_completion (JSON, or server-sent events "
+                                    "with stream: true)"},
+               **{code: {"description": "OpenAI error: {error: {message, type, param, code}}"}
+                  for code in (400, 404, 413, 429, 500, 503, 504)}})
+async def completions(request: Request) -> Response:
+    """OpenAI-compatible text completion with a language model (see the module doc)."""
+    state = app_state(request)
+    try:
+        raw = await request.body()
+        body = CompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        return openai_error(request, 400, message, param)
+    try:
+        if body.stream:
+            return await _complete(state, request, body, stream_context(state, request.scope))
+        async with request_call(state, request.scope, request.receive,
+                                request_timeout(state, request.scope)) as call:
+            return await _complete(state, request, body, call)
+    except ServiceError as exc:
+        return openai_error(request, exc.status, exc.message, retry_after=exc.retry_after)

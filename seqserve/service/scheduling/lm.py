@@ -1,0 +1,777 @@
+"""Language models on the decoding engine: continuous batching of generation, step by step.
+
+The design is the translator's (scheduler.py / decoding.py): a synchronous, model-free core
+(`LMScheduler`: schedule, execute, update; one table of requests) driven by an asyncio loop
+(`LMLoop`) that runs each work item off the event loop.
+
+- schedule(): evict the rows of cancelled and stopped sequences; rows whose prompts were
+  prefilled join the live set; admit waiting requests (prompts to generate from, texts to
+  score) while the live-sequence budget allows, as ONE `prefill` batch; and, when rows are
+  live, ONE `lm_step` call that advances every live sequence of every request together;
+- update(): a prefill's scored texts are answered (per-token log-probs gathered from its
+  `log_probs`); each prompt's n sequences take the prompt's state and draw their first token
+  from the distribution at the prompt's last position (time to first token: one prefill);
+  a step's rows draw their next tokens (vectorised across rows: temperature, top-k, top-p;
+  each sequence draws from its own seeded generator, so a seed gives the same text whatever
+  else is batched with it); sequences that reach eos or their `max_new_tokens` leave.
+
+The prefill and the step run on two threads, so a new batch of prompts is read while the
+live sequences advance. `continuous=False` admits a new batch only when every sequence of
+the previous one finished (request-level batching, for comparison).
+
+Tokens go out as they exist: every update hands each request the events of its sequences
+(`TokenEvent`), through the request's `sink` (an asyncio `TokenStream` in process, a
+ZeroMQ frame per step with an engine process). Stop strings need the text, so the worker
+watches for them and `stop`s a sequence; a caller that leaves `cancel`s its request, and
+its rows are gone at the next schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from seqserve.export.manifest import Manifest
+from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
+from seqserve.service.runtimes.base import Runtime
+from seqserve.service.scheduling.base import (
+    CostEstimate,
+    NullObserver,
+    Observer,
+    Timed,
+    Timing,
+    admission_refusal,
+    pad_rows,
+)
+from seqserve.service.scheduling.work import DecodeConfig
+
+log = logging.getLogger("seqserve.lm")
+
+FINISH_EOS, FINISH_LENGTH, FINISH_STOP = "eos", "length", "stop"
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """How one request samples (the HTTP schema checked every value)."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    """0 = greedy (argmax)."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0 = off)."""
+    top_p: float = 1.0
+    """Nucleus: the smallest set of tokens whose probability reaches p (1 = off)."""
+    seed: int | None = None
+    """Seeds sequence i of the request with (seed, i): reproducible; None = random."""
+    n: int = 1
+    """Sequences per prompt."""
+    top_logprobs: int = 0
+    """Alternatives (token, log-prob) returned with every token (0 = none)."""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sequence's news from one update: a token (or none), and whether it finished."""
+
+    index: int
+    """Sequence index in the request: prompt_index * n + sample index."""
+    token: int | None
+    """The drawn token (eos included), None when the sequence only finished."""
+    logprob: float = 0.0
+    """The token's log-probability under the model (before temperature and truncation)."""
+    top: tuple[tuple[int, float], ...] = ()
+    finish: str | None = None
+    """"eos" | "length" | "stop" when the sequence ended with this event."""
+
+
+Sink = Callable[[list[TokenEvent] | BaseException], None]
+"""Receives each update's events of one request, or the error that ended it."""
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: int
+    rows: list[list[int]]
+    """Token rows to prefill: prompts (bos first) or texts to score (bos first)."""
+    options: GenerateOptions | None
+    """None: a score request."""
+    sink: Sink | None
+    submitted: float
+    futures: list[Any] = field(default_factory=list)
+    live: int = 0
+    """Sequences not finished yet."""
+    admitted: float = 0.0
+    status: str = "waiting"  # waiting | prefilling | live | done
+
+    @property
+    def sequences(self) -> int:
+        return 0 if self.options is None else len(self.rows) * self.options.n
+
+
+@dataclass
+class _Row:
+    """One live sequence."""
+
+    rid: int
+    index: int
+    rng: np.random.Generator
+    left: int
+    """Tokens it may still generate."""
+    options: GenerateOptions
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    requests: list[_Request]
+    rows: list[list[int]]
+    pad_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class StepWork:
+    prev_ids: np.ndarray  # (R,)
+    state: np.ndarray  # (R, S)
+    epoch: int
+
+
+@dataclass
+class _Done:
+    """A finished work item's outputs, or its failure."""
+
+    out: dict[str, np.ndarray]
+    seconds: float
+    error: Exception | None = None
+
+
+Work = PrefillWork | StepWork
+
+
+class LMScheduler:
+    """See module doc."""
+
+    def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
+                 observer: Observer | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.runtime = runtime
+        self.eos_id = eos_id
+        self.vocab_size = vocab_size
+        self.config = config
+        self.observer: Observer = observer or NullObserver()
+        self.clock = clock
+        self.closing = False
+        self.table: dict[int, _Request] = {}
+        self._ids = itertools.count()
+        self._queue: deque[_Request] = deque()
+        self._waiting = 0
+        self._epoch = 0
+        self.admit_cost = CostEstimate()
+        self.service_cost = CostEstimate()
+        self._backlog_since: float | None = None
+        self.steps = 0
+        self.generated = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows: list[_Row] = []
+        self.state: np.ndarray | None = None  # (N, S)
+        self.last = np.zeros(0, dtype=np.int64)  # (N,)
+        self._joining: list[tuple[list[_Row], np.ndarray, np.ndarray]] = []
+        self._gone: set[tuple[int, int]] = set()  # (rid, index) to evict; index -1: all
+        self._prefilling = False
+        self._stepping = False
+        self._epoch += 1
+
+    # -- requests in ----------------------------------------------------------------------
+
+    def add(self, rows: Sequence[list[int]], options: GenerateOptions | None, sink: Sink | None,
+            deadline: float | None = None) -> _Request:
+        """Queue one request (prompts with `options`, or texts to score with None)."""
+        cfg = self.config
+        if self.closing:
+            raise ShuttingDown("the language model is shutting down",
+                               retry_after=cfg.retry_after_s)
+        if self._waiting + len(rows) > cfg.max_queue:
+            raise QueueFull(f"language model queue full ({self._waiting} of {cfg.max_queue} "
+                            "waiting)", retry_after=cfg.retry_after_s)
+        if deadline is not None and (self.table or not self.service_cost.stale()):
+            wait = self.admit_cost.seconds(self._waiting)
+            why = admission_refusal(wait, self.service_cost.per_unit, deadline,
+                                    cfg.max_queue_wait_s, time.monotonic())
+            if why is not None:
+                raise QueueFull(f"language model cannot take it in time: {why}",
+                                retry_after=max(cfg.retry_after_s, wait or 0.0))
+        r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock())
+        self.table[r.rid] = r
+        self._queue.append(r)
+        self._waiting += len(rows)
+        return r
+
+    def expected_wait(self) -> float | None:
+        return self.admit_cost.seconds(self._waiting)
+
+    def cancel(self, rid: int) -> None:
+        """The caller left: the request's rows go at the next schedule."""
+        r = self.table.pop(rid, None)
+        if r is None:
+            return
+        if r.status == "waiting":
+            self._waiting -= len(r.rows)
+        r.status = "done"
+        self._gone.add((rid, -1))
+
+    def stop(self, rid: int, index: int) -> None:
+        """One sequence of a request is done (a stop string): its row goes at the next
+        schedule; the request ends when its last sequence does (no event is sent for it)."""
+        r = self.table.get(rid)
+        if r is None or (rid, index) in self._gone:
+            return
+        self._gone.add((rid, index))
+        r.live -= 1
+        if r.live <= 0 and r.status == "live":
+            r.status = "done"
+            self.table.pop(rid, None)
+
+    def abort(self) -> list[_Request]:
+        out = list(self.table.values())
+        for r in out:
+            self.cancel(r.rid)
+        return out
+
+    @property
+    def queued(self) -> int:
+        return self._waiting
+
+    @property
+    def live_rows(self) -> int:
+        return len(self.rows) + sum(len(j[0]) for j in self._joining)
+
+    def has_work(self) -> bool:
+        return bool(self.table) or self._prefilling or self._stepping
+
+    # -- schedule -------------------------------------------------------------------------
+
+    def schedule(self) -> list[Work]:
+        work: list[Work] = []
+        if not self._stepping:
+            self._evict()
+            self._join()
+        admitted = self._admit()
+        if admitted:
+            self._prefilling = True
+            rows = [row for r in admitted for row in r.rows]
+            work.append(PrefillWork(admitted, rows, self.config.pad_id, self._epoch))
+        if not self._stepping and self.rows:
+            assert self.state is not None
+            self._stepping = True
+            work.append(StepWork(self.last, self.state, self._epoch))
+        return work
+
+    def _evict(self) -> None:
+        if not self._gone:
+            return
+        keep = np.array([(r.rid, -1) not in self._gone and (r.rid, r.index) not in self._gone
+                         for r in self.rows], dtype=bool)
+        if self.rows and not keep.all():
+            self._keep(keep)
+        self._joining = [(rows, state, last) for rows, state, last in
+                         (self._filter(j) for j in self._joining) if rows]
+        live = {r.rid for r in self.rows} | {r.rid for j in self._joining for r in j[0]}
+        self._gone = {g for g in self._gone if g[0] in live or g[0] in self.table}
+
+    def _filter(self, joining: tuple[list[_Row], np.ndarray, np.ndarray]
+                ) -> tuple[list[_Row], np.ndarray, np.ndarray]:
+        rows, state, last = joining
+        keep = [i for i, r in enumerate(rows)
+                if (r.rid, -1) not in self._gone and (r.rid, r.index) not in self._gone]
+        return [rows[i] for i in keep], state[keep], last[keep]
+
+    def _keep(self, keep: np.ndarray) -> None:
+        assert self.state is not None
+        self.rows = [r for r, k in zip(self.rows, keep.tolist(), strict=True) if k]
+        self.state, self.last = self.state[keep], self.last[keep]
+
+    def _join(self) -> None:
+        if not self._joining:
+            return
+        parts = ([self.state] if self.state is not None and self.rows else [])
+        parts += [j[1] for j in self._joining]
+        self.state = np.concatenate(parts, axis=0)
+        self.last = np.concatenate([self.last[: len(self.rows)]] + [j[2] for j in self._joining])
+        for rows, _, _ in self._joining:
+            self.rows += rows
+        self._joining = []
+
+    def _admit(self) -> list[_Request]:
+        cfg = self.config
+        if self._prefilling:
+            return []
+        if not cfg.continuous and (self.rows or self._joining or self._stepping):
+            return []
+        budget = cfg.max_live_hypotheses - self.live_rows
+        admitted: list[_Request] = []
+        count = 0
+        now = self.clock()
+        while self._queue and count < cfg.max_admit:
+            head = self._queue[0]
+            if head.status != "waiting":
+                self._queue.popleft()
+                continue
+            if admitted and (head.sequences > budget or count + len(head.rows) > cfg.max_admit):
+                break
+            if head.sequences > budget and self.live_rows:
+                break  # wait for rows to free up (a lone request over the budget still runs)
+            budget -= head.sequences
+            count += len(head.rows)
+            head.status, head.admitted = "prefilling", now
+            self._waiting -= len(head.rows)
+            admitted.append(self._queue.popleft())
+        if admitted and self._backlog_since is not None:
+            self.admit_cost.observe(len(admitted), now - self._backlog_since)
+        if admitted or not self._waiting:
+            self._backlog_since = now if self._waiting else None
+        return admitted
+
+    # -- execute (any thread) -------------------------------------------------------------
+
+    def execute(self, work: Work) -> _Done:
+        start = time.perf_counter()
+        try:
+            if isinstance(work, PrefillWork):
+                ids, lengths = pad_rows(work.rows, work.pad_id)
+                out = self.runtime.run("prefill", {"input_ids": ids, "lengths": lengths})
+                out["lengths"] = lengths
+            else:
+                out = self.runtime.run("lm_step", {"prev_ids": work.prev_ids,
+                                                   "state": work.state})
+        except Exception as exc:  # the requests of this item fail, the engine goes on
+            return _Done({}, time.perf_counter() - start, exc)
+        return _Done(out, time.perf_counter() - start)
+
+    # -- update ---------------------------------------------------------------------------
+
+    def update(self, work: Work, done: _Done) -> list[_Request]:
+        """Apply a finished item; returns the requests that ended with it."""
+        if work.epoch != self._epoch:
+            return []
+        if isinstance(work, PrefillWork):
+            self._prefilling = False
+            return self._prefilled(work, done)
+        self._stepping = False
+        return self._stepped(done)
+
+    def _fail(self, r: _Request, exc: BaseException) -> None:
+        error = exc if isinstance(exc, InferenceFailed) else InferenceFailed(
+            f"language model failed: {exc}")
+        r.status = "done"
+        self.table.pop(r.rid, None)
+        self._gone.add((r.rid, -1))
+        if r.sink is not None:
+            r.sink(error)
+        for f in r.futures:
+            if not f.done():
+                f.set_exception(error)
+
+    def _prefilled(self, work: PrefillWork, done: _Done) -> list[_Request]:
+        self.observer.on_encode(done.seconds, len(work.rows))
+        longest = max(len(x) for x in work.rows)
+        self.observer.on_batch(len(work.rows), longest * len(work.rows),
+                               sum(len(x) for x in work.rows))
+        if done.error is not None:
+            for r in work.requests:
+                if r.status != "done":
+                    self._fail(r, done.error)
+            return list(work.requests)
+        state, log_probs, lengths = done.out["state"], done.out["log_probs"], done.out["lengths"]
+        ended: list[_Request] = []
+        at = 0
+        now = self.clock()
+        firsts: list[tuple[_Request, list[_Row], np.ndarray, np.ndarray]] = []
+        for r in work.requests:
+            span = range(at, at + len(r.rows))
+            at += len(r.rows)
+            if r.status == "done":  # cancelled while its prefill ran
+                continue
+            if r.options is None:
+                self._answer_scores(r, log_probs, lengths, span, now)
+                ended.append(r)
+                continue
+            o = r.options
+            rows: list[_Row] = []
+            lp: list[np.ndarray] = []
+            st: list[np.ndarray] = []
+            for p, i in enumerate(span):
+                for j in range(o.n):
+                    index = p * o.n + j
+                    seed = None if o.seed is None else (o.seed, index)
+                    rows.append(_Row(r.rid, index, np.random.default_rng(seed),
+                                     o.max_new_tokens, o))
+                    lp.append(log_probs[i, lengths[i] - 1])
+                    st.append(state[i])
+            r.live, r.status = len(rows), "live"
+            firsts.append((r, rows, np.stack(lp), np.stack(st)))
+        for r, seq_rows, first, states in firsts:
+            tokens, events = self._draw(seq_rows, first)
+            keep = self._emit(r, seq_rows, tokens, events)
+            if keep.any():
+                self._joining.append(([x for x, k in zip(seq_rows, keep.tolist(), strict=True)
+                                       if k], states[keep], tokens[keep]))
+            if r.status == "done":
+                ended.append(r)
+        return ended
+
+    def _answer_scores(self, r: _Request, log_probs: np.ndarray, lengths: np.ndarray,
+                       span: range, now: float) -> None:
+        for f, i, row in zip(r.futures, span, r.rows, strict=True):
+            n = int(lengths[i])
+            targets = np.asarray(row[1:n], dtype=np.int64)  # the text's tokens after bos
+            lps = log_probs[i, np.arange(n - 1), targets].astype(np.float32)  # (n-1,)
+            if not f.done():
+                f.set_result(Timed((lps,), Timing(r.admitted - r.submitted, now - r.admitted,
+                                                  len(r.rows), 0)))
+        r.status = "done"
+        self.table.pop(r.rid, None)
+        self.service_cost.observe(1, now - r.admitted)
+
+    def _stepped(self, done: _Done) -> list[_Request]:
+        rows = self.rows
+        if done.error is not None:
+            failed = {r.rid for r in rows}
+            for rid in failed:
+                if rid in self.table:
+                    self._fail(self.table[rid], done.error)
+            self.rows, self.state, self.last = [], None, np.zeros(0, dtype=np.int64)
+            return []
+        self.steps += 1
+        self.observer.on_step(done.seconds, len(rows))
+        self.state = done.out["new_state"]
+        tokens, events = self._draw(rows, done.out["log_probs"])
+        self.last = tokens
+        keep = np.ones(len(rows), dtype=bool)
+        ended: list[_Request] = []
+        by_request: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_request.setdefault(row.rid, []).append(i)
+        for rid, positions in by_request.items():
+            r = self.table.get(rid)
+            if r is None:  # cancelled: evicted at the next schedule
+                continue
+            sub = [rows[i] for i in positions]
+            kept = self._emit(r, sub, tokens[positions], [events[i] for i in positions])
+            keep[positions] = kept
+            if r.status == "done":
+                ended.append(r)
+        if not keep.all():
+            self._keep(keep)
+        return ended
+
+    def _draw(self, rows: list[_Row], log_probs: np.ndarray
+              ) -> tuple[np.ndarray, list[TokenEvent]]:
+        """Next token of every row (R,) and its event (finish decided in `_emit`)."""
+        tokens = sample(log_probs, [r.options for r in rows], [r.rng for r in rows])
+        chosen = log_probs[np.arange(len(rows)), tokens]
+        events = []
+        want = max((r.options.top_logprobs for r in rows), default=0)
+        tops = top_alternatives(log_probs, want) if want else None
+        for i, r in enumerate(rows):
+            top = tops[i][: r.options.top_logprobs] if tops is not None else ()
+            events.append(TokenEvent(r.index, int(tokens[i]), float(chosen[i]), top))
+        return tokens, events
+
+    def _emit(self, r: _Request, rows: list[_Row], tokens: np.ndarray,
+              events: list[TokenEvent]) -> np.ndarray:
+        """Finish who ended, send the request its events; which rows stay live (R,)."""
+        keep = np.ones(len(rows), dtype=bool)
+        out = []
+        for i, (row, ev) in enumerate(zip(rows, events, strict=True)):
+            if (row.rid, row.index) in self._gone:  # stopped meanwhile: nothing more
+                keep[i] = False
+                continue
+            row.left -= 1
+            finish = None
+            if int(tokens[i]) == self.eos_id:
+                finish = FINISH_EOS
+            elif row.left <= 0:
+                finish = FINISH_LENGTH
+            if finish is not None:
+                keep[i] = False
+                ev = TokenEvent(ev.index, ev.token, ev.logprob, ev.top, finish)
+                r.live -= 1
+            if ev.token != self.eos_id:
+                self.generated += 1
+            out.append(ev)
+        if r.live <= 0:
+            r.status = "done"
+            self.table.pop(r.rid, None)
+            self.service_cost.observe(1, self.clock() - r.admitted)
+        if out and r.sink is not None:
+            r.sink(out)
+        return keep
+
+    def fail_all(self, error: Exception) -> None:
+        for r in list(self.table.values()):
+            self._fail(r, error)
+        self._reset()
+
+
+def sample(log_probs: np.ndarray, options: Sequence[GenerateOptions],
+           rngs: Sequence[np.random.Generator]) -> np.ndarray:
+    """One token per row of log_probs (R, V): greedy at temperature 0, else a draw from the
+    temperature-scaled distribution cut to top-k and top-p, with each row's own generator
+    (one uniform per row; the rest is vectorised). Returns (R,) int64."""
+    r, v = log_probs.shape
+    temps = np.array([o.temperature for o in options], dtype=np.float64)  # (R,)
+    tokens = log_probs.argmax(-1).astype(np.int64)  # (R,) greedy
+    hot = np.flatnonzero(temps > 0).tolist()
+    if not hot:
+        return tokens
+    logits = log_probs[hot].astype(np.float64) / temps[hot, None]  # (H, V)
+    logits -= logits.max(-1, keepdims=True)
+    top_k = np.array([options[i].top_k for i in hot])
+    top_p = np.array([options[i].top_p for i in hot])
+    cut = np.flatnonzero(((top_k > 0) & (top_k < v)) | (top_p < 1.0))
+    if cut.size:
+        sub = logits[cut]
+        order = np.argsort(-sub, axis=-1, kind="stable")  # (C, V) best first
+        ranked = np.take_along_axis(sub, order, -1)
+        probs = np.exp(ranked)
+        probs /= probs.sum(-1, keepdims=True)
+        k = np.where(top_k[cut] > 0, np.minimum(top_k[cut], v), v)  # (C,)
+        before = np.cumsum(probs, -1) - probs  # mass ahead of each ranked token
+        drop = (np.arange(v)[None, :] >= k[:, None]) | (before >= top_p[cut, None])
+        drop[:, 0] = False  # the best token always stays
+        ranked[drop] = -np.inf
+        restored = np.empty_like(sub)
+        np.put_along_axis(restored, order, ranked, -1)
+        logits[cut] = restored
+    probs = np.exp(logits)
+    probs /= probs.sum(-1, keepdims=True)
+    u = np.array([rngs[i].random() for i in hot])  # (H,)
+    drawn = (np.cumsum(probs, -1) < u[:, None]).sum(-1)
+    tokens[hot] = np.minimum(drawn, v - 1)
+    return tokens
+
+
+def top_alternatives(log_probs: np.ndarray, k: int) -> list[tuple[tuple[int, float], ...]]:
+    """The k most likely (token, log-prob) of every row, best first."""
+    k = min(k, log_probs.shape[1])
+    part = np.argpartition(-log_probs, k - 1, axis=-1)[:, :k]  # (R, k)
+    vals = np.take_along_axis(log_probs, part, -1)
+    order = np.argsort(-vals, axis=-1)
+    ids, vals = np.take_along_axis(part, order, -1), np.take_along_axis(vals, order, -1)
+    return [tuple(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(ids, vals,
+                                                                             strict=True)]
+
+
+class TokenStream:
+    """One generation request as its caller sees it: `async for events in stream` (each
+    update's TokenEvents), `stop(index)` for a sequence that hit a stop string, `cancel()`
+    when the caller leaves. Fed by the in-process loop or by the engine client."""
+
+    def __init__(self, sequences: int, on_cancel: Callable[[], None],
+                 on_stop: Callable[[int], None]) -> None:
+        self.sequences = sequences
+        self._queue: asyncio.Queue[list[TokenEvent] | BaseException] = asyncio.Queue()
+        self._on_cancel, self._on_stop = on_cancel, on_stop
+        self._open = sequences
+        self.closed = False
+
+    def put(self, item: list[TokenEvent] | BaseException) -> None:
+        if not self.closed:
+            self._queue.put_nowait(item)
+
+    def stop(self, index: int) -> None:
+        self._open -= 1
+        self._on_stop(index)
+        self._queue.put_nowait([])  # wakes the reader, which may now be done
+
+    def cancel(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._on_cancel()
+
+    async def __aiter__(self) -> AsyncIterator[list[TokenEvent]]:
+        while self._open > 0:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                self.closed = True
+                raise item
+            self._open -= sum(1 for e in item if e.finish is not None)
+            if item:
+                yield item
+        self.closed = True
+
+
+class LMLoop:
+    """The asyncio driver of an `LMScheduler` (decoding.py's `DecodeLoop`, for LMs)."""
+
+    def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
+                 observer: Observer | None = None) -> None:
+        self.observer: Observer = observer or NullObserver()
+        self.core = LMScheduler(runtime, eos_id, vocab_size, config, self.observer)
+        self.config = config
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._prefill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefill")
+        self._step_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-step")
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        self.core.closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        self._prefill_pool.shutdown(wait=True)
+        self._step_pool.shutdown(wait=True)
+
+    def abort(self, error: Exception) -> None:
+        self.core.closing = True
+        for r in self.core.abort():
+            if r.sink is not None:
+                r.sink(error)
+            for f in r.futures:
+                if not f.done():
+                    f.set_exception(error)
+        self._wake.set()
+
+    def submit(self, prompts: Sequence[list[int]], options: GenerateOptions,
+               deadline: float | None, sink: Sink) -> int:
+        """Queue prompts (bos first) for generation, their events to `sink`; the request id.
+        QueueFull / ShuttingDown refuse them."""
+        r = self.core.add(prompts, options, sink, deadline)
+        self._kick()
+        return r.rid
+
+    def cancel(self, rid: int) -> None:
+        self.core.cancel(rid)
+        self._kick()
+
+    def stop_sequence(self, rid: int, index: int) -> None:
+        self.core.stop(rid, index)
+        self._kick()
+
+    def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
+                 deadline: float | None = None) -> TokenStream:
+        """`submit` into a `TokenStream` (the in-process caller's view)."""
+        holder: dict[str, int] = {}
+        stream = TokenStream(len(prompts) * options.n, lambda: self.cancel(holder["rid"]),
+                             lambda index: self.stop_sequence(holder["rid"], index))
+        holder["rid"] = self.submit(prompts, options, deadline, stream.put)
+        return stream
+
+    def score(self, rows: Sequence[list[int]], deadline: float | None = None
+              ) -> list[asyncio.Future[Timed[Any]]]:
+        """Queue texts (bos first) for one batched prefill; a future per text resolving to
+        Timed((log-probs of the text's tokens,),)."""
+        r = self.core.add(rows, None, None, deadline)
+        loop = asyncio.get_running_loop()
+        r.futures = [loop.create_future() for _ in rows]
+        rid = r.rid
+
+        def on_done(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                self.core.cancel(rid)
+
+        for f in r.futures:
+            f.add_done_callback(on_done)
+        self._kick()
+        return list(r.futures)
+
+    def _kick(self) -> None:
+        self._wake.set()
+        self._report()
+
+    def _report(self) -> None:
+        self.observer.on_depth(self.core.queued)
+        self.observer.on_live_sequences(self.core.live_rows)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        pending: dict[asyncio.Future[_Done], Work] = {}
+        while True:
+            try:
+                for work in self.core.schedule():
+                    pool = self._prefill_pool if isinstance(work, PrefillWork) \
+                        else self._step_pool
+                    pending[loop.run_in_executor(pool, self.core.execute, work)] = work
+            except Exception as exc:
+                log.exception("language model schedule failed")
+                self.core.fail_all(exc)
+            if not pending:
+                if self.core.closing and not self.core.has_work():
+                    return
+                self._report()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for future in done:
+                work = pending.pop(future)
+                try:
+                    self.core.update(work, future.result())
+                except Exception as exc:
+                    log.exception("language model update failed")
+                    self.core.fail_all(exc)
+            self._report()
+
+
+class LMModel:
+    """A language model: prompts and texts through one `LMLoop` (the scheduled model the
+    LM worker sees, like `DecodedModel` for translators)."""
+
+    def __init__(self, runtime: Runtime, manifest: Manifest, config: DecodeConfig,
+                 max_tokens: int, warmup: bool = True, observer: Observer | None = None) -> None:
+        tok = manifest.tokenizer
+        self.runtime = runtime
+        self.bos_id, self.unk_id = tok.bos_id, tok.unk_id
+        self.max_tokens = max_tokens
+        self.warmup = warmup
+        self.config = config
+        self.loop = LMLoop(runtime, tok.eos_id, tok.vocab_size, config, observer)
+
+    async def start(self) -> None:
+        self.loop.start()
+        if self.warmup:  # the prefill over a few lengths, then a few steps
+            for n in sorted({1, min(8, self.max_tokens), self.max_tokens}):
+                stream = self.loop.generate([[self.bos_id] + [self.unk_id] * n],
+                                            GenerateOptions(max_new_tokens=3, temperature=0.0))
+                async for _ in stream:
+                    pass
+
+    async def stop(self, timeout: float) -> bool:
+        stopping = asyncio.ensure_future(self.loop.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=timeout)
+        if done:
+            return True
+        self.loop.abort(ShuttingDown("the server stopped before this generation finished"))
+        await asyncio.wait({stopping}, timeout=5.0)
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
+                "limits": {"max_live_sequences": self.config.max_live_hypotheses,
+                           "queue_size": self.config.max_queue}}
+
+    def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
+                 deadline: float) -> TokenStream:
+        return self.loop.generate(prompts, options, deadline)
+
+    def score(self, rows: Sequence[list[int]], deadline: float
+              ) -> list[asyncio.Future[Timed[Any]]]:
+        return self.loop.score(rows, deadline)
+
+    def expected_wait(self) -> float | None:
+        return self.loop.core.expected_wait()

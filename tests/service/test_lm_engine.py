@@ -1,0 +1,106 @@
+"""Language models through the engine process (`seqserve serve --api-workers 1`): generate
+(JSON and streamed token events over the ZeroMQ frames), score, stop strings, a client that
+hangs up freeing its rows in the engine, and the real `openai` client listing models and
+streaming completions from /v1/completions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from process_support import Server, counts, serve
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_lm_repo: Path,
+           endless_lm_repo: Path) -> Iterator[Server]:
+    repo = tmp_path_factory.mktemp("lm-engine") / "repo"
+    shutil.copytree(tiny_lm_repo, repo)
+    shutil.copytree(endless_lm_repo / "endless-lm", repo / "endless-lm")
+    with serve(repo, "--api-workers", "1", "--max-new-tokens", "400") as s:
+        yield s
+
+
+def live(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return counts(text, "seqserve_live_sequences", "model").get("endless-lm", 0.0)
+
+
+def test_generate_score_and_stream_through_the_engine(server: Server) -> None:
+    url = server.url
+    body = {"prompts": ["one two", "six"], "temperature": 0, "max_new_tokens": 6, "n": 2}
+    whole = httpx.post(f"{url}/v1/models/endless-lm/generate", json=body, timeout=30)
+    assert whole.status_code == 200, whole.text
+    results = whole.json()["results"]
+    assert len(results) == 4 and all(r["finish_reason"] == "length" for r in results)
+    texts: dict[tuple[int, int], str] = {}
+    with httpx.stream("POST", f"{url}/v1/models/endless-lm/generate",
+                      json={**body, "stream": True}, timeout=30) as r:
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    for data in lines[:-2]:
+        ev = json.loads(data)
+        if "text" in ev:
+            key = (ev["prompt_index"], ev["index"])
+            texts[key] = texts.get(key, "") + ev["text"]
+    assert {(r["prompt_index"], r["index"]): r["text"] for r in results} == texts
+    stop = results[0]["text"][3:5]
+    stopped = httpx.post(f"{url}/v1/models/endless-lm/generate",
+                         json={"prompt": "one two", "temperature": 0, "max_new_tokens": 6,
+                               "stop": stop}, timeout=30).json()["results"][0]
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["text"] == results[0]["text"][: results[0]["text"].find(stop)]
+    scored = httpx.post(f"{url}/v1/models/tiny-lm/score", json={"texts": ["one two"]},
+                        timeout=30)
+    assert scored.status_code == 200 and scored.json()["results"][0]["num_tokens"] > 0
+
+
+def test_hanging_up_frees_rows_in_the_engine(server: Server) -> None:
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "one", "max_new_tokens": 400, "stream": True}).encode()
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(b"POST /v1/models/endless-lm/generate HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                 b"application/json\r\ncontent-length: " + str(len(body)).encode()
+                 + b"\r\n\r\n" + body)
+    seen = b""
+    while seen.count(b"data: ") < 3:
+        seen += sock.recv(4096)
+    deadline = time.monotonic() + 10
+    while live(server.url) != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live(server.url) == 1
+    sock.close()
+    deadline = time.monotonic() + 20
+    while live(server.url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live(server.url) == 0
+
+
+def test_the_openai_client_lists_and_streams(server: Server) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    ids = [m.id for m in client.models.list()]
+    assert ids == ["endless-lm", "tiny-lm"]
+    done = client.completions.create(model="endless-lm", prompt="one two", max_tokens=5,
+                                     temperature=0, logprobs=2)
+    choice = done.choices[0]
+    assert choice.finish_reason == "length" and choice.text
+    assert choice.logprobs is not None and len(choice.logprobs.tokens or []) == 5
+    assert done.usage is not None and done.usage.completion_tokens == 5
+    chunks = list(client.completions.create(model="endless-lm", prompt="one two",
+                                            max_tokens=5, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="endless-lm", prompt="one", max_tokens=5,
+                                  extra_body={"frequency_penalty": 1.0})
+    assert "frequency_penalty" in str(bad.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="one", max_tokens=5)

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seqserve.service.api import classify, health, models, tag, translate
+from seqserve.service.api import admin, classify, health, models, tag, translate
 from seqserve.service.api.common import describe_errors
 from seqserve.service.api.hot_path import HotPath, HotPathRouter
 from seqserve.service.api.oip import routes as oip
@@ -73,7 +73,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     )
     app.state.seqserve = state
     _add_error_handlers(app)
-    for module in (health, models, classify, translate, tag, oip):
+    for module in (health, models, classify, translate, tag, oip, admin):
         app.include_router(module.router)
     install_openapi(app, state)  # the live limits and one infer operation per model
     # outermost first: request id + access log, body limit + drain + timing + metrics, API

@@ -128,8 +128,9 @@ class Settings(BaseSettings):
     auth_metrics: bool = False
     """With api_key: also require a key on /metrics (the scraper then needs it too)."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
-    """Python's GIL switch interval for `seqserve serve` (default 5 ms makes the batch thread
-    wait behind the busy event loop after every runtime call; 0.5 ms measured ~15% faster)."""
+    """Python's GIL switch interval of every `seqserve serve` process, API and engine (Python's
+    default 5 ms makes the batch thread wait behind the busy event loop after every runtime
+    call; 0.5 ms measured ~15% faster)."""
 
     @field_validator("providers", mode="before")
     @classmethod

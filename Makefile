@@ -24,13 +24,13 @@ run: $(STAMP)
 test: $(STAMP)
 	# system tools the deploy tests use (promtool, prometheus); no-op when present
 	bash deploy/install-test-tools.sh
-	$(BIN)/ruff check seqserve bench deploy tests
+	$(BIN)/ruff check seqserve bench deploy tests examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check seqserve bench deploy tests
+	$(BIN)/ruff check seqserve bench deploy tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) runs data model_repository
+	rm -rf $(VENV) runs data model_repository work

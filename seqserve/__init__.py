@@ -10,4 +10,13 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "pack"]
+
+
+def __getattr__(name: str) -> object:
+    """`seqserve.pack` on first use (it imports torch only when a function is called)."""
+    if name == "pack":
+        import importlib
+
+        return importlib.import_module("seqserve.pack")
+    raise AttributeError(f"module 'seqserve' has no attribute {name!r}")

@@ -26,16 +26,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "seqserve.loadtest": ("seqserve.loadtest", "seqserve.models.errors", "seqserve.models.data"),
     S + "core": (S + "core", "seqserve.models.errors"),
     S + "runtimes": (S + "runtimes", S + "core", "seqserve.export.manifest",
-                     "seqserve.models.errors"),
+                     "seqserve.export.contract", "seqserve.models.errors"),
     S + "scheduling": (S + "scheduling", S + "runtimes.base", S + "core",
                        "seqserve.export.manifest"),
     S + "engine": (S + "engine", S + "scheduling", S + "runtimes", S + "core",
                    "seqserve.export.manifest"),
     S + "workers": (S + "workers", S + "scheduling", S + "core", "seqserve.export.manifest",
-                    "seqserve.models.tokenizer", "seqserve.models.word_align"),
+                    "seqserve.models.tokenizer", "seqserve.models.tokenizer_files",
+                    "seqserve.models.word_align"),
     S + "web": (S + "web", S + "core", S + "engine", S + "workers", S + "scheduling",
                 S + "runtimes.base", "seqserve.export.manifest", "seqserve.models.tokenizer",
-                "seqserve.models.errors"),
+                "seqserve.models.tokenizer_files", "seqserve.models.errors"),
     S + "api": (S + "api", S + "web", S + "workers", S + "scheduling.search", S + "core"),
     S + "server": (S + "server", S + "api", S + "web", S + "engine", S + "workers",
                    S + "scheduling", S + "runtimes", S + "core", "seqserve.export.manifest",
@@ -43,6 +44,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # composition roots: the command line and the package's public API (lazy imports)
     S + "cli": ANYTHING,
     "seqserve.service": (),
+    "seqserve.pack": ANYTHING,
     "seqserve": ANYTHING,
 }
 FIRST_PARTY = ("seqserve",)

@@ -21,14 +21,14 @@ def grid_lengths(lengths: tuple[int, ...], max_length: int) -> list[int]:
 
 
 def padded_batch(rng: np.random.Generator, batch: int, longest: int, vocab_size: int,
-                 pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                 pad_id: int = 0, first_id: int = FIRST_TOKEN) -> tuple[np.ndarray, np.ndarray]:
     """A right-padded batch of random token ids with mixed lengths, the longest = `longest`.
 
     Outputs: ids (B, T) int64, lengths (B,) int64 (one row of length T, the rest random).
     """
     lengths = np.concatenate([[longest], rng.integers(1, longest + 1, size=batch - 1)])
     lengths = rng.permutation(lengths).astype(np.int64)  # (B,)
-    ids = rng.integers(FIRST_TOKEN, vocab_size, size=(batch, longest), dtype=np.int64)  # (B, T)
+    ids = rng.integers(first_id, vocab_size, size=(batch, longest), dtype=np.int64)  # (B, T)
     ids[np.arange(longest)[None, :] >= lengths[:, None]] = pad_id
     return ids, lengths
 

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from seqserve.export.graphs import GraphDef
-from seqserve.export.manifest import GraphSpec, TensorSpec
+from seqserve.export.manifest import GraphSpec
 from seqserve.models.errors import BundleError
 
 DEFAULT_OPSET = 17
-_ONNX_DTYPES = {"float32": 1, "int64": 7, "bool": 9}  # onnx.TensorProto enum values
 
 
 def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
@@ -50,49 +48,33 @@ def export_onnx(gdef: GraphDef, path: Path, opset: int = DEFAULT_OPSET) -> None:
     check_onnx(path, spec, opset)
 
 
-def check_onnx(path: Path, spec: GraphSpec, opset: int | None = None) -> None:
-    """onnx.checker, no external data, opset, and the signature of `spec` (symbolic dims)."""
+def check_onnx(path: Path, spec: GraphSpec, opset: int | None = None, strict: bool = True,
+               external: bool = False) -> None:
+    """onnx.checker, opset, and the signature of `spec` (`contract.check_signature`;
+    `strict`: every symbolic dim named as the contract names it, seqserve's own exports).
+    External data files are refused unless `external` (packed graphs list them)."""
     import onnx
+
+    from seqserve.export.contract import check_signature, onnx_signature
 
     model = onnx.load(str(path), load_external_data=False)
     try:
-        onnx.checker.check_model(model, full_check=True)
+        if external:  # the checker reads the external files itself, by path
+            onnx.checker.check_model(str(path), full_check=False)
+        else:
+            onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise BundleError(f"{path.name}: onnx checker failed: {exc}") from exc
-    external = [t.name for t in model.graph.initializer
-                if t.data_location == onnx.TensorProto.EXTERNAL]
-    if external:
-        raise BundleError(f"{path.name}: weights in external data files {external[:3]}")
+    outside = [t.name for t in model.graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL]
+    if outside and not external:
+        raise BundleError(f"{path.name}: weights in external data files {outside[:3]}")
     if opset is not None:
         found = {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")}
         if found != {opset}:
             raise BundleError(f"{path.name}: opset {sorted(found)} != requested {opset}")
-    _check_values(path.name, "input", list(model.graph.input), spec.inputs)
-    _check_values(path.name, "output", list(model.graph.output), spec.outputs)
-
-
-def _check_values(file: str, kind: str, values: list[Any], specs: tuple[TensorSpec, ...]
-                  ) -> None:
-    names = [v.name for v in values]
-    if names != [t.name for t in specs]:
-        raise BundleError(f"{file}: graph {kind}s {names} != contract {[t.name for t in specs]}")
-    for value, t in zip(values, specs, strict=True):
-        tensor_type = value.type.tensor_type
-        if tensor_type.elem_type != _ONNX_DTYPES[t.dtype]:
-            raise BundleError(f"{file}: {kind} {t.name} has ONNX elem_type "
-                              f"{tensor_type.elem_type}, contract says {t.dtype}")
-        dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?")
-                for d in tensor_type.shape.dim]
-        if len(dims) != len(t.shape):
-            raise BundleError(f"{file}: {kind} {t.name} has rank {len(dims)}, contract "
-                              f"{list(t.shape)}")
-        for axis, (got, want) in enumerate(zip(dims, t.shape, strict=True)):
-            if got != want:
-                frozen = "a frozen size " if isinstance(got, int) else ""
-                raise BundleError(
-                    f"{file}: {kind} {t.name} dim {axis} is {frozen}{got!r}, contract says "
-                    f"{want!r} (declared shape {dims}, expected {list(t.shape)})"
-                )
+    inputs, outputs = onnx_signature(model)
+    check_signature(path.name, spec, inputs, outputs, strict=strict)
 
 
 def export_torchscript(gdef: GraphDef, path: Path) -> None:

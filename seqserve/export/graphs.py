@@ -1,5 +1,6 @@
 """The exported graphs: thin wrapper modules around the eager entry points, their signatures
-(names, dtypes, symbolic dims, per docs/contracts.md) and example inputs to trace them with.
+(names, dtypes, symbolic dims: `export.contract`, docs/bundle-format.md) and example
+inputs to trace them with.
 
 Each wrapper calls one entry point of the eager model, so the ONNX graph, its TorchScript
 twin and the eager reference all run the same code. The decoder step passes `k` as an int64
@@ -14,63 +15,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from seqserve.export.manifest import GraphSpec, TensorSpec
-from seqserve.export.tagger_graphs import TAGGER_SPEC, TaggerGraph
+from seqserve.export.contract import (
+    CLASSIFIER_SPEC,
+    DECODER_STEP_SPEC,
+    ENCODER_SPEC,
+    SPECS,
+    TAGGER_SPEC,
+)
+from seqserve.export.manifest import GraphSpec
+from seqserve.export.tagger_graphs import TaggerGraph
+
+__all__ = ["CLASSIFIER_SPEC", "DECODER_STEP_SPEC", "ENCODER_SPEC", "SPECS", "TAGGER_SPEC",
+           "ClassifierGraph", "DecoderStepGraph", "EncoderGraph", "GraphDef", "graph_defs"]
 
 # Dims that are fixed by the contract rather than symbolic: `k` is int64 [1].
 FIXED_DIMS: dict[tuple[str, int], int] = {("k", 0): 1}
-
-
-def _spec(name: str, dtype: str, *shape: str | int) -> TensorSpec:
-    return TensorSpec(name, dtype, tuple(shape))
-
-
-CLASSIFIER_SPEC = GraphSpec(
-    inputs=(
-        _spec("input_ids", "int64", "batch", "seq"),
-        _spec("lengths", "int64", "batch"),
-    ),
-    outputs=(
-        _spec("logits", "float32", "batch", "classes"),
-        _spec("attention", "float32", "batch", "seq"),
-    ),
-)
-
-ENCODER_SPEC = GraphSpec(
-    inputs=(
-        _spec("src_ids", "int64", "batch", "src_len"),
-        _spec("src_lengths", "int64", "batch"),
-    ),
-    outputs=(
-        _spec("memory", "float32", "batch", "src_len", "mem_dim"),
-        _spec("src_mask", "bool", "batch", "src_len"),
-        _spec("state", "float32", "batch", "state_dim"),
-    ),
-)
-
-DECODER_STEP_SPEC = GraphSpec(
-    inputs=(
-        _spec("prev_ids", "int64", "rows"),
-        _spec("state", "float32", "rows", "state_dim"),
-        _spec("memory", "float32", "batch", "src_len", "mem_dim"),
-        _spec("src_mask", "bool", "batch", "src_len"),
-        _spec("memory_index", "int64", "rows"),
-        _spec("k", "int64", 1),
-    ),
-    outputs=(
-        _spec("new_state", "float32", "rows", "state_dim"),
-        _spec("topk_logprobs", "float32", "rows", "k"),
-        _spec("topk_ids", "int64", "rows", "k"),
-        _spec("attention", "float32", "rows", "src_len"),
-    ),
-)
-
-SPECS: dict[str, GraphSpec] = {
-    "classifier": CLASSIFIER_SPEC,
-    "encoder": ENCODER_SPEC,
-    "decoder_step": DECODER_STEP_SPEC,
-    "tagger": TAGGER_SPEC,
-}
 
 
 class ClassifierGraph(nn.Module):

@@ -1,11 +1,15 @@
 """The bundle manifest: read, write, hash-check and list artifact bundles.
 
 Torch-free on purpose: the server imports this module (stdlib, numpy-free even, and
-`seqserve.models.errors` only). The layout is the contract in docs/contracts.md:
+`seqserve.models.errors` only). The layout is the public format of docs/bundle-format.md:
 
     model_repository/NAME/VERSION/manifest.json      VERSION = positive integer
-                                  tokenizer.model
-                                  GRAPH.onnx, GRAPH.pt
+                                  tokenizer.model | tokenizer.json [+ target tokenizer]
+                                  GRAPH.onnx [, GRAPH.pt]
+
+Schema version 2 (this module writes it) adds the tokenizer's `kind`, a translator's
+optional `target_tokenizer`, each graph's `tensor_names` and the optional `attention` flag;
+version-1 manifests keep loading (their absent fields mean what they always meant).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 from seqserve.models.errors import BundleError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMAS = (1, 2)
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
 TASKS = ("classifier", "translator", "tagger")
@@ -63,6 +68,9 @@ class GraphSpec:
     rnn_form: str | None = None
     """How its recurrent layers are exported: "native" ONNX RNN ops or a "loop" of standard
     ops (LSTM variants); None in older manifests."""
+    tensor_names: dict[str, str] = field(default_factory=dict)
+    """Contract tensor name -> the ONNX graph's own name, for graphs kept as their authors
+    exported them (`seqserve pack --input-names/--output-names`); empty: the same names."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> GraphSpec:
@@ -72,6 +80,7 @@ class GraphSpec:
             onnx=d.get("onnx"),
             torchscript=d.get("torchscript"),
             rnn_form=d.get("rnn_form"),
+            tensor_names={str(k): str(v) for k, v in (d.get("tensor_names") or {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,6 +91,8 @@ class GraphSpec:
             out["torchscript"] = self.torchscript
         if self.rnn_form is not None:
             out["rnn_form"] = self.rnn_form
+        if self.tensor_names:
+            out["tensor_names"] = dict(self.tensor_names)
         out["inputs"] = [t.to_dict() for t in self.inputs]
         out["outputs"] = [t.to_dict() for t in self.outputs]
         return out
@@ -95,7 +106,7 @@ class GraphSpec:
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """The tokenizer file and its fixed special ids."""
+    """The tokenizer file and its special ids (-1: the tokenizer has none)."""
 
     file: str = "tokenizer.model"
     """Tokenizer file name inside the bundle."""
@@ -109,6 +120,8 @@ class TokenizerSpec:
     """Beginning-of-sequence id (decoder start token)."""
     eos_id: int = 3
     """End-of-sequence id (decoder stop token)."""
+    kind: str = "sentencepiece"
+    """"sentencepiece" (.model) or "tokenizers" (Hugging Face tokenizer.json)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +159,16 @@ class Manifest:
     """Manifest schema version."""
     decoder: str | None = None
     """Translators: the decoder, "none" (fixed context: decoder_step's attention output is
-    all zeros) | "bahdanau" | "luong"; None for other tasks and in older manifests (= luong)."""
+    all zeros) | "bahdanau" | "luong"; None for other tasks, for packed translators and in
+    older manifests (= luong)."""
+    target_tokenizer: TokenizerSpec | None = None
+    """Translators with separate vocabularies: the target side's tokenizer (decoder ids,
+    bos/eos, the step's vocabulary); None: `tokenizer` is joint."""
+    attention: bool | None = None
+    """False: the bundle's attention output means nothing (a packed translator whose step
+    has none: zeros); None: as the task and decoder say (`has_attention`)."""
+    source: dict[str, Any] = field(default_factory=dict)
+    """Packed bundles: what `seqserve pack` was given (files, names, exporter)."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -165,9 +187,17 @@ class Manifest:
     def has_attention(self) -> bool:
         """Whether decoder_step's attention output means anything (False for decoder none;
         classifiers have attention pooling, taggers none)."""
+        if self.attention is not None:
+            return self.attention
         if self.task == "translator":
             return self.decoder != "none"
-        return self.task == "classifier"
+        graph = self.graphs.get("classifier")
+        return graph is not None and any(t.name == "attention" for t in graph.outputs)
+
+    @property
+    def target(self) -> TokenizerSpec:
+        """The tokenizer of the decoder's side (the joint one unless the bundle has two)."""
+        return self.target_tokenizer or self.tokenizer
 
     @property
     def formats(self) -> list[str]:
@@ -196,17 +226,25 @@ class Manifest:
         }
         if self.decoder is not None:
             d["decoder"] = self.decoder
+        if self.target_tokenizer is not None:
+            d["target_tokenizer"] = asdict(self.target_tokenizer)
+        if self.attention is not None:
+            d["attention"] = self.attention
+        if self.source:
+            d["source"] = self.source
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         try:
             schema = int(d.get("schema_version", 0))
-            if schema != SCHEMA_VERSION:
+            if schema not in SUPPORTED_SCHEMAS:
                 raise BundleError(
-                    f"manifest: schema_version {schema} is not supported (expected "
-                    f"{SCHEMA_VERSION})"
+                    f"manifest: schema_version {schema} is not supported (this seqserve "
+                    f"reads {', '.join(map(str, SUPPORTED_SCHEMAS))}; a newer seqserve wrote "
+                    "it?)"
                 )
+            target = d.get("target_tokenizer")
             return cls(
                 schema_version=schema,
                 task=str(d["task"]),
@@ -223,6 +261,9 @@ class Manifest:
                 libraries={str(k): str(v) for k, v in (d.get("libraries") or {}).items()},
                 files={str(k): str(v) for k, v in (d.get("files") or {}).items()},
                 decoder=None if d.get("decoder") is None else str(d["decoder"]),
+                target_tokenizer=None if target is None else TokenizerSpec(**target),
+                attention=None if d.get("attention") is None else bool(d["attention"]),
+                source=dict(d.get("source") or {}),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc
@@ -265,6 +306,9 @@ def read_manifest(bundle_dir: str | os.PathLike[str], require_checksum: bool = F
                               f"({CHECKSUM_KEY} does not match its content)")
     elif require_checksum:
         raise BundleError(f"{path}: manifest.json has no {CHECKSUM_KEY}")
+    from seqserve.export.contract import validate_schema
+
+    validate_schema(data, path=f"{path}: manifest")
     return Manifest.from_dict(data)
 
 
@@ -289,6 +333,8 @@ def hash_files(bundle_dir: str | os.PathLike[str]) -> dict[str, str]:
 
 def _referenced_files(manifest: Manifest) -> list[str]:
     names = [manifest.tokenizer.file]
+    if manifest.target_tokenizer is not None:
+        names.append(manifest.target_tokenizer.file)
     for g in manifest.graphs.values():
         names += [f for f in (g.onnx, g.torchscript) if f is not None]
     return names
@@ -330,6 +376,9 @@ def load_bundle(bundle_dir: str | os.PathLike[str], verify: bool = True,
     manifest = read_manifest(root, require_checksum)
     if verify:
         verify_files(root, manifest)
+        from seqserve.export.contract import check_declared
+
+        check_declared(manifest, str(root / MANIFEST_FILE))
     return manifest
 
 

@@ -84,13 +84,18 @@ class ParityGrid:
     """Padding id."""
     seed: int = 0
     """Seed of the generated batches."""
+    target_vocab_size: int | None = None
+    """Decoder-step ids are drawn from [4, target_vocab_size) (None: vocab_size)."""
+    first_id: int = 4
+    """Lowest generated id (above seqserve's four specials; packed bundles may use 1)."""
 
     def cases(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Padded batches (ids (B, T), lengths (B,)) over batch sizes x lengths."""
         rng = np.random.default_rng(self.seed)
         for longest in grid_lengths(self.lengths, self.max_length):
             for batch in self.batch_sizes:
-                yield padded_batch(rng, batch, longest, self.vocab_size, self.pad_id)
+                yield padded_batch(rng, batch, longest, self.vocab_size, self.pad_id,
+                                   self.first_id)
 
 
 def _compare_outputs(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, ref: Arrays,
@@ -137,12 +142,14 @@ def _sequence_graph(tally: _Tally, graph: str, spec: GraphSpec, runners: dict[st
     return outs[reference]
 
 
-def _step_inputs(rng: np.random.Generator, enc: Arrays, vocab_size: int) -> Arrays:
+def _step_inputs(rng: np.random.Generator, enc: Arrays, vocab_size: int,
+                 first_id: int = 4) -> Arrays:
     """Decoder-step inputs for BEAMS hypotheses per request from encoder outputs."""
     batch = enc["memory"].shape[0]
     memory_index = np.repeat(np.arange(batch, dtype=np.int64), BEAMS)  # (R,)
     return {
-        "prev_ids": rng.integers(4, vocab_size, size=memory_index.shape[0], dtype=np.int64),
+        "prev_ids": rng.integers(first_id, vocab_size, size=memory_index.shape[0],
+                                 dtype=np.int64),
         "state": np.ascontiguousarray(enc["state"][memory_index]),  # (R, state_dim)
         "memory": enc["memory"],  # (N, S, D)
         "src_mask": enc["src_mask"],  # (N, S)
@@ -198,7 +205,8 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
                                   reference, ids, lengths, grid.parity_tol, grid.invariance_tol)
         if task == "translator":
             step_runners = {fmt: r["decoder_step"] for fmt, r in runners.items()}
-            step_in = _step_inputs(rng, ref_out, grid.vocab_size)
+            step_in = _step_inputs(rng, ref_out, grid.target_vocab_size or grid.vocab_size,
+                                   grid.first_id)
             for _ in range(2):  # the second step starts from the first one's new state
                 step_out = _decoder_step(tally, specs["decoder_step"], step_runners, reference,
                                          step_in, lengths, grid.parity_tol, grid.invariance_tol)

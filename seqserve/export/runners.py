@@ -44,7 +44,8 @@ def torchscript_runner(path: str | os.PathLike[str], spec: GraphSpec) -> Runner:
 
 
 def onnx_runner(path: str | os.PathLike[str], spec: GraphSpec, threads: int = 1) -> Runner:
-    """ONNX Runtime CPU session over one graph file, as a runner."""
+    """ONNX Runtime CPU session over one graph file, as a runner (contract names in and out,
+    mapped onto the graph's own through `spec.tensor_names`)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -52,10 +53,13 @@ def onnx_runner(path: str | os.PathLike[str], spec: GraphSpec, threads: int = 1)
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     session = ort.InferenceSession(str(Path(path)), options, providers=["CPUExecutionProvider"])
+    own = spec.tensor_names  # contract name -> the graph's own name (packed graphs)
     names = [t.name for t in spec.outputs]
+    fetch = [own.get(n, n) for n in names]
 
     def run(inputs: Arrays) -> Arrays:
-        feed = {t.name: np.ascontiguousarray(inputs[t.name]) for t in spec.inputs}
-        return dict(zip(names, session.run(names, feed), strict=True))
+        feed = {own.get(t.name, t.name): np.ascontiguousarray(inputs[t.name])
+                for t in spec.inputs}
+        return dict(zip(names, session.run(fetch, feed), strict=True))
 
     return run

@@ -13,15 +13,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from seqserve.export.manifest import GraphSpec, TensorSpec
+from seqserve.export.contract import TAGGER_SPEC
 
-TAGGER_SPEC = GraphSpec(
-    inputs=(
-        TensorSpec("input_ids", "int64", ("batch", "seq")),
-        TensorSpec("lengths", "int64", ("batch",)),
-    ),
-    outputs=(TensorSpec("log_probs", "float32", ("batch", "seq", "labels")),),
-)
+__all__ = ["TAGGER_SPEC", "TaggerGraph", "rnn_form"]
 
 
 class TaggerGraph(nn.Module):

@@ -40,15 +40,23 @@ class Piece:
 
 
 class Tokenizer:
-    """A loaded SentencePiece model with the project's fixed special ids."""
+    """A loaded SentencePiece model; by default with the project's fixed special ids.
+
+    `specials=(pad, unk, bos, eos)` loads a SentencePiece model trained elsewhere with the
+    special ids its bundle manifest declares instead (docs/bundle-format.md)."""
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+    kind = "sentencepiece"
 
-    def __init__(self, model_proto: bytes) -> None:
+    def __init__(self, model_proto: bytes,
+                 specials: tuple[int, int, int, int] | None = None) -> None:
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self._blank: str | None = None
         self.model_proto = model_proto
         """The serialized model (the bytes of tokenizer.model)."""
+        if specials is not None:
+            self.pad_id, self.unk_id, self.bos_id, self.eos_id = specials
+            return
         specials = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if specials != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise UserError(
@@ -58,14 +66,15 @@ class Tokenizer:
             )
 
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
-        """Load tokenizer.model from disk."""
+    def load(cls, path: str | Path,
+             specials: tuple[int, int, int, int] | None = None) -> Tokenizer:
+        """Load tokenizer.model from disk (`specials`: see the class doc)."""
         try:
             data = Path(path).read_bytes()
         except OSError as exc:
             raise UserError(f"{path}: cannot read tokenizer: {exc.strerror or exc}") from exc
         try:
-            return cls(data)
+            return cls(data, specials)
         except (RuntimeError, OSError) as exc:  # sentencepiece: "could not parse ModelProto"
             raise UserError(f"{path}: not a SentencePiece model ({exc})") from exc
 
@@ -113,7 +122,8 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; pad/bos/eos are skipped."""
-        keep = [int(i) for i in ids if int(i) not in (PAD_ID, BOS_ID, EOS_ID)]
+        skip = (self.pad_id, self.bos_id, self.eos_id)
+        keep = [int(i) for i in ids if int(i) not in skip]
         return str(self._sp.decode(keep))
 
     def id_to_piece(self, i: int) -> str:
@@ -140,10 +150,10 @@ def _byte_to_char(text: str) -> Callable[[int], int]:
     return char_at
 
 
-def _sentences(texts: Iterable[str]) -> Iterator[str]:
+def _sentences(texts: Iterable[str], strip: bool = True) -> Iterator[str]:
     for t in texts:
-        t = t.strip()
-        if t:
+        t = t.strip() if strip else t
+        if t.strip():
             yield t
 
 
@@ -164,12 +174,15 @@ def train_tokenizer(
     lowercase, the built-in datasets are lowercase), "nmt_nfkc" (keeps case), "identity", or
     "nmt_nfkc_cf_punct" (nmt_nfkc_cf with punctuation read as a space). The rule is compiled
     into the model, so loading it needs nothing else.
+    `model_type="char"` keeps every space as a piece ("▁") and adds no leading "▁" piece
+    (no dummy prefix, no whitespace collapsing), so a character model sees the text as
+    written; the setting is compiled into the model (older char models keep theirs).
     If the data cannot fill `vocab_size`, training is retried with the largest size
     SentencePiece reports as possible (or half the size) down to `min_vocab_size`.
     """
     if normalization not in RULES:
         raise UserError(f"unknown normalization {normalization!r}: use one of {', '.join(RULES)}")
-    corpus = list(_sentences(texts))
+    corpus = list(_sentences(texts, strip=model_type != "char"))
     if not corpus:
         raise DataError("cannot train a tokenizer: no non-empty text")
     size = vocab_size
@@ -241,6 +254,9 @@ def _train_spm(corpus: list[str], writer: io.BytesIO, vocab_size: int, model_typ
         shuffle_input_sentence=False,
         max_sentence_length=1 << 16,
         minloglevel=2,
+        # a character model sees the text as written: spaces kept, no "▁" prefix piece
+        add_dummy_prefix=model_type != "char",
+        remove_extra_whitespaces=model_type != "char",
         **rule,  # type: ignore[arg-type]
     )
 

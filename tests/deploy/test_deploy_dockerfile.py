@@ -30,7 +30,7 @@ from dockerfile_sim import (
 
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ["cpu", "gpu"]
-CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "models", "export", "service", "loadtest",
+CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "seqserve",
                    "deploy", ".dockerignore")
 
 
@@ -142,7 +142,7 @@ def test_cpu_image_builds_and_serves(tmp_path: Path, tiny_repo: Path) -> None:
     assert all("useradd" in s or "groupadd" in s for s in sim.skipped), sim.skipped
     assert any("pip install" in r for r in sim.ran)
     python = root / "opt" / "venv" / "bin" / "python"
-    assert _venv_has(python, "onnxruntime") and _venv_has(python, "service")
+    assert _venv_has(python, "onnxruntime") and _venv_has(python, "seqserve")
     assert not _venv_has(python, "torch"), "the serving image must not ship torch"
     assert sorted(p.name for p in (root / "models").iterdir()) == \
         sorted(p.name for p in tiny_repo.iterdir())
@@ -174,5 +174,5 @@ def test_dockerignore_keeps_copy_sources_and_drops_the_rest() -> None:
         path = expand(src, defaults).strip("/").removeprefix("./")
         assert path and not ignored(path, patterns), f"COPY source {src} is .dockerignored"
         assert (REPO / path).exists(), f"COPY source {src} missing from the repository"
-    for heavy in (".venv", ".git", "runs", "data", "service/__pycache__"):
+    for heavy in (".venv", ".git", "runs", "data", "seqserve/service/__pycache__"):
         assert ignored(heavy, patterns), heavy

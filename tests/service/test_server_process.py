@@ -47,9 +47,9 @@ from service_fakes import FakeRuntime, fake_factory
 from seqserve.service.server.app import create_app
 from seqserve.service.web.settings import Settings
 from seqserve.service.server.shutdown import build_server
-settings = Settings(repo={repo!r}, port={port}, warmup=False, max_batch_size=4, max_wait_ms=0,
+settings = Settings(repo={repo!r}, port={port}, warmup=False, max_batch_size=16, max_wait_ms=0,
                     queue_size=512, drain_timeout_s=20, shutdown_delay_s=0.5, log_level="warning")
-app = create_app(settings, fake_factory(FakeRuntime(delay_s=0.1)))
+app = create_app(settings, fake_factory(FakeRuntime(delay_s=1.0)))
 build_server(app, app.state.seqserve).run()
 print("EXITED CLEANLY", flush=True)
 """
@@ -70,7 +70,13 @@ def test_sigterm_under_load_loses_no_admitted_request(tiny_repo: Path) -> None:
                 admitted = [asyncio.ensure_future(c.post(f"/v1/models/{MODEL}/classify",
                                                          json={"texts": [f"one {i}"]}))
                             for i in range(64)]
-                while _in_flight(base) < 64:
+                deadline = time.monotonic() + 60
+                while (n := await asyncio.to_thread(_in_flight, base)) < 64:
+                    # the metrics poll runs off the loop, so the 64 requests keep being sent
+                    assert time.monotonic() < deadline, f"only {n} of 64 requests in flight"
+                    assert not any(f.done() for f in admitted), [
+                        f.result().status_code for f in admitted if f.done()
+                        and not f.exception()]
                     await asyncio.sleep(0.02)
                 proc.send_signal(signal.SIGTERM)
                 t0 = time.monotonic()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, StrictBool
 from starlette.types import Receive, Scope
 
@@ -18,6 +17,7 @@ from seqserve.service.api.common import (
     request_timeout,
     shed_early,
 )
+from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.classifier import ClassifierWorker
 
@@ -74,13 +74,13 @@ async def classify_answer(state: AppState, scope: Scope, receive: Receive, name:
 
 
 async def _classify(request: Request, name: str, version: str | None, body: ClassifyRequest
-                    ) -> JSONResponse:
-    return JSONResponse(await classify_answer(app_state(request), request.scope, request.receive,
+                    ) -> JsonResponse:
+    return JsonResponse(await classify_answer(app_state(request), request.scope, request.receive,
                                                    name, version, body))
 
 
 @router.post("/models/{name}/classify", name="classify", response_model=ClassifyResponse)
-async def classify(name: str, body: ClassifyRequest, request: Request) -> JSONResponse:
+async def classify(name: str, body: ClassifyRequest, request: Request) -> JsonResponse:
     """Classify texts with the default (highest ready) version."""
     return await _classify(request, name, None, body)
 
@@ -88,6 +88,6 @@ async def classify(name: str, body: ClassifyRequest, request: Request) -> JSONRe
 @router.post("/models/{name}/versions/{version}/classify", name="classify",
              response_model=ClassifyResponse)
 async def classify_version(name: str, version: str, body: ClassifyRequest,
-                           request: Request) -> JSONResponse:
+                           request: Request) -> JsonResponse:
     """Classify texts with one version."""
     return await _classify(request, name, version, body)

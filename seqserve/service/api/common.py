@@ -30,7 +30,11 @@ HARD_MAX_TEXTS = 4096
 
 
 class ErrorResponse(BaseModel):
-    error: str
+    """Every error answer (`seqserve.service.core.answers.error_answer`)."""
+
+    error: str = Field(description="What was wrong, in one line.")
+    request_id: str | None = Field(None, description="This request's X-Request-Id (every "
+                                   "answer to a request that got past its headers).")
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from seqserve.service.api.common import app_state
+from seqserve.service.web.responses import JsonResponse, as_response, error_for
 
 router = APIRouter()
 
@@ -16,16 +17,17 @@ router = APIRouter()
 class Readiness(BaseModel):
     ready: bool
     error: str | None = Field(None, description="Why not (503 only).")
+    request_id: str | None = Field(None, description="This request's X-Request-Id (503 only).")
 
 
 READINESS: dict[int | str, dict[str, Any]] = {200: {"model": Readiness},
                                                503: {"model": Readiness}}
 
 
-def _readiness(request: Request) -> JSONResponse:
+def _readiness(request: Request) -> Response:
     state = app_state(request)
     if state.ready:
-        return JSONResponse({"ready": True})
+        return JsonResponse({"ready": True})
     if state.draining:
         why = "draining"
     elif not state.started:
@@ -33,7 +35,8 @@ def _readiness(request: Request) -> JSONResponse:
     else:
         pending = state.repository.not_ready()
         why = "; ".join(pending) if pending else "no model in the repository"
-    return JSONResponse({"ready": False, "error": f"not ready: {why}"}, status_code=503)
+    return as_response(error_for(request.scope, 503, f"not ready: {why}",
+                                 fields={"ready": False}))
 
 
 @router.get("/v2/health/live", name="health_live", tags=["health"])
@@ -43,7 +46,7 @@ async def live() -> dict[str, bool]:
 
 
 @router.get("/v2/health/ready", name="health_ready", tags=["health"], responses=READINESS)
-async def ready(request: Request) -> JSONResponse:
+async def ready(request: Request) -> Response:
     """200 once every model version is loaded and warmed up (`--readiness any`: at least one);
     503 with the reason while loading, draining, or when a version failed."""
     return _readiness(request)
@@ -55,7 +58,7 @@ async def live_alias() -> dict[str, bool]:
 
 
 @router.get("/health/ready", name="health_ready", tags=["health"], include_in_schema=False)
-async def ready_alias(request: Request) -> JSONResponse:
+async def ready_alias(request: Request) -> Response:
     return _readiness(request)
 
 

@@ -11,8 +11,9 @@ default and pinned versions) directly on the ASGI messages:
   registered: the OpenAPI document is unchanged, and any other request goes through them);
 - the answer is computed by the routes' own functions (`classify_answer`, ...,
   `infer_answer`): worker, request context, early shedding and shape are theirs;
-- the answer is encoded with msgspec's JSON encoder; every error goes through
-  `seqserve.service.core.errors.error_answer`, the same mapping as the app's exception handlers.
+- the answer is encoded with the server's one JSON encoder
+  (`seqserve.service.core.answers.encode_json`); every error is the one error answer
+  (`seqserve.service.web.responses.error_for`), as in the app's exception handlers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -30,7 +30,9 @@ from seqserve.service.api.common import describe_errors, header
 from seqserve.service.api.oip.routes import infer_answer
 from seqserve.service.api.tag import TagRequest, tag_answer
 from seqserve.service.api.translate import TranslateRequest, translate_answer
-from seqserve.service.core.errors import ServiceError, error_answer
+from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
+from seqserve.service.core.errors import ServiceError
+from seqserve.service.web.responses import error_for, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 
 ROUTE = re.compile(r"^/(v1|v2)/models/([^/]+)(?:/versions/([^/]+))?/"
@@ -42,11 +44,7 @@ V1: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[dict[str, Any]]]]] 
     "tag": (TagRequest, tag_answer),
 }
 """Each v1 verb's body model and answer (the routes' own functions)."""
-JSON = [(b"content-type", b"application/json")]
-encode = msgspec.json.Encoder().encode
-
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
-"""Status, headers and body of a response."""
+JSON = [(b"content-type", JSON_TYPE)]
 
 
 class HotPath:
@@ -80,20 +78,16 @@ class HotPath:
         bug: Exception | None = None
         try:
             status, headers, payload = await self._answer(scope, body, receive, route)
+            answer = status, [*headers, (b"content-length", str(len(payload)).encode())], payload
         except ServiceError as exc:
-            status, extra, message = error_answer(exc)
-            headers, payload = JSON + extra, encode({"error": message})
+            answer = service_error_for(scope, exc)
         except ValidationError as exc:
             errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-            status, headers, payload = 422, JSON, encode({"error": describe_errors(errors)})
+            answer = error_for(scope, 422, describe_errors(errors))
         except Exception as exc:  # a server bug: a JSON 500 now, its traceback logged above
             bug = exc
-            status, headers = 500, JSON
-            payload = encode({"error": f"internal error ({type(exc).__name__}); "
-                                       "this is a server bug"})
-        headers = [*headers, (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
+            answer = error_for(scope, 500, bug_message(exc))
+        await send_answer(send, answer)
         if bug is not None:
             raise bug
 
@@ -106,8 +100,8 @@ class HotPath:
             return 200, [(b"content-type", media.encode()), *head], payload
         model, answer = V1[verb]
         request = model.model_validate_json(body)
-        return 200, JSON, encode(await answer(self.state, scope, receive, name, version,
-                                              request))
+        result = await answer(self.state, scope, receive, name, version, request)
+        return 200, JSON, encode_json(result)
 
 
 class HotPathRouter:

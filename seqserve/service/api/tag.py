@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import Receive, Scope
 
@@ -21,6 +20,7 @@ from seqserve.service.api.common import (
     request_timeout,
     shed_early,
 )
+from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.tagger import TaggerWorker
 
@@ -64,19 +64,19 @@ async def tag_answer(state: AppState, scope: Scope, receive: Receive, name: str,
 
 
 async def _tag(request: Request, name: str, version: str | None, body: TagRequest
-               ) -> JSONResponse:
-    return JSONResponse(await tag_answer(app_state(request), request.scope, request.receive,
+               ) -> JsonResponse:
+    return JsonResponse(await tag_answer(app_state(request), request.scope, request.receive,
                                               name, version, body))
 
 
 @router.post("/models/{name}/tag", name="tag", response_model=TagResponse)
-async def tag(name: str, body: TagRequest, request: Request) -> JSONResponse:
+async def tag(name: str, body: TagRequest, request: Request) -> JsonResponse:
     """Tag every whitespace word of each text with the default (highest ready) version."""
     return await _tag(request, name, None, body)
 
 
 @router.post("/models/{name}/versions/{version}/tag", name="tag", response_model=TagResponse)
 async def tag_version(name: str, version: str, body: TagRequest, request: Request
-                      ) -> JSONResponse:
+                      ) -> JsonResponse:
     """Tag texts with one version."""
     return await _tag(request, name, version, body)

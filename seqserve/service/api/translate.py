@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -43,6 +42,7 @@ from seqserve.service.scheduling.search import (
     MAX_BEAM_SIZE,
     SearchOptions,
 )
+from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.translator import TranslatorWorker
 
@@ -224,13 +224,13 @@ async def translate_answer(state: AppState, scope: Scope, receive: Receive, name
 
 
 async def _translate(request: Request, name: str, version: str | None, body: TranslateRequest
-                     ) -> JSONResponse:
-    return JSONResponse(await translate_answer(app_state(request), request.scope, request.receive,
+                     ) -> JsonResponse:
+    return JsonResponse(await translate_answer(app_state(request), request.scope, request.receive,
                                                     name, version, body))
 
 
 @router.post("/models/{name}/translate", name="translate", response_model=TranslateResponse)
-async def translate(name: str, body: TranslateRequest, request: Request) -> JSONResponse:
+async def translate(name: str, body: TranslateRequest, request: Request) -> JsonResponse:
     """Translate texts with the default (highest ready) version: beam search or sampling,
     n-best hypotheses with scores and, on request, the attention matrix."""
     return await _translate(request, name, None, body)
@@ -239,6 +239,6 @@ async def translate(name: str, body: TranslateRequest, request: Request) -> JSON
 @router.post("/models/{name}/versions/{version}/translate", name="translate",
              response_model=TranslateResponse)
 async def translate_version(name: str, version: str, body: TranslateRequest,
-                            request: Request) -> JSONResponse:
+                            request: Request) -> JsonResponse:
     """Translate texts with one version."""
     return await _translate(request, name, version, body)

@@ -18,13 +18,14 @@ from seqserve.service.cli import (
     diagnose,
     export,
     loadtest,
+    pack,
     serve,
     train,
     translate,
     verify,
 )
 
-COMMANDS = (data, train, export, verify, demo, serve, translate, loadtest, diagnose)
+COMMANDS = (data, train, export, pack, verify, demo, serve, translate, loadtest, diagnose)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,8 +1,10 @@
-"""Domain errors of the server, each with its HTTP status; mapped to responses in `app.py`.
+"""Domain errors of the server, each with its HTTP status.
 (A body over `max_body_bytes` is refused by the middleware before any route runs.)
 
-Route handlers and workers raise these and hold no try/except: one exception handler turns
-every `ServiceError` into `{"error": message}` with its status (and `Retry-After` where set).
+Route handlers and workers raise these and hold no try/except: the app's exception handler and
+the hot path turn every `ServiceError` into the one error answer
+(`seqserve.service.core.answers.service_error_answer`): its status, `{"error": message, ...}`
+and `Retry-After` where set.
 """
 
 from __future__ import annotations
@@ -70,11 +72,3 @@ class InferenceFailed(ServiceError):
 
     status = 500
 
-
-def error_answer(exc: ServiceError) -> tuple[int, list[tuple[bytes, bytes]], str]:
-    """The answer to a ServiceError: status, extra headers (Retry-After), message. The app's
-    exception handler and the hot path (`seqserve.service.api.hot_path`) both answer with it."""
-    headers = []
-    if exc.retry_after is not None:
-        headers.append((b"retry-after", str(max(1, round(exc.retry_after))).encode()))
-    return exc.status, headers, exc.message

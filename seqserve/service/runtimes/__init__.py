@@ -19,7 +19,13 @@ def graph_files(bundle_dir: Path, manifest: Manifest, fmt: str) -> dict[str, Pat
     for graph, spec in manifest.graphs.items():
         name = spec.file(fmt)
         if name is None:
-            raise RuntimeUnavailable(f"bundle has no {fmt} file for graph {graph!r}")
+            fixes = [f"serve it with --runtime {f}" for f in manifest.formats if f != fmt]
+            if fmt == "torchscript":
+                fixes.append("pack it again with --torchscript (a TorchScript twin is "
+                             "optional in the bundle format)")
+            raise RuntimeUnavailable(f"bundle has no {fmt} file for graph {graph!r} (it is "
+                                     f"{' + '.join(manifest.formats) or 'empty'}-only): "
+                                     + " or ".join(fixes))
         files[graph] = bundle_dir / name
     return files
 
@@ -32,6 +38,7 @@ def load_runtime(spec: RuntimeSpec, bundle_dir: Path, manifest: Manifest) -> Run
         return OnnxRuntime(
             graph_files(bundle_dir, manifest, "onnx"),
             providers=spec.ort_providers(),
+            signatures=manifest.graphs,
             intra_op_threads=spec.intra_op_threads,
             inter_op_threads=spec.inter_op_threads,
         )

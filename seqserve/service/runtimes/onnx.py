@@ -2,6 +2,10 @@
 
 ONNX Runtime silently falls back to CPU when a requested GPU provider cannot start; this
 runtime compares the session's providers with the request and refuses to serve on fallback.
+Given the bundle's declared signatures, it checks each session's inputs and outputs against
+them (`export.contract.check_signature`, the check `seqserve verify` makes) and feeds and
+returns tensors under the contract's names when the graph keeps its own
+(`GraphSpec.tensor_names`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from seqserve.export.contract import check_signature, session_signature
+from seqserve.export.manifest import GraphSpec
+from seqserve.models.errors import BundleError
 from seqserve.service.runtimes.base import RuntimeUnavailable
 
 log = logging.getLogger("seqserve.runtime")
@@ -51,14 +58,30 @@ class OnnxRuntime:
         providers: list[str],
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
+        signatures: dict[str, GraphSpec] | None = None,
     ) -> None:
         opts = _session_options(intra_op_threads, inter_op_threads)
         self.sessions: dict[str, ort.InferenceSession] = {}
+        self._feed: dict[str, dict[str, str]] = {}
+        """graph -> {contract input name: the graph's own name} (only where they differ)."""
+        self._back: dict[str, dict[str, str]] = {}
+        """graph -> {the graph's own output name: contract name}."""
         for graph, path in files.items():
             if not path.is_file():
                 raise RuntimeUnavailable(f"{path}: graph file is missing")
             sess = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
             check_providers(providers, sess.get_providers())
+            spec = (signatures or {}).get(graph)
+            if spec is not None:
+                try:
+                    check_signature(path.name, spec, *session_signature(sess))
+                except BundleError as exc:
+                    raise RuntimeUnavailable(str(exc)) from exc
+                names = spec.tensor_names
+                self._feed[graph] = {t.name: names[t.name] for t in spec.inputs
+                                     if t.name in names}
+                self._back[graph] = {names[t.name]: t.name for t in spec.outputs
+                                     if t.name in names}
             self.sessions[graph] = sess
         first = next(iter(self.sessions.values()))
         self.providers: list[str] = list(first.get_providers())
@@ -66,6 +89,13 @@ class OnnxRuntime:
         self._outputs = {g: [o.name for o in s.get_outputs()] for g, s in self.sessions.items()}
 
     def run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed, back = self._feed.get(graph), self._back.get(graph)
+        if feed:
+            inputs = {feed.get(k, k): v for k, v in inputs.items()}
+        out = self._run(graph, inputs)
+        return {back.get(k, k): v for k, v in out.items()} if back else out
+
+    def _run(self, graph: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         sess = self.sessions[graph]
         names = self._outputs[graph]
         if not self.on_gpu:

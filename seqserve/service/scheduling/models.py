@@ -73,7 +73,10 @@ def classifier_rows(runtime: Runtime, pad_id: int) -> RowCompute:
     def compute(rows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
         ids, lengths = pad_rows(rows, pad_id)  # (B, T), (B,)
         out = runtime.run("classifier", {"input_ids": ids, "lengths": lengths})
-        logits, attention = out["logits"], out["attention"]  # (B, C), (B, T)
+        logits = out["logits"]  # (B, C)
+        attention = out.get("attention")  # (B, T); optional in the bundle format
+        if attention is None:
+            attention = np.zeros(ids.shape, np.float32)
         return [(logits[i], attention[i, : lengths[i]]) for i in range(len(rows))]
 
     return compute
@@ -207,8 +210,9 @@ ServedModel = BatchedModel | DecodedModel
 
 
 def decode_limits(manifest: Manifest) -> DecodeLimits:
-    """A translator bundle's special ids, vocabulary and decode-length limit."""
-    tok = manifest.tokenizer
+    """A translator bundle's special ids, vocabulary and decode-length limit (the target
+    side's: a bundle may have separate source and target tokenizers)."""
+    tok = manifest.target
     return DecodeLimits(bos_id=tok.bos_id, eos_id=tok.eos_id, vocab_size=tok.vocab_size,
                         max_decode_length=int(manifest.limits.get("max_decode_length", 128)))
 
@@ -219,12 +223,14 @@ def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Mani
     first); LookupError for a task no scheduler serves."""
     instances = [runtimes] if not isinstance(runtimes, Sequence) else list(runtimes)
     tok = manifest.tokenizer
+    pad_id = max(tok.pad_id, 0)  # a tokenizer without pad: any id (lengths mask it)
+    unk_id = tok.unk_id if tok.unk_id >= 0 else pad_id  # warm-up rows only
     if manifest.task == "translator":
         cfg = dataclasses.replace(config, decode=dataclasses.replace(config.decode,
-                                                                      pad_id=tok.pad_id))
-        return DecodedModel(instances[0], decode_limits(manifest), tok.unk_id, cfg, observer)
+                                                                      pad_id=pad_id))
+        return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
     rows = ROW_TASKS.get(manifest.task)
     if rows is None:
         raise LookupError(f"no scheduler serves task {manifest.task!r}")
-    computes = [rows(rt, tok.pad_id) for rt in instances]
-    return BatchedModel(name, instances, computes, tok.unk_id, config, observer)
+    computes = [rows(rt, pad_id) for rt in instances]
+    return BatchedModel(name, instances, computes, unk_id, config, observer)

@@ -2,9 +2,9 @@
 
 The lifespan loads the repository (verify, load, warm up) and only then reports ready; on
 shutdown readiness turns false first, new work gets 503, and admitted work drains. Every
-router of `seqserve.service.api` is included here by a plain import; every error is mapped to its
-JSON
-answer here and nowhere else.
+router of `seqserve.service.api` is included here by a plain import. Every exception a FastAPI
+route raises becomes the one error answer (`seqserve.service.web.responses.error_for`) here;
+every success body is encoded by the one encoder (`JsonResponse`, the default response class).
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.service.api import admin, classify, health, models, tag, translate
 from seqserve.service.api.common import describe_errors
 from seqserve.service.api.hot_path import HotPath, HotPathRouter
 from seqserve.service.api.oip import routes as oip
-from seqserve.service.core.errors import ServiceError, error_answer
+from seqserve.service.core.answers import bug_message
+from seqserve.service.core.errors import ServiceError
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.loading import RuntimeFactory
@@ -33,6 +34,7 @@ from seqserve.service.web.access_log import with_access_log
 from seqserve.service.web.auth import with_api_keys
 from seqserve.service.web.middleware import ServingMiddleware
 from seqserve.service.web.repository import ModelRepository
+from seqserve.service.web.responses import JsonResponse, as_response, error_for, service_error_for
 from seqserve.service.web.settings import Settings
 from seqserve.service.web.state import AppState
 
@@ -67,6 +69,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         version=_version(),
         description="Recurrent sequence models: classify, translate, KServe v2 inference.",
         lifespan=lifespan,
+        default_response_class=JsonResponse,
         # Our own Prometheus metrics cover requests; FastAPI's OpenTelemetry hooks (newer
         # releases) cost a third of the per-request time here. Older releases ignore this.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
@@ -95,36 +98,31 @@ class SeqserveApp(FastAPI):
         await self.entry(scope, receive, send)
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
 def _add_error_handlers(app: FastAPI) -> None:
-    """Every error becomes `{"error": message}`; the mapping lives here and nowhere else."""
+    """Every exception of FastAPI's stack becomes the one error answer."""
 
     @app.exception_handler(ServiceError)
-    async def service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        status, headers, message = error_answer(exc)
-        return _error(status, message, {k.decode(): v.decode() for k, v in headers})
+    async def service_error(request: Request, exc: ServiceError) -> Response:
+        return as_response(service_error_for(request.scope, exc))
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, describe_errors(exc.errors()))
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return as_response(error_for(request.scope, 422, describe_errors(exc.errors())))
 
     @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 400 and "parsing the body" in detail:
             detail = "request body is not valid JSON text (malformed or not UTF-8)"
-        return _error(exc.status_code, detail, dict(exc.headers or {}))
+        extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                 for k, v in (exc.headers or {}).items()]
+        return as_response(error_for(request.scope, exc.status_code, detail, headers=extra))
 
     @app.exception_handler(Exception)
-    async def bug(request: Request, exc: Exception) -> JSONResponse:
-        # Logged once, with the request's id, by service.access_log (not here). This answer
-        # is sent outside every middleware: it carries the request id itself.
-        rid = getattr(request.state, "request_id", None)
-        return _error(500, f"internal error ({type(exc).__name__}); this is a server bug",
-                      {"X-Request-Id": rid} if rid else None)
+    async def bug(request: Request, exc: Exception) -> Response:
+        # Logged once, with the request's id, by web.access_log (not here); the body carries
+        # that id (`request_id`).
+        return as_response(error_for(request.scope, 500, bug_message(exc)))
 
 
 def _version() -> str:

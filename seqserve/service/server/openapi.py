@@ -19,12 +19,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from starlette.routing import BaseRoute, Route
 
 from seqserve.service.api.oip import docs, tasks
 from seqserve.service.api.oip.schemas import V2InferResponse
 from seqserve.service.web.auth import is_open
+from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import text_pattern
 
@@ -46,6 +48,21 @@ def install(app: FastAPI, state: AppState) -> None:
         return doc
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    async def document(request: Request) -> JsonResponse:
+        doc = app.openapi()
+        root_path = request.scope.get("root_path", "").rstrip("/")
+        if root_path and root_path not in {s.get("url") for s in doc.get("servers", [])}:
+            doc = {**doc, "servers": [{"url": root_path}, *doc.get("servers", [])]}
+        return JsonResponse(doc)
+
+    # FastAPI's own /openapi.json route encodes with json.dumps; ours with the one encoder
+    def builtin(route: BaseRoute) -> bool:
+        return isinstance(route, Route) and route.path == app.openapi_url
+
+    app.router.routes[:] = [r for r in app.router.routes if not builtin(r)]
+    if app.openapi_url:
+        app.add_route(app.openapi_url, document, include_in_schema=False)
 
 
 def live_document(doc: dict[str, Any], state: AppState) -> None:

@@ -10,8 +10,9 @@ The outermost middleware of the app:
   errors (4xx) are this one line, no traceback;
 - an exception that escapes the routes (a server bug, answered 500 by the app's handler) is
   logged once, here, as that request's line with a short traceback (`seqserve.service.core.logs`);
-  uvicorn's
-  own copy of the same traceback ("Exception in ASGI application") is filtered out.
+  uvicorn's own copy of the same traceback ("Exception in ASGI application") is filtered out.
+  One that escapes before any answer went out (a bug in a middleware) is answered here: the
+  one error answer, a JSON 500 with the request id, not uvicorn's plain-text one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from seqserve.service.core.answers import bug_message
+from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
     from seqserve.service.web.settings import Settings
@@ -92,6 +96,8 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send_with_id)
         except Exception as exc:
             self._log(scope, rid, 500, start, exc)
+            if not status["code"]:  # nothing answered it (a bug outside the routes' handlers)
+                await _send_bug(send_with_id, scope, exc)
             raise
         if self.enabled:
             self._log(scope, rid, status["code"], start, None)
@@ -106,6 +112,12 @@ class AccessLogMiddleware:
         log.error(message + " (server bug)", exc_info=exc, extra={"fields": fields})
         with contextlib.suppress(AttributeError):  # no attributes: uvicorn logs it too
             setattr(exc, LOGGED, True)
+
+
+async def _send_bug(send: Send, scope: Scope, exc: Exception) -> None:
+    """The JSON 500 (with the request id) instead of uvicorn's plain-text one."""
+    with contextlib.suppress(Exception):  # the client may be gone already
+        await send_answer(send, error_for(scope, 500, bug_message(exc)))
 
 
 def access_fields(scope: Scope, rid: str, status: int, seconds: float) -> dict[str, Any]:

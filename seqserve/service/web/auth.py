@@ -24,7 +24,7 @@ from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.models.errors import UserError
-from seqserve.service.web.middleware import send_error
+from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
     from seqserve.service.web.settings import Settings
@@ -122,4 +122,5 @@ class ApiKeyMiddleware:
         else:
             message = "invalid API key"
             challenge = CHALLENGE + ', error="invalid_token"'
-        await send_error(send, 401, message, {"WWW-Authenticate": challenge})
+        await send_answer(send, error_for(scope, 401, message,
+                                          headers=[(b"www-authenticate", challenge.encode())]))

@@ -11,18 +11,21 @@ and is closed. A body that stalls is the middleware's business (`body_timeout_s`
 from __future__ import annotations
 
 import asyncio
-import json
+from http import HTTPStatus
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from seqserve.service.core.answers import error_answer
+
 
 def timeout_answer(message: str) -> bytes:
-    """A whole 408 response that closes the connection."""
-    body = json.dumps({"error": message}).encode()
-    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-            b"connection: close\r\ncontent-length: " + str(len(body)).encode() +
-            b"\r\n\r\n" + body)
+    """A whole 408 response that closes the connection: the one error answer, written as
+    HTTP/1.1 bytes (no request id: the request never got as far as its headers)."""
+    status, headers, body = error_answer(408, message, headers=[(b"connection", b"close")])
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    lines += [name + b": " + value for name, value in headers]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:

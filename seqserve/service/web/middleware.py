@@ -16,28 +16,22 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
     from seqserve.service.web.state import AppState
 
 OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
 INFERENCE = ("/v1/models/", "/v2/models/")
-Refusal = tuple[int, str, dict[str, str]]
-"""Status, message and headers of an answer the middleware gives itself."""
 """Paths whose POSTs are inference work (refused first under overload)."""
-
-
-async def send_error(send: Send, status: int, message: str, headers: dict[str, str]) -> None:
-    body = json.dumps({"error": message}).encode()
-    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+Refusal = tuple[int, str, float | None, list[tuple[bytes, bytes]]]
+"""Status, message, Retry-After and extra headers of an answer the middleware gives itself
+(written by the one error answer, `seqserve.service.web.responses.error_for`)."""
 
 
 FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
@@ -78,7 +72,9 @@ class ServingMiddleware:
             if isinstance(got, tuple):
                 answer = got
             if answer is not None:
-                await send_error(send_timed, *answer)
+                code, message, retry_after, extra = answer
+                await send_answer(send_timed, error_for(scope, code, message,
+                                                        retry_after=retry_after, headers=extra))
                 return
             body = got if isinstance(got, bytes) else b""
             if scope["method"] == "POST":
@@ -96,10 +92,10 @@ class ServingMiddleware:
         """503 while draining (not probes and scrapes); 429 beyond max_in_flight."""
         s = self.state.settings
         if self.state.draining and not scope["path"].startswith(OPEN_WHILE_DRAINING):
-            return 503, "server is shutting down", {"retry-after": str(s.retry_after_s)}
+            return 503, "server is shutting down", s.retry_after_s, []
         if inference and self.admitted >= s.max_in_flight:
             return (429, "server overloaded: this process already works on max_in_flight "
-                    f"({s.max_in_flight}) requests", {"retry-after": str(s.retry_after_s)})
+                    f"({s.max_in_flight}) requests", s.retry_after_s, [])
         return None
 
     async def _body_or_refusal(self, scope: Scope, receive: Receive) -> bytes | Refusal:
@@ -110,9 +106,9 @@ class ServingMiddleware:
                 body = await self._read_body(scope, receive)
         except TimeoutError:
             return (408, f"request body did not arrive within {s.body_timeout_s:g} s "
-                    "(body_timeout_s)", {"connection": "close"})
+                    "(body_timeout_s)", None, [(b"connection", b"close")])
         if body is None:
-            return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", {}
+            return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", None, []
         return body
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from seqserve.export.manifest import Manifest, list_bundles
-from seqserve.models.tokenizer import Tokenizer
+from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles
+from seqserve.models.tokenizer_files import TextTokenizer, load_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
@@ -158,9 +158,12 @@ class ModelRepository:
                  max_tokens: int) -> WorkerContext[Any]:
         s = self.settings
         limits = TextLimits(s.max_texts, s.max_chars, max_tokens, s.truncate)
-        tokenizer = Tokenizer.load(entry.path / manifest.tokenizer.file)
+        tokenizer = _tokenizer(entry.path, manifest.tokenizer)
         tokenizer.blank_characters()  # ~0.1 s, here at load instead of in a first request
-        return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model)
+        target = (None if manifest.target_tokenizer is None
+                  else _tokenizer(entry.path, manifest.target_tokenizer))
+        return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model,
+                             target)
 
     def engine_report(self) -> dict[str, Any]:
         """The engine's effective options, its process values and every model's effective
@@ -252,6 +255,12 @@ def _warn_on_difference(expected: dict[str, Any], reported: dict[str, Any]) -> N
     if differ:
         log.warning("the engine runs with options other than this process's settings make "
                     "(setting: (here, engine)): %s", differ)
+
+
+def _tokenizer(path: Path, spec: TokenizerSpec) -> TextTokenizer:
+    """A bundle's tokenizer file with the special ids its manifest declares."""
+    return load_tokenizer(path / spec.file, spec.kind,
+                          (spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id))
 
 
 def _parse_version(version: int | str) -> int | None:

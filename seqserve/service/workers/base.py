@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from seqserve.export.manifest import Manifest
-from seqserve.models.tokenizer import Piece, Tokenizer
+from seqserve.models.tokenizer import Piece
+from seqserve.models.tokenizer_files import TextTokenizer
 from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
 from seqserve.service.scheduling.base import Timing
 from seqserve.service.scheduling.models import DecodeModel, RowModel
@@ -63,19 +64,19 @@ def text_pattern(blank: str = BLANK) -> str:
 
 
 @functools.cache
-def _kept(tok: Tokenizer) -> re.Pattern[str]:
+def _kept(tok: TextTokenizer) -> re.Pattern[str]:
     """Matches a character `tok` keeps (one that can make a token)."""
     return re.compile(f"[^\\x00{tok.blank_characters()}]")
 
 
-def check_text(text: str, i: int, tok: Tokenizer) -> None:
+def check_text(text: str, i: int, tok: TextTokenizer) -> None:
     """Text no tokenizer should see is a 400: lone surrogates ("\\ud800", which JSON can
     carry), NUL (which C APIs read as the end of the text) and text with nothing the
     tokenizer keeps (empty, whitespace or control characters only, and punctuation only
     for a tokenizer that drops punctuation: it has no tokens)."""
     if "\x00" in text:
         raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
-    if _kept(tok).search(text) is None:
+    if _kept(tok).search(text) is None:  # type: ignore[arg-type]  # instances hash
         raise BadRequest(f"texts[{i}] is empty (nothing this model's tokenizer keeps, so no "
                          "tokens)")
     if text.isascii():
@@ -86,7 +87,7 @@ def check_text(text: str, i: int, tok: Tokenizer) -> None:
         raise BadRequest(f"texts[{i}] is not valid Unicode ({exc.reason})") from exc
 
 
-def encode_texts(tok: Tokenizer, texts: list[str], limits: TextLimits,
+def encode_texts(tok: TextTokenizer, texts: list[str], limits: TextLimits,
                  offsets: bool = False) -> list[Encoded]:
     """The one input contract: texts -> token rows under `limits`, or BadRequest naming the
     text and the limit (count, type, Unicode, NUL, characters, empty, tokens)."""
@@ -97,7 +98,7 @@ def encode_texts(tok: Tokenizer, texts: list[str], limits: TextLimits,
     return [_encode(tok, text, i, limits, offsets) for i, text in enumerate(texts)]
 
 
-def _encode(tok: Tokenizer, text: str, i: int, limits: TextLimits, offsets: bool) -> Encoded:
+def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: bool) -> Encoded:
     if not isinstance(text, str):
         raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
     if len(text) > limits.max_chars:
@@ -185,10 +186,18 @@ class WorkerContext(Generic[M]):
     name: str
     version: int
     manifest: Manifest
-    tokenizer: Tokenizer
+    tokenizer: TextTokenizer
+    """The (source side's) tokenizer: SentencePiece or tokenizer.json."""
     limits: TextLimits
     model: M
     """The scheduled model: its `submit` takes token rows (and search options)."""
+    target_tokenizer: TextTokenizer | None = None
+    """Translators with separate vocabularies: the target side's tokenizer (None: joint)."""
+
+    @property
+    def target(self) -> TextTokenizer:
+        """The tokenizer that turns generated ids into text."""
+        return self.target_tokenizer or self.tokenizer
 
 
 class ModelWorker(Protocol):

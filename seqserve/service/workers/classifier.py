@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from seqserve.service.core.errors import BadRequest
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import RowModel
 from seqserve.service.workers.base import (
@@ -43,6 +44,10 @@ class ClassifierWorker:
     async def classify(self, texts: list[str], top_k: int, return_attention: bool,
                        call: RequestContext) -> list[dict[str, Any]]:
         """One classification per text: label, score, top-k, token count (and attention)."""
+        if return_attention and not self.ctx.manifest.has_attention:
+            raise BadRequest(f"model {self.ctx.name!r} v{self.ctx.version} has no attention "
+                             "output (its classifier graph returns logits only): drop "
+                             "return_attention")
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
                                offsets=return_attention)
         rows = await self.rows(encoded, call)

@@ -46,9 +46,10 @@ class TranslatorWorker:
         asked = [name for name, on in (("return_attention", options.return_attention),
                                        ("coverage_penalty", options.coverage_penalty > 0)) if on]
         if asked:
+            why = (f"decoder {m.decoder!r}: fixed context, no alignment" if m.decoder == "none"
+                   else "its decoder step returns no attention")
             raise BadRequest(f"model {self.ctx.name!r} v{self.ctx.version} has no attention "
-                             f"(decoder {m.decoder!r}: fixed context, no alignment): "
-                             f"drop {' and '.join(asked)}")
+                             f"({why}): drop {' and '.join(asked)}")
 
     def _translation(self, source: Encoded, hyps: list[Hypothesis],
                      with_attention: bool) -> dict[str, Any]:
@@ -59,7 +60,7 @@ class TranslatorWorker:
                                   "truncated": source.truncated}
         matrix = hyps[0].attention_matrix() if with_attention and hyps else None
         if matrix is not None:
-            tok = self.ctx.tokenizer
+            tok = self.ctx.target
             result["attention"] = {
                 "source_tokens": [p.piece for p in source.pieces or []],
                 "target_tokens": [tok.id_to_piece(i) for i in hyps[0].token_ids],
@@ -68,11 +69,13 @@ class TranslatorWorker:
         return result
 
     def _hypothesis(self, h: Hypothesis) -> dict[str, Any]:
-        tok = self.ctx.tokenizer
+        tok = self.ctx.target
         ids = list(h.token_ids[:-1] if h.ended else h.token_ids)
         score = h.score if math.isfinite(h.score) else -1e30  # JSON has no -inf
         return {"translation": tok.decode(ids), "score": score,
                 "tokens": [tok.id_to_piece(i) for i in ids], "token_ids": ids}
 
     def describe(self) -> dict[str, Any]:
-        return {**describe_common(self.ctx), "decoder": self.ctx.manifest.decoder or "luong"}
+        m = self.ctx.manifest
+        decoder = m.decoder or ("luong" if not m.source else "packed")
+        return {**describe_common(self.ctx), "decoder": decoder}

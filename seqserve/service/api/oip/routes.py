@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope
 
@@ -25,7 +23,9 @@ from seqserve.service.api.oip.schemas import (
     V2ModelMetadata,
     V2ServerMetadata,
 )
+from seqserve.service.core.answers import encode_json
 from seqserve.service.web.repository import ModelEntry
+from seqserve.service.web.responses import JsonResponse, as_response, error_for
 from seqserve.service.web.state import AppState
 
 router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
@@ -59,13 +59,14 @@ async def model_version_metadata(name: str, version: str, request: Request) -> V
     return _metadata(request, name, version)
 
 
-def _ready(request: Request, name: str, version: str | None) -> JSONResponse:
+def _ready(request: Request, name: str, version: str | None) -> Response:
     entry = app_state(request).repository.entry(name, version)
     ok = entry.state == "ready" and not app_state(request).draining
     body: dict[str, Any] = {"name": name, "version": str(entry.version), "ready": ok}
-    if not ok:
-        body["error"] = f"model {name!r} version {entry.version} is not ready ({entry.state})"
-    return JSONResponse(body, status_code=200 if ok else 503)
+    if ok:
+        return JsonResponse(body)
+    message = f"model {name!r} version {entry.version} is not ready ({entry.state})"
+    return as_response(error_for(request.scope, 503, message, fields=body))
 
 
 class ModelReadiness(BaseModel):
@@ -73,6 +74,7 @@ class ModelReadiness(BaseModel):
     version: str
     ready: bool
     error: str | None = None
+    request_id: str | None = None
 
 
 READY: dict[int | str, dict[str, Any]] = {200: {"model": ModelReadiness},
@@ -80,13 +82,13 @@ READY: dict[int | str, dict[str, Any]] = {200: {"model": ModelReadiness},
 
 
 @router.get("/models/{name}/ready", name="v2_model_ready", responses=READY)
-async def model_ready(name: str, request: Request) -> JSONResponse:
+async def model_ready(name: str, request: Request) -> Response:
     return _ready(request, name, None)
 
 
 @router.get("/models/{name}/versions/{version}/ready", name="v2_model_ready",
             responses=READY)
-async def model_version_ready(name: str, version: str, request: Request) -> JSONResponse:
+async def model_version_ready(name: str, version: str, request: Request) -> Response:
     return _ready(request, name, version)
 
 
@@ -135,7 +137,7 @@ def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V
             item["data"] = [x.decode() if isinstance(x, bytes) else x for x in t.data]
         listed.append(item)
     head["outputs"] = listed
-    text = json.dumps(head).encode()
+    text = encode_json(head)
     if not blobs:
         return [], text, "application/json"
     return ([(b"inference-header-content-length", str(len(text)).encode())],

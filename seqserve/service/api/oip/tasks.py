@@ -8,11 +8,11 @@ the v1 search options as request `parameters`.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from seqserve.service.api.oip.codec import V2Tensor, input_texts
 from seqserve.service.api.translate import TranslateOptions
+from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.workers.base import ModelWorker, RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
@@ -61,6 +61,7 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
                 V2Tensor("probabilities", "FP32", [n, c], probs.reshape(-1).tolist())]
     if isinstance(worker, TaggerWorker):
         tagged = await worker.tag(texts, call)
-        data = [json.dumps(r["tokens"], ensure_ascii=False) for r in tagged]
+        # each element is JSON text itself: the one encoder's (a NaN probability is null)
+        data = [encode_json(r["tokens"]).decode() for r in tagged]
         return [V2Tensor("tags", "BYTES", [len(data)], data)]
     raise BadRequest(f"no OIP inference for task {worker.task!r}")

@@ -1,0 +1,188 @@
+"""`seqserve.pack.classifier / tagger / translator`: a user's nn.Module -> verified bundle.
+
+The module is taken as it is (classifier / tagger `forward(ids, lengths)`; a translator's
+`encode(ids, lengths)` -> (memory, state...) and `step(prev_ids, state..., memory, mask)` ->
+(logits, new state..., [attention])); `torch_wrap` adds what the serving contract needs,
+ONNX (TorchScript-based exporter, dynamic axes) and TorchScript (trace) are written from the
+wrapper, and `pack_bundle` compares both with the eager wrapper on random padded batches
+before the bundle appears.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from seqserve.export.contract import SPECS, expected_spec
+from seqserve.export.formats import DEFAULT_OPSET, dynamic_axes
+from seqserve.export.manifest import GraphSpec
+from seqserve.export.pack.bundle import (
+    BIDIRECTIONAL_FIX,
+    PackedGraph,
+    pack_bundle,
+    parse_labels,
+)
+from seqserve.export.pack.torch_wrap import (
+    ClassifierWrap,
+    EncoderWrap,
+    StepWrap,
+    TaggerWrap,
+    state_tree,
+    step_has_attention,
+)
+from seqserve.models.errors import BundleError, UserError
+from seqserve.models.tokenizer_files import special_ids
+
+PathLike = str | os.PathLike[str]
+
+
+def _example(vocab: int, batch: int = 3, seq: int = 11) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(1, vocab - 1), vocab, (batch, seq), generator=gen)
+    lengths = torch.tensor([max(1, seq - 2 * i) for i in range(batch)], dtype=torch.int64)
+    return ids.masked_fill(torch.arange(seq)[None] >= lengths[:, None], 0), lengths
+
+
+def _export(module: nn.Module, example: tuple[Tensor, ...], spec: GraphSpec,
+            opset: int) -> tuple[Any, Any]:
+    """(onnx.ModelProto, traced ScriptModule) of a wrapper module."""
+    import onnx
+
+    module.eval()
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = Path(tmp) / "graph.onnx"
+        try:
+            torch.onnx.export(module, example, str(path),
+                              input_names=[t.name for t in spec.inputs],
+                              output_names=[t.name for t in spec.outputs],
+                              dynamic_axes=dynamic_axes(spec),  # type: ignore[arg-type]
+                              opset_version=opset, do_constant_folding=True, dynamo=False)
+        except Exception as exc:  # the exporter's own errors
+            raise BundleError(
+                f"ONNX export failed ({type(exc).__name__}: {str(exc)[:300]}). A module that "
+                "calls pack_padded_sequence does not export; run a bidirectional layer within "
+                f"each row's length instead with {BIDIRECTIONAL_FIX} (call it as "
+                "rnn(x, lengths); it keeps the layer's weights)") from exc
+        model = onnx.load(str(path))
+        traced = torch.jit.trace(module, example, check_trace=False)
+    return model, traced
+
+
+def _run_common(task: str, graphs: dict[str, PackedGraph], tokenizer: PathLike,
+                repo: PathLike, name: str, **kw: Any) -> Path:
+    return pack_bundle(task, graphs, tokenizer, repo, name,
+                       source={"packed_by": "seqserve.pack", "task": task,
+                               "module": kw.pop("module_name")}, opset=kw.pop("opset"), **kw)
+
+
+def classifier(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, name: str,
+               version: int | None = None, torchscript: bool = True, max_tokens: int = 128,
+               specials: dict[str, Any] | None = None, opset: int = DEFAULT_OPSET,
+               progress: bool = True) -> Path:
+    """Pack a classifier `module(ids (B, T), lengths (B,))` -> logits (B, C) or (logits,
+    attention (B, T)) as bundle `repo/name/version` (see module doc)."""
+    vocab = special_ids(tokenizer, specials).vocab_size
+    ids, lengths = _example(vocab)
+    module.eval()
+    with torch.no_grad():
+        out = module(ids, lengths)
+    attention = (isinstance(out, tuple | list) and len(out) > 1
+                 and tuple(out[1].shape) == tuple(ids.shape))
+    wrap = ClassifierWrap(module, attention).eval()
+    outputs = ["logits", "attention"] if attention else ["logits"]
+    spec = expected_spec("classifier", outputs)
+    onnx_model, traced = _export(wrap, (ids, lengths), spec, opset)
+    graph = PackedGraph(outputs, onnx_model, traced if torchscript else None, eager=wrap)
+    return _run_common("classifier", {"classifier": graph}, tokenizer, repo, name,
+                       version=version, labels=parse_labels(labels), specials=specials,
+                       max_tokens=max_tokens, progress=progress, opset=opset,
+                       module_name=type(module).__name__)
+
+
+def tagger(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, name: str,
+           version: int | None = None, torchscript: bool = True, max_tokens: int = 128,
+           specials: dict[str, Any] | None = None, opset: int = DEFAULT_OPSET,
+           progress: bool = True) -> Path:
+    """Pack a tagger `module(ids (B, T), lengths (B,))` -> logits (B, T, C) (log-probs work
+    too: log-softmax is appended either way)."""
+    vocab = special_ids(tokenizer, specials).vocab_size
+    ids, lengths = _example(vocab)
+    wrap = TaggerWrap(module.eval()).eval()
+    onnx_model, traced = _export(wrap, (ids, lengths), SPECS["tagger"], opset)
+    graph = PackedGraph(["log_probs"], onnx_model, traced if torchscript else None, eager=wrap)
+    return _run_common("tagger", {"tagger": graph}, tokenizer, repo, name, version=version,
+                       labels=parse_labels(labels), specials=specials, max_tokens=max_tokens,
+                       progress=progress, opset=opset, module_name=type(module).__name__)
+
+
+def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] | None = None,
+               step: Callable[..., Any] | None = None, tokenizer: PathLike | None = None,
+               source_tokenizer: PathLike | None = None,
+               target_tokenizer: PathLike | None = None, repo: PathLike = "model_repository",
+               name: str = "", version: int | None = None, torchscript: bool = True,
+               max_tokens: int = 128, max_decode_length: int = 128,
+               specials: dict[str, Any] | None = None,
+               target_specials: dict[str, Any] | None = None, opset: int = DEFAULT_OPSET,
+               progress: bool = True) -> Path:
+    """Pack a translator: `module` with `encode` and `step` methods, or `encoder=` and
+    `step=` (modules or methods). `tokenizer` is joint; or give `source_tokenizer` and
+    `target_tokenizer` (`specials` then name the source side's special tokens and
+    `target_specials` the target side's: {"bos": "<s>", "eos": 3}). LSTM (h, c) states and
+    multi-layer states are flattened for the served contract and rebuilt for `step`."""
+    if module is not None:
+        encoder = encoder or getattr(module, "encode", None)
+        step = step or getattr(module, "step", None)
+    if encoder is None or step is None:
+        raise UserError("give module= with encode() and step() methods, or encoder= and step=")
+    parts: list[nn.Module] = []
+    for f in (encoder, step):
+        bound = f if isinstance(f, nn.Module) else getattr(f, "__self__", None)
+        if isinstance(bound, nn.Module) and all(bound is not q for q in parts):
+            parts.append(bound)
+    owner: nn.Module = module if module is not None else nn.ModuleList(parts)
+    owner.eval()
+    source = source_tokenizer or tokenizer
+    target = target_tokenizer if source_tokenizer is not None else None
+    if source is None:
+        raise UserError("give tokenizer= (joint) or source_tokenizer= and target_tokenizer=")
+    src_vocab = special_ids(source, specials).vocab_size
+    if target is None and target_specials:
+        raise UserError("target_specials names the special tokens of target_tokenizer; with "
+                        "one joint tokenizer= give specials=")
+    tgt_vocab = (special_ids(target, target_specials) if target is not None
+                 else special_ids(source, specials)).vocab_size
+    ids, lengths = _example(src_vocab, batch=3, seq=11)
+    tree = state_tree(encoder, (ids, lengths))
+    enc = EncoderWrap(encoder, tree, owner).eval()
+    with torch.no_grad():
+        memory, mask, state = enc(ids, lengths)
+    index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)
+    prev = torch.randint(min(1, tgt_vocab - 1), tgt_vocab, (5,),
+                         generator=torch.Generator().manual_seed(1))
+    items = tree.build(tree.unflatten(state[index]))
+    attention = step_has_attention(step, tree, (prev, *items, memory[index], mask[index]))
+    dec = StepWrap(step, tree, attention, owner).eval()
+    step_example = (prev, state[index], memory, mask, index, torch.tensor([4]))
+    graphs = {}
+    for graph, wrap, example in (("encoder", enc, (ids, lengths)),
+                                 ("decoder_step", dec, step_example)):
+        spec = SPECS[graph]
+        onnx_model, traced = _export(wrap, example, spec, opset)
+        graphs[graph] = PackedGraph([t.name for t in spec.outputs], onnx_model,
+                                    traced if torchscript else None, eager=wrap)
+    return pack_bundle(
+        "translator", graphs, source, repo, name, version=version, target_tokenizer=target,
+        specials=specials, target_specials=target_specials, max_tokens=max_tokens,
+        max_decode_length=max_decode_length, progress=progress, opset=opset,
+        source={"packed_by": "seqserve.pack", "task": "translator",
+                "module": type(module if module is not None else owner).__name__,
+                "state": [lay.to_dict() for lay in tree.layouts],
+                "step_attention": attention}, attention=attention)

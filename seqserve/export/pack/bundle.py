@@ -1,0 +1,284 @@
+"""Write and verify a packed bundle (the shared back end of `seqserve pack` and
+`seqserve.pack`): graphs in the contract's form, tokenizer(s) with their special ids,
+labels, manifest with hashes; then the checks of `seqserve verify` (schema, signatures as
+ONNX Runtime sees them, parity with the TorchScript twin or the eager module, batch
+invariance) before the hidden folder is renamed to its version. A refusal names what to
+change; nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqserve.export.contract import expected_spec
+from seqserve.export.manifest import (
+    GRAPHS_BY_TASK,
+    GraphSpec,
+    Manifest,
+    TokenizerSpec,
+    hash_files,
+    load_bundle,
+    next_version,
+    write_manifest,
+)
+from seqserve.export.parity import ParityGrid, check_parity
+from seqserve.export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
+from seqserve.models.errors import BundleError, UserError
+from seqserve.models.tokenizer_files import special_ids, tokenizer_kind
+
+BIDIRECTIONAL_FIX = "seqserve.pack.bidirectional(your_rnn)"
+
+
+@dataclass
+class PackedGraph:
+    """One graph to write: an ONNX model (onnx.ModelProto) and/or a TorchScript module."""
+
+    outputs: list[str]
+    """Contract outputs it has (a classifier may lack attention)."""
+    onnx: Any | None = None
+    torchscript: Any | None = None
+    """A torch.jit.ScriptModule taking the contract's inputs positionally."""
+    tensor_names: dict[str, str] = field(default_factory=dict)
+    eager: Any | None = None
+    """The eager wrapper module (Python API): the parity reference."""
+
+
+def parse_labels(labels: Any) -> list[str]:
+    """Labels from a file (one per line), "a,b,c", or a sequence."""
+    if isinstance(labels, str | os.PathLike) and Path(labels).is_file():
+        return [x.strip() for x in Path(labels).read_text(encoding="utf-8").splitlines()
+                if x.strip()]
+    if isinstance(labels, str):
+        return [x.strip() for x in labels.split(",") if x.strip()]
+    return [str(x) for x in labels]
+
+
+def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.PathLike[str],
+                repo: str | os.PathLike[str], name: str, version: int | None = None,
+                labels: list[str] | None = None,
+                target_tokenizer: str | os.PathLike[str] | None = None,
+                specials: dict[str, Any] | None = None,
+                target_specials: dict[str, Any] | None = None,
+                max_tokens: int = 128, max_decode_length: int = 128,
+                source: dict[str, Any] | None = None, opset: int | None = None,
+                progress: bool = True, grid: dict[str, Any] | None = None,
+                attention: bool | None = None) -> Path:
+    """Write `repo/name/version` from packed graphs and return its path (see module doc).
+    `attention` False: a translator whose step has no attention (its graph returns zeros)."""
+    from seqserve.export.bundle import _check_args, _libraries, _publish
+
+    _check_args(name, version, ["onnx"])
+    missing = [g for g in GRAPHS_BY_TASK[task] if g not in graphs]
+    if missing:
+        raise UserError(f"a {task} needs graph(s) {missing}")
+    labels = list(labels or [])
+    if task in ("classifier", "tagger") and len(labels) < 2:
+        raise UserError(f"a {task} needs at least two labels (--labels a,b,c or a file with "
+                        "one label per line)")
+    if len(set(labels)) != len(labels):
+        raise UserError(f"labels {labels} repeat a label")
+    model_dir = Path(repo) / name
+    version = version or next_version(repo, name)
+    target = model_dir / str(version)
+    if target.exists():
+        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
+                        "--version or leave it out for the next free one")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
+    started = time.perf_counter()
+    try:
+        tok = _tokenizer(tmp, Path(tokenizer), "tokenizer", specials)
+        target_tok = (None if target_tokenizer is None else
+                      _tokenizer(tmp, Path(target_tokenizer), "target_tokenizer",
+                                 target_specials))
+        if task == "translator":
+            side = target_tok or tok
+            if side.bos_id < 0 or side.eos_id < 0:
+                what = "bos" if side.bos_id < 0 else "eos"
+                flag = (f"--target-{what}-token (Python: target_specials={{'{what}': ...}})"
+                        if target_tok is not None else
+                        f"--{what}-token (Python: specials={{'{what}': ...}})")
+                raise UserError(f"the target tokenizer has no {what} token by any usual name: "
+                                f"name it with {flag}, a token or an id")
+        specs = _write_graphs(tmp, graphs)
+        if opset is None:
+            opset = next((max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))
+                          for g in graphs.values() if g.onnx is not None), None)
+        limits = {"max_tokens": int(max_tokens)}
+        if task == "translator":
+            limits["max_decode_length"] = int(max_decode_length)
+        if task == "translator" and attention is None:
+            attention = True
+        manifest = Manifest(
+            task=task, name=name, version=version,
+            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), tokenizer=tok,
+            target_tokenizer=target_tok, labels=labels, limits=limits, graphs=specs,
+            opset=opset, libraries=_libraries(), files=hash_files(tmp),
+            attention=attention, source=dict(source or {"packed_by": "seqserve pack"}))
+        write_manifest(tmp, manifest)
+        manifest = load_bundle(tmp, verify=True, require_checksum=True)  # schema + declared
+        from seqserve.export.verify import check_graph_files
+
+        check_graph_files(tmp, manifest)
+        _check_sizes(task, tmp, manifest, graphs)
+        _say(progress, "checking parity and batch invariance on random padded batches")
+        report = _parity(task, tmp, manifest, graphs, grid or {})
+        if not report["passed"]:
+            raise BundleError(explain(report))
+        manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
+        write_manifest(tmp, manifest)
+        load_bundle(tmp, verify=True, require_checksum=True)
+        _publish(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        from seqserve.export.summary import format_summary
+
+        print(format_summary(target, manifest, time.perf_counter() - started))
+    return target
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(f"== {text}", flush=True)
+
+
+def _tokenizer(out: Path, path: Path, stem: str, overrides: dict[str, Any] | None
+               ) -> TokenizerSpec:
+    if not path.is_file():
+        raise UserError(f"{path}: no such tokenizer file (a tokenizer.json or a SentencePiece "
+                        ".model)")
+    kind = tokenizer_kind(path)
+    file = f"{stem}.json" if kind == "tokenizers" else f"{stem}.model"
+    ids = special_ids(path, overrides)
+    shutil.copyfile(path, out / file)
+    return TokenizerSpec(file, ids.vocab_size, ids.pad_id, ids.unk_id, ids.bos_id, ids.eos_id,
+                         kind)
+
+
+def _write_graphs(out: Path, graphs: dict[str, PackedGraph]) -> dict[str, GraphSpec]:
+    import onnx
+
+    specs: dict[str, GraphSpec] = {}
+    for graph, packed in graphs.items():
+        onnx_file = ts_file = None
+        if packed.onnx is not None:
+            onnx_file = f"{graph}.onnx"
+            if packed.onnx.ByteSize() > 2_000_000_000:
+                raise UserError(f"{graph}: the graph is over 2 GB; a bundle keeps each graph "
+                                "in one file")
+            onnx.save(packed.onnx, str(out / onnx_file))
+        if packed.torchscript is not None:
+            import torch
+
+            ts_file = f"{graph}.pt"
+            torch.jit.save(packed.torchscript, str(out / ts_file))
+        if onnx_file is None and ts_file is None:
+            raise UserError(f"graph {graph}: give an ONNX file (a TorchScript twin is optional)")
+        want = expected_spec(graph, packed.outputs)
+        specs[graph] = GraphSpec(want.inputs, want.outputs, onnx_file, ts_file,
+                                 tensor_names=dict(packed.tensor_names))
+    return specs
+
+
+def _runners(task: str, root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
+             ) -> dict[str, dict[str, Runner]]:
+    runners: dict[str, dict[str, Runner]] = {}
+    for graph, spec in manifest.graphs.items():
+        if graphs[graph].eager is not None:
+            runners.setdefault("eager", {})[graph] = torch_runner(graphs[graph].eager, spec)
+        if spec.torchscript:
+            runners.setdefault("torchscript", {})[graph] = torchscript_runner(
+                root / spec.torchscript, spec)
+        if spec.onnx:
+            runners.setdefault("onnx", {})[graph] = onnx_runner(root / spec.onnx, spec)
+    return runners
+
+
+def _first_id(vocab: int) -> int:
+    return 1 if vocab > 1 else 0
+
+
+def _grid(manifest: Manifest, overrides: dict[str, Any]) -> ParityGrid:
+    src, tgt = manifest.tokenizer, manifest.target
+    return ParityGrid(max_length=int(manifest.limits["max_tokens"]), vocab_size=src.vocab_size,
+                      pad_id=max(src.pad_id, 0), target_vocab_size=tgt.vocab_size,
+                      first_id=_first_id(min(src.vocab_size, tgt.vocab_size)), **overrides)
+
+
+def _parity(task: str, root: Path, manifest: Manifest, graphs: dict[str, PackedGraph],
+            grid: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    runners = _runners(task, root, manifest, graphs)
+    reference = next(r for r in ("eager", "torchscript", "onnx") if r in runners)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return check_parity(task, runners, reference, manifest.graphs,
+                            _grid(manifest, grid))
+    finally:
+        torch.set_num_threads(before)
+
+
+def _check_sizes(task: str, root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
+                 ) -> None:
+    """The label count against the graph's output; vocabularies against the step's."""
+    runners = _runners(task, root, manifest, graphs)
+    fmt = next(iter(runners))
+    first = GRAPHS_BY_TASK[task][0]
+    ids = np.full((1, 3), _first_id(manifest.tokenizer.vocab_size), np.int64)
+    lengths = np.array([3], np.int64)
+    names = [t.name for t in manifest.graphs[first].inputs]
+    try:
+        out = runners[fmt][first]({names[0]: ids, names[1]: lengths})
+    except Exception as exc:  # the runtime's own error, named
+        raise BundleError(f"{first} graph fails on a (1, 3) batch of token ids: {exc}") from exc
+    n = len(manifest.labels)
+    if task == "classifier" and out["logits"].shape[-1] != n:
+        raise UserError(f"the classifier has {out['logits'].shape[-1]} outputs but {n} labels "
+                        f"were given")
+    if task == "tagger" and out["log_probs"].shape[-1] != n:
+        raise UserError(f"the tagger has {out['log_probs'].shape[-1]} labels per token but {n} "
+                        "labels were given")
+
+
+def explain(report: dict[str, Any]) -> str:
+    """A failed parity report as a refusal that names the output, the size of the difference,
+    the likely cause and the fix."""
+    lines = ["the packed model was refused, nothing was written:"]
+    tol = report["tolerances"]["invariance"]
+    for fmt, row in report["invariance_max_diff"].items():
+        for key, value in row.items():
+            if value <= tol:
+                continue
+            lines.append(
+                f"- {fmt}: batch invariance of {key} is broken: a row's output differs by "
+                f"{value:.3g} (> {tol:g}) between the row run alone and the same row in a "
+                "padded batch (or its padded positions are not zero). Likely cause: a "
+                "bidirectional RNN run over the padding (its backward direction starts at "
+                "the padded end, so each row's result depends on how much padding the batch "
+                "adds), or pooling / attention that does not mask padded positions. Fix: run "
+                "the backward direction within each row's length: replace the layer with "
+                f"{BIDIRECTIONAL_FIX} (a drop-in wrapper around your nn.LSTM / nn.GRU that "
+                "keeps its weights: call it as rnn(x, lengths)), and mask padded positions "
+                "(docs/bundle-format.md, 'Padding')")
+    tol = report["tolerances"]["parity"]
+    for fmt, row in report["parity_max_abs"].items():
+        for key, value in row.items():
+            if not value <= tol:
+                lines.append(f"- {fmt} vs {report['reference']}: {key} differs by {value:.3g} "
+                             f"(> {tol:g}): the two files do not compute the same function; "
+                             "export both from the same module and weights")
+    lines += [f"- {f}" for f in report["failures"] if "top-k ids" in f or "ignores its k" in f]
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""`seqserve pack TASK` from files: the user's ONNX graphs (either PyTorch exporter, external
+data included) and optional TorchScript twins -> `pack_bundle`.
+
+Classifier graphs are kept as exported (their tensor names mapped onto the contract's in
+the manifest); tagger and translator graphs are wrapped by composing ONNX graphs
+(`onnx_compose`). TorchScript twins are wrapped alike in torch (`torch_wrap`) and traced.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from seqserve.export.pack.bundle import PackedGraph, pack_bundle, parse_labels
+from seqserve.export.pack.onnx_compose import (
+    compose_encoder,
+    compose_step,
+    compose_tagger,
+    state_layouts,
+    user_inputs,
+)
+from seqserve.models.errors import BundleError, UserError
+
+PathLike = str | os.PathLike[str]
+
+
+def _load(path: PathLike | None, what: str) -> Any:
+    import onnx
+
+    if path is None:
+        raise UserError(f"{what}: give the ONNX file")
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such ONNX file")
+    try:
+        return onnx.load(str(p))  # external data files beside it are read in
+    except Exception as exc:  # onnx's own errors (a missing .data file, a bad proto)
+        raise UserError(f"{p}: cannot read the ONNX graph (and its external data files, "
+                        f"which must lie beside it under the names it records): {exc}") from exc
+
+
+def _names(given: str | None, actual: list[str], count: tuple[int, ...], what: str,
+           contract: list[str]) -> list[str]:
+    if given:
+        names = [n.strip() for n in given.split(",") if n.strip()]
+        unknown = [n for n in names if n not in actual]
+        if unknown:
+            raise UserError(f"{what} {unknown} are not in the graph, which has {actual}")
+    else:
+        names = actual
+    if len(names) not in count:
+        raise UserError(f"the graph has {what} {names}; expected {' or '.join(map(str, count))}"
+                        f" in the contract's order {contract} (choose them with --{what})")
+    return names
+
+
+def _ts(path: PathLike | None) -> Any:
+    if path is None:
+        return None
+    import torch
+
+    if not Path(path).is_file():
+        raise UserError(f"{path}: no such TorchScript file")
+    return torch.jit.load(str(path), map_location="cpu").eval()
+
+
+def _trace(wrap: Any, example: tuple[Any, ...]) -> Any:
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.jit.trace(wrap.eval(), example, check_trace=False)
+
+
+def _example_ids(vocab: int) -> tuple[Any, Any]:
+    from seqserve.export.pack.api import _example
+
+    return _example(vocab)
+
+
+def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | None = None,
+               labels: Any = None, onnx: PathLike | None = None,
+               torchscript: PathLike | None = None, encoder: PathLike | None = None,
+               decoder_step: PathLike | None = None,
+               encoder_torchscript: PathLike | None = None,
+               decoder_step_torchscript: PathLike | None = None,
+               source_tokenizer: PathLike | None = None,
+               target_tokenizer: PathLike | None = None, input_names: str | None = None,
+               output_names: str | None = None, version: int | None = None,
+               specials: dict[str, Any] | None = None,
+               target_specials: dict[str, Any] | None = None, max_tokens: int = 128,
+               max_decode_length: int = 128, progress: bool = True) -> Path:
+    """Pack files as bundle `repo/name/version` (see module doc and `seqserve pack --help`).
+    `specials` name the special tokens of `tokenizer` / `source_tokenizer`, `target_specials`
+    those of `target_tokenizer` (a translator with separate vocabularies only)."""
+    from seqserve.models.tokenizer_files import special_ids
+
+    common: dict[str, Any] = {"version": version, "max_tokens": max_tokens,
+                              "progress": progress}
+    if task in ("classifier", "tagger"):
+        if tokenizer is None:
+            raise UserError("--tokenizer is required (tokenizer.json or a SentencePiece .model)")
+        model = _load(onnx, "--onnx")
+        ins = _names(input_names, [v.name for v in user_inputs(model)], (2,), "input-names",
+                     ["input_ids", "lengths"])
+        outs = _names(output_names, [o.name for o in model.graph.output],
+                      (1, 2) if task == "classifier" else (1,), "output-names",
+                      ["logits", "attention"] if task == "classifier" else ["logits"])
+        vocab = special_ids(tokenizer, specials).vocab_size
+        source: dict[str, Any] = {"packed_by": "seqserve pack", "task": task,
+                                  "onnx": str(onnx),
+                  "torchscript": None if torchscript is None else str(torchscript),
+                  "input_names": ins, "output_names": outs}
+        ts = _ts(torchscript)
+        if task == "classifier":
+            from_contract = ["logits", "attention"][:len(outs)]
+            mapping = {c: u for c, u in zip(["input_ids", "lengths"], ins, strict=True)}
+            mapping |= {c: u for c, u in zip(from_contract, outs, strict=True)}
+            mapping = {c: u for c, u in mapping.items() if c != u}
+            twin = None
+            if ts is not None:
+                from seqserve.export.pack.torch_wrap import ClassifierWrap
+
+                twin = _trace(ClassifierWrap(ts, len(outs) == 2), _example_ids(vocab))
+            graph = PackedGraph(from_contract, model, twin, mapping)
+        else:
+            twin = None
+            if ts is not None:
+                from seqserve.export.pack.torch_wrap import TaggerWrap
+
+                twin = _trace(TaggerWrap(ts), _example_ids(vocab))
+            graph = PackedGraph(["log_probs"], compose_tagger(model, ins, outs[0]), twin)
+        return pack_bundle(task, {task: graph}, tokenizer, repo, name,
+                           labels=parse_labels(labels or []), specials=specials,
+                           source=source, **common)
+    if task != "translator":
+        raise UserError(f"unknown task {task!r}: classifier, tagger or translator")
+    src = source_tokenizer or tokenizer
+    if src is None:
+        raise UserError("give --tokenizer (joint) or --source-tokenizer and --target-tokenizer")
+    if (source_tokenizer is None) != (target_tokenizer is None):
+        raise UserError("--source-tokenizer and --target-tokenizer go together")
+    if source_tokenizer is None and any(v is not None for v in (target_specials or {}).values()):
+        raise UserError("--target-*-token options name the special tokens of "
+                        "--target-tokenizer; with one joint --tokenizer use --pad-token, "
+                        "--unk-token, --bos-token and --eos-token")
+    enc, step = _load(encoder, "--encoder"), _load(decoder_step, "--decoder-step")
+    n = len(user_inputs(step)) - 3
+    if n < 1:
+        raise BundleError(f"--decoder-step: inputs {[v.name for v in user_inputs(step)]}: "
+                          "expected prev_ids, the state tensor(s), memory, mask")
+    layouts = state_layouts(step, n, str(decoder_step))
+    step_model, attention = compose_step(step, layouts)
+    graphs = {"encoder": PackedGraph(["memory", "src_mask", "state"],
+                                     compose_encoder(enc, layouts)),
+              "decoder_step": PackedGraph(["new_state", "topk_logprobs", "topk_ids",
+                                           "attention"], step_model)}
+    if (encoder_torchscript is None) != (decoder_step_torchscript is None):
+        raise UserError("--encoder-torchscript and --decoder-step-torchscript go together")
+    if encoder_torchscript is not None:
+        _twins(graphs, _ts(encoder_torchscript), _ts(decoder_step_torchscript), layouts,
+               attention, special_ids(src, specials).vocab_size)
+    source = {"packed_by": "seqserve pack", "task": task, "encoder": str(encoder),
+              "decoder_step": str(decoder_step), "state": [x.to_dict() for x in layouts],
+              "step_attention": attention}
+    return pack_bundle("translator", graphs, src, repo, name,
+                       target_tokenizer=target_tokenizer if source_tokenizer else None,
+                       specials=specials,
+                       target_specials=target_specials if source_tokenizer else None,
+                       source=source,
+                       max_decode_length=max_decode_length, attention=attention, **common)
+
+
+def _twins(graphs: dict[str, PackedGraph], enc: Any, step: Any, layouts: list[Any],
+           attention: bool, vocab: int) -> None:
+    import torch
+
+    from seqserve.export.pack.torch_wrap import EncoderWrap, StateTree, StepWrap
+
+    tree = StateTree(tuple(0 for _ in layouts), tuple(layouts))
+    enc_wrap = EncoderWrap(enc, tree, enc)
+    ids, lengths = _example_ids(vocab)
+    with torch.no_grad():
+        memory, mask, state = enc_wrap(ids, lengths)
+    index = torch.tensor([0, 0, 1, 2, 2])
+    prev = torch.ones(5, dtype=torch.int64)
+    graphs["encoder"].torchscript = _trace(enc_wrap, (ids, lengths))
+    graphs["decoder_step"].torchscript = _trace(
+        StepWrap(step, tree, attention, step),
+        (prev, state[index], memory, mask, index, torch.tensor([2])))

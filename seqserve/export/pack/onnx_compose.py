@@ -1,0 +1,267 @@
+"""Wrap a user's ONNX graph into the served contract by composing ONNX graphs (no torch).
+
+The user's graph is inlined unchanged (every name prefixed `user/`), between a few standard
+operators of ours:
+
+- tagger: LogSoftmax over the labels, zeros past each row's length;
+- encoder: src_mask from the lengths, memory zeroed past each row's length, the state tensors
+  (each (layers, batch, hidden) or (batch, hidden)) flattened into one (batch, state_dim);
+- decoder step: memory rows gathered by `memory_index`, the flat state split back into the
+  user's tensors, then LogSoftmax + TopK(k) over the logits, the new state tensors flattened,
+  and the attention passed on (zeros when the step has none).
+
+So the served step still returns top-k only: the host never moves rows x vocabulary numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from seqserve.models.errors import BundleError
+
+PREFIX = "user/"
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """One recurrent state tensor of the user's graphs."""
+
+    layers: int
+    """Leading dim (layers x directions) for (layers, batch, hidden); 0 for (batch, hidden)."""
+    hidden: int
+    """Last dim."""
+
+    @property
+    def width(self) -> int:
+        return max(self.layers, 1) * self.hidden
+
+    def to_dict(self) -> dict[str, int]:
+        return {"layers": self.layers, "hidden": self.hidden}
+
+
+def _dims(value: Any) -> list[Any]:
+    return [d.dim_param or (d.dim_value if d.HasField("dim_value") else None)
+            for d in value.type.tensor_type.shape.dim]
+
+
+def state_layouts(step: Any, count: int, file: str) -> list[StateLayout]:
+    """The layouts of the step's state inputs 1..count, read from their declared shapes."""
+    out = []
+    for value in list(step.graph.input)[1:1 + count]:
+        dims = _dims(value)
+        if len(dims) == 3 and isinstance(dims[0], int) and isinstance(dims[2], int):
+            out.append(StateLayout(dims[0], dims[2]))
+        elif len(dims) == 2 and isinstance(dims[1], int):
+            out.append(StateLayout(0, dims[1]))
+        else:
+            raise BundleError(
+                f"{file}: state input {value.name} has shape {dims}; expected (layers, rows, "
+                "hidden) or (rows, hidden) with layers and hidden fixed numbers and rows "
+                "symbolic (export with dynamic_axes on its rows dim only)")
+    return out
+
+
+def user_inputs(model: Any) -> list[Any]:
+    inits = {t.name for t in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in inits]
+
+
+def _opset(model: Any) -> int:
+    return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+class _Builder:
+    """Nodes, initializers and value infos of the composed graph."""
+
+    def __init__(self, user: Any) -> None:
+        import onnx
+        from onnx import compose
+
+        self.onnx = onnx
+        self.h = onnx.helper
+        if _opset(user) < 13:
+            raise BundleError(f"the graph uses opset {_opset(user)}; export it with opset 13 "
+                              "or newer (opset_version=17)")
+        self.user = compose.add_prefix(user, PREFIX, rename_functions=False)
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self._pre: list[Any] = []
+        self._n = 0
+
+    def name(self, base: str) -> str:
+        self._n += 1
+        return f"pack/{base}_{self._n}"
+
+    def const(self, base: str, values: list[int] | list[float], dtype: str = "int64") -> str:
+        import numpy as np
+
+        n = self.name(base)
+        arr = np.array(values, dtype=np.int64 if dtype == "int64" else np.float32)
+        self.inits.append(self.onnx.numpy_helper.from_array(arr, n))
+        return n
+
+    def op(self, op: str, inputs: list[str], outputs: list[str] | None = None,
+           n_out: int = 1, **attrs: Any) -> list[str]:
+        outs = outputs or [self.name(op.lower()) for _ in range(n_out)]
+        self.nodes.append(self.h.make_node(op, inputs, outs, name=self.name(op), **attrs))
+        return outs
+
+    def one(self, op: str, inputs: list[str], output: str | None = None, **attrs: Any) -> str:
+        return self.op(op, inputs, [output] if output else None, **attrs)[0]
+
+    def model(self, inputs: list[Any], outputs: list[Any]) -> Any:
+        g = self.user.graph
+        graph = self.h.make_graph(self._pre + list(g.node) + self.nodes,
+                                  "seqserve_packed", inputs, outputs,
+                                  initializer=list(g.initializer) + self.inits,
+                                  value_info=list(g.value_info))
+        m = self.h.make_model(graph, opset_imports=list(self.user.opset_import),
+                              functions=list(self.user.functions))
+        m.ir_version = self.user.ir_version
+        self.onnx.checker.check_model(m)
+        return m
+
+    def split_pre(self) -> None:
+        """Everything added so far runs before the user's graph."""
+        self._pre, self.nodes = self.nodes, []
+
+    # -- pieces ---------------------------------------------------------------------------
+
+    def length_mask(self, ids: str, lengths: str, axis_len: int = 1) -> str:
+        """(B, T) bool: position < length."""
+        shape = self.one("Shape", [ids])
+        t = self.one("Gather", [shape, self.const("axis", [axis_len])])  # (1,)
+        t0 = self.one("Squeeze", [t, self.const("ax0", [0])])
+        rng = self.one("Range", [self._scalar(0), t0, self._scalar(1)])  # (T,)
+        row = self.one("Unsqueeze", [rng, self.const("ax0", [0])])  # (1, T)
+        col = self.one("Unsqueeze", [lengths, self.const("ax1", [1])])  # (B, 1)
+        return self.one("Less", [row, col])
+
+    def _scalar(self, value: int) -> str:
+        import numpy as np
+
+        n = self.name("scalar")
+        self.inits.append(self.onnx.numpy_helper.from_array(np.array(value, np.int64), n))
+        return n
+
+    def flatten(self, tensors: list[str], layouts: list[StateLayout], output: str) -> str:
+        parts = []
+        for t, lay in zip(tensors, layouts, strict=True):
+            if lay.layers:
+                t = self.one("Transpose", [t], perm=[1, 0, 2])  # (B, L, H)
+                t = self.one("Reshape", [t, self.const("shape", [0, lay.width])])
+            parts.append(t)
+        if len(parts) == 1:
+            return self.one("Identity", parts, output)
+        return self.one("Concat", parts, output, axis=1)
+
+    def unflatten(self, state: str, layouts: list[StateLayout], names: list[str]) -> None:
+        offset = 0
+        for lay, name in zip(layouts, names, strict=True):
+            part = self.one("Slice", [state, self.const("start", [offset]),
+                                      self.const("end", [offset + lay.width]),
+                                      self.const("axes", [1])])
+            offset += lay.width
+            if lay.layers:
+                part = self.one("Reshape", [part, self.const("shape", [0, lay.layers,
+                                                                       lay.hidden])])
+                self.one("Transpose", [part], name, perm=[1, 0, 2])
+            else:
+                self.one("Identity", [part], name)
+
+
+def _vi(name: str, elem: int, dims: list[Any]) -> Any:
+    import onnx
+
+    return onnx.helper.make_tensor_value_info(name, elem, dims)
+
+
+F32, I64, BOOL = 1, 7, 9
+
+
+def _cast_to(b: _Builder, src: str, value: Any, target: str) -> None:
+    """Feed the user's input `target` from our tensor `src`, cast to its dtype."""
+    elem = value.type.tensor_type.elem_type
+    b.one("Cast", [src], target, to=elem)
+
+
+def compose_tagger(user: Any, inputs: list[str], output: str) -> Any:
+    """Tagger: user (ids, lengths) -> logits (B, T, C) becomes the contract's log_probs."""
+    b = _Builder(user)
+    ins = {v.name: v for v in user_inputs(user)}
+    _cast_to(b, "input_ids", ins[inputs[0]], PREFIX + inputs[0])
+    _cast_to(b, "lengths", ins[inputs[1]], PREFIX + inputs[1])
+    b.split_pre()
+    lp = b.one("LogSoftmax", [PREFIX + output], axis=-1)
+    mask = b.one("Unsqueeze", [b.length_mask("input_ids", "lengths"), b.const("ax", [2])])
+    b.one("Where", [mask, lp, b.const("zero", [0.0], "float32")], "log_probs")
+    return b.model([_vi("input_ids", I64, ["batch", "seq"]), _vi("lengths", I64, ["batch"])],
+                   [_vi("log_probs", F32, ["batch", "seq", "labels"])])
+
+
+def compose_encoder(user: Any, layouts: list[StateLayout]) -> Any:
+    """Encoder: user (ids, lengths) -> (memory (B, S, D), state tensors...)."""
+    b = _Builder(user)
+    ins = user_inputs(user)
+    outs = [o.name for o in user.graph.output]
+    if len(outs) != 1 + len(layouts):
+        raise BundleError(f"encoder: outputs {outs}: expected memory then the "
+                          f"{len(layouts)} state tensor(s) the decoder step takes")
+    _cast_to(b, "src_ids", ins[0], PREFIX + ins[0].name)
+    _cast_to(b, "src_lengths", ins[1], PREFIX + ins[1].name)
+    b.split_pre()
+    mask = b.length_mask("src_ids", "src_lengths")
+    b.one("Identity", [mask], "src_mask")
+    m = b.one("Cast", [b.one("Unsqueeze", [mask, b.const("ax", [2])])], to=F32)
+    mem = b.one("Cast", [PREFIX + outs[0]], to=F32)
+    b.one("Mul", [mem, m], "memory")
+    states = [b.one("Cast", [PREFIX + o], to=F32) for o in outs[1:]]
+    b.flatten(states, layouts, "state")
+    return b.model(
+        [_vi("src_ids", I64, ["batch", "src_len"]), _vi("src_lengths", I64, ["batch"])],
+        [_vi("memory", F32, ["batch", "src_len", "mem_dim"]),
+         _vi("src_mask", BOOL, ["batch", "src_len"]), _vi("state", F32, ["batch", "state_dim"])])
+
+
+def compose_step(user: Any, layouts: list[StateLayout]) -> tuple[Any, bool]:
+    """Decoder step: user (prev_ids, state..., memory rows (R, S, D), mask rows (R, S)) ->
+    (logits (R, V), new state..., [attention (R, S)]). Returns (model, has_attention)."""
+    b = _Builder(user)
+    ins = user_inputs(user)
+    n = len(layouts)
+    if len(ins) != n + 3:
+        raise BundleError(f"decoder step: inputs {[v.name for v in ins]}: expected prev_ids, "
+                          f"{n} state tensor(s), memory, mask")
+    outs = [o.name for o in user.graph.output]
+    if len(outs) not in (n + 1, n + 2):
+        raise BundleError(f"decoder step: outputs {outs}: expected logits, {n} new state "
+                          "tensor(s) and optionally attention")
+    attention = len(outs) == n + 2
+    _cast_to(b, "prev_ids", ins[0], PREFIX + ins[0].name)
+    flat = b.one("Identity", ["state"])
+    b.unflatten(flat, layouts, [PREFIX + v.name for v in ins[1:1 + n]])
+    mem = b.one("Gather", ["memory", "memory_index"], axis=0)  # (R, S, D)
+    _cast_to(b, mem, ins[n + 1], PREFIX + ins[n + 1].name)
+    mask = b.one("Gather", ["src_mask", "memory_index"], axis=0)  # (R, S)
+    _cast_to(b, mask, ins[n + 2], PREFIX + ins[n + 2].name)
+    b.split_pre()
+    logits = b.one("Cast", [PREFIX + outs[0]], to=F32)
+    lp = b.one("LogSoftmax", [logits], axis=-1)
+    b.op("TopK", [lp, "k"], ["topk_logprobs", "topk_ids"], axis=-1, largest=1, sorted=1)
+    states = [b.one("Cast", [PREFIX + o], to=F32) for o in outs[1:1 + n]]
+    b.flatten(states, layouts, "new_state")
+    if attention:
+        b.one("Cast", [PREFIX + outs[-1]], "attention", to=F32)
+    else:
+        shape = b.one("Shape", [mask])
+        zero = b.onnx.helper.make_tensor("zero", F32, [1], [0.0])
+        b.one("ConstantOfShape", [shape], "attention", value=zero)
+    model = b.model(
+        [_vi("prev_ids", I64, ["rows"]), _vi("state", F32, ["rows", "state_dim"]),
+         _vi("memory", F32, ["batch", "src_len", "mem_dim"]),
+         _vi("src_mask", BOOL, ["batch", "src_len"]), _vi("memory_index", I64, ["rows"]),
+         _vi("k", I64, [1])],
+        [_vi("new_state", F32, ["rows", "state_dim"]), _vi("topk_logprobs", F32, ["rows", "k"]),
+         _vi("topk_ids", I64, ["rows", "k"]), _vi("attention", F32, ["rows", "src_len"])])
+    return model, attention

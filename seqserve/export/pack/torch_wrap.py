@@ -1,0 +1,201 @@
+"""Wrap a user's PyTorch module (eager or TorchScript) into the served contract, in torch.
+
+The same wrapping as `onnx_compose`, written as modules so that they can be exported
+(ONNX with dynamic axes, TorchScript by tracing) and run eagerly as the reference:
+
+- `ClassifierWrap`: forward(ids, lengths) -> logits, or (logits, attention);
+- `TaggerWrap`: forward(ids, lengths) -> logits (B, T, C) -> log_probs, zeros past length;
+- `EncoderWrap`: encode(ids, lengths) -> (memory, state...) -> memory zeroed past length,
+  src_mask, the state tensors flattened into one (B, state_dim);
+- `StepWrap`: step(prev_ids, state..., memory rows, mask rows) -> (logits, new state...,
+  [attention]) -> memory gathered by memory_index, log-softmax + top-k, flat new state.
+
+A state is whatever the user's encoder returns after memory: a tensor (layers, batch,
+hidden) or (batch, hidden), or a tuple of them such as an LSTM's (h, c); `StateTree` records
+the nesting so the step gets its state back in the same shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from seqserve.export.pack.onnx_compose import StateLayout
+from seqserve.models.errors import BundleError
+
+
+def _first(out: Any) -> Tensor:
+    return out[0] if isinstance(out, tuple | list) else out
+
+
+def length_mask(lengths: Tensor, max_len: int) -> Tensor:
+    """(B, T) bool from lengths, built from the input (no device or size constants)."""
+    positions = torch.ones_like(lengths[:1]).expand(max_len).cumsum(0) - 1  # (T,)
+    return positions.unsqueeze(0) < lengths.unsqueeze(1)
+
+
+class ClassifierWrap(nn.Module):
+    """(ids, lengths) -> (logits,) or (logits, attention)."""
+
+    def __init__(self, module: nn.Module, attention: bool) -> None:
+        super().__init__()
+        self.module = module
+        self.attention = attention
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, ...]:
+        out = self.module(input_ids, lengths)
+        logits = _first(out).float()
+        if not self.attention:
+            return (logits,)
+        att = out[1].float() * length_mask(lengths, input_ids.shape[1]).float()
+        return logits, att
+
+
+class TaggerWrap(nn.Module):
+    """(ids, lengths) -> (log_probs,) with zeros past each row's length."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor]:
+        logits = _first(self.module(input_ids, lengths)).float()
+        lp = F.log_softmax(logits, dim=-1)
+        mask = length_mask(lengths, input_ids.shape[1]).unsqueeze(-1)
+        return (torch.where(mask, lp, torch.zeros_like(lp)),)
+
+
+@dataclass(frozen=True)
+class StateTree:
+    """The nesting of the user's state: each top-level item a tensor or a tuple of them."""
+
+    shape: tuple[int, ...]
+    """Per top-level state item: 0 for a tensor, n for a tuple of n tensors."""
+    layouts: tuple[StateLayout, ...]
+    """Per leaf tensor, in order."""
+
+    def leaves(self, items: tuple[Any, ...]) -> list[Tensor]:
+        out: list[Tensor] = []
+        for n, item in zip(self.shape, items, strict=True):
+            out += list(item) if n else [item]
+        return out
+
+    def build(self, leaves: list[Tensor]) -> tuple[Any, ...]:
+        items: list[Any] = []
+        i = 0
+        for n in self.shape:
+            if n:
+                items.append(tuple(leaves[i:i + n]))
+                i += n
+            else:
+                items.append(leaves[i])
+                i += 1
+        return tuple(items)
+
+    def flatten(self, leaves: list[Tensor]) -> Tensor:
+        parts = []
+        for t, lay in zip(leaves, self.layouts, strict=True):
+            if lay.layers:
+                t = t.transpose(0, 1).reshape(t.shape[1], lay.width)  # (B, L*H)
+            parts.append(t.float())
+        return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+
+    def unflatten(self, state: Tensor) -> list[Tensor]:
+        leaves, offset = [], 0
+        for lay in self.layouts:
+            part = state[:, offset:offset + lay.width]
+            offset += lay.width
+            if lay.layers:
+                part = part.reshape(state.shape[0], lay.layers, lay.hidden).transpose(0, 1)
+            leaves.append(part.contiguous())
+        return leaves
+
+
+def state_tree(encode: Callable[..., Any], example: tuple[Tensor, Tensor]) -> StateTree:
+    """Run `encode` on two batch sizes to find each state tensor's batch axis."""
+    ids, lengths = example
+    with torch.no_grad():
+        a = encode(ids, lengths)
+        b = encode(ids[:2], lengths[:2])
+    if not isinstance(a, tuple | list) or len(a) < 2:
+        raise BundleError("encode(ids, lengths) must return (memory, state...): the memory "
+                          "(batch, src_len, dim) and the decoder's initial state")
+    shape: list[int] = []
+    layouts: list[StateLayout] = []
+    for item_a, item_b in zip(a[1:], b[1:], strict=True):
+        group_a = list(item_a) if isinstance(item_a, tuple | list) else [item_a]
+        group_b = list(item_b) if isinstance(item_b, tuple | list) else [item_b]
+        shape.append(len(group_a) if isinstance(item_a, tuple | list) else 0)
+        for ta, tb in zip(group_a, group_b, strict=True):
+            layouts.append(_layout(ta, tb, ids.shape[0]))
+    return StateTree(tuple(shape), tuple(layouts))
+
+
+def _layout(a: Tensor, b: Tensor, batch: int) -> StateLayout:
+    if a.dim() == 3 and a.shape[1] == batch and b.shape[1] == 2:
+        return StateLayout(int(a.shape[0]), int(a.shape[2]))
+    if a.dim() == 2 and a.shape[0] == batch and b.shape[0] == 2:
+        return StateLayout(0, int(a.shape[1]))
+    raise BundleError(f"a state tensor of shape {tuple(a.shape)}: expected (layers, batch, "
+                      "hidden) or (batch, hidden)")
+
+
+class EncoderWrap(nn.Module):
+    """(src_ids, src_lengths) -> (memory zeroed past length, src_mask, flat state)."""
+
+    def __init__(self, encode: Callable[..., Any], tree: StateTree,
+                 owner: nn.Module | None = None) -> None:
+        super().__init__()
+        self.owner = owner if owner is not None else encode  # registers the parameters
+        self._encode = encode
+        self.tree = tree
+
+    def forward(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        out = self._encode(src_ids, src_lengths)
+        mask = length_mask(src_lengths, src_ids.shape[1])  # (B, S)
+        memory = out[0].float() * mask.unsqueeze(-1).float()
+        return memory, mask, self.tree.flatten(self.tree.leaves(tuple(out[1:])))
+
+
+class StepWrap(nn.Module):
+    """The contract's decoder step around the user's step (see module doc)."""
+
+    def __init__(self, step: Callable[..., Any], tree: StateTree, attention: bool,
+                 owner: nn.Module | None = None) -> None:
+        super().__init__()
+        self.owner = owner if owner is not None else step
+        self._step = step
+        self.tree = tree
+        self.attention = attention
+
+    def forward(self, prev_ids: Tensor, state: Tensor, memory: Tensor, src_mask: Tensor,
+                memory_index: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        mem = memory.index_select(0, memory_index)  # (R, S, D)
+        mask = src_mask.index_select(0, memory_index)  # (R, S)
+        items = self.tree.build(self.tree.unflatten(state))
+        out = self._step(prev_ids, *items, mem, mask)
+        n = len(self.tree.shape)
+        logits = out[0].float()
+        new_state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
+        lp = F.log_softmax(logits, dim=-1)
+        top_lp, top_ids = torch.topk(lp, k.reshape(()), dim=-1)  # type: ignore[call-overload,arg-type]
+        att = out[1 + n].float() if self.attention else torch.zeros_like(mask, dtype=lp.dtype)
+        return new_state, top_lp, top_ids, att
+
+
+def step_has_attention(step: Callable[..., Any], tree: StateTree, example: tuple[Any, ...]
+                       ) -> bool:
+    """Whether the user's step returns an attention after its new state."""
+    with torch.no_grad():
+        out = step(*example)
+    n = len(tree.shape)
+    if not isinstance(out, tuple | list) or len(out) not in (n + 1, n + 2):
+        raise BundleError(f"step(prev_ids, state..., memory, mask) returned {type(out).__name__}"
+                          f" of {len(out) if isinstance(out, tuple | list) else 1} items: "
+                          f"expected (logits, {n} new state item(s)[, attention])")
+    return len(out) == n + 2

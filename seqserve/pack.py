@@ -1,0 +1,52 @@
+"""Serve your own model: pack a PyTorch module as a verified seqserve bundle.
+
+    import seqserve.pack
+    seqserve.pack.classifier(model, tokenizer="tokenizer.json", labels=["en", "fr"],
+                             repo="model_repository", name="names")
+    seqserve.pack.tagger(model, tokenizer=..., labels=..., repo=..., name=...)
+    seqserve.pack.translator(model, source_tokenizer=..., target_tokenizer=..., repo=...,
+                             name=...)        # model.encode(ids, lengths), model.step(...)
+    rnn = seqserve.pack.bidirectional(nn.GRU(..., bidirectional=True))  # rnn(x, lengths)
+
+Each call exports ONNX and TorchScript with dynamic axes from a wrapper around the module
+(log-softmax, top-k, memory gather, state flattening for the served contract), compares both
+with the eager module on random padded batches (parity and batch invariance) and writes
+`repo/name/VERSION` (docs/bundle-format.md). Imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def classifier(module: Any, **kwargs: Any) -> Any:
+    """`module(ids, lengths)` -> logits or (logits, attention): see `export.pack.api`."""
+    from seqserve.export.pack.api import classifier as pack
+
+    return pack(module, **kwargs)
+
+
+def tagger(module: Any, **kwargs: Any) -> Any:
+    """`module(ids, lengths)` -> per-token logits: see `export.pack.api`."""
+    from seqserve.export.pack.api import tagger as pack
+
+    return pack(module, **kwargs)
+
+
+def translator(module: Any = None, **kwargs: Any) -> Any:
+    """`module.encode(ids, lengths)` and `module.step(prev_ids, state..., memory, mask)` (or
+    `encoder=` and `step=`): see `export.pack.api`."""
+    from seqserve.export.pack.api import translator as pack
+
+    return pack(module, **kwargs)
+
+
+def bidirectional(rnn: Any) -> Any:
+    """A drop-in wrapper around a bidirectional nn.LSTM / nn.GRU that keeps its weights and
+    runs the backward direction within each row's length: call it as `rnn(x, lengths)`."""
+    from seqserve.models.bidirectional import LengthAwareBidirectional
+
+    return LengthAwareBidirectional(rnn)
+
+
+__all__ = ["bidirectional", "classifier", "tagger", "translator"]

@@ -1,0 +1,130 @@
+"""`seqserve pack TASK`: a model exported outside seqserve -> a verified, versioned bundle."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "pack"
+HELP = ("Pack a model you exported yourself (ONNX, optional TorchScript twin, a tokenizer.json "
+        "or SentencePiece .model) as a verified bundle that `seqserve serve` serves.")
+EPILOG = """\
+examples:
+  seqserve pack classifier --onnx model.onnx --tokenizer tokenizer.json --labels en,fr,de \\
+      --repo model_repository --name names
+  seqserve pack tagger --onnx tagger.onnx --tokenizer tokenizer.json --labels labels.txt \\
+      --repo model_repository --name pos
+  seqserve pack translator --encoder enc.onnx --decoder-step step.onnx \\
+      --source-tokenizer src.json --target-tokenizer tgt.json --repo model_repository --name mt
+
+The graphs' contract (inputs, outputs, padding rules) is docs/bundle-format.md. pack checks
+the signature, parity with the TorchScript twin when given and batch invariance on random
+padded batches, and refuses (naming what to change) a model that fails; nothing is written
+then. Versions are never overwritten. Worked examples: examples/ and the README's
+"Serve your own model".
+"""
+
+
+def _specials(p: argparse.ArgumentParser, prefix: str = "", whose: str = "the tokenizer"
+              ) -> None:
+    for name in ("pad", "unk", "bos", "eos"):
+        p.add_argument(f"--{prefix}{name}-token", default=None, metavar="TOKEN|ID",
+                       help=f"{whose}'s {name} token, a token or an id (default: read from its "
+                       "special tokens by name)")
+
+
+def _common(p: argparse.ArgumentParser, whose: str = "the tokenizer") -> None:
+    p.add_argument("--repo", type=Path, default=Path("model_repository"),
+                   help="model repository folder (default: model_repository)")
+    p.add_argument("--name", required=True, help="model name (folder under --repo)")
+    p.add_argument("--version", type=int, default=None,
+                   help="version number (default: the next free integer; never overwrites)")
+    p.add_argument("--max-tokens", type=int, default=128,
+                   help="longest input in tokens the bundle accepts (default: 128; the "
+                   "batch-invariance check runs up to it)")
+    _specials(p, "", whose)
+
+
+def _rows(p: argparse.ArgumentParser, task: str) -> None:
+    p.add_argument("--onnx", type=Path, required=True,
+                   help="the ONNX graph (either PyTorch exporter; *.onnx.data external "
+                   "weights beside it are read in)")
+    p.add_argument("--torchscript", type=Path, default=None,
+                   help="optional TorchScript twin of the same model (same inputs; enables "
+                   "--runtime torchscript and a parity check)")
+    p.add_argument("--tokenizer", type=Path, required=True,
+                   help="tokenizer.json (Hugging Face tokenizers) or a SentencePiece .model")
+    p.add_argument("--labels", required=True,
+                   help="label file (one label per line, in logit order) or a,b,c")
+    p.add_argument("--input-names", default=None, metavar="IDS,LENGTHS",
+                   help="the graph's own names of its token-id (batch, seq) int64 and length "
+                   "(batch,) int64 inputs, in that order (default: its two inputs in order)")
+    outs = "LOGITS[,ATTENTION]" if task == "classifier" else "LOGITS"
+    p.add_argument("--output-names", default=None, metavar=outs,
+                   help=("the graph's own names of its logits (batch, classes) and optional "
+                         "attention (batch, seq) outputs" if task == "classifier" else
+                         "the graph's own name of its per-token logits or log-probs "
+                         "(batch, seq, labels)") + " (default: its outputs in order; recorded "
+                   "in the manifest, the file keeps its names)")
+    _common(p)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    sub = parser.add_subparsers(dest="task", metavar="TASK")
+    sub.required = True
+    clf = sub.add_parser("classifier", help="one label per text",
+                         description="Pack a classifier: graph(ids, lengths) -> logits "
+                         "[, attention].")
+    _rows(clf, "classifier")
+    tag = sub.add_parser("tagger", help="one label per word",
+                         description="Pack a tagger: graph(ids, lengths) -> per-token logits "
+                         "(log-softmax and zeros past each row's length are appended).")
+    _rows(tag, "tagger")
+    mt = sub.add_parser(
+        "translator", help="sequence to sequence (batched beam search)",
+        description="Pack a translator: an encoder graph(ids, lengths) -> (memory, state...) "
+        "and a decoder step graph(prev_ids, state..., memory, mask) -> (logits, new state..., "
+        "[attention]); pack appends log-softmax + top-k, gathers memory rows by "
+        "memory_index and flattens the state tensors.")
+    mt.add_argument("--encoder", type=Path, required=True, help="the encoder's ONNX graph")
+    mt.add_argument("--decoder-step", type=Path, required=True,
+                    help="the decoder step's ONNX graph (state tensors (layers, rows, hidden) "
+                    "or (rows, hidden))")
+    mt.add_argument("--encoder-torchscript", type=Path, default=None,
+                    help="optional TorchScript twin of the encoder")
+    mt.add_argument("--decoder-step-torchscript", type=Path, default=None,
+                    help="optional TorchScript twin of the decoder step")
+    mt.add_argument("--tokenizer", type=Path, default=None,
+                    help="one joint tokenizer for source and target")
+    mt.add_argument("--source-tokenizer", type=Path, default=None,
+                    help="the source side's tokenizer (with --target-tokenizer)")
+    mt.add_argument("--target-tokenizer", type=Path, default=None,
+                    help="the target side's tokenizer: decoder ids, bos and eos")
+    mt.add_argument("--max-decode-length", type=int, default=128,
+                    help="most tokens generated per text (default: 128)")
+    _common(mt, "the source (or joint) tokenizer")
+    _specials(mt, "target-", "the --target-tokenizer")
+
+
+def run(args: argparse.Namespace) -> int:
+    from seqserve.export.pack.files import pack_files
+
+    specials = {n: getattr(args, f"{n}_token") for n in ("pad", "unk", "bos", "eos")}
+    common = {"repo": args.repo, "name": args.name, "version": args.version,
+              "specials": specials, "max_tokens": args.max_tokens}
+    if args.task == "translator":
+        target = {n: getattr(args, f"target_{n}_token") for n in ("pad", "unk", "bos", "eos")}
+        pack_files("translator", encoder=args.encoder, decoder_step=args.decoder_step,
+                   target_specials=target,
+                   encoder_torchscript=args.encoder_torchscript,
+                   decoder_step_torchscript=args.decoder_step_torchscript,
+                   tokenizer=args.tokenizer, source_tokenizer=args.source_tokenizer,
+                   target_tokenizer=args.target_tokenizer,
+                   max_decode_length=args.max_decode_length, **common)
+    else:
+        pack_files(args.task, onnx=args.onnx, torchscript=args.torchscript,
+                   tokenizer=args.tokenizer, labels=args.labels,
+                   input_names=args.input_names, output_names=args.output_names, **common)
+    return 0

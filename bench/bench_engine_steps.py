@@ -145,7 +145,8 @@ async def measure(clients: int, args: argparse.Namespace) -> dict[str, Any]:
     runtime = TableRuntime()
     limits = DecodeLimits(bos_id=2, eos_id=3, vocab_size=runtime.vocab, max_decode_length=64)
     config = DecodeConfig(max_live_hypotheses=clients * args.beam_size, max_queue=1 << 16,
-                          max_admit=args.max_admit, groups=args.groups)
+                          max_admit=args.max_admit, groups=args.groups, retry_after_s=1.0,
+                          max_queue_wait_s=None)
     options = SearchOptions(beam_size=args.beam_size, length_penalty=args.length_penalty,
                             coverage_penalty=args.coverage_penalty)
     items = sources(clients * args.per_client, runtime.vocab)

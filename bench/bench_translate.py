@@ -185,7 +185,7 @@ async def engine_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]]
                                                                            StepStats]:
     config = DecodeConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
                           max_queue=4096, max_admit=64, continuous=continuous,
-                          groups=args.groups)
+                          groups=args.groups, retry_after_s=1.0, max_queue_wait_s=None)
     options = SearchOptions(beam_size=args.beam_size)
     async with DecodeLoop(runtime, limits, config) as engine:
         await engine.translate(items[:8], options)  # warm-up
@@ -308,7 +308,8 @@ def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
         runtime = gpu_runtime(device, args, path, manifest)
         print(f"{device}: runtime {runtime.name}", file=sys.stderr)
         config = DecodeConfig(max_live_hypotheses=256 * args.beam_size, max_queue=8192,
-                              max_admit=256)
+                              max_admit=256, groups=1, retry_after_s=1.0,
+                              max_queue_wait_s=None)
 
         async def all_at_once(runtime: Any = runtime, config: DecodeConfig = config) -> Any:
             async with DecodeLoop(runtime, limits, config) as engine:

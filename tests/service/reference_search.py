@@ -100,7 +100,7 @@ def onnx_reference(repo: Path, text: str, options: SearchOptions) -> list[Any]:
 
     path = repo / "tiny-mt" / "1"
     manifest = load_bundle(path)
-    runtime = load_runtime(RuntimeSpec(intra_op_threads=1), path, manifest)
+    runtime = load_runtime(RuntimeSpec("onnx", "cpu", (), 1, 0), path, manifest)
     src = Tokenizer.load(path / "tokenizer.model").encode(text)
     enc = runtime.run("encoder", {"src_ids": np.array([src]), "src_lengths": np.array([len(src)])})
     vocab = manifest.tokenizer.vocab_size

@@ -15,7 +15,9 @@ import httpx
 import numpy as np
 from fastapi import FastAPI
 
+from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
+from seqserve.service.scheduling.decoding import DecodeConfig
 from seqserve.service.web.settings import Settings
 
 
@@ -62,12 +64,37 @@ def fake_factory(runtime: FakeRuntime) -> Callable[..., FakeRuntime]:
     return lambda settings, path, manifest: runtime
 
 
+# The engine-side configs have no defaults (the server's come from Settings); tests that build
+# them directly start from these explicit values and override what they test.
+TEST_BATCHER: dict[str, Any] = {
+    "max_batch_size": 32, "max_batch_tokens": 4096, "max_wait_s": 0.01, "queue_size": 256,
+    "retry_after_s": 1.0, "max_queue_wait_s": None, "overhead_tokens": 64.0}
+TEST_DECODE: dict[str, Any] = {
+    "max_live_hypotheses": 256, "max_queue": 512, "max_admit": 64, "groups": 1,
+    "retry_after_s": 1.0, "max_queue_wait_s": None}
+TEST_RUNTIME: dict[str, Any] = {
+    "kind": "onnx", "device": "cpu", "providers": (), "intra_op_threads": 0,
+    "inter_op_threads": 0}
+
+
+def batcher_config(**overrides: Any) -> BatcherConfig:
+    return BatcherConfig(**{**TEST_BATCHER, **overrides})
+
+
+def decode_config(**overrides: Any) -> DecodeConfig:
+    return DecodeConfig(**{**TEST_DECODE, **overrides})
+
+
+def runtime_spec(**overrides: Any) -> RuntimeSpec:
+    return RuntimeSpec(**{**TEST_RUNTIME, **overrides})
+
+
 def make_batcher(
     compute: Callable[[list[Any]], list[Any]] | None = None, **overrides: Any
 ) -> Batcher[Any, Any]:
     """A Batcher over `compute` (default: echo the payloads) with BatcherConfig overrides."""
-    config = BatcherConfig(**{"max_wait_s": 0.01, **overrides})
-    return Batcher(compute or (lambda rows: list(rows)), config, name="test")
+    return Batcher(compute or (lambda rows: list(rows)), batcher_config(**overrides),
+                   name="test")
 
 
 def free_port() -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -10,8 +13,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from service_fakes import copy_repo, serve_in_thread
 
+import seqserve.export.manifest as manifest_module
+from seqserve.export.manifest import load_bundle
+from seqserve.service.core.metrics import Metrics
+from seqserve.service.engine.client import EngineClient
+from seqserve.service.engine.server import EngineServer
 from seqserve.service.server.app import create_app
+from seqserve.service.web.repository import ModelRepository
 from seqserve.service.web.settings import Settings
+from seqserve.service.workers.base import RequestContext
+from seqserve.service.workers.classifier import ClassifierWorker
 
 MODEL = "tiny-clf"
 
@@ -74,3 +85,71 @@ def test_empty_repository_is_not_ready(tmp_path: Path) -> None:
     with serve_in_thread(create_app(Settings(repo=tmp_path / "empty"))) as url:
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503
         assert httpx.get(f"{url}/v1/models").json() == {"models": []}
+
+
+def test_with_an_engine_the_api_side_hashes_nothing(tiny_repo: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine verifies every bundle once; an API process's repository takes the verified
+    manifest, limits and state from the engine's Hello answer: not one file is hashed there
+    (and a version the engine failed is failed there too, with the engine's reason)."""
+    repo = copy_repo(tiny_repo, tmp_path / "repo")
+    shutil.copytree(repo / MODEL / "1", repo / MODEL / "2")
+    onnx = repo / MODEL / "2" / "classifier.onnx"
+    onnx.write_bytes(onnx.read_bytes() + b"\0")
+    settings = Settings(repo=repo, warmup=False, max_tokens=8, max_batch_tokens=512)
+    hashed: list[str] = []
+    real_hash = manifest_module.sha256_file
+    monkeypatch.setattr(manifest_module, "sha256_file",
+                        lambda path, *a: hashed.append(str(path)) or real_hash(path, *a))
+    address = f"ipc://{tempfile.mkdtemp(prefix='sq-')}/engine.sock"
+
+    async def scenario() -> None:
+        engine = EngineServer(settings.engine_options(), Metrics())
+        await engine.load()
+        stop = asyncio.Event()
+        serving = asyncio.create_task(engine.serve(address, stop))
+        by_engine = len(hashed)
+        client = EngineClient(address)
+        await client.start()
+        api = ModelRepository(settings, Metrics(), engine=client)
+        try:
+            await api.load_all()
+            assert by_engine > 0 and len(hashed) == by_engine, hashed[by_engine:]
+            good = api.entry(MODEL, 1)
+            assert good.state == "ready" and good.manifest == load_bundle(repo / MODEL / "1")
+            assert isinstance(good.worker, ClassifierWorker)
+            assert good.worker.ctx.limits.max_tokens == 8  # the engine's limit, not re-derived
+            assert good.scheduling and good.scheduling["batcher"]["max_batch_tokens"] == 512
+            bad = api.entry(MODEL, 2)
+            assert bad.state == "failed" and bad.reason and "sha256" in bad.reason
+            call = RequestContext(deadline=time.monotonic() + 30)
+            (answer,) = await good.worker.classify(["one two"], 1, False, call)
+            assert answer["label"]
+            report = api.engine_report()
+            assert report["mode"] == "engine process"
+            assert report["options"] == settings.engine_options().to_dict()
+        finally:
+            stop.set()
+            await serving
+            await engine.drain(5.0)
+            await client.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=120))
+
+
+def test_in_process_the_bundle_is_verified_once(tiny_repo: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """--api-workers 0: one load per bundle, which hashes each of its files once."""
+    hashed: list[str] = []
+    real_hash = manifest_module.sha256_file
+    monkeypatch.setattr(manifest_module, "sha256_file",
+                        lambda path, *a: hashed.append(str(path)) or real_hash(path, *a))
+    repo = ModelRepository(Settings(repo=tiny_repo, warmup=False), Metrics())
+
+    async def scenario() -> None:
+        await repo.load_all(only=MODEL)
+        await repo.stop_all(5.0)
+
+    asyncio.run(scenario())
+    files = load_bundle(tiny_repo / MODEL / "1", verify=False).files
+    assert sorted(hashed) == sorted(str(tiny_repo / MODEL / "1" / f) for f in files)

@@ -42,3 +42,42 @@ def test_invalid_settings_are_user_errors(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="max_batch_tokens"):
         settings_from_args(args)
     assert main(["serve", "--repo", str(tmp_path / "missing")]) == 2
+
+
+def test_admin_config_shows_the_effective_values_and_never_the_key(tiny_repo: Path) -> None:
+    import httpx
+    from pydantic import SecretStr
+    from service_fakes import serve_in_thread
+
+    from seqserve.service.server.app import create_app
+
+    key = "k-7f3a-never-shown"
+    settings = Settings(repo=tiny_repo, warmup=False, api_key=SecretStr(key), max_batch_size=8,
+                        decode_groups=1, switch_interval_ms=0.7)
+    with serve_in_thread(create_app(settings)) as url:
+        assert httpx.get(f"{url}/v1/admin/config").status_code == 401  # behind the key
+        r = httpx.get(f"{url}/v1/admin/config", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200 and key not in r.text
+    api, engine = r.json()["api"], r.json()["engine"]
+    assert api["settings"]["api_key"] == "set" and api["settings"]["max_batch_size"] == 8
+    assert engine["mode"] == "in process" and engine["options"] == api["engine_options"]
+    assert engine["options"]["process"]["switch_interval_ms"] == 0.7
+    assert engine["models"]["tiny-clf/1"]["batcher"]["max_batch_size"] == 8
+    assert engine["models"]["tiny-mt/1"]["decode"]["groups"] == 1
+    assert engine["models"]["tiny-mt/1"]["decode"]["max_admit"] == 8
+
+
+def test_engine_options_come_from_the_settings_and_survive_json() -> None:
+    from seqserve.service.engine.options import EngineOptions
+
+    settings = Settings(max_batch_size=8, max_wait_ms=3.0, drain_timeout_s=7.0,
+                        log_format="json", switch_interval_ms=0.25, providers=["A", "B"])
+    options = settings.engine_options()
+    assert EngineOptions.from_json(options.to_json()) == options
+    assert (options.max_batch_size, options.max_wait_s, options.drain_timeout_s) == (8, 0.003, 7.0)
+    assert options.process == settings.process_settings()
+    assert options.process.log_format == "json" and options.process.switch_interval_ms == 0.25
+    assert options.runtime.providers == ("A", "B")
+    config = options.model_config(max_tokens=64)
+    assert config.batcher.max_batch_size == config.decode.max_admit == 8
+    assert config.batcher.queue_size == config.decode.max_queue == settings.queue_size

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -118,6 +119,55 @@ def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path) -> None:
     assert rc == 0
 
 
+SAME = [("max_batch_size", "max_batch_size", 1), ("max_batch_tokens", "max_batch_tokens", 1),
+        ("max_wait_ms", "max_wait_s", 1000), ("queue_size", "queue_size", 1),
+        ("max_tokens", "max_tokens", 1), ("max_live_hypotheses", "max_live_hypotheses", 1),
+        ("decode_groups", "decode_groups", 1),
+        ("batch_overhead_tokens", "batch_overhead_tokens", 1),
+        ("retry_after_s", "retry_after_s", 1), ("max_queue_wait_s", "max_queue_wait_s", 1),
+        ("drain_timeout_s", "drain_timeout_s", 1), ("warmup", "warmup", 1)]
+"""(setting of the API process, engine option, factor: setting = option x factor)."""
+
+
+def _check_same_values(config: dict[str, Any]) -> None:
+    api, engine = config["api"], config["engine"]
+    settings, options = api["settings"], engine["options"]
+    assert options == api["engine_options"]
+    for setting, option, factor in SAME:
+        assert settings[setting] == pytest.approx(options[option] * factor), setting
+    for key in ("switch_interval_ms", "log_level"):  # what each process runs with
+        assert api["process"][key] == engine["process"][key] == options["process"][key], key
+    assert options["process"]["switch_interval_ms"] == settings["switch_interval_ms"]
+    for name, model in engine["models"].items():  # each model's effective scheduling
+        batcher, decode = model["batcher"], model["decode"]
+        assert batcher["max_batch_size"] == settings["max_batch_size"], name
+        assert batcher["queue_size"] == decode["max_queue"] == settings["queue_size"], name
+        assert batcher["max_wait_s"] * 1000 == pytest.approx(settings["max_wait_ms"]), name
+        assert decode["max_live_hypotheses"] == settings["max_live_hypotheses"], name
+        assert decode["groups"] == settings["decode_groups"], name
+        assert model["max_tokens"] <= settings["max_tokens"], name
+
+
+def test_api_and_engine_processes_report_the_same_effective_values(
+        tiny_full_repo: Path) -> None:
+    """A server started with the defaults: GET /v1/admin/config shows the API process's
+    settings and the engine process's options, which agree value for value, and both
+    processes run with the same switch interval (the engine's batch threads too)."""
+    from seqserve.service.web.settings import Settings
+
+    with serve(tiny_full_repo) as server:
+        config = httpx.get(f"{server.url}/v1/admin/config", timeout=30).json()
+        engine_pid = next(p for p, role in server.children().items() if role == "engine")
+    api, engine = config["api"], config["engine"]
+    assert engine["mode"] == "engine process" and engine["process"]["pid"] == engine_pid
+    assert api["process"]["pid"] != engine_pid
+    _check_same_values(config)
+    for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "queue_size",
+                 "max_tokens", "max_live_hypotheses", "decode_groups", "switch_interval_ms"):
+        assert api["settings"][name] == Settings.model_fields[name].default, name
+    assert set(engine["models"]) == {"tiny-clf/1", "tiny-mt/1", "tiny-tag/1"}
+
+
 @pytest.mark.parametrize("flags", [("--api-workers", "0"), ("--api-workers", "1")])
 def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
                                                       flags: tuple[str, str]) -> None:
@@ -126,6 +176,9 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
         r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify", json=body, timeout=30)
         expected_children = 0 if flags[1] == "0" else 2
         assert len(server.children()) == expected_children
+        config = httpx.get(f"{server.url}/v1/admin/config", timeout=30).json()
+    assert config["engine"]["mode"] == ("in process" if flags[1] == "0" else "engine process")
+    _check_same_values(config)
     assert r.status_code == 200
     scores = [t["probability"] for res in r.json()["results"] for t in res["top_k"]]
     assert len(scores) == 6 and all(0 <= s <= 1 for s in scores)

@@ -5,5 +5,6 @@ as
 
 Modules: `common` (shared dependencies, error schema, validation messages), `health`,
 `models` (listing), `classify`, `translate`, `tag` (v1 routes with their schemas), `oip/`
-(Open Inference Protocol v2: routes, tensor codec, schemas, per-task adapters).
+(Open Inference Protocol v2: routes, tensor codec, schemas, per-task adapters), `admin`
+(the effective settings of both processes).
 """

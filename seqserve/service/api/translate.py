@@ -35,7 +35,13 @@ from seqserve.service.api.common import (
     standard_bounds,
 )
 from seqserve.service.core.errors import BadRequest
-from seqserve.service.scheduling.search import MAX_BEAM_SIZE, SearchOptions
+from seqserve.service.scheduling.search import (
+    DEFAULT_BEAM_SIZE,
+    DEFAULTS,
+    LENGTH_SLACK,
+    MAX_BEAM_SIZE,
+    SearchOptions,
+)
 from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.translator import TranslatorWorker
@@ -44,8 +50,6 @@ router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 
 MAX_DECODE_LENGTH = 1024
 """Schema ceiling of max_length / min_length (the model's own limit applies too)."""
-DEFAULT_BEAM_SIZE = 5
-"""Beam width when none is given and no sampling option is set."""
 MAX_SEED = 2**53 - 1
 """Largest seed: the largest integer every JSON reader holds exactly (a double's mantissa)."""
 
@@ -88,8 +92,9 @@ class TranslateOptions(BaseModel):
     """Search options of one request; see `seqserve.service.scheduling.search.SearchOptions`.
 
     Sampling (temperature, top_k or top_p set) needs beam_size 1, which is then the default;
-    otherwise the default beam_size is 5. n_best must not exceed the beam width in force.
-    min_length at or over the length cap means no EOS: the output ends at the cap."""
+    otherwise beam_size defaults to `DEFAULT_BEAM_SIZE`. n_best must not exceed the beam width
+    in force. min_length at or over the length cap means no EOS: the output ends at the cap.
+    Every default is `SearchOptions`' own (`DEFAULTS`)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True,
                               json_schema_extra=lambda schema: _schema_extra(schema))
@@ -98,19 +103,22 @@ class TranslateOptions(BaseModel):
         None, ge=1, le=MAX_BEAM_SIZE,
         description=f"Beam width; 1 = greedy (or sampling). Default: {DEFAULT_BEAM_SIZE}, "
                     "or 1 when a sampling option is set (sampling needs beam_size 1).")
-    n_best: WholeInt = Field(1, ge=1, le=MAX_BEAM_SIZE,
+    n_best: WholeInt = Field(DEFAULTS.n_best, ge=1, le=MAX_BEAM_SIZE,
                               description="Hypotheses returned per text, best first.")
     max_length: WholeInt | None = Field(None, ge=1, le=MAX_DECODE_LENGTH,
                                          description="Cap on generated tokens (EOS included).")
     max_length_ratio: Number | None = Field(
-        2.0, gt=0, le=100,
-        description="Cap of ceil(ratio x source tokens) + 10 generated tokens; null = off.")
-    min_length: WholeInt = Field(0, ge=0, le=MAX_DECODE_LENGTH,
+        DEFAULTS.max_length_ratio, gt=0, le=100,
+        description=f"Cap of ceil(ratio x source tokens) + {LENGTH_SLACK} generated tokens; "
+                    "null = off.")
+    min_length: WholeInt = Field(DEFAULTS.min_length, ge=0, le=MAX_DECODE_LENGTH,
                                  description="Tokens before EOS is allowed (at or over the "
                                              "length cap: no EOS, the output ends at the cap).")
-    length_penalty: Number = Field(0.0, ge=0, le=10, description="GNMT alpha.")
-    coverage_penalty: Number = Field(0.0, ge=0, le=10, description="GNMT beta.")
-    no_repeat_ngram_size: WholeInt = Field(0, ge=0, le=16,
+    length_penalty: Number = Field(DEFAULTS.length_penalty, ge=0, le=10,
+                                   description="GNMT alpha.")
+    coverage_penalty: Number = Field(DEFAULTS.coverage_penalty, ge=0, le=10,
+                                     description="GNMT beta.")
+    no_repeat_ngram_size: WholeInt = Field(DEFAULTS.no_repeat_ngram_size, ge=0, le=16,
                                            description="Block repeated n-grams of this size.")
     temperature: Number | None = Field(
         None, gt=0, le=100, validation_alias=AliasChoices("temperature", "sampling_temperature"),
@@ -121,7 +129,8 @@ class TranslateOptions(BaseModel):
                                  description="Nucleus mass, within the top-k candidates.")
     seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED,
                                   description="Sampling seed (a JSON-safe integer).")
-    return_attention: StrictBool = Field(False, description="Return the attention matrix.")
+    return_attention: StrictBool = Field(DEFAULTS.return_attention,
+                                         description="Return the attention matrix.")
 
     @property
     def sampling(self) -> bool:

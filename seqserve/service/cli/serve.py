@@ -65,18 +65,20 @@ def run(args: argparse.Namespace) -> int:
 def serve(settings: typing.Any) -> int:
     """Serve until SIGTERM/SIGINT, then drain admitted work (also used by `seqserve demo`):
     a supervisor with API processes and an engine process, or one process (--api-workers 0)."""
+    import json
     import logging
-    import sys
 
     from seqserve.models.errors import UserError
-    from seqserve.service.core.logs import configure_logging
     from seqserve.service.server import layout as tuning
 
     if not settings.repo.is_dir():
         raise UserError(f"{settings.repo}: model repository folder does not exist")
-    configure_logging(settings.log_level, settings.log_format)
+    process = settings.process_settings()
+    process.apply()  # every process of the server applies the same (the engine's: its options)
     settings = tuning.resolve(settings)
-    logging.getLogger("seqserve").info("layout: %s", tuning.describe(settings))
+    log = logging.getLogger("seqserve")
+    log.info("layout: %s", tuning.describe(settings))
+    log.info("settings: %s", json.dumps(settings.effective(), sort_keys=True))
     if settings.api_workers:
         from seqserve.service.server.supervisor import Supervisor
 
@@ -84,9 +86,8 @@ def serve(settings: typing.Any) -> int:
     from seqserve.service.server.app import create_app
     from seqserve.service.server.shutdown import build_server
 
-    sys.setswitchinterval(settings.switch_interval_ms / 1000.0)  # process-wide: set here only
     app = create_app(settings)
     server = build_server(app, app.state.seqserve)
-    configure_logging(settings.log_level, settings.log_format)  # again: uvicorn's Config
-    server.run()                                                  # set up its own loggers
+    process.apply()  # again: uvicorn's Config set up its own loggers
+    server.run()
     return 0

@@ -1,6 +1,7 @@
 """The API-process side of the engine: one DEALER socket, requests matched to replies by id.
 
-`EngineClient.models()` asks the engine which models it serves; `RemoteRowModel` and
+`EngineClient.hello()` asks the engine which models it serves (each with the verified
+manifest and limits the engine loaded it with) and its effective options; `RemoteRowModel` and
 `RemoteDecodeModel` are those models as workers see them: the same `submit(...)` returning one
 future per row or source as the in-process `BatchedModel` / `DecodedModel`, so the workers do
 not know where their model runs. When a request's futures are cancelled (deadline, client
@@ -78,16 +79,16 @@ class EngineClient:
             stream.put(errors.ShuttingDown("this API process is stopping"))
         self._streams.clear()
 
-    async def models(self, timeout: float) -> list[p.ModelState]:
-        """The engine's models and their states (asks until it answers or `timeout`)."""
+    async def hello(self, timeout: float) -> p.State:
+        """The engine's models, their states and the engine's effective options (asks until
+        it answers or `timeout`)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while loop.time() < deadline:
             self._state = loop.create_future()
             self._send(p.Hello())
             with contextlib.suppress(TimeoutError):
-                state = await asyncio.wait_for(asyncio.shield(self._state), 1.0)
-                return list(state.models)
+                return await asyncio.wait_for(asyncio.shield(self._state), 1.0)
         raise EngineUnavailable(f"the engine at {self.address} did not answer in {timeout} s")
 
     def expected_wait(self, model: str, version: int) -> float | None:

@@ -1,7 +1,8 @@
 """One bundle version -> verified manifest, runtime instances and its started, scheduled model.
 
-The engine process loads every bundle with `load_model`; the single-process server does the
-same in its own process. A failure raises (the caller records the version as failed).
+The one loader: the engine process loads and verifies every bundle with `build_served` (and
+hands the API processes what they need); the single-process server does the same in its own
+process. A failure raises (the caller records the version as failed).
 """
 
 from __future__ import annotations

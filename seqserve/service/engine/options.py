@@ -1,11 +1,17 @@
-"""`EngineOptions`: everything an engine is started with, as plain JSON-able values."""
+"""`EngineOptions`: everything an engine is started with, as plain JSON-able values.
+
+Every value comes from `Settings.engine_options()` (the composition root): nothing here has a
+default of its own that could disagree with the settings. The engine process reads them as
+JSON from SEQSERVE_ENGINE_OPTIONS and nothing else of its environment but the address.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from seqserve.service.core.process import ProcessSettings
 from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.batcher import BatcherConfig
 from seqserve.service.scheduling.decoding import DecodeConfig
@@ -17,39 +23,44 @@ ADDRESS_ENV = "SEQSERVE_ENGINE_ADDRESS"
 """The engine's ZeroMQ address (ipc://...), for the engine and every API process."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineOptions:
-    """How the engine loads and schedules every bundle of a repository."""
+    """How the engine loads and schedules every bundle of a repository (see `Settings` for
+    what each value means and its default)."""
 
-    repo: str = "model_repository"
+    repo: str
     """Model repository folder."""
-    runtime: RuntimeSpec = field(default_factory=RuntimeSpec)
+    runtime: RuntimeSpec
     """Which runtime runs the graphs, and its threads (per instance)."""
-    instances: int = 1
+    instances: int
     """Runtime instances per batched model: batches in flight at once (Triton's instance
     groups); each instance has its own runtime session."""
-    max_batch_size: int = 16
+    max_batch_size: int
     """Most rows per batch (also the translator's admission batch)."""
-    max_batch_tokens: int = 4096
+    max_batch_tokens: int
     """Padded-token budget per batch."""
-    max_wait_s: float = 0.002
+    max_wait_s: float
     """Longest a batch waits to fill."""
-    batch_overhead_tokens: float = 64.0
+    batch_overhead_tokens: float
     """Fixed cost of a batch in padded tokens (length grouping)."""
-    queue_size: int = 256
+    queue_size: int
     """Most rows (texts) waiting per model."""
-    retry_after_s: float = 1.0
+    retry_after_s: float
     """Retry-After of the engine's 429 and 503."""
-    max_queue_wait_s: float | None = None
+    max_queue_wait_s: float | None
     """Admission by expected wait (None: the queue bounds only)."""
-    max_tokens: int = 256
+    max_tokens: int
     """Longest text in tokens (capped by each bundle's own limit)."""
-    max_live_hypotheses: int = 1024
+    max_live_hypotheses: int
     """Translators: live-hypothesis cap."""
-    decode_groups: int = 2
+    decode_groups: int
     """Translators: decoder-step groups that take turns."""
-    warmup: bool = True
+    warmup: bool
     """Warm every model up before it serves."""
+    drain_timeout_s: float
+    """On SIGTERM, how long admitted work may take before the engine process exits."""
+    process: ProcessSettings
+    """Logging and switch interval of the engine process (the same as the API processes')."""
 
     def model_config(self, max_tokens: int) -> ModelConfig:
         """How a model whose texts have at most `max_tokens` tokens is scheduled."""
@@ -59,18 +70,30 @@ class EngineOptions:
             max_wait_s=self.max_wait_s, queue_size=self.queue_size,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s,
             overhead_tokens=self.batch_overhead_tokens)
-        engine = DecodeConfig(
+        decode = DecodeConfig(
             max_live_hypotheses=self.max_live_hypotheses, max_queue=self.queue_size,
             max_admit=self.max_batch_size, groups=self.decode_groups,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s)
-        return ModelConfig(batcher, engine, max_tokens, self.warmup)
+        return ModelConfig(batcher=batcher, decode=decode, max_tokens=max_tokens,
+                           warmup=self.warmup)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (what `to_json` writes and the engine reports in `State`)."""
+        data = asdict(self)
+        data["runtime"]["providers"] = list(self.runtime.providers)
+        return data
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineOptions:
+        data = dict(data)
+        spec = dict(data.pop("runtime"))
+        spec["providers"] = tuple(spec.get("providers") or ())
+        process = ProcessSettings(**data.pop("process"))
+        return cls(runtime=RuntimeSpec(**spec), process=process, **data)
 
     @classmethod
     def from_json(cls, text: str) -> EngineOptions:
-        data: dict[str, Any] = json.loads(text)
-        spec = data.pop("runtime")
-        spec["providers"] = tuple(spec.get("providers") or ())
-        return cls(runtime=RuntimeSpec(**spec), **data)
+        return cls.from_dict(json.loads(text))

@@ -1,6 +1,7 @@
 """The frames between API processes (DEALER) and the engine (ROUTER): msgspec msgpack.
 
-API -> engine: `Hello` (which models, in what state), `Submit` (token rows of one request for
+API -> engine: `Hello` (which models, in what state, and the engine's effective options),
+`Submit` (token rows of one request for
 one model; translators add their search options), `Cancel` (the client left or its deadline
 passed). Engine -> API: `State`, `Rows` (per-row result arrays and timings), `Decodes` (per
 source hypotheses), `Failure` (a `seqserve.service.core.errors` class name, its message and
@@ -62,6 +63,9 @@ class StopSeq(msgspec.Struct, tag="stopseq", array_like=True):
 
 
 class ModelState(msgspec.Struct, array_like=True):
+    """One bundle version as the engine loaded it: everything an API process needs to serve
+    it (it reads the tokenizer file, nothing else of the bundle, and hashes nothing)."""
+
     name: str
     version: int
     path: str
@@ -70,10 +74,20 @@ class ModelState(msgspec.Struct, array_like=True):
     reason: str | None
     task: str | None
     describe: dict[str, Any]
+    manifest: dict[str, Any] | None = None
+    """The verified manifest (`Manifest.to_dict()`); None when the version failed."""
+    max_tokens: int | None = None
+    """The token limit the engine schedules this model with (settings capped by bundle)."""
+    scheduling: dict[str, Any] | None = None
+    """The model's effective `ModelConfig` (batcher, decode loop), as plain data."""
 
 
 class State(msgspec.Struct, tag="state", array_like=True):
     models: list[ModelState]
+    options: dict[str, Any] = {}
+    """The engine's effective `EngineOptions` (as plain data)."""
+    process: dict[str, Any] = {}
+    """What the engine process runs with (`core.process.observed()`)."""
 
 
 class Array(msgspec.Struct, array_like=True):

@@ -1,7 +1,9 @@
 """The engine process: every model of one device behind one ZeroMQ ROUTER socket.
 
-`EngineServer.load()` loads every bundle of the repository (a failed one is reported, the
-others serve); `serve(address)` answers `Hello` with the models' states and turns each
+`EngineServer.load()` loads and verifies every bundle of the repository once (a failed one is
+reported, the others serve); `serve(address)` answers `Hello` with the models' states (each
+with its verified manifest and limits: the API processes load nothing themselves) and the
+engine's effective options, and turns each
 `Submit` into one `submit` on the model's batcher or decode scheduler, so rows from every API
 process share the same batches. A request's reply goes out when all its rows are done; a
 `Cancel` cancels its futures, which the schedulers drop before they cost compute.
@@ -11,6 +13,7 @@ process share the same batches. A request's reply goes out when all its rows are
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -21,6 +24,7 @@ import zmq
 from seqserve.export.manifest import list_bundles
 from seqserve.service.core.errors import ModelNotReady, ServiceError, ShuttingDown
 from seqserve.service.core.metrics import Metrics
+from seqserve.service.core.process import observed
 from seqserve.service.engine import protocol as p
 from seqserve.service.engine.loading import RuntimeFactory, build_served
 from seqserve.service.engine.options import EngineOptions
@@ -79,8 +83,10 @@ class EngineServer:
             return
         self.models[name, version] = model
         self.metrics.model_ready.labels(name, str(version)).set(1)
-        self.states.append(p.ModelState(name, version, str(path), "ready", None,
-                                        manifest.task, model.describe()))
+        self.states.append(p.ModelState(
+            name, version, str(path), "ready", None, manifest.task, model.describe(),
+            manifest=manifest.to_dict(), max_tokens=model.config.max_tokens,
+            scheduling=dataclasses.asdict(model.config)))
         log.info("model %s version %d ready (%s)", name, version, manifest.task)
 
     # -- serving ----------------------------------------------------------------------
@@ -127,7 +133,7 @@ class EngineServer:
             if generation is not None:
                 generation[0].loop.cancel(generation[1])
         else:
-            self._send(identity, p.State(self.states))
+            self._send(identity, p.State(self.states, self.options.to_dict(), observed()))
 
     def _submit(self, identity: bytes, msg: p.Submit) -> None:
         model = self.models.get((msg.model, msg.version))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
@@ -27,17 +27,18 @@ class RuntimeUnavailable(Exception):
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    """Which runtime to build and how (the server derives it from its settings)."""
+    """Which runtime to build and how (`Settings.runtime_spec()` gives the server's; no
+    defaults here that could disagree with the settings)."""
 
-    kind: Literal["onnx", "torchscript"] = "onnx"
+    kind: Literal["onnx", "torchscript"]
     """Graph format that runs: ONNX Runtime or TorchScript (imports torch)."""
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Literal["cpu", "cuda"]
     """Device; with onnx it picks the default provider list."""
-    providers: tuple[str, ...] = field(default_factory=tuple)
+    providers: tuple[str, ...]
     """Ordered ONNX Runtime providers; empty: the default for `device`."""
-    intra_op_threads: int = 0
+    intra_op_threads: int
     """Threads inside one operator (0 = runtime default)."""
-    inter_op_threads: int = 0
+    inter_op_threads: int
     """Threads across operators (0 = runtime default)."""
 
     def ort_providers(self) -> list[str]:

@@ -51,25 +51,26 @@ class _Row(Generic[P, R]):
     queued: bool = True  # counted in the batcher's live depth
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BatcherConfig:
-    """Limits of one batcher."""
+    """Limits of one batcher (the server's come from its settings through
+    `EngineOptions.model_config`; no defaults here that could disagree with them)."""
 
-    max_batch_size: int = 32
+    max_batch_size: int
     """Most rows per batch."""
-    max_batch_tokens: int = 4096
+    max_batch_tokens: int
     """Padded-token budget per batch: rows x longest row."""
-    max_wait_s: float = 0.002
+    max_wait_s: float
     """Longest the oldest row waits for the batch to fill."""
-    queue_size: int = 256
+    queue_size: int
     """Most rows waiting; a submit that would exceed it raises QueueFull."""
-    retry_after_s: float = 1.0
+    retry_after_s: float
     """Retry-After of QueueFull / ShuttingDown."""
-    max_queue_wait_s: float | None = None
+    max_queue_wait_s: float | None
     """Admission by expected wait: rows whose expected queue wait (the tokens ahead of them
     at the recently measured seconds per token) exceeds this, or their deadline, are refused
     at once (QueueFull, Retry-After = the backlog's drain time); None: the depth bound only."""
-    overhead_tokens: float = 64.0
+    overhead_tokens: float
     """Fixed cost of starting one batch, in padded-token units: how much padding length
     grouping accepts to run fewer, larger batches (0: only equal lengths share a batch)."""
 

@@ -48,11 +48,11 @@ log = logging.getLogger("seqserve.decoding")
 class DecodeLoop:
     """See module doc. Start with `start()`, submit with `translate()`, stop with `stop()`."""
 
-    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: DecodeConfig | None = None,
+    def __init__(self, runtime: Runtime, limits: DecodeLimits, config: DecodeConfig,
                  observer: Observer | None = None) -> None:
         self.runtime = runtime
         self.limits = limits
-        self.config = config or DecodeConfig()
+        self.config = config
         self.observer: Observer = observer or NullObserver()
         self.core = DecodeScheduler(runtime, limits, self.config, self.observer)
         self._futures: dict[int, asyncio.Future[Decoded]] = {}

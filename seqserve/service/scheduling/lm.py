@@ -29,6 +29,7 @@ its rows are gone at the next schedule.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import time
@@ -36,7 +37,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +54,9 @@ from seqserve.service.scheduling.base import (
     pad_rows,
 )
 from seqserve.service.scheduling.work import DecodeConfig
+
+if TYPE_CHECKING:  # models.py imports this module
+    from seqserve.service.scheduling.models import ModelConfig
 
 log = logging.getLogger("seqserve.lm")
 
@@ -732,15 +736,18 @@ class LMModel:
     """A language model: prompts and texts through one `LMLoop` (the scheduled model the
     LM worker sees, like `DecodedModel` for translators)."""
 
-    def __init__(self, runtime: Runtime, manifest: Manifest, config: DecodeConfig,
-                 max_tokens: int, warmup: bool = True, observer: Observer | None = None) -> None:
+    def __init__(self, runtime: Runtime, manifest: Manifest, config: ModelConfig,
+                 observer: Observer | None = None) -> None:
         tok = manifest.tokenizer
         self.runtime = runtime
         self.bos_id, self.unk_id = tok.bos_id, tok.unk_id
-        self.max_tokens = max_tokens
-        self.warmup = warmup
+        self.max_tokens = config.max_tokens
+        self.warmup = config.warmup
         self.config = config
-        self.loop = LMLoop(runtime, tok.eos_id, tok.vocab_size, config, observer)
+        """The model's effective scheduling (its `decode` part runs the loop: one group)."""
+        decode = dataclasses.replace(config.decode, pad_id=max(tok.pad_id, 0), groups=1)
+        self.decode = decode
+        self.loop = LMLoop(runtime, tok.eos_id, tok.vocab_size, decode, observer)
 
     async def start(self) -> None:
         self.loop.start()
@@ -762,8 +769,8 @@ class LMModel:
 
     def describe(self) -> dict[str, Any]:
         return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
-                "limits": {"max_live_sequences": self.config.max_live_hypotheses,
-                           "queue_size": self.config.max_queue}}
+                "limits": {"max_live_sequences": self.decode.max_live_hypotheses,
+                           "queue_size": self.decode.max_queue}}
 
     def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
                  deadline: float) -> TokenStream:

@@ -31,17 +31,18 @@ RowCompute = Callable[[list[list[int]]], list[Any]]
 """Token rows -> one result per row (runs on the batcher's thread)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    """How one model is scheduled (the server derives it from its settings)."""
+    """How one model is scheduled (`EngineOptions.model_config` derives it from the
+    settings)."""
 
     batcher: BatcherConfig
     """Classifier and tagger batching."""
-    engine: DecodeConfig
+    decode: DecodeConfig
     """Translator decoding (its `pad_id` is replaced by the bundle's)."""
     max_tokens: int
     """Longest token row a request may bring (warm-up covers up to it)."""
-    warmup: bool = True
+    warmup: bool
     """Run the model over its length buckets before it serves."""
 
 
@@ -168,7 +169,7 @@ class DecodedModel:
         self.runtime = runtime
         self.unk_id = unk_id
         self.config = config
-        self.engine = DecodeLoop(runtime, limits, config.engine, observer)
+        self.engine = DecodeLoop(runtime, limits, config.decode, observer)
 
     async def start(self) -> None:
         self.engine.start()
@@ -226,11 +227,9 @@ def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Mani
     pad_id = max(tok.pad_id, 0)  # a tokenizer without pad: any id (lengths mask it)
     unk_id = tok.unk_id if tok.unk_id >= 0 else pad_id  # warm-up rows only
     if manifest.task == "lm":
-        engine = dataclasses.replace(config.engine, pad_id=pad_id, groups=1)
-        return LMModel(instances[0], manifest, engine, config.max_tokens, config.warmup,
-                       observer)
+        return LMModel(instances[0], manifest, config, observer)
     if manifest.task == "translator":
-        cfg = dataclasses.replace(config, engine=dataclasses.replace(config.engine,
+        cfg = dataclasses.replace(config, decode=dataclasses.replace(config.decode,
                                                                       pad_id=pad_id))
         return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
     rows = ROW_TASKS.get(manifest.task)

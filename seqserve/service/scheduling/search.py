@@ -41,6 +41,10 @@ MAX_BEAM_SIZE = 16
 """Largest beam a request may ask for (the schema's limit; settings keep the live-hypothesis
 cap at or above it, so every valid request fits)."""
 
+DEFAULT_BEAM_SIZE = 5
+"""Beam width when a request gives none and sets no sampling option (then 1): the one place
+this default is written (`SearchOptions` and the HTTP schema both read it)."""
+
 SAMPLING_CANDIDATES = 50
 """Candidates per step for sampling when `top_k` is not given (decoder_step is top-k only)."""
 
@@ -54,10 +58,10 @@ COVERAGE_FLOOR = 1e-12
 @dataclass(frozen=True)
 class SearchOptions:
     """How one request is decoded. The HTTP schema (`seqserve.service.api.translate`) declares and
-    checks
-    every limit and combination; the search trusts what it is given."""
+    checks every limit and combination, and takes its defaults from these (`DEFAULTS`); the
+    search trusts what it is given."""
 
-    beam_size: int = 5
+    beam_size: int = DEFAULT_BEAM_SIZE
     """Hypotheses kept per step; 1 is greedy (or sampling when a sampling option is set)."""
     n_best: int = 1
     """Finished hypotheses returned, best first; at most `beam_size`."""
@@ -87,6 +91,10 @@ class SearchOptions:
     @property
     def sampling(self) -> bool:
         return self.temperature is not None or self.top_k is not None or self.top_p is not None
+
+
+DEFAULTS = SearchOptions()
+"""Every search option's default: the one table the HTTP schema and the CLI read."""
 
 
 @dataclass(frozen=True)

@@ -21,30 +21,32 @@ from seqserve.service.scheduling.group import DecodeGroup
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DecodeConfig:
-    """Capacity and scheduling of one translator's engine."""
+    """Capacity and scheduling of one translator's decode loop (the server's come from its
+    settings through `EngineOptions.model_config`; no defaults here that could disagree)."""
 
-    max_live_hypotheses: int = 256
+    max_live_hypotheses: int
     """Rows reserved at once (sum of beam_size of admitted requests); keeps memory flat."""
-    max_queue: int = 512
+    max_queue: int
     """Requests waiting for admission; beyond it submissions get 429."""
-    max_admit: int = 64
+    max_admit: int
     """Requests encoded together in one admission batch."""
-    continuous: bool = True
-    """Step-level batching; False: request-level (a batch runs to completion first)."""
-    groups: int = 1
+    groups: int
     """1: one decoder_step call for every live row. G > 1: the requests are split into G
     groups that take turns, so the loop updates one group's beams while the runtime computes
     another's step (uses a second core; results are the same)."""
-    pad_id: int = 0
-    """Padding id of source batches."""
-    retry_after_s: float = 1.0
-    max_queue_wait_s: float | None = None
+    retry_after_s: float
+    """Retry-After of QueueFull and ShuttingDown (the server passes its setting)."""
+    max_queue_wait_s: float | None
     """Admission by expected wait: sources whose expected wait for admission (the sources
     ahead of them at the recently measured admission rate) exceeds this, or their deadline,
     are refused at once (QueueFull); None: the queue bound only."""
-    """Retry-After of QueueFull and ShuttingDown (the server passes its setting)."""
+    continuous: bool = True
+    """Step-level batching; False: request-level (a batch runs to completion first; a
+    benchmark's comparison, not a server setting)."""
+    pad_id: int = 0
+    """Padding id of source batches (`build_model` puts the bundle's here)."""
 
     def __post_init__(self) -> None:
         for name in ("max_live_hypotheses", "max_queue", "max_admit", "groups"):

@@ -16,7 +16,6 @@ LISTEN_FD_ENV = "SEQSERVE_LISTEN_FD"
 
 
 def main() -> int:
-    from seqserve.service.core.logs import configure_logging
     from seqserve.service.engine.client import EngineClient
     from seqserve.service.engine.options import ADDRESS_ENV
     from seqserve.service.server.app import create_app
@@ -24,11 +23,12 @@ def main() -> int:
     from seqserve.service.web.settings import Settings
 
     settings = Settings()
-    sys.setswitchinterval(settings.switch_interval_ms / 1000.0)
+    process = settings.process_settings()
+    process.apply()  # the same as the engine process applies from its options
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
     app = create_app(settings, engine=EngineClient(os.environ[ADDRESS_ENV]))
     server = build_server(app, app.state.seqserve, supervised=True)
-    configure_logging(settings.log_level, settings.log_format)  # after uvicorn's Config
+    process.apply()  # again after uvicorn's Config, which set up its own loggers
     logging.getLogger("seqserve").debug("API process %d started", os.getpid())
     server.run(sockets=[sock])
     return 0

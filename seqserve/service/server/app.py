@@ -20,7 +20,16 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seqserve.service.api import classify, generate, health, models, openai, tag, translate
+from seqserve.service.api import (
+    admin,
+    classify,
+    generate,
+    health,
+    models,
+    openai,
+    tag,
+    translate,
+)
 from seqserve.service.api.common import describe_errors
 from seqserve.service.api.hot_path import HotPath, HotPathRouter
 from seqserve.service.api.oip import routes as oip
@@ -76,7 +85,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     )
     app.state.seqserve = state
     _add_error_handlers(app)
-    for module in (health, models, classify, translate, tag, generate, openai, oip):
+    for module in (health, models, classify, translate, tag, generate, openai, oip, admin):
         app.include_router(module.router)
     install_openapi(app, state)  # the live limits and one infer operation per model
     # outermost first: request id + access log, body limit + drain + timing + metrics, API

@@ -1,8 +1,10 @@
 """Model repository: every bundle and version of `settings.repo`, each with a state.
 
-Loading verifies the manifest hashes, builds the scheduled model (in this process: runtime,
-batcher or decode scheduler, warm-up; with an engine process: a remote model the engine
-already loaded) and the task's worker. A version that fails any step is recorded as "failed"
+Each bundle is loaded and verified once, by whoever runs its model: in this process
+(`engine.loading.build_served`: manifest hashes, runtime, batcher or decode scheduler, warm-up)
+or by the engine process, which hands this process the verified manifest and limits of each
+version in its `Hello` answer; then only the tokenizer file is read here (no hashing) and the
+task's worker built. A version that fails any step is recorded as "failed"
 with the reason (log, metrics, /v1/models) and skipped; the others serve. The highest ready
 version is the default.
 """
@@ -10,22 +12,24 @@ version is the default.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles, load_bundle
+from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles
 from seqserve.models.tokenizer_files import TextTokenizer, load_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
+from seqserve.service.core.process import observed
 from seqserve.service.engine.client import (
     EngineClient,
     RemoteDecodeModel,
     RemoteLMModel,
     RemoteRowModel,
 )
-from seqserve.service.engine.loading import RuntimeFactory, build_served, max_tokens_of
+from seqserve.service.engine.loading import RuntimeFactory, build_served
 from seqserve.service.engine.protocol import ModelState
 from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.models import DecodedModel, ServedModel
@@ -58,6 +62,8 @@ class ModelEntry:
     model: Model | None = None
     """The scheduled model (here, or a remote one in the engine process), once built."""
     worker: ModelWorker | None = None
+    scheduling: dict[str, Any] | None = None
+    """Its effective scheduling config (`ModelConfig` as plain data), once built."""
 
     @property
     def task(self) -> str | None:
@@ -77,12 +83,17 @@ class ModelRepository:
         """With an engine client the models run in the engine process (it records their
         load metrics); without, they are loaded in this process."""
         self.entries: dict[str, dict[int, ModelEntry]] = {}
+        self.engine_state: dict[str, Any] = {}
+        """With an engine process: its effective options and process values (from Hello)."""
 
     async def load_all(self, only: str | None = None) -> None:
         """Load every version (one after another: warm-ups compete for CPU), or every
         version of model `only`."""
         if self.engine is not None:
-            states = await self.engine.models(self.settings.startup_timeout_s)
+            hello = await self.engine.hello(self.settings.startup_timeout_s)
+            self.engine_state = {"options": hello.options, "process": hello.process}
+            _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
+            states = list(hello.models)
             found = [(m.name, m.version, Path(m.path)) for m in states]
         else:
             found = list_bundles(self.settings.repo)
@@ -125,43 +136,58 @@ class ModelRepository:
                                              self.metrics.observer(entry.name),
                                              self.runtime_factory)
         entry.model = model
+        entry.scheduling = dataclasses.asdict(model.config)
+        context = self._context(entry, entry.manifest, model, model.config.max_tokens)
         if isinstance(model, LMModel):
-            return LMWorker(self._context(entry, entry.manifest, model),
-                            self.settings.max_new_tokens)
+            return LMWorker(context, self.settings.max_new_tokens)
         if isinstance(model, DecodedModel):
-            return TranslatorWorker(self._context(entry, entry.manifest, model))
-        return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, model))
+            return TranslatorWorker(context)
+        return ROW_WORKERS[entry.manifest.task](context)
 
     def _open_remote(self, entry: ModelEntry, state: ModelState) -> ModelWorker:
-        """The engine's model of this version: its manifest (hashes verified again: the
-        tokenizer is read here) and a remote model (blocking)."""
-        if state.state != "ready":
+        """The engine's model of this version: the manifest and token limit the engine
+        verified and loads it with (nothing is hashed here) and a remote model (blocking)."""
+        if state.state != "ready" or state.manifest is None or state.max_tokens is None:
             raise ModelNotReady(state.reason or f"the engine reports it {state.state}")
         assert self.engine is not None
-        entry.manifest = load_bundle(entry.path, verify=True)
-        if entry.manifest.task == "lm":
-            lm = RemoteLMModel(self.engine, state)
-            entry.model = lm
-            return LMWorker(self._context(entry, entry.manifest, lm),
-                            self.settings.max_new_tokens)
-        if entry.manifest.task == "translator":
-            decode = RemoteDecodeModel(self.engine, state)
-            entry.model = decode
-            return TranslatorWorker(self._context(entry, entry.manifest, decode))
-        rows = RemoteRowModel(self.engine, state)
-        entry.model = rows
-        return ROW_WORKERS[entry.manifest.task](self._context(entry, entry.manifest, rows))
+        entry.manifest = manifest = Manifest.from_dict(state.manifest)
+        entry.scheduling = state.scheduling
+        model: RemoteDecodeModel | RemoteRowModel | RemoteLMModel
+        if manifest.task == "lm":
+            model = RemoteLMModel(self.engine, state)
+        elif manifest.task == "translator":
+            model = RemoteDecodeModel(self.engine, state)
+        else:
+            model = RemoteRowModel(self.engine, state)
+        entry.model = model
+        context = self._context(entry, manifest, model, state.max_tokens)
+        if isinstance(model, RemoteLMModel):
+            return LMWorker(context, self.settings.max_new_tokens)
+        if isinstance(model, RemoteDecodeModel):
+            return TranslatorWorker(context)
+        return ROW_WORKERS[manifest.task](context)
 
-    def _context(self, entry: ModelEntry, manifest: Manifest, model: Any) -> WorkerContext[Any]:
+    def _context(self, entry: ModelEntry, manifest: Manifest, model: Any,
+                 max_tokens: int) -> WorkerContext[Any]:
         s = self.settings
-        limits = TextLimits(s.max_texts, s.max_chars, max_tokens_of(manifest, s.max_tokens),
-                            s.truncate)
+        limits = TextLimits(s.max_texts, s.max_chars, max_tokens, s.truncate)
         tokenizer = _tokenizer(entry.path, manifest.tokenizer)
         tokenizer.blank_characters()  # ~0.1 s, here at load instead of in a first request
         target = (None if manifest.target_tokenizer is None
                   else _tokenizer(entry.path, manifest.target_tokenizer))
         return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model,
                              target)
+
+    def engine_report(self) -> dict[str, Any]:
+        """The engine's effective options, its process values and every model's effective
+        scheduling: as the engine process reported them, or this process's own in-process
+        engine."""
+        models = {f"{e.name}/{e.version}": e.scheduling
+                  for v in self.entries.values() for e in v.values() if e.scheduling}
+        if self.engine is not None:
+            return {"mode": "engine process", **self.engine_state, "models": models}
+        return {"mode": "in process", "options": self.settings.engine_options().to_dict(),
+                "process": observed(), "models": models}
 
     async def stop_all(self, timeout: float) -> bool:
         """Drain every ready worker concurrently within `timeout`; True when all drained."""
@@ -232,6 +258,16 @@ class ModelRepository:
         """"name/version: state (reason)" of every version that is not ready."""
         return [f"{e.name}/{e.version}: {e.state}" + (f" ({e.reason})" if e.reason else "")
                 for v in self.entries.values() for e in v.values() if e.state != "ready"]
+
+
+def _warn_on_difference(expected: dict[str, Any], reported: dict[str, Any]) -> None:
+    """Log the engine options that differ from what this process's settings make (a
+    supervisor and its children out of step: never expected, worth one loud line)."""
+    differ = {k: (expected.get(k), reported.get(k)) for k in expected.keys() | reported.keys()
+              if expected.get(k) != reported.get(k)}
+    if differ:
+        log.warning("the engine runs with options other than this process's settings make "
+                    "(setting: (here, engine)): %s", differ)
 
 
 def _tokenizer(path: Path, spec: TokenizerSpec) -> TextTokenizer:

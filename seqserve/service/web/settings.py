@@ -9,11 +9,12 @@ docstring is its description, which `seqserve serve --help` shows with the field
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from seqserve.service.core.process import ProcessSettings
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.search import MAX_BEAM_SIZE
@@ -130,8 +131,9 @@ class Settings(BaseSettings):
     auth_metrics: bool = False
     """With api_key: also require a key on /metrics (the scraper then needs it too)."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
-    """Python's GIL switch interval for `seqserve serve` (default 5 ms makes the batch thread
-    wait behind the busy event loop after every runtime call; 0.5 ms measured ~15% faster)."""
+    """Python's GIL switch interval of every `seqserve serve` process, API and engine (Python's
+    default 5 ms makes the batch thread wait behind the busy event loop after every runtime
+    call; 0.5 ms measured ~15% faster)."""
 
     @field_validator("providers", mode="before")
     @classmethod
@@ -163,7 +165,8 @@ class Settings(BaseSettings):
         return self
 
     def engine_options(self) -> EngineOptions:
-        """What the engine (a process of its own, or this one) loads and schedules with."""
+        """What the engine (a process of its own, or this one) loads and schedules with: the
+        composition root of every engine-side config (none has defaults of its own)."""
         return EngineOptions(
             repo=str(self.repo), runtime=self.runtime_spec(),
             instances=self.instances if isinstance(self.instances, int) else 1,
@@ -172,9 +175,22 @@ class Settings(BaseSettings):
             batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
             max_live_hypotheses=self.max_live_hypotheses, decode_groups=self.decode_groups,
-            max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup)
+            max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
+            drain_timeout_s=self.drain_timeout_s, process=self.process_settings())
 
     def runtime_spec(self) -> RuntimeSpec:
         """The runtime every bundle is loaded with."""
-        return RuntimeSpec(self.runtime, self.device, tuple(self.providers),
-                           self.intra_op_threads, self.inter_op_threads)
+        return RuntimeSpec(kind=self.runtime, device=self.device, providers=tuple(self.providers),
+                           intra_op_threads=self.intra_op_threads,
+                           inter_op_threads=self.inter_op_threads)
+
+    def process_settings(self) -> ProcessSettings:
+        """What every server process applies at start (the engine process gets the same)."""
+        return ProcessSettings(log_level=self.log_level, log_format=self.log_format,
+                               switch_interval_ms=self.switch_interval_ms)
+
+    def effective(self) -> dict[str, Any]:
+        """Every setting as plain JSON values, the API key only as whether one is set."""
+        data = self.model_dump(mode="json", exclude={"api_key"})
+        data["api_key"] = "set" if self.api_key is not None else None
+        return data

@@ -7,11 +7,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from service_fakes import serve_in_thread
+from service_fakes import runtime_spec, serve_in_thread
 
 from seqserve.export.manifest import load_bundle
 from seqserve.service.runtimes import load_runtime
-from seqserve.service.runtimes.base import RuntimeSpec, RuntimeUnavailable
+from seqserve.service.runtimes.base import RuntimeUnavailable
 from seqserve.service.runtimes.onnx import check_providers
 from seqserve.service.server.app import create_app
 from seqserve.service.web.settings import Settings
@@ -22,7 +22,7 @@ MODEL = "tiny-clf"
 def test_device_cuda_selects_the_cuda_provider_list() -> None:
     assert Settings(device="cuda").runtime_spec().ort_providers()[0] == "CUDAExecutionProvider"
     assert Settings().runtime_spec().ort_providers() == ["CPUExecutionProvider"]
-    assert RuntimeSpec(providers=("TensorrtExecutionProvider",)).ort_providers() == [
+    assert runtime_spec(providers=("TensorrtExecutionProvider",)).ort_providers() == [
         "TensorrtExecutionProvider"]
     assert Settings(providers="TensorrtExecutionProvider,CPUExecutionProvider").providers == [
         "TensorrtExecutionProvider", "CPUExecutionProvider"]
@@ -63,8 +63,8 @@ def test_both_runtimes_run_every_graph_alike(tiny_repo: Path) -> None:
     for name in ("tiny-clf", "tiny-mt"):
         path = tiny_repo / name / "1"
         manifest = load_bundle(path)
-        onnx = load_runtime(RuntimeSpec("onnx", intra_op_threads=1), path, manifest)
-        script = load_runtime(RuntimeSpec("torchscript"), path, manifest)
+        onnx = load_runtime(runtime_spec(kind="onnx", intra_op_threads=1), path, manifest)
+        script = load_runtime(runtime_spec(kind="torchscript"), path, manifest)
         assert onnx.name == "onnx" and script.name == "torchscript"
         ids = np.array([[5, 6, 7, 8], [9, 10, 0, 0]], dtype=np.int64)  # (2, 4) right-padded
         lengths = np.array([4, 2], dtype=np.int64)

@@ -9,13 +9,12 @@ import time
 
 import pytest
 from fake_translator import FakeTranslator
-from service_fakes import make_batcher
+from service_fakes import decode_config, make_batcher
 
 from seqserve.service.core.errors import QueueFull
 from seqserve.service.scheduling.base import CostEstimate, admission_refusal
 from seqserve.service.scheduling.scheduler import DecodeScheduler
 from seqserve.service.scheduling.search import SearchOptions
-from seqserve.service.scheduling.work import DecodeConfig
 
 
 def test_refusal_rules() -> None:
@@ -70,8 +69,8 @@ def test_an_idle_batcher_with_an_old_estimate_lets_a_probe_in() -> None:
 
 def test_decoding_core_refuses_by_admission_rate_and_decode_time() -> None:
     fake = FakeTranslator()
-    core = DecodeScheduler(fake, fake.limits, DecodeConfig(max_live_hypotheses=16, max_admit=1,
-                                                      max_queue=100, max_queue_wait_s=0.5))
+    core = DecodeScheduler(fake, fake.limits, decode_config(max_live_hypotheses=16, max_admit=1,
+                                                        max_queue=100, max_queue_wait_s=0.5))
     opts = SearchOptions(beam_size=4)
     core.admit_cost.observe(1, 0.2)  # one admission per 0.2 s while others waited
     core.decode_cost.observe(1, 0.05)

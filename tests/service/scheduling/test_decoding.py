@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from fake_translator import FakeTranslator
 from reference_search import reference_beam_search
+from service_fakes import decode_config
 
 from seqserve.service.core.errors import InferenceFailed, QueueFull
-from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop
+from seqserve.service.scheduling.decoding import DecodeLoop
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions, max_steps
 
 SOURCES = [
@@ -40,7 +41,7 @@ OPTION_SETS = [
 
 def make_engine(fake: FakeTranslator | None = None, **overrides: object) -> DecodeLoop:
     fake = fake or FakeTranslator()
-    return DecodeLoop(fake, fake.limits, DecodeConfig(**overrides))  # type: ignore[arg-type]
+    return DecodeLoop(fake, fake.limits, decode_config(**overrides))
 
 
 def run(coro):  # type: ignore[no-untyped-def]

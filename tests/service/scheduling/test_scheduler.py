@@ -7,18 +7,19 @@ import numpy as np
 import pytest
 from fake_translator import FakeTranslator
 from reference_search import reference_beam_search
+from service_fakes import decode_config
 
 from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.scheduling.scheduler import DecodeScheduler, Outcome
 from seqserve.service.scheduling.search import SearchOptions, max_steps
-from seqserve.service.scheduling.work import DecodeConfig, Decoded, EncodeWork, Status, StepWork
+from seqserve.service.scheduling.work import Decoded, EncodeWork, Status, StepWork
 
 SOURCES = [[5, 6, 7], [9, 4, 11, 12, 13, 8], [14], [15, 16, 17, 18, 19, 20], [7, 7, 7, 7]]
 
 
 def make_core(fake: FakeTranslator | None = None, **overrides: object) -> DecodeScheduler:
     fake = fake or FakeTranslator()
-    return DecodeScheduler(fake, fake.limits, DecodeConfig(**overrides))  # type: ignore[arg-type]
+    return DecodeScheduler(fake, fake.limits, decode_config(**overrides))
 
 
 def run_to_end(core: DecodeScheduler, limit: int = 500) -> dict[int, Outcome]:

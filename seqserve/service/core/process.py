@@ -1,0 +1,41 @@
+"""Process-wide settings that every server process applies the same way at start.
+
+The API processes (and the single-process server) take them from `Settings`; the engine
+process from its `EngineOptions`, which the supervisor built from the same `Settings`.
+`observed()` reads back what is in force, for the admin endpoint and the start-up line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from seqserve.service.core.logs import configure_logging
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessSettings:
+    """Logging and the GIL switch interval of one process."""
+
+    log_level: str
+    """Log level ("info", "debug", ...)."""
+    log_format: str
+    """"text" or "json"."""
+    switch_interval_ms: float
+    """Python's GIL switch interval (sys.setswitchinterval), in milliseconds."""
+
+    def apply(self) -> None:
+        """Set the switch interval and send every logger to one handler (call it again after
+        uvicorn's Config exists: that reconfigures uvicorn's loggers)."""
+        sys.setswitchinterval(self.switch_interval_ms / 1000.0)
+        configure_logging(self.log_level, self.log_format)
+
+
+def observed() -> dict[str, Any]:
+    """What this process runs with now: its pid, switch interval and log level."""
+    level = logging.getLogger().getEffectiveLevel()
+    return {"pid": os.getpid(), "switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 6),
+            "log_level": logging.getLevelName(level).lower()}

@@ -84,7 +84,8 @@ def test_empty_repository_is_not_ready(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with serve_in_thread(create_app(Settings(repo=tmp_path / "empty"))) as url:
         assert httpx.get(f"{url}/v2/health/ready").status_code == 503
-        assert httpx.get(f"{url}/v1/models").json() == {"models": []}
+        assert httpx.get(f"{url}/v1/models").json() == {"models": [], "object": "list",
+                                                            "data": []}
 
 
 def test_with_an_engine_the_api_side_hashes_nothing(tiny_repo: Path, tmp_path: Path,

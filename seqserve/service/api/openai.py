@@ -156,12 +156,29 @@ async def _complete(state: AppState, request: Request, body: CompletionRequest,
                                    + usage["completion_tokens"]}})
 
 
+class OpenAIError(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorResponse(BaseModel):
+    """Every error answer of the OpenAI-compatible routes (`core.answers`, OpenAI shape)."""
+
+    error: OpenAIError
+    request_id: str | None = Field(None, description="This request's X-Request-Id.")
+
+
 @router.post("/completions", name="completions", openapi_extra={"requestBody": {
     "required": True,
     "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}}}},
     responses={200: {"description": "OpenAI text_completion (JSON, or server-sent events "
                                     "with stream: true)"},
-               **{code: {"description": "OpenAI error: {error: {message, type, param, code}}"}
+               **{code: {"model": OpenAIErrorResponse,
+                         "description": "OpenAI error: {error: {message, type, param, code}}"}
                   for code in (400, 404, 413, 429, 500, 503, 504)}})
 async def completions(request: Request) -> Response:
     """OpenAI-compatible text completion with a language model (see the module doc)."""

@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute, Route
 from seqserve.service.api.oip import docs, tasks
 from seqserve.service.api.oip.schemas import V2InferResponse
 from seqserve.service.web.auth import is_open
-from seqserve.service.web.responses import JsonResponse
+from seqserve.service.web.responses import OPENAI_PATHS, JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import text_pattern
 
@@ -172,4 +172,9 @@ def _bearer(doc: dict[str, Any], auth_health: bool, auth_metrics: bool) -> None:
             continue
         for op in item.values():
             op["security"] = [{"bearer": []}]
-            op.setdefault("responses", {})["401"] = unauthorized
+            responses = op.setdefault("responses", {})
+            if path in OPENAI_PATHS:  # refused in OpenAI's shape, like its other errors
+                responses["401"] = {"description": "No valid API key",
+                                    "content": copy.deepcopy(responses["400"]["content"])}
+            else:
+                responses["401"] = unauthorized

@@ -36,7 +36,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY seqserve/ seqserve/
-RUN python -m venv /opt/venv \
+# deploy/build-image.sh mounts the build machine's pip setup read-only: its config files at their
+# usual paths and its PIP_* variables as /run/seqserve-build/pip.env (absent elsewhere).
+RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; fi \
+    && python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[cpu]"
 
 FROM ${PYTHON_IMAGE} AS cpu
@@ -73,7 +76,8 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY seqserve/ seqserve/
-RUN python3 -m venv /opt/venv \
+RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; fi \
+    && python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[gpu]"
 
 FROM gpu-python AS gpu

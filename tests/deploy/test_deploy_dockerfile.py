@@ -30,8 +30,7 @@ from dockerfile_sim import (
 
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ["cpu", "gpu"]
-CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "models", "export", "service", "loadtest",
-                   "deploy", ".dockerignore")
+CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "seqserve", "deploy", ".dockerignore")
 
 
 def _hadolint() -> str:
@@ -142,7 +141,7 @@ def test_cpu_image_builds_and_serves(tmp_path: Path, tiny_repo: Path) -> None:
     assert all("useradd" in s or "groupadd" in s for s in sim.skipped), sim.skipped
     assert any("pip install" in r for r in sim.ran)
     python = root / "opt" / "venv" / "bin" / "python"
-    assert _venv_has(python, "onnxruntime") and _venv_has(python, "service")
+    assert _venv_has(python, "onnxruntime") and _venv_has(python, "seqserve")
     assert not _venv_has(python, "torch"), "the serving image must not ship torch"
     assert sorted(p.name for p in (root / "models").iterdir()) == \
         sorted(p.name for p in tiny_repo.iterdir())

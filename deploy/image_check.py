@@ -1,16 +1,19 @@
 """Checks a running seqserve image from inside it; run by deploy/build-image.sh.
 
-    python - BASE_URL EXPECTED_UID < deploy/image_check.py      (the image's python, stdlib only)
+    python - BASE_URL EXPECTED_UID [--models DIR] [--ready-deadline S] < deploy/image_check.py
+
+(the image's python, stdlib only; --models defaults to /models, the image's bundles).
 
 Runs as the image's user, in the container the server runs in (buildah's chroot isolation
 shares the host's network, so BASE_URL is the server's 127.0.0.1 port). Prints one line per
 check, `check <name>: ok <detail>` or `check <name>: FAILED <why>`, and exits 1 if any failed.
-Every model baked under /models is asked once through its task's v1 route; a classifier also
+Every bundle of the models folder is asked once through its task's v1 route, a classifier also
 through the Open Inference Protocol (v2 infer, what KServe sends).
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -21,8 +24,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-MODELS = Path("/models")
-READY_DEADLINE_S = 180.0
 ROUTES = {"classifier": "classify", "translator": "translate", "tagger": "tag"}
 SAMPLE = "one two three"
 failed: list[str] = []
@@ -44,30 +45,30 @@ def http(url: str, body: Any = None, timeout: float = 30.0) -> tuple[int, bytes]
         return exc.code, exc.read()
 
 
-def wait_ready(base: str) -> tuple[bool, str]:
-    end = time.monotonic() + READY_DEADLINE_S
+def wait_ready(base: str, deadline_s: float) -> tuple[bool, str]:
+    end = time.monotonic() + deadline_s
     last = "no answer"
     while time.monotonic() < end:
         try:
             status, body = http(f"{base}/v2/health/ready", timeout=2)
             if status == 200:
-                return True, f"after {READY_DEADLINE_S - (end - time.monotonic()):.1f} s"
+                return True, f"after {deadline_s - (end - time.monotonic()):.1f} s"
             last = f"{status} {body[:200]!r}"
         except OSError as exc:
             last = repr(exc)
         time.sleep(0.5)
-    return False, f"not ready within {READY_DEADLINE_S:.0f} s (last: {last})"
+    return False, f"not ready within {deadline_s:.0f} s (last: {last})"
 
 
-def baked_models() -> dict[str, str]:
-    """name -> task of every bundle under /models (NAME/VERSION/manifest.json)."""
+def baked_models(models: Path) -> dict[str, str]:
+    """name -> task of every bundle under `models` (NAME/VERSION/manifest.json)."""
     found: dict[str, str] = {}
-    for manifest in sorted(MODELS.glob("*/*/manifest.json")):
+    for manifest in sorted(models.glob("*/*/manifest.json")):
         found[manifest.parent.parent.name] = json.loads(manifest.read_text())["task"]
     return found
 
 
-def main(base: str, expected_uid: int) -> int:
+def main(base: str, expected_uid: int, models_dir: Path, ready_deadline_s: float) -> int:
     uid = os.getuid()
     report("non-root-user", uid == expected_uid and uid != 0,
            f"uid {uid} (image USER {expected_uid})")
@@ -75,15 +76,15 @@ def main(base: str, expected_uid: int) -> int:
            "torch is not importable" if importlib.util.find_spec("torch") is None
            else "torch IS importable")
 
-    ok, detail = wait_ready(base)
+    ok, detail = wait_ready(base, ready_deadline_s)
     report("health-ready", ok, detail)
     if not ok:
         return 1
-    models = baked_models()
+    models = baked_models(models_dir)
     for task, route in ROUTES.items():
         names = [n for n, t in models.items() if t == task]
         if not names:
-            report(route, False, f"no {task} bundle baked under {MODELS}")
+            report(route, False, f"no {task} bundle under {models_dir}")
             continue
         for name in names:
             status, body = http(f"{base}/v1/models/{name}/{route}", {"texts": [SAMPLE]})
@@ -109,4 +110,11 @@ def main(base: str, expected_uid: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base_url")
+    parser.add_argument("expected_uid", type=int)
+    parser.add_argument("--models", type=Path, default=Path("/models"))
+    parser.add_argument("--ready-deadline", type=float, default=180.0)
+    args = parser.parse_args()
+    sys.exit(main(args.base_url.rstrip("/"), args.expected_uid, args.models,
+                  args.ready_deadline))

@@ -8,7 +8,6 @@ parser, `Settings`) rather than restating it.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -28,6 +27,7 @@ from k8s_checks import (
     pod_spec,
     pre_stop_sleep_s,
     probes,
+    route_checker,
     subset,
     validate,
 )
@@ -85,28 +85,10 @@ def test_security_context(rendered: Docs, overlay: str) -> None:
     assert user.args.split(":")[0] == str(pod["securityContext"]["runAsUser"])
 
 
-def _get_route_checker() -> Any:
-    """`exists(path)`: whether the real app routes a GET of `path` (its own router matching)."""
-    from starlette.routing import Match
-
-    from seqserve.service.server.app import create_app
-    from seqserve.service.web.settings import Settings
-
-    app = create_app(Settings(repo=Path("unused")))
-
-    def exists(path: str) -> bool:
-        scope = {"type": "http", "path": path, "method": "GET", "root_path": "",
-                 "path_params": {}, "headers": [], "query_string": b""}
-        return any(route.matches(scope)[0] == Match.FULL for route in app.routes)
-
-    assert not exists("/no/such/route")
-    return exists
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_hit_real_routes_on_the_served_port(rendered: Docs, overlay: str) -> None:
     docs = rendered[overlay]
-    route_exists = _get_route_checker()
+    route_exists = route_checker()
     settings = effective_settings(docs)
     p = probes(docs)
     assert p["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"

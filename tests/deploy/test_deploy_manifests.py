@@ -251,3 +251,24 @@ def test_api_keys_come_from_an_optional_secret(rendered: Docs, overlay: str) -> 
     assert settings.auth_health is False and settings.auth_metrics is False
     for probe in probes(docs).values():
         assert "httpHeaders" not in probe["httpGet"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_readme_shutdown_text_matches_the_manifests(rendered: Docs, overlay: str) -> None:
+    """deploy/README.md's shutdown paragraph quotes what the rendered pods do."""
+    import re
+
+    readme = (REPO / "deploy" / "README.md").read_text()
+    text = " ".join(re.search(r"^Shutdown: (.*?)\n\n", readme, re.M | re.S)
+                    .group(1).split())  # type: ignore[union-attr]
+    docs = rendered[overlay]
+    settings = effective_settings(docs)
+    has_pre_stop = pre_stop_sleep_s(docs) > 0
+    assert ("there is no `preStop` hook" in text) == (not has_pre_stop), text
+    assert ("preStop` sleeps" in text) == has_pre_stop, text
+    assert f"`SEQSERVE_SHUTDOWN_DELAY_S` ({settings.shutdown_delay_s:g} s" in text, text
+    assert f"`SEQSERVE_DRAIN_TIMEOUT_S` ({settings.drain_timeout_s:g} s" in text, text
+    grace = pod_spec(docs)["terminationGracePeriodSeconds"]
+    budget = settings.shutdown_delay_s + settings.drain_timeout_s + 5
+    assert f"`terminationGracePeriodSeconds` ({grace})" in text, text
+    assert f"shutdown delay + drain + 5 s ({budget:g})" in text, text

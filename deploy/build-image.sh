@@ -78,6 +78,11 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "build-image: run as root (chroot isolation and the debootstrap base need it)" >&2
     exit 1
 fi
+if [ -z "${STORAGE_DRIVER:-}" ] && ! buildah info >/dev/null 2>&1; then
+    # e.g. inside a container whose root is overlayfs: the default overlay driver fails there.
+    say "buildah's default storage driver does not work here: using vfs (slower)"
+    export STORAGE_DRIVER=vfs
+fi
 
 # --- base image (the functions run only when building) ----------------------------------------------------------------------------
 dockerfile_arg() {  # the default of a global ARG of the Dockerfile
@@ -233,6 +238,22 @@ if [ "$CHECK" -eq 0 ]; then
 fi
 
 # --- run it and check it -------------------------------------------------------------------
+# Processes through /proc (no procps needed).
+proc_args() { tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null || true; }
+first_child() {
+    local stat rest
+    for stat in /proc/[0-9]*/stat; do
+        rest=$(cat "$stat" 2>/dev/null) || continue
+        rest=${rest##*) }  # after "pid (comm) ": state ppid ...
+        read -r _ ppid _ <<<"$rest"
+        if [ "$ppid" = "$1" ]; then
+            stat=${stat#/proc/}
+            echo "${stat%/stat}"
+            return 0
+        fi
+    done
+    return 1
+}
 buildah inspect --type image "$TAG" >"$WORK/inspect.json"
 CTR=$(buildah from --quiet "$TAG")
 in_image() { buildah run --isolation chroot "$CTR" -- "$@"; }
@@ -277,17 +298,17 @@ else
     # What a container runtime does on stop: the image's STOPSIGNAL to the container's first
     # process, the server (buildah run kills its child on SIGTERM instead of passing it on).
     server=$SERVER_PID
-    while [[ "$(ps -o args= -p "$server")" == buildah* ]]; do
-        server=$(pgrep -P "$server" | head -1)
+    while [[ "$(proc_args "$server")" == buildah* ]]; do
+        server=$(first_child "$server")
     done
-    server_uid=$(ps -o uid= -p "$server" | tr -d ' ')
+    server_uid=$(sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/\1/p' "/proc/$server/status")
     if [ "$server_uid" = "$IMAGE_UID" ] && [ "$server_uid" != 0 ]; then
         echo "check server-uid: ok the server process runs as uid $server_uid"
     else
         echo "check server-uid: FAILED the server process runs as uid $server_uid"
         STATUS=1
     fi
-    say "stopping the server (pid $server: $(ps -o args= -p "$server")) with $(config StopSignal)"
+    say "stopping the server (pid $server: $(proc_args "$server")) with $(config StopSignal)"
     kill -"$(config StopSignal)" "$server"
     if timeout 60 tail --pid="$SERVER_PID" -f /dev/null; then
         wait "$SERVER_PID" && code=0 || code=$?

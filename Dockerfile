@@ -4,6 +4,7 @@
 #
 #   docker build --target cpu -t seqserve:cpu .
 #   docker build --target gpu -t seqserve:gpu .
+#   deploy/build-image.sh cpu --bundles DIR      (no Docker: buildah; then runs and checks it)
 #
 # The serving image has no torch and no compilers: it installs the package with the `cpu` or
 # `gpu` extra only (never `train`). Model bundles come from a volume mounted at /models by

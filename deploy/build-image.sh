@@ -123,12 +123,19 @@ local_base() {
     say "base image $LOCAL_BASE committed ($(elapsed))"
 }
 
+qualified() {  # an image reference with its registry (Docker's rules for short names)
+    local first=${1%%/*}
+    if [ "$first" = "$1" ]; then echo "docker.io/library/$1"
+    elif [[ "$first" == *.* || "$first" == *:* || "$first" == localhost ]]; then echo "$1"
+    else echo "docker.io/$1"
+    fi
+}
+
 pick_base() {  # sets BASE
     BASE=$(dockerfile_arg PYTHON_IMAGE)
     if have_image "$BASE"; then
         say "base $BASE (local storage)"
-    elif timeout 120 buildah pull --quiet "docker.io/library/$BASE" >/dev/null 2>&1 \
-            || timeout 120 buildah pull --quiet "$BASE" >/dev/null 2>&1; then
+    elif timeout 90 buildah pull --quiet "$(qualified "$BASE")" >/dev/null 2>&1; then
         say "base $BASE (pulled)"
     else
         say "base $BASE cannot be pulled here: using $LOCAL_BASE (debootstrap $SUITE)"

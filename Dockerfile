@@ -4,6 +4,7 @@
 #
 #   docker build --target cpu -t seqserve:cpu .
 #   docker build --target gpu -t seqserve:gpu .
+#   deploy/build-image.sh cpu --bundles DIR      (no Docker: buildah; then runs and checks it)
 #
 # The serving image has no torch and no compilers: it installs the package with the `cpu` or
 # `gpu` extra only (never `train`). Model bundles come from a volume mounted at /models by
@@ -36,7 +37,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY seqserve/ seqserve/
-RUN python -m venv /opt/venv \
+# deploy/build-image.sh mounts the build machine's pip setup read-only: its config files at their
+# usual paths and its PIP_* variables as /run/seqserve-build/pip.env (absent elsewhere).
+RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; fi \
+    && python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[cpu]"
 
 FROM ${PYTHON_IMAGE} AS cpu
@@ -73,7 +77,8 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY seqserve/ seqserve/
-RUN python3 -m venv /opt/venv \
+RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; fi \
+    && python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[gpu]"
 
 FROM gpu-python AS gpu

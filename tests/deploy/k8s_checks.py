@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import kubernetes_validate
 from deploy_support import by_kind, one
+
+KSERVE_CRDS = Path(__file__).resolve().parent / "kserve_crds"
 
 # Kubernetes versions every rendered manifest is validated against (kubernetes-validate's
 # bundled OpenAPI schemas, --strict): the oldest still in common managed offerings and the
@@ -42,12 +46,72 @@ def servicemonitor_schema() -> dict[str, Any]:
     return schema
 
 
+def structural_strict(node: Any) -> Any:
+    """A CRD's structural schema as the API server applies it with strict field validation
+    (`kubectl apply`'s default since 1.27): an object that declares properties takes no other
+    field unless marked x-kubernetes-preserve-unknown-fields."""
+    if isinstance(node, dict):
+        node = {k: structural_strict(v) for k, v in node.items()}
+        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            node.setdefault("additionalProperties", False)
+        return node
+    if isinstance(node, list):
+        return [structural_strict(v) for v in node]
+    return node
+
+
+@cache
+def kserve_schemas() -> dict[tuple[str, str], dict[str, Any]]:
+    """(apiVersion, kind) -> strict schema, from the KServe CRDs vendored in kserve_crds/."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(KSERVE_CRDS.glob("*.schema.json")):
+        schema = json.loads(path.read_text())
+        source = schema.pop("x-seqserve-source")
+        out[(source["apiVersion"], source["kind"])] = structural_strict(schema)
+    return out
+
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+OBJECT_META = {"type": "object", "required": ["name"],
+               "properties": {"name": {"type": "string", "pattern": DNS_LABEL, "maxLength": 63},
+                              "namespace": {"type": "string", "pattern": DNS_LABEL},
+                              "labels": {"type": "object",
+                                         "additionalProperties": {"type": "string"}},
+                              "annotations": {"type": "object",
+                                              "additionalProperties": {"type": "string"}}},
+               "additionalProperties": False}
+
+
 def validate(doc: dict[str, Any], version: str) -> None:
     """Raise if `doc` does not validate strictly (built-in kinds) or against its CRD schema."""
     if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "ServiceMonitor":
         jsonschema.validate(doc, servicemonitor_schema())
         return
+    if doc["apiVersion"].startswith("serving.kserve.io/"):
+        key = (doc["apiVersion"], doc["kind"])
+        assert key in kserve_schemas(), f"no vendored KServe schema for {key}"
+        jsonschema.validate(doc, kserve_schemas()[key])
+        jsonschema.validate(doc["metadata"], OBJECT_META)  # what the CRD leaves to the server
+        return
     kubernetes_validate.validate(copy.deepcopy(doc), version, strict=True)
+
+
+def route_checker() -> Callable[[str, str], bool]:
+    """`exists(path, method="GET")`: whether the real app routes it (its own router matching)."""
+    from starlette.routing import Match
+
+    from seqserve.service.server.app import create_app
+    from seqserve.service.web.settings import Settings
+
+    app = create_app(Settings(repo=Path("unused")))
+
+    def exists(path: str, method: str = "GET") -> bool:
+        scope = {"type": "http", "path": path, "method": method, "root_path": "",
+                 "path_params": {}, "headers": [], "query_string": b""}
+        return any(route.matches(scope)[0] == Match.FULL for route in app.routes)
+
+    assert not exists("/no/such/route")
+    return exists
 
 
 def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:

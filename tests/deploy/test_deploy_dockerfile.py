@@ -30,8 +30,7 @@ from dockerfile_sim import (
 
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ["cpu", "gpu"]
-CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "seqserve",
-                   "deploy", ".dockerignore")
+CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "seqserve", "deploy", ".dockerignore")
 
 
 def _hadolint() -> str:

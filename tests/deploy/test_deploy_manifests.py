@@ -8,7 +8,6 @@ parser, `Settings`) rather than restating it.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -28,6 +27,7 @@ from k8s_checks import (
     pod_spec,
     pre_stop_sleep_s,
     probes,
+    route_checker,
     subset,
     validate,
 )
@@ -85,28 +85,10 @@ def test_security_context(rendered: Docs, overlay: str) -> None:
     assert user.args.split(":")[0] == str(pod["securityContext"]["runAsUser"])
 
 
-def _get_route_checker() -> Any:
-    """`exists(path)`: whether the real app routes a GET of `path` (its own router matching)."""
-    from starlette.routing import Match
-
-    from seqserve.service.server.app import create_app
-    from seqserve.service.web.settings import Settings
-
-    app = create_app(Settings(repo=Path("unused")))
-
-    def exists(path: str) -> bool:
-        scope = {"type": "http", "path": path, "method": "GET", "root_path": "",
-                 "path_params": {}, "headers": [], "query_string": b""}
-        return any(route.matches(scope)[0] == Match.FULL for route in app.routes)
-
-    assert not exists("/no/such/route")
-    return exists
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_probes_hit_real_routes_on_the_served_port(rendered: Docs, overlay: str) -> None:
     docs = rendered[overlay]
-    route_exists = _get_route_checker()
+    route_exists = route_checker()
     settings = effective_settings(docs)
     p = probes(docs)
     assert p["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -269,3 +251,24 @@ def test_api_keys_come_from_an_optional_secret(rendered: Docs, overlay: str) -> 
     assert settings.auth_health is False and settings.auth_metrics is False
     for probe in probes(docs).values():
         assert "httpHeaders" not in probe["httpGet"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_readme_shutdown_text_matches_the_manifests(rendered: Docs, overlay: str) -> None:
+    """deploy/README.md's shutdown paragraph quotes what the rendered pods do."""
+    import re
+
+    readme = (REPO / "deploy" / "README.md").read_text()
+    text = " ".join(re.search(r"^Shutdown: (.*?)\n\n", readme, re.M | re.S)
+                    .group(1).split())  # type: ignore[union-attr]
+    docs = rendered[overlay]
+    settings = effective_settings(docs)
+    has_pre_stop = pre_stop_sleep_s(docs) > 0
+    assert ("there is no `preStop` hook" in text) == (not has_pre_stop), text
+    assert ("preStop` sleeps" in text) == has_pre_stop, text
+    assert f"`SEQSERVE_SHUTDOWN_DELAY_S` ({settings.shutdown_delay_s:g} s" in text, text
+    assert f"`SEQSERVE_DRAIN_TIMEOUT_S` ({settings.drain_timeout_s:g} s" in text, text
+    grace = pod_spec(docs)["terminationGracePeriodSeconds"]
+    budget = settings.shutdown_delay_s + settings.drain_timeout_s + 5
+    assert f"`terminationGracePeriodSeconds` ({grace})" in text, text
+    assert f"shutdown delay + drain + 5 s ({budget:g})" in text, text

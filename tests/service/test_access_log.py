@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -130,3 +131,39 @@ def test_serve_writes_json_lines(tiny_repo: Path) -> None:
     access = [d for d in lines if d.get("request_id") == "j-1"]
     assert len(access) == 1 and access[0]["route"] == "/v1/models/{name}/classify"
     assert any(d["logger"].startswith("uvicorn") for d in lines)
+
+
+@pytest.mark.parametrize("api_workers", ["0", "1"])
+def test_serve_logs_one_access_line_per_request(tiny_repo: Path, api_workers: str) -> None:
+    """`seqserve serve` at its default level and format, one process or API processes in
+    front of the engine: one classify request is one access line (seqserve.access), and
+    uvicorn's access logger writes nothing."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(tiny_repo), "--port",
+         str(port), "--no-warmup", "--intra-op-threads", "1", "--api-workers", api_workers],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+            try:
+                if httpx.get(base + "/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        r = httpx.post(base + URL, json={"texts": ["one"]}, headers={"x-request-id": "once-1"})
+        assert r.status_code == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    lines = err.decode().splitlines()
+    assert proc.returncode == 0, "\n".join(lines[-30:])
+    loggers = [m.group(1) for line in lines if (m := re.match(r"\S+ \S+ [A-Z]+ (\S+): ", line))]
+    assert loggers and "seqserve.access" in loggers, "\n".join(lines[-30:])
+    assert "uvicorn.access" not in loggers, "\n".join(lines[-30:])
+    about_it = [line for line in lines if "classify" in line or "once-1" in line]
+    assert len(about_it) == 1, about_it
+    assert " seqserve.access: POST /v1/models/{name}/classify 200 " in about_it[0]
+    assert "request_id=once-1" in about_it[0]

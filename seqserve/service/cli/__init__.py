@@ -9,6 +9,7 @@ imports torch.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from seqserve.models.errors import UserError
@@ -26,6 +27,9 @@ from seqserve.service.cli import (
 )
 
 COMMANDS = (data, train, export, pack, verify, demo, serve, translate, loadtest, diagnose)
+EXIT_BROKEN_PIPE = 128 + 13
+"""Exit status when stdout's reader went away (`seqserve translate --json | head`): what a
+process killed by SIGPIPE reports, as `cat` or `seq` do in the same pipe."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader closed the pipe: stop quietly. stdout goes to /dev/null so that the
+        # interpreter's flush at exit does not raise (and print) the same error again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Log output of `seqserve serve`: plain text or one JSON object per line, short tracebacks.
 
-`configure_logging(level, fmt)` sends every logger (uvicorn's included) to one stderr handler.
+`configure_logging(level, fmt)` sends every logger, uvicorn's included, to one stderr handler;
+uvicorn's access log is off (seqserve.access writes the one line per request).
 A record may carry `extra={"fields": {...}}`: text lines append them as `key=value`, JSON lines
 as keys of the object. A traceback keeps the innermost `TRACEBACK_FRAMES` frames of each
 exception in the chain, so one failing request costs one short traceback, not kilobytes.
@@ -18,6 +19,8 @@ from typing import Any
 TRACEBACK_FRAMES = 8
 """Innermost frames kept per exception of a logged traceback."""
 UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+UVICORN_ACCESS = "uvicorn.access"
+"""Silenced: its line per request would repeat seqserve.access's (see configure_logging)."""
 
 
 def short_traceback(exc_info: Any) -> str:
@@ -94,4 +97,7 @@ def configure_logging(level: str, fmt: str) -> None:
     for name in UVICORN_LOGGERS:
         logger = logging.getLogger(name)
         logger.handlers = []
-        logger.propagate = True
+        logger.propagate = name != UVICORN_ACCESS
+    # seqserve.access writes the one line per request; uvicorn's own access line would repeat
+    # it. Without a handler on the way up, uvicorn does not even format its line
+    # (its protocols check `access_logger.hasHandlers()` per connection).

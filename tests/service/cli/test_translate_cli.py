@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,3 +48,28 @@ def test_translate_command_refuses_a_classifier(tiny_repo: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["translate", "--repo", str(tiny_repo), "--model", "tiny-clf", "one"]) == 2
     assert "not a translator" in capsys.readouterr().err
+
+
+def test_translate_json_into_a_closed_pipe_exits_quietly(tiny_repo: Path) -> None:
+    """`seqserve translate ... --json | head -1`: the reader goes away after one line; the
+    command stops with SIGPIPE's status and no BrokenPipeError traceback. The pipe is shrunk to
+    one page, so the answer (64 texts, 5 hypotheses each) cannot fit in it."""
+    texts = [f"one two three four {i}" for i in range(64)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqserve.service.cli", "translate", "--repo", str(tiny_repo),
+         "--model", "tiny-mt", *texts, "--n-best", "5", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, 4096)
+    try:
+        first = proc.stdout.readline()
+        proc.stdout.close()  # what `head -1` does after its line
+        err = proc.stderr.read().decode()
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert first == b"{\n"
+    assert rc == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err

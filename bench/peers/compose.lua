@@ -1,7 +1,8 @@
 -- wrk script: every request a new text, composed as texts.py composes text number g.
 --   wrk -t T -c C -d Ds -s compose.lua URL -- DATA_FILE START PATH T
 -- Thread t (0-based) of T sends texts START + t, START + t + T, START + t + 2T, ...
--- DATA_FILE (written by texts.py): "short" then "lang<TAB>phrase" lines, or "long" then words.
+-- DATA_FILE (written by texts.py): "short" then "lang<TAB>phrase" lines, "long" then words, or
+-- "list" then one whole text a line (text g is line g mod the count).
 -- done() prints one line "PEERS_JSON {...}" with counts and latency percentiles (us).
 
 local LONG_STRIDE, LONG_MIX, LONG_MOD, LONG_MIN_WORDS, LONG_SPAN = 7919, 40503, 65521, 10, 51
@@ -15,7 +16,7 @@ function setup(thread)
 end
 
 local kind, start, path
-local phrases, langs, position, by_lang, words = {}, {}, {}, {}, {}
+local phrases, langs, position, by_lang, words, texts = {}, {}, {}, {}, {}, {}
 local k, nthreads = 0, 1
 local headers = {["Content-Type"] = "application/json"}
 
@@ -31,6 +32,8 @@ function init(args)
          by_lang[lang] = by_lang[lang] or {}
          table.insert(position, #by_lang[lang])
          table.insert(by_lang[lang], #phrases - 1)
+      elseif kind == "list" then
+         table.insert(texts, line)
       else
          table.insert(words, line)
       end
@@ -42,6 +45,9 @@ function init(args)
 end
 
 local function compose(g)
+   if kind == "list" then
+      return texts[(g % #texts) + 1]
+   end
    if kind == "short" then
       local n = #phrases
       local a, r = g % n, math.floor(g / n)

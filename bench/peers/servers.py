@@ -47,6 +47,11 @@ class Server:
     """Port -> command line."""
     unavailable: str | None = None
     """Why it cannot run on this machine (then it is reported, not measured)."""
+    peer: str = ""
+    """The peer this is one setting of ("mosec", ...; "" for seqserve): the table shows each
+    peer at its best setting per workload."""
+    setting: str = ""
+    """The swept knobs of this setting, short ("2 workers x 1 thread")."""
 
 
 def free_port() -> int:
@@ -58,24 +63,49 @@ def free_port() -> int:
 # ---- the four kinds of server -------------------------------------------------------------
 
 
-def seqserve(label: str, cmd: list[str], repo: Path, model: str) -> Server:
+def seqserve(label: str, cmd: list[str], repo: Path, model: str,
+             task: str = "classify") -> Server:
     """`seqserve serve` from `cmd` (e.g. this checkout's `python -m seqserve.service.cli serve`, or
     another checkout's venv with new flags), with the repository, port and --truncate added."""
     def launch(port: int) -> Launch:
         return Launch([*cmd, "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port),
                        "--truncate", "--log-level", "warning"], cwd=Path.cwd())
 
-    return Server(label, f"/v1/models/{model}/classify", " ".join(cmd) + " --truncate", launch)
+    return Server(label, f"/v1/models/{model}/{task}", " ".join(cmd) + " --truncate", launch)
 
 
-def fastapi(python: str, bundle: Path, model: str, threads: int) -> Server:
+def fastapi(python: str, bundle: Path, model: str, threads: int, workers: int = 1) -> Server:
     def launch(port: int) -> Launch:
         return Launch([python, str(SERVERS / "fastapi_server.py"), str(port)],
-                      {"PEER_BUNDLE": str(bundle), "PEER_THREADS": str(threads)})
+                      {"PEER_BUNDLE": str(bundle), "PEER_THREADS": str(threads),
+                       "PEER_WORKERS": str(workers), "PYTHONPATH": str(SERVERS)})
 
-    return Server("fastapi per request", f"/v1/models/{model}/classify",
-                  f"uvicorn 1 process, sync route (thread pool), no batching, ORT {threads} "
-                  "thread(s) per call", launch)
+    setting = _setting(workers, threads)
+    return Server(f"fastapi per request ({setting})", f"/v1/models/{model}/classify",
+                  f"uvicorn {workers} process(es), sync route (thread pool), no batching, ORT "
+                  f"{threads} thread(s) per call", launch, peer="fastapi per request",
+                  setting=setting)
+
+
+def fastapi_translate(python: str, bundle: Path, model: str, threads: int,
+                      workers: int = 1) -> Server:
+    """Per-request FastAPI + ONNX Runtime beam search (translate_server.py)."""
+    def launch(port: int) -> Launch:
+        return Launch([python, str(SERVERS / "translate_server.py"), str(port)],
+                      {"PEER_BUNDLE": str(bundle), "PEER_THREADS": str(threads),
+                       "PEER_WORKERS": str(workers), "PYTHONPATH": str(SERVERS)})
+
+    setting = _setting(workers, threads)
+    return Server(f"fastapi beam search per request ({setting})",
+                  f"/v1/models/{model}/translate",
+                  f"uvicorn {workers} process(es), sync route, one beam search (beam 5) per "
+                  f"request, decoder batched over the beam, ORT {threads} thread(s)", launch,
+                  peer="fastapi beam search per request", setting=setting)
+
+
+def _setting(workers: int, threads: int) -> str:
+    return f"{workers} worker{'s' if workers != 1 else ''} x {threads} thread" + (
+        "s" if threads != 1 else "")
 
 
 def mosec(python: str, bundle: Path, model: str, threads: int, workers: int, max_batch: int,
@@ -87,10 +117,11 @@ def mosec(python: str, bundle: Path, model: str, threads: int, workers: int, max
                        "PEER_THREADS": str(threads), "PEER_WORKERS": str(workers),
                        "PEER_MAX_BATCH": str(max_batch), "PEER_WAIT_MS": str(wait_ms)})
 
-    return Server("mosec", f"/v1/models/{model}/classify",
+    setting = _setting(workers, threads)
+    return Server(f"mosec ({setting})", f"/v1/models/{model}/classify",
                   f"mosec {_version(python, 'mosec')}, {workers} worker(s), batch {max_batch}, "
                   f"{wait_ms} ms, ORT {threads} thread(s)", launch,
-                  _missing(python, "mosec"))
+                  _missing(python, "mosec"), peer="mosec", setting=setting)
 
 
 def torchserve(venv_bin: Path, bundle: Path, model: str, workdir: Path, threads: int,
@@ -124,9 +155,11 @@ def torchserve(venv_bin: Path, bundle: Path, model: str, workdir: Path, threads:
                        "METRICS_LOCATION": str(workdir / "logs"),
                        "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}, cwd=workdir)
 
-    return Server("torchserve", f"/predictions/{model}",
+    setting = _setting(workers, threads)
+    return Server(f"torchserve ({setting})", f"/predictions/{model}",
                   f"TorchServe {_version(python, 'ts')}, {workers} worker(s), batch {max_batch}, "
-                  f"{wait_ms} ms, TorchScript {threads} thread(s)", launch, why)
+                  f"{wait_ms} ms, TorchScript {threads} thread(s)", launch, why,
+                  peer="torchserve", setting=setting)
 
 
 def trivial(python: str, record: Path | None = None) -> Server:
@@ -162,6 +195,43 @@ def _version(python: str, module: str) -> str:
     code = f"import importlib.metadata as m; print(m.version({dist!r}))"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True)
     return out.stdout.strip() if out.returncode == 0 else "?"
+
+
+# ---- CPU time of a server's processes ------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def session_cpu_s(sid: int) -> float:
+    """CPU seconds (user + system, with reaped children's) of every live process in session
+    `sid`: a server started by `start` leads its own session, so this is all its processes
+    (API, engine, workers, a JVM and its Python workers), whatever their parents."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "stat").read_bytes()
+        except OSError:  # exited meanwhile
+            continue
+        fields = raw[raw.rindex(b")") + 2:].split()  # from field 3 (state) on
+        if int(fields[3]) != sid:
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+    return total / _TICK
+
+
+def session_pids(sid: int) -> int:
+    """How many live processes session `sid` has."""
+    count = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                raw = Path(entry.path, "stat").read_bytes()
+            except OSError:
+                continue
+            count += int(raw[raw.rindex(b")") + 2:].split()[3]) == sid
+    return count
 
 
 # ---- lifecycle ----------------------------------------------------------------------------
@@ -234,6 +304,14 @@ def wait_ready(proc: subprocess.Popen[bytes], port: int, path: str, probe: str,
             pass
         time.sleep(0.25)
     raise RuntimeError(f"not ready after {timeout_s:.0f} s")
+
+
+def translation_of(body: Any) -> str | None:
+    """The first result's translation of a translate answer, or None when the shape is wrong."""
+    try:
+        return str(body["results"][0]["translation"])
+    except (KeyError, IndexError, TypeError):
+        return None
 
 
 def label_of(body: Any) -> str | None:

@@ -10,6 +10,9 @@ wrk script (compose.lua), which reads the word lists this module writes:
   word (g x 7919) mod M, length 10 + ((g x 40503) mod 65521) mod 51: ~100 tokens, cut at the
   bundle's 256 by every server. Distinct starts for g < M.
 
+- translate: the g-th of the numbers-en-fr dataset's English sources (all splits, shuffled),
+  as the demo sends them. Distinct for g < the number of sources.
+
 Each load run takes its own range of g (measurement, warm-up and answer checks never share a
 text), and each connection takes every C-th number of its range.
 """
@@ -28,8 +31,10 @@ class Workload:
     """One workload: its name, how texts are composed, and the data file compose.lua reads."""
 
     def __init__(self, name: str, phrases: tuple[str, ...] = (), langs: tuple[int, ...] = (),
-                 words: tuple[str, ...] = ()) -> None:
+                 words: tuple[str, ...] = (), texts: tuple[str, ...] = ()) -> None:
         self.name = name
+        self.texts = texts
+        """The whole texts, in order (translate)."""
         self.phrases = phrases
         self.langs = langs
         """Language index of each phrase (short)."""
@@ -48,6 +53,8 @@ class Workload:
         """How many distinct texts the numbering gives before it repeats."""
         if self.name == "short":
             return len(self.phrases) * (min(len(v) for v in self.by_lang.values()) - 1)
+        if self.texts:
+            return len(self.texts)
         return len(self.words)
 
     def text(self, g: int) -> str:
@@ -58,13 +65,19 @@ class Workload:
             same = self.by_lang[self.langs[a]]
             b = same[(self.position[a] + 1 + r) % len(same)]
             return f"{self.phrases[a]} {self.phrases[b]}"
+        if self.texts:
+            return self.texts[g % len(self.texts)]
         m = len(self.words)
         start = (g * LONG_STRIDE) % m
         count = LONG_MIN_WORDS + ((g * LONG_MIX) % LONG_MOD) % LONG_SPAN
         return " ".join(self.words[(start + k) % m] for k in range(count))
 
     def data_file(self, path: Path) -> Path:
-        """Write what compose.lua reads: the kind, then "lang<TAB>phrase" or one word a line."""
+        """Write what compose.lua reads: the kind, then "lang<TAB>phrase", one word a line
+        (long) or one text a line (kind "list")."""
+        if self.texts:
+            path.write_text("list\n" + "".join(f"{t}\n" for t in self.texts), encoding="utf-8")
+            return path
         if self.name == "short":
             body = "".join(f"{lang}\t{p}\n"
                            for lang, p in zip(self.langs, self.phrases, strict=True))
@@ -94,3 +107,14 @@ def langid_rows(seed: int = 0) -> list[tuple[str, str]]:
 
     ds = generate("langid", seed=seed)
     return [(str(ex["text"]), str(ex["label"])) for split in ds.splits.values() for ex in split]
+
+
+def translate_workload(seed: int = 0) -> Workload:
+    """The translate workload: the numbers-en-fr dataset's sources (all splits), shuffled."""
+    from seqserve.models.data.registry import generate
+
+    ds = generate("numbers-en-fr", seed=seed)
+    texts = sorted({" ".join(str(ex["source"]).split()) for split in ds.splits.values()
+                    for ex in split} - {""})
+    random.Random(seed).shuffle(texts)
+    return Workload("translate", texts=tuple(texts))

@@ -1,7 +1,7 @@
 """The peers benchmark's plumbing (bench/peers), fast and without timing assertions: the text
 numbering, wrk's script against the same numbering, and the whole command against the
-per-request FastAPI peer on the tiny bundle (mosec and TorchServe are reported as not
-installed unless their virtualenv exists)."""
+per-request FastAPI peers (classify at two settings, beam-search translate) on the tiny
+bundles (mosec and TorchServe are reported as not installed unless their virtualenv exists)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,9 @@ def test_the_command_end_to_end(tiny_repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "results"
     cmd = [sys.executable, str(ROOT / "bench" / "peers" / "run.py"), "--repo", str(tiny_repo),
            "--model", "tiny-clf", "--servers", "fastapi,mosec,torchserve",
+           "--workloads", "short,long,translate", "--translate-model", "tiny-mt",
+           "--fastapi-settings", "1x1,2x1", "--translate-settings", "1x1",
+           "--translate-sample", "8",
            "--peers-venv", str(tmp_path / "no-venv"), "--duration", "1", "--warmup", "0",
            "--connections", "4", "--client", client, "--client-check-seconds", "1",
            "--ceiling-batches", "1,4", "--ceiling-threads", "1", "--ceiling-seconds", "0.05",
@@ -73,11 +76,26 @@ def test_the_command_end_to_end(tiny_repo: Path, tmp_path: Path) -> None:
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| fastapi per request |" in done.stdout
-    assert "mosec not measured" in done.stdout and "torchserve not measured" in done.stdout
+    assert "| fastapi beam search per request |" in done.stdout
+    assert "| mosec (not measured) |" in done.stdout
+    assert "| torchserve (not measured) |" in done.stdout
     res = json.loads(next(out.glob("peers-*.json")).read_text())
-    fastapi = next(s for s in res["servers"] if s["name"] == "fastapi per request")
-    assert fastapi["answers"]["matched"] == fastapi["answers"]["checked"] == 16
+    fastapi = [s for s in res["servers"] if s["peer"] == "fastapi per request"]
+    assert sorted(s["setting"] for s in fastapi) == ["1 worker x 1 thread",
+                                                      "2 workers x 1 thread"]
+    for server in fastapi:
+        assert server["answers"]["matched"] == server["answers"]["checked"] == 16
+        assert server["processes"] >= 1
+        for name in ("short", "long"):
+            r = server[name]
+            assert r["requests"] > 0 and not r["errors"]
+            assert 0 < r["cpu_ms_per_request"] < 1e3 * r["cpu_s"]
     for name in ("short", "long"):
-        assert fastapi[name]["requests"] > 0 and not fastapi[name]["errors"]
         assert res["ceiling"][name]["best"]["seq_s"] > 0
+        assert res["ceiling"][name]["floor"]["cpu_ms"] > 0
         assert res["client_ceiling"]["python"][name]["requests"] > 0
+    translate = next(s for s in res["servers"] if s["peer"] == "fastapi beam search per request")
+    assert translate["answers"]["matched"] == translate["answers"]["checked"] == 8
+    assert translate["translate"]["requests"] > 0 and not translate["translate"]["errors"]
+    assert translate["translate"]["cpu_ms_per_request"] > 0
+    assert res["ceiling"]["translate"]["mean_out_tokens"] > 0

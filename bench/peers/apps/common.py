@@ -56,3 +56,90 @@ def texts_of(body: Any) -> list[str]:
     if isinstance(body, (bytes, bytearray, str)):
         body = json.loads(body)
     return [str(t) for t in body["texts"]]
+
+
+class TranslatorBundle:
+    """A translator bundle folder (encoder + decoder_step ONNX graphs), and a beam search over
+    it written the plain way: one request at a time, the decoder batched over that request's
+    live hypotheses. Scoring as seqserve's defaults: beam 5, n-best 1, no length or coverage
+    penalty, at most ceil(2 x source tokens) + 10 generated tokens (EOS included) and the
+    bundle's max_decode_length, a step keeps the 2B best candidates, an EOS among the first B
+    finishes, the first B others go on; stop when the best live log-prob can no longer beat
+    the best finished one."""
+
+    def __init__(self, folder: str | Path, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        self.folder = Path(folder)
+        manifest = json.loads((self.folder / "manifest.json").read_text())
+        src = manifest["tokenizer"]
+        tgt = manifest.get("target_tokenizer") or src
+        self.sp = spm.SentencePieceProcessor(model_file=str(self.folder / src["file"]))
+        self.tgt_sp = (self.sp if tgt is src else
+                       spm.SentencePieceProcessor(model_file=str(self.folder / tgt["file"])))
+        self.unk_id = int(src["unk_id"])
+        self.bos_id, self.eos_id = int(tgt["bos_id"]), int(tgt["eos_id"])
+        self.skip = {int(tgt["pad_id"]), self.bos_id, self.eos_id}
+        self.vocab_size = int(tgt["vocab_size"]) or self.tgt_sp.get_piece_size()
+        limits = manifest.get("limits", {})
+        self.max_tokens = int(limits.get("max_tokens", 256))
+        self.max_decode = int(limits.get("max_decode_length", 128))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        graphs = manifest["graphs"]
+
+        def session(name: str) -> Any:
+            return ort.InferenceSession(str(self.folder / graphs[name]["onnx"]), opts,
+                                        providers=["CPUExecutionProvider"])
+
+        self.encoder, self.step = session("encoder"), session("decoder_step")
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.sp.encode(text))[: self.max_tokens] or [self.unk_id]
+
+    def translate(self, text: str, beam: int = 5) -> dict[str, Any]:
+        """{"translation", "token_ids", "score"} of the best hypothesis."""
+        ids = self.encode(text)
+        src = np.array([ids], dtype=np.int64)  # (1, S)
+        memory, mask, state = self.encoder.run(
+            None, {"src_ids": src, "src_lengths": np.array([len(ids)], dtype=np.int64)})
+        cap = max(1, min(self.max_decode, 2 * len(ids) + 10))
+        k = np.array([min(2 * beam + 1, self.vocab_size)], dtype=np.int64)
+        tokens: list[list[int]] = [[]]
+        logp = np.zeros(1)  # (R,)
+        prev = np.array([self.bos_id], dtype=np.int64)  # (R,)
+        best: tuple[float, list[int]] | None = None
+        while tokens:
+            state, top_lp, top_ids, _ = self.step.run(None, {
+                "prev_ids": prev, "state": state, "memory": memory, "src_mask": mask,
+                "memory_index": np.zeros(len(tokens), dtype=np.int64), "k": k})
+            cand = (logp[:, None] + top_lp).ravel()  # (R * k,)
+            order = np.argsort(-cand, kind="stable")[: 2 * beam]
+            keep_rows, keep_tok, keep_lp = [], [], []
+            for rank, c in enumerate(order):
+                row, tok, lp = int(c) // top_lp.shape[1], int(top_ids.ravel()[c]), float(cand[c])
+                if tok == self.eos_id:
+                    if rank < beam and (best is None or lp > best[0]):
+                        best = (lp, [*tokens[row], tok])
+                    continue
+                if len(keep_rows) < beam:
+                    keep_rows.append(row)
+                    keep_tok.append(tok)
+                    keep_lp.append(lp)
+            length = len(tokens[0]) + 1
+            tokens = [[*tokens[r], t] for r, t in zip(keep_rows, keep_tok, strict=True)]
+            logp = np.array(keep_lp)
+            if length >= cap:  # the cap reached: the live ones finish as they are
+                for lp, toks in zip(keep_lp, tokens, strict=True):
+                    if best is None or lp > best[0]:
+                        best = (lp, toks)
+                break
+            if best is not None and (not keep_lp or min(max(keep_lp), 0.0) <= best[0]):
+                break
+            rows = np.array(keep_rows, dtype=np.int64)
+            state, prev = state[rows], np.array(keep_tok, dtype=np.int64)
+        assert best is not None
+        out = [t for t in best[1] if t not in self.skip]
+        return {"translation": str(self.tgt_sp.decode(out)), "token_ids": out,
+                "score": best[0]}

@@ -3,7 +3,8 @@
     PEER_BUNDLE=model_repository/langid/1 python fastapi_server.py PORT
 
 A sync route, so FastAPI runs it in its thread pool: with 1 ONNX Runtime thread per call,
-two requests compute at once on two cores. PEER_THREADS sets the intra-op threads (1).
+two requests compute at once on two cores. PEER_THREADS sets the intra-op threads (1),
+PEER_WORKERS the uvicorn worker processes (1; each loads its own session).
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ def build_app(bundle: Bundle, threads: int) -> FastAPI:
     return app
 
 
+def create_app() -> FastAPI:
+    """The app from the environment (uvicorn's factory: every worker process calls it)."""
+    return build_app(Bundle(os.environ["PEER_BUNDLE"]), int(os.environ.get("PEER_THREADS", "1")))
+
+
 if __name__ == "__main__":
-    app = build_app(Bundle(os.environ["PEER_BUNDLE"]), int(os.environ.get("PEER_THREADS", "1")))
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
-                access_log=False)
+    uvicorn.run("fastapi_server:create_app", factory=True, host="127.0.0.1",
+                port=int(sys.argv[1]), workers=int(os.environ.get("PEER_WORKERS", "1")),
+                log_level="warning", access_log=False)

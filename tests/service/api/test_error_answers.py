@@ -70,8 +70,8 @@ def test_one_builder_for_every_shape() -> None:
     assert strict_json(oip) == {"error": "bad"}  # the protocol's own shape
     openai = strict_json(error_answer(429, "slow down", request_id="r2",
                                       shape=ErrorShape.OPENAI)[2])
-    assert openai == {"error": {"message": "slow down", "type": "rate_limit_error"},
-                      "request_id": "r2"}
+    assert openai == {"error": {"message": "slow down", "type": "rate_limit_error",
+                                "param": None, "code": None}, "request_id": "r2"}
     assert strict_json(error_answer(500, "x", shape=ErrorShape.OPENAI)[2])["error"]["type"] \
         == "api_error"
     assert [retry_after_value(s) for s in (0, 0.2, 1, 2.5)] == [b"0", b"1", b"1", b"3"]

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import load_support
+import pytest
 from process_support import counts, in_flight, serve, wait_ready
 from server_support import RawConnection
 
@@ -84,6 +84,19 @@ def test_a_dead_engine_ends_the_server_non_zero(tiny_repo: Path) -> None:
         code = server.proc.wait(timeout=30)
         assert code != 0
         assert not server.children()
+
+
+def test_a_killed_engine_under_load_answers_every_request_503(tiny_repo: Path) -> None:
+    """SIGKILL of the engine under load: every request in flight or sent after it is answered
+    (503 + Retry-After, engine unavailable; 2xx for what was done already; refused once the
+    API processes stopped listening), none reset or left hanging, and the supervisor exits
+    non-zero."""
+    with serve(tiny_repo, "--api-workers", "2") as server:
+        result = asyncio.run(load_support.sigkill_engine(server))
+    assert set(result["at_or_after_kill"]) <= {"2xx", "503", "refused"}, result
+    assert result["at_or_after_kill"].get("503", 0) >= 10, result
+    assert result["max_wait_after_kill_s"] < 3, result  # at once (1 s in quiet runs)
+    assert result["exit"] not in (0, None), result
 
 
 def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path) -> None:

@@ -8,8 +8,8 @@
   closes every connection after its answer (`Connection: close`: keep-alive clients move on
   to the endpoints that stay; the load balancer still routes some traffic here meanwhile);
 - answers 429 + Retry-After at once to new inference work while this process already holds
-  `max_in_flight` requests (the engine's admission cannot see a backlog that waits for the
-  API process's own CPU);
+  `max_in_flight` requests, each counted from its headers on, while its body still arrives
+  (the engine's admission cannot see a backlog that waits for the API process's own CPU);
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
 - counts requests and observes durations into the app's metrics.
 """
@@ -68,8 +68,17 @@ class ServingMiddleware:
         status = {"code": 500, "observed": 0}
         send_timed = self._timed_send(scope, send, start, status)
         try:
-            inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
-            answer = self._refusal(scope, inference)
+            await self._serve(scope, receive, send_timed)
+        finally:
+            if not status["observed"]:  # no response went out (an exception escaped)
+                self._observe(scope, status["code"], time.monotonic() - start)
+
+    async def _serve(self, scope: Scope, receive: Receive, send_timed: Send) -> None:
+        inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
+        answer = self._refusal(scope, inference)
+        counted = inference and answer is None
+        self.admitted += counted  # before the body is read: slow bodies count too
+        try:
             got = await self._body_or_refusal(scope, receive) if answer is None else b""
             if isinstance(got, tuple):
                 answer = got
@@ -81,14 +90,9 @@ class ServingMiddleware:
             body = got if isinstance(got, bytes) else b""
             if scope["method"] == "POST":
                 _json_by_default(scope)
-            self.admitted += inference
-            try:
-                await self.app(scope, _replay(body, receive), send_timed)
-            finally:
-                self.admitted -= inference
+            await self.app(scope, _replay(body, receive), send_timed)
         finally:
-            if not status["observed"]:  # no response went out (an exception escaped)
-                self._observe(scope, status["code"], time.monotonic() - start)
+            self.admitted -= counted
 
     def _refusal(self, scope: Scope, inference: bool) -> Refusal | None:
         """429 beyond max_in_flight (draining refuses nothing: see the module doc)."""

@@ -91,8 +91,10 @@ def test_a_killed_engine_under_load_answers_every_request_503(tiny_repo: Path) -
     (503 + Retry-After, engine unavailable; 2xx for what was done already; refused once the
     API processes stopped listening), none reset or left hanging, and the supervisor exits
     non-zero."""
-    with serve(tiny_repo, "--api-workers", "2") as server:
-        result = asyncio.run(load_support.sigkill_engine(server))
+    # the API processes then serve their shutdown delay (answering 503 at once) and stop; the
+    # load ends before that (new connections to a closed listener would be refused or reset)
+    with serve(tiny_repo, "--api-workers", "2", "--shutdown-delay-s", "3") as server:
+        result = asyncio.run(load_support.sigkill_engine(server, after_s=2.0))
     assert set(result["at_or_after_kill"]) <= {"2xx", "503", "refused"}, result
     assert result["at_or_after_kill"].get("503", 0) >= 10, result
     assert result["max_wait_after_kill_s"] < 3, result  # at once (1 s in quiet runs)

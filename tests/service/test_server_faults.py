@@ -160,3 +160,35 @@ def test_an_api_process_refuses_beyond_max_in_flight(tiny_repo: Path) -> None:
     _, headers, refused = next(a for a in answers if a[0] == 429)
     assert "max_in_flight" in json.loads(refused)["error"] and headers["retry-after"]
     assert health.status_code == 200
+
+
+def test_max_in_flight_counts_requests_whose_bodies_still_arrive(tiny_repo: Path) -> None:
+    """Requests whose headers came but whose bodies have not count against max_in_flight:
+    with two such slow bodies open, a third request gets 429 at once; the two, completed,
+    are answered 200."""
+    app = _app(tiny_repo, FakeRuntime(), max_in_flight=2, body_timeout_s=30)
+    body = json.dumps({"texts": ["one"]}).encode()
+    head = (f"POST {URL} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()
+    with serve_in_thread(app) as base:
+        slow = [RawConnection(base) for _ in range(2)]
+        third = RawConnection(base)
+        try:
+            for conn in slow:
+                assert conn.request("GET", "/v2/health/live")[0] == 200
+                conn.sock.sendall(head + body[:5])  # headers and the start of the body
+            serving = app.entry.app  # the ServingMiddleware (behind the access log)
+            deadline = time.monotonic() + 10
+            while serving.admitted < 2 and time.monotonic() < deadline:  # both headers seen
+                time.sleep(0.01)
+            status, headers, refused = third.request("POST", URL, body,
+                                                     {"content-type": "application/json"})
+            for conn in slow:
+                conn.sock.sendall(body[5:])
+            answers = [conn.read_response()[0] for conn in slow]
+        finally:
+            for conn in [*slow, third]:
+                conn.close()
+    assert status == 429 and headers["retry-after"], (status, refused)
+    assert "max_in_flight" in json.loads(refused)["error"]
+    assert answers == [200, 200]

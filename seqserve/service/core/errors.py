@@ -55,6 +55,13 @@ class ShuttingDown(ServiceError):
     status = 503
 
 
+class EngineUnavailable(ServiceError):
+    """The engine process is gone (or never answered): nothing can be computed here now."""
+
+    status = 503
+    retry_after = 1.0
+
+
 class DeadlineExceeded(ServiceError):
     """The request's deadline passed before its result was ready."""
 

@@ -6,6 +6,13 @@ manifest and limits the engine loaded it with) and its effective options; `Remot
 future per row or source as the in-process `BatchedModel` / `DecodedModel`, so the workers do
 not know where their model runs. When a request's futures are cancelled (deadline, client
 gone) the engine is told, and drops the work.
+
+Faults are answered, never waited out: a socket monitor on the DEALER reports the engine's
+disconnection (on ipc: the engine process is gone) at once, and then every request pending
+here and every new one fails with `EngineUnavailable` (503 + Retry-After) until the
+supervisor, which saw the engine exit too, stops this process; a send that fails leaves
+nothing pending; an answer that cannot be read fails its request alone. The DEALER's identity
+names this process's pid, so that the engine can drop the work of a process that died.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 import seqserve.service.core.errors as errors
 from seqserve.service.engine import protocol as p
@@ -37,8 +45,8 @@ WAIT_TTL_S = 0.5
 """How long an engine's report of a model's queue wait stays usable for early shedding."""
 
 
-class EngineUnavailable(Exception):
-    """The engine did not answer in time."""
+EngineUnavailable = errors.EngineUnavailable
+"""The engine is gone or did not answer: 503 + Retry-After."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -52,8 +60,12 @@ class _Pending:
 class EngineClient:
     """One connection from this process to the engine at `address`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, retry_after_s: float = 1.0) -> None:
         self.address = address
+        self.retry_after_s = retry_after_s
+        self.lost: str | None = None
+        """Why the engine is unavailable (its socket disconnected), else None."""
+        self._monitor: Channel | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
         self._state: asyncio.Future[p.State] | None = None
@@ -66,18 +78,42 @@ class EngineClient:
     async def start(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, p.new_identity())
+        monitor = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sock.connect(self.address)
         self._channel = Channel(sock, self._on_frames)
+        self._monitor = Channel(monitor, self._on_event)
 
     async def close(self) -> None:
+        if self._monitor is not None:
+            self._monitor.close()
         if self._channel is not None:
             self._channel.close()
-        for pending in self._pending.values():
-            _fail(pending, errors.ShuttingDown("this API process is stopping"))
-        self._pending.clear()
-        for stream, _, _ in self._streams.values():
-            stream.put(errors.ShuttingDown("this API process is stopping"))
-        self._streams.clear()
+        self._fail_all(errors.ShuttingDown("this API process is stopping"))
+
+    def _fail_all(self, exc: errors.ServiceError) -> None:
+        """Every request pending here answered with `exc`."""
+        pending, self._pending = self._pending, {}
+        for entry in pending.values():
+            entry.done = True
+            _fail(entry, exc)
+        streams, self._streams = self._streams, {}
+        for stream, _, _ in streams.values():
+            stream.put(exc)
+
+    def _on_event(self, frames: list[bytes]) -> None:
+        event = parse_monitor_message(frames)["event"]
+        if event == zmq.EVENT_DISCONNECTED:
+            self.lost = "the engine process is gone"
+            log.error("%s: answering %d pending requests with 503", self.lost,
+                      len(self._pending) + len(self._streams))
+            self._fail_all(self._unavailable())
+        elif event == zmq.EVENT_CONNECTED:
+            self.lost = None
+
+    def _unavailable(self) -> errors.ServiceError:
+        return EngineUnavailable(f"engine unavailable: {self.lost or 'not connected'}",
+                                 retry_after=self.retry_after_s)
 
     async def hello(self, timeout: float) -> p.State:
         """The engine's models, their states and the engine's effective options (asks until
@@ -101,36 +137,39 @@ class EngineClient:
     def submit(self, model: str, version: int, rows: Sequence[list[int]], deadline: float,
                options: SearchOptions | None = None) -> list[asyncio.Future[Any]]:
         """Send one request's rows; one future per row (Timed, or Decoded with options)."""
+        if self.lost is not None:
+            raise self._unavailable()
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
-        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in rows]
-        pending = _Pending(futures, options is not None, (model, version))
-        self._pending[rid] = pending
-        for f in futures:
-            f.add_done_callback(functools.partial(self._on_done, rid))
         lengths, ids = p.pack_rows(list(rows))
         opts = None if options is None else dataclasses.asdict(options)
         self._send(p.Submit(rid, model, version, deadline, lengths, ids, opts))
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in rows]
+        self._pending[rid] = _Pending(futures, options is not None, (model, version))
+        for f in futures:
+            f.add_done_callback(functools.partial(self._on_done, rid))
         return futures
 
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
                  options: GenerateOptions, deadline: float) -> TokenStream:
         """Send one generation; its token events arrive on the returned stream."""
+        if self.lost is not None:
+            raise self._unavailable()
         rid = next(self._ids)
 
         def cancel() -> None:
             if self._streams.pop(rid, None) is not None:
-                self._send(p.Cancel(rid))
+                self._send_quietly(p.Cancel(rid))
 
         def stop(index: int) -> None:
             if rid in self._streams:
-                self._send(p.StopSeq(rid, index))
+                self._send_quietly(p.StopSeq(rid, index))
 
         stream = TokenStream(len(prompts) * options.n, cancel, stop)
-        self._streams[rid] = (stream, (model, version), [len(prompts) * options.n])
         lengths, ids = p.pack_rows(list(prompts))
         self._send(p.Generate(rid, model, version, deadline, lengths, ids,
                               dataclasses.asdict(options)))
+        self._streams[rid] = (stream, (model, version), [len(prompts) * options.n])
         return stream
 
     def _deliver_tokens(self, msg: p.Tokens | p.Failure) -> None:
@@ -155,15 +194,42 @@ class EngineClient:
             del self._pending[rid]
             for f in pending.futures:
                 f.cancel()
-            self._send(p.Cancel(rid))
+            self._send_quietly(p.Cancel(rid))
 
     def _send(self, msg: p.ToEngine) -> None:
+        """Send `msg`, or raise EngineUnavailable (nothing is left pending then)."""
         if self._channel is None:
-            raise EngineUnavailable("the engine client is not started")
-        self._channel.send([p.encoder.encode(msg)])
+            raise EngineUnavailable("engine unavailable: the engine client is not started",
+                                    retry_after=self.retry_after_s)
+        try:
+            self._channel.send([p.encoder.encode(msg)])
+        except zmq.ZMQError as exc:
+            log.error("a message to the engine could not be sent: %s", exc)
+            raise EngineUnavailable(f"engine unavailable: the request could not be sent ({exc})",
+                                    retry_after=self.retry_after_s) from exc
+
+    def _send_quietly(self, msg: p.ToEngine) -> None:
+        """A cancellation: best effort (a gone engine holds nothing to cancel)."""
+        with contextlib.suppress(EngineUnavailable):
+            self._send(msg)
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        self._deliver(p.api_decoder.decode(frames[-1]))
+        msg = p.api_decoder.decode(frames[-1])
+        try:
+            self._deliver(msg)
+        except Exception as exc:  # a bug here fails its own request, never leaves it waiting
+            log.exception("the engine's answer to request %s could not be read",
+                          getattr(msg, "id", None))
+            rid = getattr(msg, "id", None)
+            failure = errors.InferenceFailed(f"the engine's answer could not be read: "
+                                             f"{type(exc).__name__}: {exc}")
+            entry = self._pending.pop(rid, None) if rid is not None else None
+            if entry is not None:
+                entry.done = True
+                _fail(entry, failure)
+            found = self._streams.pop(rid, None) if rid is not None else None
+            if found is not None:
+                found[0].put(failure)
 
     def _deliver(self, msg: p.ToApi) -> None:
         if isinstance(msg, p.State):
@@ -173,23 +239,29 @@ class EngineClient:
         if msg.id in self._streams and isinstance(msg, p.Tokens | p.Failure):
             self._deliver_tokens(msg)
             return
-        pending = self._pending.pop(msg.id, None)
+        pending = self._pending.get(msg.id)
         if pending is None or isinstance(msg, p.Tokens):
             return  # cancelled meanwhile
         if msg.wait is not None:
             self._waits[pending.model] = (msg.wait, time.monotonic())
-        pending.done = True
         if isinstance(msg, p.Failure):
+            del self._pending[msg.id]
+            pending.done = True
             _fail(pending, _error(msg))
-        elif isinstance(msg, p.Rows):
-            for f, arrays, (q, c, b, s) in zip(pending.futures, msg.results, msg.timings,
-                                            strict=True):
-                if not f.done():
-                    f.set_result(Timed(tuple(p.from_array(a) for a in arrays), Timing(q, c, b, s)))
+            return
+        values: list[Any]  # read whole before the request leaves `_pending` (see _on_frames)
+        if isinstance(msg, p.Rows):
+            values = [Timed(tuple(p.from_array(a) for a in arrays), Timing(q, c, b, s))
+                      for arrays, (q, c, b, s) in zip(msg.results, msg.timings, strict=True)]
         else:
-            for f, d in zip(pending.futures, msg.results, strict=True):
-                if not f.done():
-                    f.set_result(_decoded(d))
+            values = [_decoded(d) for d in msg.results]
+        if len(values) != len(pending.futures):
+            raise ValueError(f"{len(values)} results for {len(pending.futures)} rows")
+        del self._pending[msg.id]
+        pending.done = True
+        for f, value in zip(pending.futures, values, strict=True):
+            if not f.done():
+                f.set_result(value)
 
 
 def _fail(pending: _Pending, exc: Exception) -> None:

@@ -15,6 +15,8 @@ Deadlines are `time.monotonic()` values: one clock for every process on the mach
 
 from __future__ import annotations
 
+import os
+import secrets
 from typing import Any
 
 import msgspec
@@ -179,3 +181,21 @@ def to_array(a: np.ndarray) -> Array:
 
 def from_array(a: Array) -> np.ndarray:
     return np.frombuffer(a.data, dtype=np.dtype(a.dtype)).reshape(a.shape)
+
+
+IDENTITY_PREFIX = b"api-"
+"""An API process's DEALER identity is b"api-<pid>-<random hex>" (see `identity_pid`): the
+engine can tell from it whether the process that holds work still runs."""
+
+
+def new_identity() -> bytes:
+    """This process's DEALER identity (unique per socket)."""
+    return IDENTITY_PREFIX + f"{os.getpid()}-{secrets.token_hex(4)}".encode()
+
+
+def identity_pid(identity: bytes) -> int | None:
+    """The pid an API process's DEALER identity names (None: not one of ours)."""
+    if not identity.startswith(IDENTITY_PREFIX):
+        return None
+    pid, _, _ = identity[len(IDENTITY_PREFIX):].partition(b"-")
+    return int(pid) if pid.isdigit() else None

@@ -8,21 +8,30 @@ engine's effective options, and turns each
 process share the same batches. A request's reply goes out when all its rows are done; a
 `Cancel` cancels its futures, which the schedulers drop before they cost compute.
 `drain(timeout)` refuses new work and finishes what was admitted.
+
+Every request gets an answer: an exception anywhere in its handling (not only a
+`ServiceError`) fails that request alone (`BadRequest` when the engine cannot read it,
+`InferenceFailed`, a 500, for our own faults). When an API process dies its work is dropped:
+a monitor on the ROUTER reports each disconnection, and then the work of every identity whose
+process (named in the identity, see `engine.protocol.identity_pid`) is gone is cancelled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from seqserve.export.manifest import list_bundles
-from seqserve.service.core.errors import ModelNotReady, ServiceError, ShuttingDown
+from seqserve.service.core.errors import BadRequest, ModelNotReady, ServiceError, ShuttingDown
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
 from seqserve.service.engine import protocol as p
@@ -56,6 +65,7 @@ class EngineServer:
         """Language-model generations in flight: their model and scheduler request id."""
         self.closing = False
         self.channel: Channel | None = None
+        self.monitor: Channel | None = None
 
     # -- loading ----------------------------------------------------------------------
 
@@ -95,8 +105,10 @@ class EngineServer:
         """Answer requests on `address` until `stop` is set."""
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.bind(address)
         self.channel = Channel(sock, self._on_frames)
+        self.monitor = Channel(monitor, self._on_event)
         await stop.wait()
         self.closing = True
 
@@ -107,6 +119,8 @@ class EngineServer:
         results = await asyncio.gather(*(m.stop(timeout) for m in self.models.values()))
         while (self.inflight or self.generations) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        if self.monitor is not None:
+            self.monitor.close()
         if self.channel is not None:
             self.channel.close()
         return all(results) and not self.inflight and not self.generations
@@ -114,6 +128,33 @@ class EngineServer:
     def _on_frames(self, frames: list[bytes]) -> None:
         identity, payload = frames
         self.handle(identity, payload)
+
+    def _on_event(self, frames: list[bytes]) -> None:
+        """A peer disconnected: drop the work of API processes that are gone (now, and again
+        shortly: the socket closes while the process exits, a moment before it is gone)."""
+        if parse_monitor_message(frames)["event"] == zmq.EVENT_DISCONNECTED:
+            for delay in (0.0, 0.05, 0.25, 1.0):
+                asyncio.get_running_loop().call_later(delay, self.drop_orphans)
+
+    def drop_orphans(self) -> int:
+        """Cancel the work of every identity whose API process is gone; how many requests."""
+        gone = {identity for identity, _ in [*self.inflight, *self.generations]
+                if not _alive(p.identity_pid(identity))}
+        keys = [k for k in [*self.inflight, *self.generations] if k[0] in gone]
+        for key in keys:
+            self._cancel(key)
+        if keys:
+            log.warning("dropped %d requests of %d API processes that are gone", len(keys),
+                        len(gone))
+        return len(keys)
+
+    def _cancel(self, key: Key) -> None:
+        pending = self.inflight.pop(key, None)
+        if pending is not None:
+            pending.cancel()
+        generation = self.generations.pop(key, None)
+        if generation is not None:
+            generation[0].loop.cancel(generation[1])
 
     def handle(self, identity: bytes, payload: bytes) -> None:
         msg = p.engine_decoder.decode(payload)
@@ -126,12 +167,7 @@ class EngineServer:
             if found is not None:
                 found[0].loop.stop_sequence(found[1], msg.index)
         elif isinstance(msg, p.Cancel):
-            pending = self.inflight.pop((identity, msg.id), None)
-            if pending is not None:
-                pending.cancel()
-            generation = self.generations.pop((identity, msg.id), None)
-            if generation is not None:
-                generation[0].loop.cancel(generation[1])
+            self._cancel((identity, msg.id))
         else:
             self._send(identity, p.State(self.states, self.options.to_dict(), observed()))
 
@@ -139,8 +175,8 @@ class EngineServer:
         model = self.models.get((msg.model, msg.version))
         try:
             futures = self._futures(msg, model)
-        except ServiceError as exc:
-            self._send(identity, _failure(msg.id, exc, model.expected_wait() if model else None))
+        except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
+            self._send(identity, _failure(msg.id, exc, _wait(model)))
             return
         assert model is not None  # _futures refuses a missing one
         gathered = asyncio.gather(*futures)
@@ -159,8 +195,8 @@ class EngineServer:
             if not isinstance(model, LMModel):
                 raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not a "
                                     "loaded language model")
-            options = GenerateOptions(**msg.options)
-            rows = p.unpack_rows(msg.lengths, msg.ids)
+            options, rows = _readable(lambda: (GenerateOptions(**msg.options),
+                                               p.unpack_rows(msg.lengths, msg.ids)))
             open_ = [len(rows) * options.n]
             lm = model
 
@@ -171,21 +207,26 @@ class EngineServer:
                     self.generations.pop(key, None)
                     self._send(identity, _failure(msg.id, events, lm.expected_wait()))
                     return
+                try:
+                    tokens = p.Tokens(msg.id, [
+                        (e.index, -1 if e.token is None else e.token, e.logprob,
+                         [tuple(t) for t in e.top], e.finish)  # type: ignore[misc]
+                        for e in events], lm.expected_wait())
+                except Exception as exc:  # our bug: this generation fails, the others go on
+                    self._cancel(key)
+                    self._send(identity, _failure(msg.id, exc, lm.expected_wait()))
+                    return
                 open_[0] -= sum(1 for e in events if e.finish is not None)
-                self._send(identity, p.Tokens(msg.id, [
-                    (e.index, -1 if e.token is None else e.token, e.logprob,
-                     [tuple(t) for t in e.top], e.finish) for e in events],  # type: ignore[misc]
-                    lm.expected_wait()))
+                self._send(identity, tokens)
                 if open_[0] <= 0:
                     self.generations.pop(key, None)
 
             self.generations[key] = (model, -1)
             rid = model.loop.submit(rows, options, msg.deadline, sink)
             self.generations[key] = (model, rid)
-        except ServiceError as exc:
+        except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
             self.generations.pop(key, None)
-            self._send(identity, _failure(msg.id, exc,
-                                          model.expected_wait() if model else None))
+            self._send(identity, _failure(msg.id, exc, _wait(model)))
 
     def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
         if self.closing:
@@ -193,37 +234,80 @@ class EngineServer:
                                retry_after=self.options.retry_after_s)
         if model is None:
             raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not loaded")
-        rows = p.unpack_rows(msg.lengths, msg.ids)
+        rows = _readable(lambda: p.unpack_rows(msg.lengths, msg.ids))
         if isinstance(model, LMModel):  # a Submit to a language model scores texts
             return list(model.score(rows, msg.deadline))
         if isinstance(model, DecodedModel):
-            options = SearchOptions(**(msg.options or {}))
+            options = _readable(lambda: SearchOptions(**(msg.options or {})))
             return list(model.submit(rows, options, msg.deadline))
         return list(model.submit(rows, msg.deadline))
 
     def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool,
               model: ServedModel) -> None:
         if self.inflight.pop(key, None) is None or gathered.cancelled():
+            if not gathered.cancelled():
+                gathered.exception()  # retrieved: a cancelled gather holds CancelledError
             return  # cancelled by its API process: nobody waits for an answer
         identity, rid = key
-        wait = model.expected_wait()
+        wait = _wait(model)
         exc = gathered.exception()
+        answer: p.ToApi
         if exc is not None:
-            self._send(identity, _failure(rid, exc, wait))
-        elif decoding:
-            self._send(identity, p.Decodes(rid, [_decode(d) for d in gathered.result()], wait))
+            answer = _failure(rid, exc, wait)
         else:
-            self._send(identity, _rows(rid, gathered.result(), wait))
+            try:
+                if decoding:
+                    answer = p.Decodes(rid, [_decode(d) for d in gathered.result()], wait)
+                else:
+                    answer = _rows(rid, gathered.result(), wait)
+            except Exception as bug:  # this request's answer, not the loop's callbacks
+                answer = _failure(rid, bug, wait)
+        self._send(identity, answer)
 
     def _send(self, identity: bytes, msg: p.ToApi) -> None:
         if self.channel is not None and not self.channel.socket.closed:
             self.channel.send([identity, p.encoder.encode(msg)])
 
 
+T = TypeVar("T")
+
+
+def _readable(read: Callable[[], T]) -> T:
+    """`read()`, the parsing of a request's own fields: what fails there is the request's
+    fault (a 400), not the engine's."""
+    try:
+        return read()
+    except (TypeError, ValueError, KeyError) as exc:
+        raise BadRequest(f"the engine cannot read this request: {type(exc).__name__}: {exc}") \
+            from exc
+
+
+def _wait(model: ServedModel | None) -> float | None:
+    """The model's expected queue wait for an answer (None when unknown or it fails)."""
+    if model is None:
+        return None
+    with contextlib.suppress(Exception):
+        return model.expected_wait()
+    return None
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether the process `pid` runs (a zombie does not); None (no pid known): assumed so."""
+    if pid is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
 def _failure(rid: int, exc: BaseException, wait: float | None) -> p.Failure:
     if isinstance(exc, ServiceError):
         return p.Failure(rid, type(exc).__name__, exc.message, exc.retry_after, wait)
-    log.error("request %d failed: %s: %s", rid, type(exc).__name__, exc)
+    log.error("request %d failed: %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
     return p.Failure(rid, "InferenceFailed", f"inference failed: {exc}", None, wait)
 
 

@@ -1,7 +1,8 @@
 """`create_app(settings)`: the FastAPI app. Nothing is built at import time.
 
 The lifespan loads the repository (verify, load, warm up) and only then reports ready; on
-shutdown readiness turns false first, new work gets 503, and admitted work drains. Every
+shutdown readiness turns false first (work is still served for the shutdown delay), and
+admitted work drains. Every
 router of `seqserve.service.api` is included here by a plain import. Every exception a FastAPI
 route raises becomes the one error answer (`seqserve.service.web.responses.error_for`) here;
 every success body is encoded by the one encoder (`JsonResponse`, the default response class).

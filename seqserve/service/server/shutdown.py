@@ -1,9 +1,13 @@
 """Graceful shutdown on top of uvicorn's own signal handling.
 
-On SIGTERM/SIGINT: readiness turns false at once and new requests get 503 (AppState.draining);
-after `shutdown_delay_s` (time for a load balancer to notice) uvicorn closes the listener,
-waits up to `drain_timeout_s` for admitted requests, then runs the lifespan shutdown, which
-drains the batchers. A second signal exits at once.
+On SIGTERM/SIGINT: readiness turns false at once (AppState.draining), but for
+`shutdown_delay_s` the server keeps accepting and serving new requests as usual (an
+orchestrator stops routing to a pod only seconds after it sent SIGTERM: kube-proxy and ingress
+controllers lag); every answer meanwhile carries `Connection: close`, so keep-alive clients
+move on. Then uvicorn closes the listener (under the supervisor every API process closes its
+copy at the same moment; the supervisor closed its own at the signal), waits up to
+`drain_timeout_s` for admitted requests, then runs the lifespan shutdown, which drains the
+batchers. A second signal exits at once.
 """
 
 from __future__ import annotations

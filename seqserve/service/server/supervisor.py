@@ -9,8 +9,9 @@ seqserve.service.server.api_process`), and watches them:
 - an engine that exits ends the server with a non-zero status (the orchestrator restarts
   the pod) instead of leaving API processes that can only answer errors;
 - SIGTERM or SIGINT drains, inside one `drain_timeout_s` budget: the API processes first
-  (readiness false, `shutdown_delay_s` of 503s, then they answer what they admitted, which
-  still needs the engine), then the engine. A second signal stops at once.
+  (readiness false, `shutdown_delay_s` of serving as usual with `Connection: close`, then
+  they stop listening and answer what they admitted, which still needs the engine), then the
+  engine. A second signal stops at once.
 
 Every child gets the settings as SEQSERVE_* variables and `PROMETHEUS_MULTIPROC_DIR`, so
 `/metrics` of any API process reports all of them.

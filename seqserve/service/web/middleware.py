@@ -4,11 +4,12 @@
   reads; a body must arrive within `body_timeout_s` (else 408, connection closed); the
   accepted body is buffered and replayed, later `receive()` calls reach the server (so a
   handler can still see `http.disconnect`);
-- answers 503 + Retry-After to new work while the server drains, and closes every
-  connection after its answer then (`Connection: close`: no client reuses it);
+- while the server drains (the shutdown delay after SIGTERM) serves new work as usual but
+  closes every connection after its answer (`Connection: close`: keep-alive clients move on
+  to the endpoints that stay; the load balancer still routes some traffic here meanwhile);
 - answers 429 + Retry-After at once to new inference work while this process already holds
-  `max_in_flight` requests (the engine's admission cannot see a backlog that waits for the
-  API process's own CPU);
+  `max_in_flight` requests, each counted from its headers on, while its body still arrives
+  (the engine's admission cannot see a backlog that waits for the API process's own CPU);
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
 - counts requests and observes durations into the app's metrics.
 """
@@ -26,7 +27,8 @@ from seqserve.service.web.responses import error_for, send_answer
 if TYPE_CHECKING:
     from seqserve.service.web.state import AppState
 
-OPEN_WHILE_DRAINING = ("/v2/health", "/metrics", "/health")
+NOT_TRAFFIC = ("/v2/health", "/metrics", "/health")
+"""Probes and scrapes: not counted as traffic in the request metrics."""
 INFERENCE = ("/v1/models/", "/v2/models/")
 """Paths whose POSTs are inference work (refused first under overload)."""
 Refusal = tuple[int, str, float | None, list[tuple[bytes, bytes]]]
@@ -66,8 +68,17 @@ class ServingMiddleware:
         status = {"code": 500, "observed": 0}
         send_timed = self._timed_send(scope, send, start, status)
         try:
-            inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
-            answer = self._refusal(scope, inference)
+            await self._serve(scope, receive, send_timed)
+        finally:
+            if not status["observed"]:  # no response went out (an exception escaped)
+                self._observe(scope, status["code"], time.monotonic() - start)
+
+    async def _serve(self, scope: Scope, receive: Receive, send_timed: Send) -> None:
+        inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
+        answer = self._refusal(scope, inference)
+        counted = inference and answer is None
+        self.admitted += counted  # before the body is read: slow bodies count too
+        try:
             got = await self._body_or_refusal(scope, receive) if answer is None else b""
             if isinstance(got, tuple):
                 answer = got
@@ -79,20 +90,13 @@ class ServingMiddleware:
             body = got if isinstance(got, bytes) else b""
             if scope["method"] == "POST":
                 _json_by_default(scope)
-            self.admitted += inference
-            try:
-                await self.app(scope, _replay(body, receive), send_timed)
-            finally:
-                self.admitted -= inference
+            await self.app(scope, _replay(body, receive), send_timed)
         finally:
-            if not status["observed"]:  # no response went out (an exception escaped)
-                self._observe(scope, status["code"], time.monotonic() - start)
+            self.admitted -= counted
 
     def _refusal(self, scope: Scope, inference: bool) -> Refusal | None:
-        """503 while draining (not probes and scrapes); 429 beyond max_in_flight."""
+        """429 beyond max_in_flight (draining refuses nothing: see the module doc)."""
         s = self.state.settings
-        if self.state.draining and not scope["path"].startswith(OPEN_WHILE_DRAINING):
-            return 503, "server is shutting down", s.retry_after_s, []
         if inference and self.admitted >= s.max_in_flight:
             return (429, "server overloaded: this process already works on max_in_flight "
                     f"({s.max_in_flight}) requests", s.retry_after_s, [])
@@ -157,7 +161,7 @@ class ServingMiddleware:
         return wrapped
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
-        if scope["path"].startswith(OPEN_WHILE_DRAINING):
+        if scope["path"].startswith(NOT_TRAFFIC):
             return  # probes and scrapes are not traffic: a draining pod's 503 probes no error
         endpoint = scope.get("endpoint_name") or getattr(scope.get("route"), "name", None)
         name = scope.get("path_params", {}).get("name")

@@ -250,7 +250,10 @@ class ModelRepository:
 
     def serving(self, strict: bool) -> bool:
         """Whether the server may take traffic: every version ready (strict; Triton's
-        default), or at least one (relaxed). An empty repository serves nothing."""
+        default), or at least one (relaxed). An empty repository serves nothing, and nothing
+        is served once the engine process is gone."""
+        if self.engine is not None and self.engine.lost is not None:
+            return False
         states = [e.state == "ready" for v in self.entries.values() for e in v.values()]
         return bool(states) and (all(states) if strict else any(states))
 

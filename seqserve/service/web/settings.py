@@ -73,9 +73,10 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(default=20.0, ge=0)
     """On SIGTERM, how long admitted work may take before the process exits."""
     shutdown_delay_s: float = Field(default=5.0, ge=0)
-    """On SIGTERM, first say not ready and keep answering for this long (new work: 503 with
-    Connection: close) while load balancers take the instance out, then stop listening and
-    drain. 5 s: Kubernetes endpoint removal (deploy/ sets no preStop sleep: this is it)."""
+    """On SIGTERM, first say not ready but keep serving new work as usual for this long
+    (answers carry Connection: close) while load balancers take the instance out, then stop
+    listening and drain. 5 s: Kubernetes endpoint removal (deploy/ sets no preStop sleep:
+    this is it)."""
     max_in_flight: int = Field(default=1024, ge=1)
     """Inference requests one API process works on at once; beyond it new ones get 429 at
     once. A safety valve against a backlog inside a saturated API process (which the engine's

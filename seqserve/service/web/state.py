@@ -23,7 +23,8 @@ class AppState:
     started: bool = False
     """Lifespan startup finished (repository loaded and warmed up)."""
     draining: bool = False
-    """Shutdown began: readiness false, new work refused."""
+    """Shutdown began: readiness false, answers close their connections (work is still
+    served until the shutdown delay ends and the listener closes)."""
     drain_started: float | None = None
     """time.monotonic() when draining began: one drain budget covers HTTP and batchers."""
 
@@ -34,7 +35,7 @@ class AppState:
 
     def begin_drain(self) -> None:
         if not self.draining:
-            log.info("draining: readiness false, new requests get 503")
+            log.info("draining: readiness false, serving on until the shutdown delay ends")
             self.drain_started = time.monotonic()
         self.draining = True
 

@@ -314,7 +314,8 @@ def test_every_error_path_answers_the_same_shape(
         assert ready.json()["ready"] is False and ready.json()["name"] == "tiny-mt"
     finally:
         translator.state = "ready"
-    # ... and draining (the middleware)
+    # ... and draining: readiness says so (new work is still served, closing its connection)
     state.begin_drain()
-    r = ask("POST", CLASSIFY, 503, good)
-    assert r.headers["retry-after"] == "3"
+    assert ask("GET", "/v2/health/ready", 503, extra=("ready",)).json()["ready"] is False
+    r = httpx.post(base + CLASSIFY, json=good, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.headers["connection"] == "close"

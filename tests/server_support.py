@@ -73,11 +73,27 @@ class RawConnection:
         for line in header_lines:
             key, _, value = line.partition(":")
             headers[key.strip().lower()] = value.strip()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            return int(status_line.split()[1]), headers, self._read_chunked()
         size = int(headers.get("content-length", "0"))
         while len(self.buffer) < size:
             self._fill()
         body, self.buffer = self.buffer[:size], self.buffer[size:]
         return int(status_line.split()[1]), headers, body
+
+    def _read_chunked(self) -> bytes:
+        """A chunked body (a streamed answer: server-sent events), read to its last chunk."""
+        body = b""
+        while True:
+            while b"\r\n" not in self.buffer:
+                self._fill()
+            size_line, self.buffer = self.buffer.split(b"\r\n", 1)
+            size = int(size_line.split(b";")[0], 16)
+            while len(self.buffer) < size + 2:
+                self._fill()
+            body, self.buffer = body + self.buffer[:size], self.buffer[size + 2:]
+            if size == 0:  # (no trailers from uvicorn)
+                return body
 
     def _fill(self) -> None:
         chunk = self.sock.recv(65536)

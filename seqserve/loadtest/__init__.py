@@ -11,6 +11,8 @@ Entry points: `LoadConfig` (what to run), `run_load` (one run), `run_sweep` (ris
     seqserve loadtest http://127.0.0.1:8000 --model langid --rate 200 --duration 30
     seqserve loadtest http://127.0.0.1:8000 --model numbers-en-fr --task translate \
         --sweep 5:50:5 --duration 20 --slo-p99 500 --out results/mt-sweep
+    seqserve loadtest http://127.0.0.1:8000 --model text-lm --task generate --stream \
+        --concurrency 32 --max-new-tokens 64 --duration 20 --out results/lm
     seqserve loadtest --report-md docs/perf-tables.md --from results/*/results.json
 """
 

@@ -12,11 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 MAX_HEADER_BYTES = 64 * 1024
+
+OnData = Callable[[bytes], None]
+"""Receives a streamed body's pieces as they arrive (server-sent events)."""
 
 
 class TransportError(Exception):
@@ -59,7 +63,8 @@ class Response:
 
 
 class Client(Protocol):
-    async def post_json(self, path: str, payload: Any) -> Response: ...
+    async def post_json(self, path: str, payload: Any, on_data: OnData | None = None
+                        ) -> Response: ...
     async def aclose(self) -> None: ...
 
 
@@ -86,7 +91,10 @@ class RawClient:
         self._idle: list[_Conn] = []
         self._host_header = parts.netloc.encode("ascii")
 
-    async def post_json(self, path: str, payload: Any) -> Response:
+    async def post_json(self, path: str, payload: Any, on_data: OnData | None = None
+                        ) -> Response:
+        """POST a JSON body. With `on_data`, a 2xx chunked body goes to it piece by piece as
+        it arrives (the returned body is then empty)."""
         body = json.dumps(payload).encode("utf-8")
         head = (
             b"POST " + (self.prefix + path).encode("utf-8") + b" HTTP/1.1\r\nHost: "
@@ -96,18 +104,18 @@ class RawClient:
         async with self._slots:
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    return await self._exchange_with_retry(head + body)
+                    return await self._exchange_with_retry(head + body, on_data)
             except TimeoutError as exc:
                 raise ReadTimeout(f"no answer within {self.timeout_s:g} s") from exc
 
-    async def _exchange_with_retry(self, request: bytes) -> Response:
+    async def _exchange_with_retry(self, request: bytes, on_data: OnData | None) -> Response:
         if self._idle:
             conn = self._idle.pop()
             try:
-                return await self._exchange(conn, request, reused=True)
+                return await self._exchange(conn, request, True, on_data)
             except _StaleConnection:
                 pass  # the server closed an idle connection: nothing was processed, resend
-        return await self._exchange(await self._connect(), request, reused=False)
+        return await self._exchange(await self._connect(), request, False, on_data)
 
     async def _connect(self) -> _Conn:
         try:
@@ -117,7 +125,8 @@ class RawClient:
         except OSError as exc:
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
 
-    async def _exchange(self, conn: _Conn, request: bytes, reused: bool) -> Response:
+    async def _exchange(self, conn: _Conn, request: bytes, reused: bool,
+                        on_data: OnData | None = None) -> Response:
         reader, writer = conn
         keep = False
         try:
@@ -126,7 +135,7 @@ class RawClient:
                 await writer.drain()
             except OSError as exc:
                 raise (_StaleConnection() if reused else WriteError(str(exc))) from exc
-            response, keep = await _read_response(reader, reused)
+            response, keep = await _read_response(reader, reused, on_data)
             return response
         finally:
             if keep:
@@ -143,7 +152,8 @@ class RawClient:
                 await writer.wait_closed()
 
 
-async def _read_response(reader: asyncio.StreamReader, reused: bool) -> tuple[Response, bool]:
+async def _read_response(reader: asyncio.StreamReader, reused: bool,
+                         on_data: OnData | None = None) -> tuple[Response, bool]:
     """(response, keep the connection open)."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -159,7 +169,8 @@ async def _read_response(reader: asyncio.StreamReader, reused: bool) -> tuple[Re
         raise ReadError(str(exc)) from exc
     status, headers = _parse_head(head)
     try:
-        body, until_eof = await _read_body(reader, headers)
+        sink = on_data if 200 <= status < 300 else None
+        body, until_eof = await _read_body(reader, headers, sink)
     except asyncio.IncompleteReadError as exc:
         raise RemoteProtocolError("connection closed in the middle of the body") from exc
     except OSError as exc:
@@ -186,8 +197,9 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     return int(code), headers
 
 
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> tuple[bytes, bool]:
-    """(body, read until EOF)."""
+async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str],
+                     on_data: OnData | None = None) -> tuple[bytes, bool]:
+    """(body, read until EOF); with `on_data` every piece goes there instead."""
     if "chunked" in headers.get("transfer-encoding", "").lower():
         chunks: list[bytes] = []
         while True:
@@ -200,15 +212,24 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> t
                 while (await reader.readuntil(b"\r\n")) != b"\r\n":
                     pass  # trailers
                 return b"".join(chunks), False
-            chunks.append(await reader.readexactly(size))
+            chunk = await reader.readexactly(size)
+            if on_data is None:
+                chunks.append(chunk)
+            else:
+                on_data(chunk)
             await reader.readexactly(2)
     if "content-length" in headers:
         try:
             length = int(headers["content-length"])
         except ValueError as exc:
             raise RemoteProtocolError("bad Content-Length") from exc
-        return await reader.readexactly(length), False
-    return await reader.read(), True
+        body = await reader.readexactly(length)
+    else:
+        body = await reader.read()
+    if on_data is not None:
+        on_data(body)
+        return b"", "content-length" not in headers
+    return body, "content-length" not in headers
 
 
 class HttpxClient:
@@ -225,12 +246,17 @@ class HttpxClient:
             timeout=httpx.Timeout(timeout_s, pool=None), trust_env=False,
         )  # fmt: skip
 
-    async def post_json(self, path: str, payload: Any) -> Response:
-        r = await self._client.post(path, json=payload)
-        headers: dict[str, str] = {}
-        for key, value in r.headers.multi_items():
-            headers[key] = f"{headers[key]}, {value}" if key in headers else value
-        return Response(r.status_code, headers, r.content)
+    async def post_json(self, path: str, payload: Any, on_data: OnData | None = None
+                        ) -> Response:
+        async with self._client.stream("POST", path, json=payload) as r:
+            headers: dict[str, str] = {}
+            for key, value in r.headers.multi_items():
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            if on_data is not None and 200 <= r.status_code < 300:
+                async for piece in r.aiter_bytes():
+                    on_data(piece)
+                return Response(r.status_code, headers, b"")
+            return Response(r.status_code, headers, await r.aread())
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from seqserve.models.errors import UserError
 
-Task = Literal["classify", "translate"]
-TASKS: tuple[str, ...] = ("classify", "translate")
+Task = Literal["classify", "translate", "generate"]
+TASKS: tuple[str, ...] = ("classify", "translate", "generate")
 HTTP_CLIENTS: tuple[str, ...] = ("raw", "httpx")
 
 
@@ -22,7 +22,7 @@ class LoadConfig:
     model: str
     """Model name in the server's repository."""
     task: Task = "classify"
-    """Endpoint: "classify" or "translate"."""
+    """Endpoint: "classify", "translate" or "generate" (a language model)."""
     rate: float | None = None
     """Open loop: mean arrival rate in requests/s (Poisson). Exclusive with `concurrency`."""
     concurrency: int | None = None
@@ -45,6 +45,13 @@ class LoadConfig:
     """Closed loop: longest Retry-After pause honoured after a 429/503."""
     http_client: str = "raw"
     """"raw" (lean asyncio HTTP/1.1 client, default) or "httpx" (for comparison)."""
+    stream: bool = False
+    """Generate: ask for server-sent events and time every token (time to first token,
+    inter-token latency); False: one JSON answer per request (its tokens still counted)."""
+    max_new_tokens: int = 32
+    """Generate: `max_new_tokens` of each request."""
+    temperature: float = 1.0
+    """Generate: sampling temperature (0 = greedy)."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -72,6 +79,12 @@ class LoadConfig:
             raise UserError(f"http_client must be one of {HTTP_CLIENTS}, got {self.http_client!r}")
         if self.beam_size < 1:
             raise UserError(f"beam_size must be >= 1, got {self.beam_size}")
+        if self.stream and self.task != "generate":
+            raise UserError("stream applies to the generate task only")
+        if self.max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.temperature <= 100:
+            raise UserError(f"temperature must be in [0, 100], got {self.temperature}")
 
     @property
     def mode(self) -> Literal["open", "closed"]:

@@ -69,7 +69,7 @@ def _throughput_plot(plt: Any, path: Path, steps: list[RunResult]) -> None:
         ylabel="requests/s",
         title=f"{steps[0].config.model} {steps[0].config.task}: throughput",
     )
-    if steps[0].config.task == "translate":
+    if steps[0].config.task in ("translate", "generate"):
         ax2 = ax.twinx()
         ax2.plot(
             xs,
@@ -115,8 +115,53 @@ def _histogram_plot(plt: Any, np: Any, path: Path, steps: list[RunResult]) -> No
     plt.close(fig)
 
 
+def _log_hist(ax: Any, np: Any, series: list[tuple[str, Any]], xlabel: str, title: str) -> None:
+    """Step histograms of millisecond samples on shared log-spaced bins."""
+    nonempty = [d for _, d in series if d.size]
+    if not nonempty:
+        ax.text(0.5, 0.5, "no samples", ha="center", transform=ax.transAxes)
+    else:
+        lo = max(min(float(d.min()) for d in nonempty), 1e-3)
+        hi = max(max(float(d.max()) for d in nonempty), lo * 1.01)
+        bins = np.geomspace(lo, hi, 50)
+        for label, d in series:
+            if d.size:
+                ax.hist(d, bins=bins, histtype="step", label=label)
+        ax.set_xscale("log")
+        _plain_log_ticks(ax.xaxis)
+        ax.legend(fontsize="small")
+    ax.set(xlabel=xlabel, ylabel="count", title=title)
+
+
+def _token_plot(plt: Any, np: Any, path: Path, steps: list[RunResult]) -> None:
+    """Streamed generate: time to first token and inter-token latency histograms, with the
+    p50/p99 of each step in the legend."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    shown = steps[-MAX_HIST_STEPS:]
+    ttft: list[tuple[str, Any]] = []
+    itl: list[tuple[str, Any]] = []
+    for step in shown:
+        ok = [r for r in step.records if r.outcome == "ok"]
+        name = f"{_x_of(step):.1f} req/s" if len(shown) > 1 else f"n={len(ok)}"
+        t = np.array([r.ttft_s for r in ok if r.ttft_s is not None]) * 1e3
+        g = np.array([x for r in ok for x in r.token_gaps_s]) * 1e3
+        for arr, out in ((t, ttft), (g, itl)):
+            tail = (f" p50 {np.percentile(arr, 50):.1f} p99 {np.percentile(arr, 99):.1f}"
+                    if arr.size else "")
+            out.append((name + tail, arr))
+    model = steps[0].config.model
+    _log_hist(left, np, ttft, "time to first token, from scheduled send (ms)",
+              f"{model}: time to first token")
+    _log_hist(right, np, itl, "gap between tokens of a sequence (ms)",
+              f"{model}: inter-token latency")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_plots(out: Path, steps: list[RunResult], slo_p99_ms: float | None) -> dict[str, Path]:
-    """latency_vs_rate.png, throughput_vs_rate.png and latency_hist.png in `out`."""
+    """latency_vs_rate.png, throughput_vs_rate.png and latency_hist.png in `out` (and
+    token_latency.png for a streamed generate run)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,4 +176,7 @@ def write_plots(out: Path, steps: list[RunResult], slo_p99_ms: float | None) -> 
     _latency_plot(plt, paths["latency_plot"], steps, slo_p99_ms)
     _throughput_plot(plt, paths["throughput_plot"], steps)
     _histogram_plot(plt, np, paths["histogram"], steps)
+    if steps[0].config.stream:
+        paths["token_plot"] = out / "token_latency.png"
+        _token_plot(plt, np, paths["token_plot"], steps)
     return paths

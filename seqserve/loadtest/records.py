@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Outcome = Literal["pending", "ok", "shed", "http_error", "error", "dropped"]
@@ -22,6 +22,8 @@ CSV_FIELDS = (
     "server_queue_ms",
     "server_compute_ms",
     "tokens",
+    "ttft_ms",
+    "inter_token_mean_ms",
     "texts",
 )
 
@@ -51,9 +53,20 @@ class RequestRecord:
     server_compute_ms: float | None = None
     """Server-Timing `compute` duration."""
     tokens: int = 0
-    """Generated tokens counted in a translate answer."""
+    """Generated tokens counted in a translate or generate answer."""
     retry_after_s: float | None = None
     """Retry-After of a shed answer, seconds."""
+    first_token_s: float | None = None
+    """Streamed generate: when the first token event arrived."""
+    token_gaps_s: list[float] = field(default_factory=list)
+    """Streamed generate: seconds between consecutive tokens of each sequence."""
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token: first token event minus *scheduled* time (like latency)."""
+        if self.first_token_s is None or self.sent_s is None:
+            return None
+        return self.first_token_s - self.scheduled_s
 
     @property
     def latency_s(self) -> float | None:
@@ -78,13 +91,16 @@ class RequestRecord:
         """A results.csv row (milliseconds for durations, seconds for clock times)."""
         row = asdict(self)
         row.pop("retry_after_s")
-        lat, svc = self.latency_s, self.service_s
+        gaps = row.pop("token_gaps_s")
+        lat, svc, ttft = self.latency_s, self.service_s, self.ttft_s
         row |= {
+            "ttft_ms": "" if ttft is None else round(ttft * 1e3, 3),
+            "inter_token_mean_ms": round(sum(gaps) / len(gaps) * 1e3, 3) if gaps else "",
             "step": step,
             "offered_rate": "" if offered_rate is None else offered_rate,
             "latency_ms": "" if lat is None else round(lat * 1e3, 3),
             "service_ms": "" if svc is None else round(svc * 1e3, 3),
         }
-        for key in ("scheduled_s", "sent_s", "done_s"):
+        for key in ("scheduled_s", "sent_s", "done_s", "first_token_s"):
             row[key] = "" if row[key] is None else round(row[key], 6)
         return {key: ("" if row[key] is None else row[key]) for key in CSV_FIELDS}

@@ -14,6 +14,7 @@ from seqserve.loadtest.config import LoadConfig
 from seqserve.loadtest.live import LiveStats, ProgressFn, report_progress
 from seqserve.loadtest.protocol import (
     SHED_STATUSES,
+    TokenWatch,
     build_payload,
     count_generated_tokens,
     parse_retry_after,
@@ -63,29 +64,36 @@ class _Run:
     async def send(self, record: RequestRecord) -> None:
         """Send one request and fill in the record; never raises for network or HTTP trouble."""
         cfg = self.cfg
-        payload = build_payload(cfg.task, self.sampler.draw(record.texts), cfg.beam_size)
+        payload = build_payload(cfg.task, self.sampler.draw(record.texts), cfg.beam_size,
+                                max_new_tokens=cfg.max_new_tokens,
+                                temperature=cfg.temperature, stream=cfg.stream)
+        watch = TokenWatch(self.now) if cfg.stream else None
         record.sent_s = self.now()
         self.live.on_sent()
         try:
-            response = await self.client.post_json(cfg.path, payload)
+            response = await self.client.post_json(
+                cfg.path, payload, None if watch is None else watch.feed)
         except Exception as exc:  # every transport failure is a counted error, not a crash
             record.done_s = self.now()
             record.outcome, record.error = "error", type(exc).__name__
             self.live.on_done(record)
             return
         record.done_s = self.now()
-        _fill_from_response(record, response, cfg.task)
+        _fill_from_response(record, response, cfg.task, streamed=watch is not None)
+        if watch is not None and record.outcome == "ok":
+            _fill_from_stream(record, watch)
         self.live.on_done(record)
 
 
-def _fill_from_response(record: RequestRecord, response: Response, task: str) -> None:
+def _fill_from_response(record: RequestRecord, response: Response, task: str,
+                        streamed: bool = False) -> None:
     record.status = response.status
     timing = parse_server_timing(response.headers.get("server-timing"))
     record.server_queue_ms = timing.get("queue")
     record.server_compute_ms = timing.get("compute")
     if 200 <= response.status < 300:
         record.outcome = "ok"
-        if task == "translate":
+        if task in ("translate", "generate") and not streamed:
             try:
                 record.tokens = count_generated_tokens(response.json())
             except ValueError:
@@ -95,6 +103,17 @@ def _fill_from_response(record: RequestRecord, response: Response, task: str) ->
         record.retry_after_s = parse_retry_after(response.headers.get("retry-after"))
     else:
         record.outcome = "http_error"
+
+
+def _fill_from_stream(record: RequestRecord, watch: TokenWatch) -> None:
+    """A 200 event stream: its token times, and a failure if it broke or never finished."""
+    record.first_token_s = watch.first_token_s
+    record.token_gaps_s = watch.gaps_s
+    record.tokens = watch.tokens if watch.tokens is not None else watch.token_events
+    if watch.error is not None:
+        record.outcome, record.error = "error", "StreamError"
+    elif not watch.done:
+        record.outcome, record.error = "error", "IncompleteStream"
 
 
 async def _open_loop(run: _Run) -> None:

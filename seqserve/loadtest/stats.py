@@ -72,7 +72,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "throughput_rps": len(ok) / wall,
         "texts_per_s": texts / wall,
         "generated_tokens": tokens,
-        "tokens_per_s": tokens / wall if cfg.task == "translate" else None,
+        "tokens_per_s": tokens / wall if cfg.task in ("translate", "generate") else None,
         "latency_ms": percentiles_ms(r.latency_s for r in ok),
         "service_ms": percentiles_ms(r.service_s for r in ok),
         "send_lag_ms": percentiles_ms(r.send_lag_s for r in records)
@@ -81,6 +81,12 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "server_queue_ms": percentiles_ms((r.server_queue_ms for r in ok), scale=1.0),
         "server_compute_ms": percentiles_ms((r.server_compute_ms for r in ok), scale=1.0),
     }
+    if cfg.stream:
+        summary["ttft_ms"] = percentiles_ms(r.ttft_s for r in ok)
+        summary["inter_token_ms"] = percentiles_ms(g for r in ok for g in r.token_gaps_s)
+        first = [r.first_token_s - r.sent_s for r in ok
+                 if r.first_token_s is not None and r.sent_s is not None]
+        summary["ttft_sent_ms"] = percentiles_ms(first)
     summary["client_behind"] = client_behind(summary)
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
 

@@ -13,6 +13,10 @@ ROW_COLUMNS = (
 )  # fmt: skip
 
 
+STREAM_COLUMNS = ("ttft p50", "ttft p99", "itl p50", "itl p99")
+"""Extra columns of streamed generate runs (milliseconds)."""
+
+
 def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -27,9 +31,18 @@ def _offered(summary: dict[str, Any]) -> str:
     return f"c={summary.get('concurrency')}"
 
 
+def columns_of(steps: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """ROW_COLUMNS, plus STREAM_COLUMNS when the steps timed tokens."""
+    return ROW_COLUMNS + (STREAM_COLUMNS if any("ttft_ms" in s for s in steps) else ())
+
+
 def summary_row(summary: dict[str, Any]) -> list[str]:
-    """One step as the cells of ROW_COLUMNS."""
+    """One step as the cells of ROW_COLUMNS (and STREAM_COLUMNS for a streamed run)."""
     lat = summary.get("latency_ms")
+    extra = []
+    if "ttft_ms" in summary:
+        ttft, itl = summary.get("ttft_ms"), summary.get("inter_token_ms")
+        extra = [_pct(ttft, "p50"), _pct(ttft, "p99"), _pct(itl, "p50"), _pct(itl, "p99")]
     return [
         _offered(summary),
         str(summary["sent"]),
@@ -46,6 +59,7 @@ def summary_row(summary: dict[str, Any]) -> list[str]:
         _pct(summary.get("server_queue_ms"), "p99"),
         _pct(summary.get("server_compute_ms"), "p99"),
         _pct(summary.get("send_lag_ms"), "p99") + (" (!)" if summary.get("client_behind") else ""),
+        *extra,
     ]
 
 
@@ -88,6 +102,10 @@ def summary_text(summary: dict[str, Any]) -> str:
         )
     lines += [
         _block_line("latency ms (scheduled)", summary.get("latency_ms")),
+        *([_block_line("first token ms (sched.)", summary.get("ttft_ms")),
+           _block_line("first token ms (sent)", summary.get("ttft_sent_ms")),
+           _block_line("inter-token ms", summary.get("inter_token_ms"))]
+          if "ttft_ms" in summary else []),
         _block_line("latency ms (sent)", summary.get("service_ms")),
         _block_line("server queue ms", summary.get("server_queue_ms")),
         _block_line("server compute ms", summary.get("server_compute_ms")),
@@ -108,7 +126,7 @@ CLIENT_WARNING = (
 
 def steps_text(steps: Sequence[dict[str, Any]]) -> str:
     """One row per step (sweeps)."""
-    table = text_table([summary_row(s) for s in steps], ROW_COLUMNS)
+    table = text_table([summary_row(s) for s in steps], columns_of(steps))
     if any(s.get("client_behind") for s in steps):
         table += "\n(!) " + CLIENT_WARNING
     return table
@@ -135,7 +153,8 @@ def results_markdown(results: Sequence[dict[str, Any]]) -> str:
         if res.get("saturation_rps") is not None:
             facts.append(f"saturation {res['saturation_rps']:.1f} ok req/s")
         out += ["; ".join(facts) + ".", ""]
-        out += [_md_row(ROW_COLUMNS), _md_row(["---:"] * len(ROW_COLUMNS))]
+        columns = columns_of(res.get("steps", []))
+        out += [_md_row(columns), _md_row(["---:"] * len(columns))]
         out += [_md_row(summary_row(step)) for step in res.get("steps", [])]
         if res.get("command"):
             out += ["", "```sh", res["command"], "```"]

@@ -62,6 +62,28 @@ def load_dataset_texts(name: str, split: str = "test") -> list[str]:
     return [row[key] for row in rows]
 
 
+def load_corpus_prompts(name: str, split: str = "test", max_chars: int = 64) -> list[str]:
+    """Prompts from a built-in text corpus (`pydoc-topics`): the start of every non-empty
+    line of the split's documents, cut at the last space within `max_chars`."""
+    from seqserve.models.data.pydoc_corpus import load_text_corpus
+
+    docs = load_text_corpus(name).splits.get(split)
+    if not docs:
+        raise DataError(f"corpus {name!r} has no documents in split {split!r}")
+    prompts = []
+    for doc in docs:
+        for line in doc.splitlines():
+            text = " ".join(line.split())
+            if len(text) > max_chars:
+                cut = text.rfind(" ", 0, max_chars + 1)
+                text = text[: cut if cut > 0 else max_chars]
+            if text:
+                prompts.append(text)
+    if not prompts:
+        raise DataError(f"corpus {name!r} split {split!r}: no non-empty lines")
+    return prompts
+
+
 class TextSampler:
     """Draws request texts uniformly with replacement, so lengths follow the source's mix."""
 

@@ -32,11 +32,25 @@ def rendered() -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="session")
-def live_server(tiny_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real `seqserve serve` on the tiny repository, after some classify/translate traffic."""
+def live_repo(tiny_repo: Path, tiny_lm_repo: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny repository's models and the tiny language model, in one repository."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("live-repo")
+    for source in (tiny_repo, tiny_lm_repo):
+        for model in sorted(p for p in source.iterdir() if p.is_dir()):
+            shutil.copytree(model, repo / model.name)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def live_server(live_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real `seqserve serve` on the tiny repository and tiny-lm, after some classify,
+    translate and generate traffic."""
     port = free_port()
     log = tmp_path_factory.mktemp("live-server") / "seqserve.log"
-    argv = serve_argv(str(VENV_BIN / "seqserve"), tiny_repo, port)
+    argv = serve_argv(str(VENV_BIN / "seqserve"), live_repo, port)
     with running(argv, log) as server:
         base = f"http://127.0.0.1:{port}"
         wait_for(f"{base}/v2/health/ready", READY_DEADLINE_S, server.proc, log)

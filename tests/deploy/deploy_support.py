@@ -129,12 +129,15 @@ def serve_argv(seqserve: str, repo: Path, port: int) -> list[str]:
 
 
 def send_traffic(base: str, n: int = 20) -> dict[str, int]:
-    """Classify and translate requests against the tiny models; counts of statuses seen."""
+    """Classify, translate and generate requests against the tiny models (tiny-lm: where the
+    server has it, a 404 otherwise); counts of statuses seen."""
     seen: dict[str, int] = {}
     for i in range(n):
         texts = ["one two three", "vingt et un " * (1 + i % 4)]
         for path, body in ((f"{base}/v1/models/tiny-clf/classify", {"texts": texts}),
-                           (f"{base}/v1/models/tiny-mt/translate", {"texts": texts[:1]})):
+                           (f"{base}/v1/models/tiny-mt/translate", {"texts": texts[:1]}),
+                           (f"{base}/v1/models/tiny-lm/generate",
+                            {"prompt": texts[0], "max_new_tokens": 4, "seed": i})):
             status = str(http(path, body, timeout=30)[0])
             seen[status] = seen.get(status, 0) + 1
     return seen

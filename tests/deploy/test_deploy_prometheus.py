@@ -35,7 +35,9 @@ WAIT_S = 90.0
 # Dashboard panels that must show data once classify and translate traffic went through.
 PANELS_WITH_DATA = {"Requests per second by status", "Request latency p50 / p99",
                     "Queue depth", "Requests in flight per pod (HPA metric)", "Model ready",
-                    "Generated tokens / s and decode steps / s"}
+                    "Generated tokens / s and decode steps / s",
+                    "Time to first token p50 / p99", "Inter-token latency p50 / p99",
+                    "Live sequences"}
 
 
 def _config(tmp: Path, target: str) -> Path:

@@ -48,3 +48,74 @@ def test_translate_against_the_real_server(real_server: str) -> None:
     # A random tiny model still emits tokens (up to its length cap); each answer was counted.
     assert s["generated_tokens"] == sum(r.tokens for r in result.records) > 0
     assert s["tokens_per_s"] > 0
+
+
+@pytest.fixture(scope="module")
+def lm_server(endless_lm_repo: Path) -> Iterator[str]:
+    """The real app serving "endless-lm" (eos all but impossible: every sequence runs to its
+    max_new_tokens, so token counts are exact)."""
+    from server_support import serve_app
+
+    from seqserve.service.server.app import create_app
+    from seqserve.service.web.settings import Settings
+
+    settings = Settings(repo=endless_lm_repo, intra_op_threads=1, inter_op_threads=1,
+                        queue_size=64)
+    with serve_app(create_app(settings)) as url:
+        yield url
+
+
+def test_streamed_generate_times_every_token(lm_server: str) -> None:
+    cfg = LoadConfig(lm_server, "endless-lm", "generate", concurrency=4, requests=12,
+                     duration_s=None, stream=True, max_new_tokens=6)
+    result = run_load(cfg, TextSampler(TEXTS, seed=3))
+    s = result.summary
+    assert s["sent"] == s["ok"] == 12, (s["errors_by_status"], s["errors_by_kind"])
+    # usage.completion_tokens of every stream: 6 tokens per request.
+    assert s["generated_tokens"] == 72 and s["tokens_per_s"] > 0
+    for r in result.records:
+        assert r.sent_s is not None and r.first_token_s is not None and r.done_s is not None
+        assert r.sent_s < r.first_token_s <= r.done_s
+        # Gaps are measured within each sequence; tokens whose text is empty may not send an
+        # event, so at most 5 gaps per sequence of 6 tokens.
+        assert 0 < len(r.token_gaps_s) <= 5 and all(g >= 0 for g in r.token_gaps_s)
+    ttft, itl, lat = s["ttft_ms"], s["inter_token_ms"], s["latency_ms"]
+    assert 0 < ttft["p50"] <= ttft["p99"] <= lat["max"]
+    assert itl["min"] >= 0 and itl["p99"] <= lat["max"]
+
+
+def test_generate_json_counts_tokens_and_cli_writes_token_plot(
+    lm_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import csv
+    import json
+
+    from seqserve.service.cli import loadtest as command
+
+    cfg = LoadConfig(lm_server, "endless-lm", "generate", concurrency=2, requests=4,
+                     duration_s=None, max_new_tokens=5, temperature=0.0)
+    s = run_load(cfg, TextSampler(TEXTS, seed=4)).summary
+    assert s["ok"] == 4 and s["generated_tokens"] == 20 and "ttft_ms" not in s
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    out = tmp_path / "gen"
+    args = parser.parse_args([lm_server, "--model", "endless-lm", "--task", "generate",
+                              "--stream", "--concurrency", "3", "--requests", "9",
+                              "--max-new-tokens", "4", "--prompt-chars", "16", "--out", str(out),
+                              "--quiet"])
+    assert command.run(args) == 0  # prompts: the pydoc-topics test split (the default), cut
+    # to 16 characters (the tiny model takes 48 tokens)
+    printed = capsys.readouterr().out
+    assert "first token ms (sched.)" in printed and "inter-token ms" in printed
+    res = json.loads((out / "results.json").read_text())
+    step = res["steps"][0]
+    assert step["ok"] == 9 and step["generated_tokens"] == 36, (
+        step["errors_by_status"], step["errors_by_kind"])
+    assert step["ttft_ms"]["p99"] > 0 and "--stream" in res["command"]
+    with (out / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 9 and all(float(r["ttft_ms"]) > 0 for r in rows)
+    png = (out / "token_latency.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -180,3 +181,43 @@ def test_a_late_client_is_flagged() -> None:
     assert not good["client_behind"] and "WARNING" not in summary_text(good)
     assert bad["client_behind"] and "fell behind" in summary_text(bad)
     assert bad["send_lag_ms"]["max"] == pytest.approx(300.0)
+
+
+def test_generate_payloads_and_token_counts() -> None:
+    assert build_payload("generate", ["a"], 5, max_new_tokens=7, temperature=0.0) == {
+        "prompt": "a", "max_new_tokens": 7, "temperature": 0.0, "stream": False}
+    both = build_payload("generate", ["a", "b"], 5, stream=True)
+    assert both["prompts"] == ["a", "b"] and both["stream"] is True
+    answer = {"results": [{"text": "xyz"}], "usage": {"prompt_tokens": 3,
+                                                      "completion_tokens": 9}}
+    assert count_generated_tokens(answer) == 9
+    with pytest.raises(UserError, match="generate task only"):
+        LoadConfig("http://x", "m", "classify", rate=1, stream=True)
+    with pytest.raises(UserError, match="max_new_tokens"):
+        LoadConfig("http://x", "m", "generate", rate=1, max_new_tokens=0)
+
+
+def test_token_watch_times_sequences_from_split_bytes() -> None:
+    from seqserve.loadtest.protocol import SSEParser, TokenWatch
+
+    clock = itertools.count(1.0, 0.5)
+    watch = TokenWatch(lambda: next(clock))
+    body = (b'data: {"prompt_index": 0, "index": 0, "text": "a"}\n\n'
+            b'data: {"prompt_index": 0, "index": 1, "text": "b"}\r\n\r\n'
+            b'data: {"prompt_index": 0, "index": 0, "text": "c"}\n\n'
+            b'data: {"prompt_index": 0, "index": 0, "finish_reason": "length"}\n\n'
+            b'data: {"prompt_index": 0, "index": 1, "text": "d"}\n\n'
+            b'data: {"usage": {"prompt_tokens": 1, "completion_tokens": 4}}\n\n'
+            b"data: [DONE]\n\n")
+    cuts = [0, 30, 60, 110, 150, 260, 330, len(body)]
+    # the pieces arrive at clock 1.0, 1.5, 2.0, ... (a piece may end mid-event)
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        if a < len(body):
+            watch.feed(body[a:b])
+    assert watch.done and watch.error is None and watch.tokens == 4
+    assert watch.token_events == 4 and watch.first_token_s is not None
+    assert len(watch.gaps_s) == 2 and all(g > 0 for g in watch.gaps_s)
+    failed = TokenWatch(lambda: 0.0)
+    failed.feed(b'event: error\ndata: {"error": {"code": "inference_failed"}}\n\n')
+    assert failed.error is not None and not failed.done
+    assert SSEParser().feed(b": comment\n\ndata: x\ndata: y\n\n") == [(None, "x\ny")]

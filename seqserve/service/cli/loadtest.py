@@ -5,6 +5,9 @@ send time, so a slow server cannot hide its queue (no coordinated omission). Clo
 (`--concurrency`) keeps C requests in flight and honours Retry-After. `--sweep START:STOP:STEP`
 raises the rate step by step and, with `--slo-p99`, reports the highest rate within the SLO.
 `--report-md OUT --from results.json...` turns result files into markdown tables.
+`--task generate` loads a language model's /generate (prompts from the pydoc-topics corpus by
+default) and reports generated tokens/s; with `--stream` it reads the server-sent events and
+reports time to first token and inter-token latency percentiles, with their plot.
 
 Exit status: 0, or 1 when `--slo-p99` was given and no step met it.
 """
@@ -22,13 +25,15 @@ from seqserve.models.errors import UserError
 NAME = "loadtest"
 HELP = "Load-test a running server (open/closed loop, sweeps) and write a report."
 
-DEFAULT_DATASETS = {"classify": "langid", "translate": "numbers-en-fr"}
+DEFAULT_DATASETS = {"classify": "langid", "translate": "numbers-en-fr",
+                    "generate": "pydoc-topics"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", help="model name on the server")
-    parser.add_argument("--task", choices=["classify", "translate"], default="classify")
+    parser.add_argument("--task", choices=["classify", "translate", "generate"],
+                        default="classify")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests/s")
     load.add_argument("--concurrency", type=int, help="closed loop: clients in flight")
@@ -53,6 +58,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fraction of errors+drops a step may have and still pass the SLO",
     )
     parser.add_argument("--beam-size", type=int, default=5, help="translate: beam size")
+    parser.add_argument("--stream", action="store_true",
+                        help="generate: stream (SSE) and time every token (TTFT, inter-token)")
+    parser.add_argument("--max-new-tokens", type=int, default=32,
+                        help="generate: max_new_tokens per request")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="generate: sampling temperature (0 = greedy)")
+    parser.add_argument("--prompt-chars", type=int, default=64,
+                        help="generate with a built-in corpus: prompt length cap, characters")
     parser.add_argument("--texts-per-request", type=int, default=1)
     parser.add_argument(
         "--max-in-flight",
@@ -135,15 +148,23 @@ def _config(args: argparse.Namespace) -> Any:
         texts_per_request=args.texts_per_request,
         seed=args.seed,
         http_client=args.http_client,
+        stream=args.stream,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
     )
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
-    from seqserve.loadtest.texts import load_dataset_texts, load_text_file
+    from seqserve.loadtest.texts import load_corpus_prompts, load_dataset_texts, load_text_file
+    from seqserve.models.data.pydoc_corpus import BUILTIN_CORPORA
 
     if args.texts is not None:
         return load_text_file(args.texts)
     name = args.dataset or DEFAULT_DATASETS[args.task]
+    if name in BUILTIN_CORPORA:
+        if args.prompt_chars < 1:
+            raise UserError(f"--prompt-chars must be >= 1, got {args.prompt_chars}")
+        return load_corpus_prompts(name, args.split, args.prompt_chars)
     return load_dataset_texts(name, args.split)
 
 
@@ -230,6 +251,11 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += [flag, str(value)]
     if args.task == "translate":
         parts += ["--beam-size", str(args.beam_size)]
+    if args.task == "generate":
+        parts += ["--max-new-tokens", str(args.max_new_tokens),
+                  "--temperature", f"{args.temperature:g}"]
+        if args.stream:
+            parts.append("--stream")
     if args.http_client != "raw":
         parts += ["--http-client", args.http_client]
     if args.texts_per_request != 1:

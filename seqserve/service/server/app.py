@@ -33,6 +33,7 @@ from seqserve.service.api import (
 )
 from seqserve.service.api.common import describe_errors
 from seqserve.service.api.hot_path import HotPath, HotPathRouter
+from seqserve.service.api.oip import generate as oip_generate
 from seqserve.service.api.oip import routes as oip
 from seqserve.service.core.answers import bug_message
 from seqserve.service.core.errors import ServiceError
@@ -86,7 +87,8 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     )
     app.state.seqserve = state
     _add_error_handlers(app)
-    for module in (health, models, classify, translate, tag, generate, openai, oip, admin):
+    for module in (health, models, classify, translate, tag, generate, openai, oip,
+                   oip_generate, admin):
         app.include_router(module.router)
     install_openapi(app, state)  # the live limits and one infer operation per model
     # outermost first: request id + access log, body limit + drain + timing + metrics, API

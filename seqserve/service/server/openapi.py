@@ -74,6 +74,16 @@ def live_document(doc: dict[str, Any], state: AppState) -> None:
         if texts is not None:
             texts["maxItems"] = s.max_texts
             texts["items"]["maxLength"] = s.max_chars
+    for name, field in (("GenerateRequest", "max_new_tokens"),
+                        ("GenerateParameters", "max_tokens"),
+                        ("StreamParameters", "max_tokens")):  # the language models' limit
+        prop = schemas.get(name, {}).get("properties", {}).get(field)
+        if prop is not None:
+            prop["maximum"] = min(prop.get("maximum", s.max_new_tokens), s.max_new_tokens)
+    for schema in schemas.values():
+        one = schema.get("properties", {}).get("text_input")
+        if one is not None:
+            one["maxLength"] = s.max_chars
     _errors_as_served(doc)
     _v1_operations(doc, state)
     _infer_operations(doc, state)

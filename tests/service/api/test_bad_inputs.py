@@ -1,5 +1,7 @@
 """One table of bad inputs, sent to every POST route (v1 and OIP v2, default and pinned version,
-classifier, translator and tagger) of a real server over one keep-alive connection per route.
+classifier, translator and tagger; a language model's generate and score, and the OIP generate
+extension's generate and generate_stream) of a real server over one keep-alive connection per
+route.
 
 For every case and route: a 4xx with a JSON `{"error": ...}` body, no 5xx, no reset and no
 hang (the next, good request on the same connection gets its 200), and the server stays
@@ -27,10 +29,13 @@ MODELS = {"classifier": "tiny-clf", "translator": "tiny-mt", "tagger": "tiny-tag
           "lm": "tiny-lm"}
 V1_VERB = {"classifier": "classify", "translator": "translate", "tagger": "tag"}
 LM_VERBS = ("generate", "score")
-"""A language model's POST routes; its texts go out as `prompts` (generate) or `texts`."""
+"""A language model's v1 POST routes; its texts go out as `prompts` (generate) or `texts`."""
+OIP_LM_VERBS = ("v2generate", "v2generate_stream")
+"""The OIP generate extension: one text as `text_input`, options as `parameters`."""
 ROUTES = [(task, protocol, pinned) for task in MODELS if task != "lm"
           for protocol in ("v1", "v2") for pinned in (False, True)]
-ROUTES += [("lm", verb, pinned) for verb in LM_VERBS for pinned in (False, True)]
+ROUTES += [("lm", verb, pinned) for verb in LM_VERBS + OIP_LM_VERBS
+           for pinned in (False, True)]
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,13 @@ class Bad:
             return json.dumps(self.oip).encode()
         if protocol == "generate":
             return json.dumps({"prompts": self.texts, **self.options}).encode()
+        if protocol in OIP_LM_VERBS:  # one text; several (or none) stay a list: refused
+            one = self.texts[0] if isinstance(self.texts, list) and len(self.texts) == 1 \
+                else self.texts
+            oip_body: dict[str, Any] = {"text_input": one}
+            if self.options:
+                oip_body["parameters"] = self.options
+            return json.dumps(oip_body).encode()
         if protocol in ("v1", "score"):
             return json.dumps({"texts": self.texts, **self.options}).encode()
         shape = [len(self.texts)] if isinstance(self.texts, list) else [2]
@@ -93,7 +105,7 @@ CASES = [
     Bad("text is a list", texts=[["one"]]),
     Bad("text is an object", texts=[{"text": "one"}]),
     Bad("text is a bool", texts=[True]),
-    Bad("texts is a string", texts="one two"),
+    Bad("texts is a string", texts="one two", valid_for=OIP_LM_VERBS),  # text_input is one
     # -- the body
     Bad("malformed json", raw=b'{"texts": ['),
     Bad("empty body", raw=b""),
@@ -122,7 +134,8 @@ CASES = [
     Bad("negative length_penalty", options={"length_penalty": -0.1}),
     Bad("negative coverage_penalty", options={"coverage_penalty": -1}),
     Bad("top_p over 1", options={"top_p": 1.5}),
-    Bad("temperature zero", options={"temperature": 0}, valid_for=("generate",)),  # greedy
+    Bad("temperature zero", options={"temperature": 0},
+        valid_for=("generate", *OIP_LM_VERBS)),  # greedy
     Bad("negative no_repeat_ngram_size", options={"no_repeat_ngram_size": -1}),
     Bad("max_length_ratio zero", options={"max_length_ratio": 0}),
     # -- OIP shapes, dtypes and fields (to a v1 route these are bodies without texts)
@@ -163,6 +176,10 @@ GOOD = {"v1": json.dumps({"texts": ["one two"], "beam_size": 1}).encode(),
 GOOD_NO_OPTIONS = {"v1": json.dumps({"texts": ["one two"]}).encode(),
                    "v2": json.dumps(oip(["one two"])).encode(),
                    "generate": json.dumps({"prompts": ["one two"], "max_new_tokens": 2}).encode(),
+                   "v2generate": json.dumps({"text_input": "one two",
+                                             "parameters": {"max_tokens": 2}}).encode(),
+                   "v2generate_stream": json.dumps({"text_input": "one two",
+                                                    "parameters": {"max_tokens": 2}}).encode(),
                    "score": json.dumps({"texts": ["one two"]}).encode()}
 
 
@@ -184,10 +201,12 @@ def server(tiny_full_repo: Path, tiny_lm_repo: Path, tmp_path_factory: pytest.Te
 
 
 def route(task: str, protocol: str, pinned: bool) -> str:
-    prefix = "v1" if protocol in LM_VERBS else protocol
+    prefix = "v1" if protocol in LM_VERBS else protocol[:2]
     base = f"/{prefix}/models/{MODELS[task]}" + ("/versions/1" if pinned else "")
     if protocol in LM_VERBS:
         return f"{base}/{protocol}"
+    if protocol in OIP_LM_VERBS:
+        return f"{base}/{protocol[2:]}"
     return f"{base}/{V1_VERB[task]}" if protocol == "v1" else f"{base}/infer"
 
 

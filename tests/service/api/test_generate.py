@@ -186,3 +186,76 @@ def test_concurrent_requests_share_steps(url: str) -> None:
     assert len(texts) == 1  # greedy: the same text whatever it was batched with
     steps = httpx.get(url + "/metrics", timeout=10).text
     assert "seqserve_time_to_first_token_seconds_bucket" in steps
+
+
+# -- the Open Inference Protocol's generate extension (Triton's shapes) ----------------------
+
+
+def test_oip_generate_matches_v1_and_streams_the_same_text(url: str) -> None:
+    v1 = post(url, "/v1/models/tiny-lm/generate",
+              {"prompt": "one two", "temperature": 0, "max_new_tokens": 8}).json()
+    expected = v1["results"][0]
+    body = {"id": "req-7", "text_input": "one two",
+            "parameters": {"temperature": 0, "max_tokens": 8}}
+    for path in ("/v2/models/tiny-lm/generate", "/v2/models/tiny-lm/versions/1/generate"):
+        r = post(url, path, body)
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["id"] == "req-7" and answer["model_name"] == "tiny-lm"
+        assert answer["model_version"] == "1"
+        assert answer["text_output"] == expected["text"]
+        assert answer["finish_reason"] == expected["finish_reason"]
+        assert answer["usage"] == v1["usage"]
+    streamed = []
+    with httpx.stream("POST", url + "/v2/models/tiny-lm/generate_stream", timeout=60,
+                      json={**body, "parameters": {**body["parameters"], "stream": True}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith(
+            "text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                streamed.append(json.loads(line[len("data: "):]))
+    *pieces, last = streamed
+    assert all(e["model_name"] == "tiny-lm" and e["model_version"] == "1"
+               and e["id"] == "req-7" for e in streamed)
+    assert len(pieces) >= 1 and all(e["text_output"] for e in pieces)
+    assert "".join(e["text_output"] for e in pieces) == expected["text"]
+    assert last["text_output"] == "" and last["finish_reason"] == expected["finish_reason"]
+    assert last["usage"] == v1["usage"]
+
+
+def test_oip_generate_stream_runs_to_max_tokens_and_counts_them(url: str) -> None:
+    before = metric(url, "seqserve_generated_tokens_total", "endless-lm")
+    body = {"text_input": "one", "parameters": {"max_tokens": 12, "seed": 3}}
+    events_seen = []
+    with httpx.stream("POST", url + "/v2/models/endless-lm/versions/1/generate_stream",
+                      json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events_seen = [json.loads(line[6:]) for line in r.iter_lines()
+                       if line.startswith("data: ")]
+    assert events_seen[-1]["finish_reason"] == "length"
+    assert events_seen[-1]["usage"]["completion_tokens"] == 12
+    assert metric(url, "seqserve_generated_tokens_total", "endless-lm") == before + 12
+
+
+@pytest.mark.parametrize(("path", "body", "status", "needle"), [
+    ("generate", {"text_input": "one", "parameters": {"stream": True}}, 422,
+     "parameters.stream: Input should be False"),
+    ("generate_stream", {"text_input": "one", "parameters": {"stream": False}}, 422,
+     "parameters.stream: Input should be True"),
+    ("generate", {"text_input": "one", "parameters": {"max_new_tokens": 3}}, 422,
+     "parameters.max_new_tokens: Extra inputs"),
+    ("generate", {"text_input": "one", "max_tokens": 3}, 422, "body.max_tokens: Extra"),
+    ("generate", {"prompt": "one"}, 422, "text_input: Field required"),
+    ("generate_stream", {"text_input": ["one", "two"]}, 422, "text_input"),
+    ("generate", {"text_input": "one", "parameters": {"max_tokens": 301}}, 400,
+     "server's limit 300"),
+])
+def test_oip_generate_refusals_name_the_problem(url: str, path: str, body: dict[str, Any],
+                                                status: int, needle: str) -> None:
+    r = post(url, f"/v2/models/tiny-lm/{path}", body)
+    assert r.status_code == status and r.headers["content-type"] == "application/json", r.text
+    assert needle in r.json()["error"], r.json()
+
+
+def test_oip_server_metadata_lists_the_generate_extension(url: str) -> None:
+    assert "generate" in httpx.get(url + "/v2", timeout=10).json()["extensions"]

@@ -34,7 +34,7 @@ router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
 @router.get("", name="v2_server_metadata")
 async def server_metadata(request: Request) -> V2ServerMetadata:
     return V2ServerMetadata(
-        name="seqserve", version=request.app.version, extensions=["binary_tensor_data"]
+        name="seqserve", version=request.app.version, extensions=["binary_tensor_data", "generate"]
     )
 
 

@@ -109,12 +109,13 @@ class CostEstimate:
         return time.monotonic() - self.observed_at > after_s
 
     def observe(self, units: int, seconds: float) -> None:
+        """Fold in a batch; after a gap (stale), the new measurement replaces the old one."""
         if units <= 0 or seconds <= 0:
             return
-        self.observed_at = time.monotonic()
         value = seconds / units
-        self.per_unit = value if self.per_unit is None else (
+        self.per_unit = value if self.per_unit is None or self.stale() else (
             self.alpha * value + (1 - self.alpha) * self.per_unit)
+        self.observed_at = time.monotonic()
 
     def seconds(self, units: float, parallel: int = 1) -> float | None:
         """Expected seconds to work through `units` on `parallel` workers (None: unknown)."""

@@ -26,6 +26,7 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from seqserve.service.core.errors import QueueFull
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import NullObserver, Observer
 from seqserve.service.scheduling.scheduler import DecodeScheduler, Outcome
@@ -113,7 +114,11 @@ class DecodeLoop:
         while draining. Options are trusted (the HTTP schema checked them). Cancelling a
         future frees that source's rows at the next step.
         """
-        requests = self.core.add(sources, options, deadline)
+        try:
+            requests = self.core.add(sources, options, deadline)
+        except QueueFull:
+            self._wake.set()  # a refusal may have queued a probe (DecodeScheduler._probe)
+            raise
         loop = asyncio.get_running_loop()
         futures = []
         for r in requests:

@@ -36,7 +36,7 @@ from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDow
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import CostEstimate, NullObserver, Observer, admission_refusal
 from seqserve.service.scheduling.group import DecodeGroup
-from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions
+from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions, max_steps
 from seqserve.service.scheduling.work import (
     DecodeConfig,
     Decoded,
@@ -90,6 +90,9 @@ class DecodeScheduler:
         """Seconds per admitted request while others waited: the admission rate."""
         self.decode_cost = CostEstimate()
         """Seconds from admission to answer per request (warm-up included)."""
+        self.step_cost = CostEstimate()
+        """Seconds per row of a decoder step (a group's step time / its rows): what a
+        request's fewest steps cost with its rows (sources x beam)."""
         self._backlog_since: float | None = None
         self._reset()
 
@@ -117,7 +120,7 @@ class DecodeScheduler:
             raise QueueFull(f"translator queue full ({self._waiting} of {cfg.max_queue} "
                             "waiting)", retry_after=cfg.retry_after_s)
         if deadline is not None:
-            self._admit_by_wait(len(sources), deadline)
+            self._admit_by_wait(sources, options, deadline)
         now = self.clock()
         requests = [Request(next(self._ids), list(src), options, now) for src in sources]
         for r in requests:
@@ -130,15 +133,44 @@ class DecodeScheduler:
         """Seconds `sources` more would wait for admission (None: not measured yet)."""
         return self.admit_cost.seconds(self._waiting + sources)
 
-    def _admit_by_wait(self, sources: int, deadline: float) -> None:
-        if not self.table and self.decode_cost.stale():
-            return  # idle on an old estimate: a probe, to measure again
+    def _admit_by_wait(self, sources: Sequence[list[int]], options: SearchOptions,
+                       deadline: float) -> None:
+        """QueueFull when the expected wait plus the request's compute (the measured cost per
+        request, or its fewest decoder steps when more) would pass `deadline`. An idle model
+        whose estimate is stale still refuses by it, and decodes the refused sources itself,
+        answering no one, to measure again: a slow spell's estimate cannot refuse forever,
+        and no request is let through on a guess only to miss its deadline (a 504)."""
         wait = self.expected_wait()
-        why = admission_refusal(wait, self.decode_cost.per_unit, deadline,
-                                self.config.max_queue_wait_s, time.monotonic())
-        if why is not None:
-            raise QueueFull(f"translator cannot take it in time: {why}",
-                            retry_after=max(self.config.retry_after_s, wait or 0.0))
+        floor = self._fewest_steps_cost(sources, options) or 0.0
+        service = max(self.decode_cost.per_unit or 0.0, floor) or None
+        now = time.monotonic()
+        why = admission_refusal(wait, service, deadline, self.config.max_queue_wait_s, now)
+        if why is None:
+            return
+        if not self.table and self.decode_cost.stale():
+            self._probe(sources, options)
+        raise QueueFull(f"translator cannot take it in time: {why}",
+                        retry_after=max(self.config.retry_after_s, wait or 0.0))
+
+    def _fewest_steps_cost(self, sources: Sequence[list[int]],
+                           options: SearchOptions) -> float | None:
+        """Seconds the request's fewest decoder steps take at the measured cost per row of a
+        step, with its rows (sources x beam): no source ends before `min_length` tokens (or
+        its length cap), whatever the load."""
+        if not options.min_length or not sources:
+            return None
+        steps = max(min(options.min_length, max_steps(options, len(src), self.limits))
+                    for src in sources)
+        return self.step_cost.seconds(steps * len(sources) * options.beam_size)
+
+    def _probe(self, sources: Sequence[list[int]], options: SearchOptions) -> None:
+        """Queue `sources` with no one waiting for them: their answer updates the costs."""
+        now = self.clock()
+        for src in sources:
+            r = Request(next(self._ids), list(src), options, now)
+            self.table[r.rid] = r
+            self._queue.append(r)
+            self._waiting += 1
 
     def cancel(self, rid: int) -> None:
         """The caller gave up on a request: it leaves now, or at its group's next update."""
@@ -316,6 +348,7 @@ class DecodeScheduler:
         """Beam bookkeeping for the group's step; answer and evict who finished."""
         if result.batched:
             self.stats.add(group.rows, result.seconds)
+            self.step_cost.observe(group.rows, result.seconds)
             self.observer.on_step(result.seconds, group.rows)
         group.advance(result.out)
         leave = group.beams.done.copy()  # (Q,)

@@ -1,6 +1,7 @@
 """Admission by expected wait: the batcher and the decoding core refuse (QueueFull, with a
 Retry-After from the backlog) what would wait past the server's bound or the request's own
-deadline, from costs they measured; an idle model with an old estimate lets a probe in."""
+deadline, from costs they measured; an idle batcher with an old estimate lets a probe in, an idle
+decoding core refuses by it and decodes the refused sources to measure again."""
 
 from __future__ import annotations
 
@@ -88,3 +89,41 @@ def test_decoding_core_refuses_by_admission_rate_and_decode_time() -> None:
         if not core.has_work():
             break
     assert len(outcomes) == 3
+
+
+def test_an_idle_decoding_core_refuses_by_its_old_estimate_and_measures_again() -> None:
+    """No free pass that ends in a missed deadline (a 504): the stale estimate still refuses,
+    and the refused sources are decoded for no one, so the next request meets a fresh one."""
+    fake = FakeTranslator()
+    core = DecodeScheduler(fake, fake.limits, decode_config(max_queue=100))
+    opts = SearchOptions(beam_size=2)
+    core.decode_cost.observe(1, 10.0)  # a slow spell: 10 s a request...
+    core.decode_cost.observed_at -= 5  # ...measured 5 s ago
+    with pytest.raises(QueueFull, match="left"):
+        core.add([[5, 6]], opts, time.monotonic() + 1)
+    assert core.has_work() and core.queued == 1  # the probe, which no one waits for
+    outcomes = []
+    for _ in range(200):
+        outcomes += core.step()
+        if not core.has_work():
+            break
+    assert [type(o.result).__name__ for o in outcomes] == ["Decoded"]
+    assert core.decode_cost.per_unit is not None and core.decode_cost.per_unit < 10
+    assert not core.decode_cost.stale()
+    (admitted,) = core.add([[5, 6]], opts, time.monotonic() + 1)  # now it fits
+    assert admitted.rid != outcomes[0].request.rid
+
+
+def test_a_request_whose_fewest_steps_cannot_fit_is_refused() -> None:
+    """min_length forces decoder steps whatever the load: their measured cost is a floor."""
+    fake = FakeTranslator()
+    core = DecodeScheduler(fake, fake.limits, decode_config(max_queue=100))
+    core.step_cost.observe(4, 0.02)  # 5 ms a row of a decoder step
+    core.decode_cost.observe(1, 0.001)  # requests usually end after one step or two
+    deadline = time.monotonic() + 0.2
+    core.add([[5, 6]], SearchOptions(beam_size=2, min_length=5), deadline)  # 50 ms of steps
+    with pytest.raises(QueueFull, match="compute 0.300"):  # 30 steps x 2 rows: 0.3 s > 0.2 s
+        core.add([[5, 6]], SearchOptions(beam_size=2, min_length=30, max_length=100,
+                                         max_length_ratio=None), deadline)
+    with pytest.raises(QueueFull, match="compute 0.400"):  # 5 steps x 2 sources x 8 beams
+        core.add([[5, 6], [7]], SearchOptions(beam_size=8, min_length=5), deadline)

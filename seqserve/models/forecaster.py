@@ -15,9 +15,9 @@ state float32 (B, S) -> outputs float32 (B, T, K), new_state float32 (B, S).
 Residual on persistence: `outputs = features[..., :K] + step_scale * head(h)`. The network
 predicts the change from the current value, in units of the training span's typical weekly
 change (`step_scale`, a buffer the trainer sets; kept in the checkpoint). Why the delta: the
-CO2 level trends upward (316 -> 373 ppm) and the test span lies above every training value,
-so a head that had to produce the level itself would extrapolate outside the range it was
-fitted on; the weekly change (the seasonal cycle plus noise) is stationary and stays in range,
+CO2 level trends upward (316 -> 373 ppm) and the test span reaches 373.9 ppm, well above the
+training span's highest week (367.0), so a head that had to produce the level itself would
+extrapolate outside the range it was fitted on; the weekly change (the seasonal cycle plus noise) is stationary and stays in range,
 and a freshly initialised model already starts at the persistence forecast.
 
 Inputs and outputs are normalised: the server (or the trainer) subtracts the training span's

@@ -17,8 +17,9 @@ predicts the change from the current value, in units of the training span's typi
 change (`step_scale`, a buffer the trainer sets; kept in the checkpoint). Why the delta: the
 CO2 level trends upward (316 -> 373 ppm) and the test span reaches 373.9 ppm, well above the
 training span's highest week (367.0), so a head that had to produce the level itself would
-extrapolate outside the range it was fitted on; the weekly change (the seasonal cycle plus noise) is stationary and stays in range,
-and a freshly initialised model already starts at the persistence forecast.
+extrapolate outside the range it was fitted on; the weekly change (the seasonal cycle plus
+noise) is stationary and stays in range, and a freshly initialised model already starts at
+the persistence forecast.
 
 Inputs and outputs are normalised: the server (or the trainer) subtracts the training span's
 mean and divides by its std (the manifest's `normalization`), and de-normalises outputs with

@@ -1,7 +1,9 @@
-"""`seqserve train classifier|translator|tagger|lm --data SPEC --out RUN_DIR [options]`.
+"""`seqserve train classifier|translator|tagger|lm|forecast --data SPEC --out RUN_DIR [options]`.
 
 `lm` trains a language model (models/train_lm.py) on the built-in `pydoc-topics` corpus or on
-text files (`--data a.txt b.txt`, or a folder of .txt files)."""
+text files (`--data a.txt b.txt`, or a folder of .txt files). `forecast` trains the GRU/LSTM
+forecaster (models/train_forecast.py) on a built-in series (`--data co2`: weekly Mauna Loa
+CO2); `--max-minutes` is its time budget (default 30 s)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import json
 import sys
 
 NAME = "train"
-HELP = "Train a classifier, translator, tagger or language model into a run directory."
+HELP = ("Train a classifier, translator, tagger, language model or forecaster into a run "
+        "directory.")
 
 # argparse dest -> config field
 _MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "embed": "embed_size",
@@ -48,19 +51,20 @@ def _forget_bias(value: str) -> float | _Unset:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("task", choices=["classifier", "translator", "tagger", "lm"],
-                        help="model family (lm: language model)")
+    parser.add_argument("task", choices=["classifier", "translator", "tagger", "lm", "forecast"],
+                        help="model family (lm: language model; forecast: series forecaster)")
     parser.add_argument("--data", required=True, nargs="+",
                         help="built-in dataset name, dataset folder, or CSV/TSV/JSONL data; "
                              "lm: pydoc-topics, or text files (one file: a document per line; "
-                             "several files or a folder of .txt: a document per file)")
+                             "several files or a folder of .txt: a document per file); "
+                             "forecast: co2")
     parser.add_argument("--out", required=True, help="run directory to write")
     parser.add_argument("--size", type=int, default=None,
                         help="train examples of a built-in dataset (default: its own)")
     parser.add_argument("--demo-defaults", action="store_true",
                         help="start from the demo run's settings (flags still override)")
     model = parser.add_argument_group("model")
-    model.add_argument("--cell", choices=["rnn", "lstm", "gru"])
+    model.add_argument("--cell", choices=["rnn", "lstm", "gru"], help="forecast: gru or lstm")
     model.add_argument("--hidden", type=int, help="hidden size")
     model.add_argument("--embed", type=int, help="embedding size")
     model.add_argument("--layers", type=int, help="RNN layers")
@@ -121,6 +125,8 @@ def _overrides(args: argparse.Namespace, flags: dict[str, str]) -> dict[str, obj
 def run(args: argparse.Namespace) -> int:
     if args.task == "lm":
         return _run_lm(args)
+    if args.task == "forecast":
+        return _run_forecast(args)
     if len(args.data) != 1:
         print(f"seqserve train {args.task}: --data takes one dataset", file=sys.stderr)
         return 2
@@ -165,4 +171,46 @@ def _run_lm(args: argparse.Namespace) -> int:
     metrics = run_lm_training(data, args.out, model_overrides, train_overrides,
                               progress=not args.quiet)
     print(json.dumps({"run_dir": args.out, "test": metrics}, indent=2))
+    return 0
+
+
+# forecast: argparse dest -> ForecasterConfig / ForecastTrainConfig field
+_FORECAST_MODEL_FLAGS = {"cell": "cell", "hidden": "hidden_size", "layers": "num_layers",
+                         "dropout": "dropout", "forget_bias": "forget_bias"}
+_FORECAST_TRAIN_FLAGS = {"epochs": "max_epochs", "batch_size": "batch_size", "lr": "lr",
+                         "patience": "patience", "clip_norm": "clip_norm",
+                         "weight_decay": "weight_decay", "threads": "num_threads"}
+_FORECAST_UNUSED = ("embed", "attention", "decoder", "input_feeding", "vocab_size",
+                    "max_length", "bidirectional", "proj_size", "peephole", "cifg",
+                    "tie_weights", "scheduled_sampling", "label_smoothing", "tokenizer_type",
+                    "tokenizer_normalization", "max_train_examples", "max_eval_examples",
+                    "tbptt", "gradient_flow_every", "size")
+
+
+def _run_forecast(args: argparse.Namespace) -> int:
+    from seqserve.models.train_forecast import DEMO_FORECAST, SERIES, train_forecaster
+
+    if len(args.data) != 1 or args.data[0] not in SERIES:
+        print(f"seqserve train forecast: --data takes one built-in series ({', '.join(SERIES)})",
+              file=sys.stderr)
+        return 2
+    unused = [f"--{f.replace('_', '-')}" for f in _FORECAST_UNUSED
+              if getattr(args, f, None) not in (None, False)]
+    if unused:
+        print(f"seqserve train forecast: {', '.join(unused)} do not apply to the forecaster",
+              file=sys.stderr)
+        return 2
+    if args.cell == "rnn":
+        print("seqserve train forecast: --cell takes gru or lstm", file=sys.stderr)
+        return 2
+    model_overrides: dict[str, object] = dict(DEMO_FORECAST["model"])
+    train_overrides: dict[str, object] = dict(DEMO_FORECAST["train"])
+    model_overrides.update(_overrides(args, _FORECAST_MODEL_FLAGS))
+    train_overrides.update(_overrides(args, _FORECAST_TRAIN_FLAGS))
+    if args.max_minutes is not None:
+        train_overrides["budget_s"] = args.max_minutes * 60
+    result = train_forecaster(args.out, seed=args.seed if args.seed is not None else 0,
+                              model_overrides=model_overrides, train_overrides=train_overrides,
+                              series=args.data[0], progress=not args.quiet)
+    print(json.dumps({"run_dir": args.out, "test": result.metrics}, indent=2))
     return 0

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.scheduling.base import (
@@ -39,6 +39,15 @@ log = logging.getLogger("seqserve.batcher")
 
 P = TypeVar("P")
 R = TypeVar("R")
+
+PROBE_DEADLINE_S = 60.0
+"""Deadline of rows computed for no one after a stale refusal (they only measure)."""
+
+
+def _ignore(future: asyncio.Future[Any]) -> None:
+    """Retrieve a probe's outcome: no one waits for it."""
+    if not future.cancelled():
+        future.exception()
 
 
 @dataclass(eq=False)
@@ -138,7 +147,11 @@ class Batcher(Generic[P, R]):
                 f"{self.config.queue_size} waiting)",
                 retry_after=self.config.retry_after_s,
             )
-        self._admit_by_wait(sum(max(int(n), 1) for _, n in rows), deadline)
+        self._admit_by_wait(rows, deadline)
+        return self._enqueue(rows, deadline)
+
+    def _enqueue(self, rows: Sequence[tuple[P, int]],
+                 deadline: float) -> list[asyncio.Future[Timed[R]]]:
         loop = asyncio.get_running_loop()
         futures = []
         for payload, length in rows:
@@ -152,17 +165,22 @@ class Batcher(Generic[P, R]):
         self._wake.set()
         return futures
 
-    def _admit_by_wait(self, tokens: int, deadline: float) -> None:
-        """QueueFull when rows of `tokens` would wait too long, or miss their deadline."""
-        idle = not self._live and not self._running
-        if idle and self.cost.stale():
-            return  # a probe: measure again before refusing on an old estimate
+    def _admit_by_wait(self, rows: Sequence[tuple[P, int]], deadline: float) -> None:
+        """QueueFull when `rows` would wait too long, or miss their deadline. An idle batcher
+        whose estimate is stale still refuses by it, and computes the refused rows for no
+        one, to measure again (a slow spell's estimate cannot refuse forever; no request is
+        let through on a guess only to miss its deadline)."""
+        tokens = sum(max(int(n), 1) for _, n in rows)
         wait = self.expected_wait()
         why = admission_refusal(wait, self.cost.seconds(tokens), deadline,
                                 self.config.max_queue_wait_s, time.monotonic())
-        if why is not None:
-            raise QueueFull(f"model {self.name!r} cannot take it in time: {why}",
-                            retry_after=max(self.config.retry_after_s, wait or 0.0))
+        if why is None:
+            return
+        if not self._live and not self._running and self.cost.stale():
+            for probe in self._enqueue(rows, time.monotonic() + PROBE_DEADLINE_S):
+                probe.add_done_callback(_ignore)
+        raise QueueFull(f"model {self.name!r} cannot take it in time: {why}",
+                        retry_after=max(self.config.retry_after_s, wait or 0.0))
 
     async def close(self, timeout: float) -> bool:
         """Refuse new rows, finish the queued ones within `timeout`; True when all finished."""

@@ -1,7 +1,7 @@
 """Admission by expected wait: the batcher and the decoding core refuse (QueueFull, with a
 Retry-After from the backlog) what would wait past the server's bound or the request's own
-deadline, from costs they measured; an idle batcher with an old estimate lets a probe in, an idle
-decoding core refuses by it and decodes the refused sources to measure again."""
+deadline, from costs they measured; an idle one with an old estimate still refuses by it, and
+computes the refused work for no one to measure again."""
 
 from __future__ import annotations
 
@@ -55,14 +55,21 @@ def test_batcher_refuses_what_would_wait_too_long() -> None:
     asyncio.run(scenario())
 
 
-def test_an_idle_batcher_with_an_old_estimate_lets_a_probe_in() -> None:
+def test_an_idle_batcher_refuses_by_its_old_estimate_and_measures_again() -> None:
     async def scenario() -> None:
         b = make_batcher(max_wait_s=0.0, max_queue_wait_s=0.1)
         b.cost.observe(1, 10.0)  # a slow spell: 10 s a token...
         b.cost.observed_at -= 5  # ...measured 5 s ago
         b.start()
+        with pytest.raises(QueueFull, match="left"):  # no guess that would end in a 504
+            b.submit([(1, 1)], time.monotonic() + 1)
+        for _ in range(200):  # the refused row is computed for no one, to measure again
+            await asyncio.sleep(0.01)
+            if b.batches_run and not b.depth:
+                break
+        assert b.batches_run == 1 and b.cost.per_unit is not None and b.cost.per_unit < 10
         done = await asyncio.gather(*b.submit([(1, 1)], time.monotonic() + 1))
-        assert done[0].value == 1 and b.cost.per_unit is not None and b.cost.per_unit < 10
+        assert done[0].value == 1
         await b.close(5)
 
     asyncio.run(scenario())

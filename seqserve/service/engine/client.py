@@ -32,7 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 import seqserve.service.core.errors as errors
 from seqserve.service.engine import protocol as p
-from seqserve.service.engine.transport import Channel
+from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed, Timing
 from seqserve.service.scheduling.decoding import Decoded
 from seqserve.service.scheduling.lm import GenerateOptions, TokenEvent, TokenStream
@@ -85,10 +85,7 @@ class EngineClient:
         self._monitor = Channel(monitor, self._on_event)
 
     async def close(self) -> None:
-        if self._monitor is not None:
-            self._monitor.close()
-        if self._channel is not None:
-            self._channel.close()
+        close_monitored(self._channel, self._monitor)
         self._fail_all(errors.ShuttingDown("this API process is stopping"))
 
     def _fail_all(self, exc: errors.ServiceError) -> None:

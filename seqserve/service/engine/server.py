@@ -37,7 +37,7 @@ from seqserve.service.core.process import observed
 from seqserve.service.engine import protocol as p
 from seqserve.service.engine.loading import RuntimeFactory, build_served
 from seqserve.service.engine.options import EngineOptions
-from seqserve.service.engine.transport import Channel
+from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.decoding import Decoded
 from seqserve.service.scheduling.lm import GenerateOptions, LMModel, TokenEvent
@@ -119,10 +119,7 @@ class EngineServer:
         results = await asyncio.gather(*(m.stop(timeout) for m in self.models.values()))
         while (self.inflight or self.generations) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if self.monitor is not None:
-            self.monitor.close()
-        if self.channel is not None:
-            self.channel.close()
+        close_monitored(self.channel, self.monitor)
         return all(results) and not self.inflight and not self.generations
 
     def _on_frames(self, frames: list[bytes]) -> None:

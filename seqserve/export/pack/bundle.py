@@ -278,7 +278,8 @@ def _check_series_sizes(root: Path, manifest: Manifest, graphs: dict[str, Packed
     new_state against state_dim, on a (1, 3, features) series."""
     runners = _runners(manifest.task, root, manifest, graphs)
     graph = next(iter(graphs))
-    inputs = {"features": np.zeros((1, 3, manifest.features or 1), np.float32),
+    inputs: dict[str, np.ndarray] = {
+        "features": np.zeros((1, 3, manifest.features or 1), np.float32),
               "lengths": np.array([3], np.int64)}
     if manifest.state_dim:
         inputs["state"] = np.zeros((1, manifest.state_dim), np.float32)

@@ -105,8 +105,10 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
 
     model = _load(onnx, "--onnx")
     actual = [v.name for v in user_inputs(model)]
-    ins = _names(input_names, actual, tuple(range(2, max(3, len(actual) + 1))), "input-names",
+    ins = _names(input_names, actual, tuple(range(1, max(3, len(actual) + 1))), "input-names",
                  ["features", "lengths", "state..."])
+    if len(ins) == 1:  # a graph that never reads its lengths (the exporter dropped them)
+        ins = [ins[0], ""]
     n_state = len(ins) - 2
     outs = _names(output_names, [o.name for o in model.graph.output], (1 + n_state,),
                   "output-names", ["outputs"] + ["new state..."] * bool(n_state))

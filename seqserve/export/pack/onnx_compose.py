@@ -311,12 +311,14 @@ def compose_step(user: Any, layouts: list[StateLayout]) -> tuple[Any, bool]:
 def compose_series(user: Any, inputs: list[str], outputs: list[str],
                    layouts: list[StateLayout], tagger: bool) -> Any:
     """Feature sequence: user (features, lengths[, state...]) -> (outputs[, new state...])
+    (`inputs[1]` "" for a graph without a lengths input)
     becomes the contract's (features, lengths[, state]) -> (outputs[, new_state]): float32
     outputs (a tagger's zeroed past each row's length), the state tensors flattened."""
     b = _Builder(user)
     ins = {v.name: v for v in user_inputs(user)}
     _cast_to(b, "features", ins[inputs[0]], PREFIX + inputs[0])
-    _cast_to(b, "lengths", ins[inputs[1]], PREFIX + inputs[1])
+    if inputs[1]:  # "": the user's graph does not read lengths (we still mask by them)
+        _cast_to(b, "lengths", ins[inputs[1]], PREFIX + inputs[1])
     if layouts:
         b.unflatten(b.one("Identity", ["state"]), layouts, [PREFIX + n for n in inputs[2:]])
     b.split_pre()

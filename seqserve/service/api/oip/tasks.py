@@ -104,10 +104,9 @@ def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]
     if n < 1 or steps < 1:
         raise BadRequest(f"input 'features' has shape {feats.shape}: at least one series of "
                          "one step")
-    try:
-        x = np.asarray(feats.data, dtype=np.float64).reshape(feats.shape)
-    except (TypeError, ValueError) as exc:
-        raise BadRequest("input 'features' holds a value that is not a number") from exc
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in feats.data):
+        raise BadRequest("input 'features' holds a value that is not a number")
+    x = np.asarray(feats.data, dtype=np.float64).reshape(feats.shape)
     given = inputs.get("lengths")
     if given is None:
         return x, np.full(n, steps, np.int64)

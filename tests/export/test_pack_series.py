@@ -246,3 +246,23 @@ def test_bad_pack_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="labels= .* or outputs="):
         seqserve.pack.sequence_tagger(gru, features=3, repo=tmp_path, name="x",
                                       progress=False)
+
+
+def test_served_through_the_engine_process(packed: dict[str, Any]) -> None:
+    """`seqserve serve` (API process + engine process): float series cross the engine's
+    socket, share its batches and come back equal to the eager module's."""
+    from process_support import serve
+
+    rng = np.random.default_rng(4)
+    series = [raw_series(rng, n) for n in (6, 24, 1)]
+    with serve(packed["repo"], "--api-workers", "1") as server:
+        r = httpx.post(f"{server.url}/v1/models/forecast-cli/predict",
+                       json={"series": [s.tolist() for s in series]}, timeout=30)
+        assert r.status_code == 200, r.text
+        for s, result in zip(series, r.json()["results"], strict=True):
+            want = eager_series(packed["gru"], s, scale=SCALE)
+            got = np.asarray(result["outputs"])
+            assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+        bad = httpx.post(f"{server.url}/v1/models/forecast-cli/predict",
+                         json={"series": [[[1.0, 2.0]]]}, timeout=30)
+        assert bad.status_code == 400 and "3 per step" in bad.json()["error"]

@@ -7,6 +7,10 @@
     seqserve.pack.translator(model, source_tokenizer=..., target_tokenizer=..., repo=...,
                              name=...)        # model.encode(ids, lengths), model.step(...)
     rnn = seqserve.pack.bidirectional(nn.GRU(..., bidirectional=True))  # rnn(x, lengths)
+    seqserve.pack.sequence_tagger(model, features=3, outputs=1, normalization={"mean": [...],
+                                  "std": [...]}, repo=..., name=...)  # model(x, lengths[, h])
+    seqserve.pack.sequence_classifier(model, features=3, labels=["ok", "fault"], ...)
+    rnn = seqserve.pack.length_aware(nn.LSTM(...))  # rnn(x, lengths, hx): state at each end
 
 Each call exports ONNX and TorchScript with dynamic axes from a wrapper around the module
 (log-softmax, top-k, memory gather, state flattening for the served contract), compares both
@@ -41,6 +45,31 @@ def translator(module: Any = None, **kwargs: Any) -> Any:
     return pack(module, **kwargs)
 
 
+def sequence_classifier(module: Any, **kwargs: Any) -> Any:
+    """`module(features, lengths)` -> outputs (B, k), or `module(features, lengths, state...)`
+    -> (outputs, new state...): see `export.pack.api.sequence_classifier`."""
+    from seqserve.export.pack.api import sequence_classifier as pack
+
+    return pack(module, **kwargs)
+
+
+def sequence_tagger(module: Any, **kwargs: Any) -> Any:
+    """`module(features, lengths)` -> outputs (B, T, k), or `module(features, lengths,
+    state...)` -> (outputs, new state...): see `export.pack.api.sequence_tagger`."""
+    from seqserve.export.pack.api import sequence_tagger as pack
+
+    return pack(module, **kwargs)
+
+
+def length_aware(rnn: Any) -> Any:
+    """A drop-in wrapper around a unidirectional nn.LSTM / nn.GRU / nn.RNN that keeps its
+    weights and returns each row's state after its own last valid step: `rnn(x, lengths,
+    hx=None)` -> (output, h_n) (an LSTM: (output, (h_n, c_n))), exportable."""
+    from seqserve.models.length_aware import LengthAwareRNN
+
+    return LengthAwareRNN(rnn)
+
+
 def bidirectional(rnn: Any) -> Any:
     """A drop-in wrapper around a bidirectional nn.LSTM / nn.GRU that keeps its weights and
     runs the backward direction within each row's length: call it as `rnn(x, lengths)`."""
@@ -49,4 +78,5 @@ def bidirectional(rnn: Any) -> Any:
     return LengthAwareBidirectional(rnn)
 
 
-__all__ = ["bidirectional", "classifier", "tagger", "translator"]
+__all__ = ["bidirectional", "classifier", "length_aware", "sequence_classifier",
+           "sequence_tagger", "tagger", "translator"]

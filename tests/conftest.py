@@ -163,6 +163,17 @@ def tiny_full_repo(tmp_path_factory: pytest.TempPathFactory, tiny_repo: Path,
     return repo
 
 
+@pytest.fixture(scope="session")
+def tiny_series_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """model_repository with "tiny-series" v1 only: a stateful GRU sequence-tagger (3 features,
+    1 output, normalisation and output scale; tests/series_support.py). Do not modify."""
+    from series_support import pack_tiny_series
+
+    repo = tmp_path_factory.mktemp("series_repository")
+    pack_tiny_series(repo)
+    return repo
+
+
 def train_tiny_lm(out: Path, **model: Any) -> Path:
     """A real language-model run on tiny_texts (one document per line), about 2 s: a GRU of
     32 over a 64-piece vocabulary, max 48 tokens."""

@@ -126,6 +126,7 @@ def test_engine_side_layers_load_no_web_framework_and_no_torch() -> None:
         S + m for m in ("core.errors", "core.metrics", "core.logs", "scheduling",
                         "scheduling.batcher", "scheduling.decoding", "scheduling.search",
                         "scheduling.models", "runtimes", "runtimes.onnx", "engine.server",
+                        "engine.loading", "engine.protocol",
                         "engine.client", "engine.__main__")
     ])
     bad = sorted(m for m in loaded if m.split(".")[0] in (*WEB, "torch"))
@@ -133,6 +134,6 @@ def test_engine_side_layers_load_no_web_framework_and_no_torch() -> None:
 
 
 def test_workers_load_no_web_framework() -> None:
-    loaded = _loaded_after_import(["seqserve.service.workers"])
+    loaded = _loaded_after_import(["seqserve.service.workers", "seqserve.service.workers.series"])
     bad = sorted(m for m in loaded if m.split(".")[0] in (*WEB, "torch"))
     assert not bad, bad

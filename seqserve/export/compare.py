@@ -11,7 +11,7 @@ import numpy as np
 from seqserve.export.manifest import TensorSpec
 
 ROW_AXES = ("batch", "rows")
-TIME_AXES = ("seq", "src_len")
+TIME_AXES = ("seq", "src_len", "time")
 FIRST_TOKEN = 4  # ids below are specials (pad, unk, bos, eos)
 
 

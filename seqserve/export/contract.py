@@ -10,10 +10,18 @@ onnx), as a list of (name, dtype, dims) with dims a str (symbolic), an int (fixe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from seqserve.export.manifest import GRAPHS_BY_TASK, TASKS, GraphSpec, Manifest, TensorSpec
+from seqserve.export.manifest import (
+    FEATURE_TASKS,
+    GRAPHS_BY_TASK,
+    TASKS,
+    GraphSpec,
+    Manifest,
+    TensorSpec,
+)
 from seqserve.models.errors import BundleError
 
 
@@ -60,14 +68,35 @@ LM_STEP_SPEC = GraphSpec(
              _spec("log_probs", "float32", "rows", "vocab")),
 )
 LM_SPECS = {"prefill": PREFILL_SPEC, "lm_step": LM_STEP_SPEC}
+_SERIES_INPUTS = (_spec("features", "float32", "batch", "time", "feature_dim"),
+                  _spec("lengths", "int64", "batch"),
+                  _spec("state", "float32", "batch", "state_dim"))
+SEQUENCE_CLASSIFIER_SPEC = GraphSpec(
+    inputs=_SERIES_INPUTS,
+    outputs=(_spec("outputs", "float32", "batch", "out_dim"),
+             _spec("new_state", "float32", "batch", "state_dim")),
+)
+SEQUENCE_TAGGER_SPEC = GraphSpec(
+    inputs=_SERIES_INPUTS,
+    outputs=(_spec("outputs", "float32", "batch", "time", "out_dim"),
+             _spec("new_state", "float32", "batch", "state_dim")),
+)
+SERIES_SPECS = {"sequence_classifier": SEQUENCE_CLASSIFIER_SPEC,
+                "sequence_tagger": SEQUENCE_TAGGER_SPEC}
 SPECS: dict[str, GraphSpec] = {"classifier": CLASSIFIER_SPEC, "tagger": TAGGER_SPEC,
                                "encoder": ENCODER_SPEC, "decoder_step": DECODER_STEP_SPEC,
-                               **LM_SPECS}
+                               **LM_SPECS, **SERIES_SPECS}
 """Graph name -> its contract signature (every output listed, optional ones included)."""
-OPTIONAL_OUTPUTS: dict[str, tuple[str, ...]] = {"classifier": ("attention",)}
+OPTIONAL_OUTPUTS: dict[str, tuple[str, ...]] = {"classifier": ("attention",),
+                                                "sequence_classifier": ("new_state",),
+                                                "sequence_tagger": ("new_state",)}
 """Outputs a graph may leave out (a classifier without attention: `return_attention` is a
-400)."""
-DATA_DIMS = frozenset({"batch", "seq", "src_len", "rows", "k"})
+400; a feature-sequence graph without state)."""
+STATE_INPUTS: dict[str, tuple[str, str]] = {"sequence_classifier": ("state", "new_state"),
+                                            "sequence_tagger": ("state", "new_state")}
+"""Optional inputs that come with an optional output: a feature-sequence graph takes `state`
+exactly when it returns `new_state`."""
+DATA_DIMS = frozenset({"batch", "seq", "src_len", "rows", "k", "time"})
 """Dims that change from call to call: they must be symbolic in a graph. The others
 (classes, labels, mem_dim, state_dim) are sizes of the model and may be fixed numbers."""
 DTYPES = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(bool)": "bool",
@@ -87,7 +116,12 @@ def expected_spec(graph: str, outputs: Sequence[str]) -> GraphSpec:
     want = SPECS[graph]
     optional = OPTIONAL_OUTPUTS.get(graph, ())
     kept = tuple(t for t in want.outputs if t.name not in optional or t.name in outputs)
-    return GraphSpec(want.inputs, kept)
+    inputs = want.inputs
+    if graph in STATE_INPUTS:
+        given, returned = STATE_INPUTS[graph]
+        if returned not in outputs:
+            inputs = tuple(t for t in inputs if t.name != given)
+    return GraphSpec(inputs, kept)
 
 
 def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
@@ -112,7 +146,68 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
     extra = sorted(set(manifest.graphs) - set(GRAPHS_BY_TASK[manifest.task]))
     if extra:
         raise BundleError(f"{where}: graphs {extra} are not part of a {manifest.task} bundle")
-    _check_specials(manifest, where)
+    if manifest.has_tokenizer:
+        _check_specials(manifest, where)
+    else:
+        check_series(manifest, where)
+
+
+def _stats_block(block: Any, size: int | None, key: str, what: str, where: str) -> None:
+    if block is None:
+        return
+    for part in ("mean", "std"):
+        values = block.get(part) if isinstance(block, Mapping) else None
+        if not isinstance(values, list) or len(values) != size:
+            raise BundleError(f"{where}: {key}.{part} must list one number per {what} "
+                              f"({size}), got {values!r:.80}")
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            raise BundleError(f"{where}: {key}.{part} holds a value that is not a finite "
+                              "number")
+    if any(v <= 0 for v in block["std"]):
+        raise BundleError(f"{where}: {key}.std must be > 0 everywhere (a constant feature: "
+                          "give it std 1)")
+
+
+def check_series(manifest: Manifest, where: str = "manifest.json") -> None:
+    """A feature-sequence bundle's own fields: features, outputs (= the label count when it
+    has labels), normalization per feature, output_scale per output (regressions only),
+    state_dim exactly when its graph returns new_state."""
+    if not manifest.features or manifest.features < 1:
+        raise BundleError(f"{where}: a {manifest.task} needs features (the width of one "
+                          "step's feature vector, >= 1)")
+    if not manifest.outputs or manifest.outputs < 1:
+        raise BundleError(f"{where}: a {manifest.task} needs outputs (k, >= 1)")
+    if manifest.labels:
+        if len(manifest.labels) < 2 or len(manifest.labels) != manifest.outputs:
+            raise BundleError(f"{where}: {len(manifest.labels)} labels for {manifest.outputs} "
+                              "outputs: a classifying bundle names every output (at least two)")
+        if manifest.output_scale is not None:
+            raise BundleError(f"{where}: output_scale de-normalises regression outputs; a "
+                              "bundle with labels has class scores")
+    _stats_block(manifest.normalization, manifest.features, "normalization", "feature", where)
+    _stats_block(manifest.output_scale, manifest.outputs, "output_scale", "output", where)
+    graph = manifest.graphs[GRAPHS_BY_TASK[manifest.task][0]]
+    stateful = any(t.name == "new_state" for t in graph.outputs)
+    if stateful != (manifest.state_dim is not None) or (
+            manifest.state_dim is not None and manifest.state_dim < 1):
+        raise BundleError(f"{where}: state_dim {manifest.state_dim} but the graph "
+                          f"{'returns' if stateful else 'has no'} new_state: state_dim is "
+                          "the width of its state, given exactly when it has one")
+    limit = manifest.limits.get("max_steps")
+    if limit is None or limit < 1:
+        raise BundleError(f"{where}: limits.max_steps (the longest series, >= 1) is missing")
+
+
+def check_task_fields(data: Mapping[str, Any], where: str) -> None:
+    """What the schema cannot say: text tasks need a tokenizer; feature tasks none."""
+    task = data.get("task")
+    if task in FEATURE_TASKS:
+        if "tokenizer" in data:
+            raise BundleError(f"{where}: a {task} reads feature vectors, not texts: it has no "
+                              "tokenizer")
+        return
+    if "tokenizer" not in data:
+        raise BundleError(f"{where} lacks required field(s) ['tokenizer']")
 
 
 def _check_specials(manifest: Manifest, where: str) -> None:
@@ -230,11 +325,14 @@ _TOKENIZER = {
                    **{k: {"type": "integer", "minimum": -1}
                       for k in ("pad_id", "unk_id", "bos_id", "eos_id")}},
 }
+_STATS = {"type": "object", "required": ["mean", "std"],
+          "properties": {"mean": {"type": "array", "items": {"type": "number"}},
+                         "std": {"type": "array", "items": {"type": "number"}}}}
 MANIFEST_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "seqserve bundle manifest (manifest.json)",
     "type": "object",
-    "required": ["schema_version", "task", "name", "version", "tokenizer", "graphs", "files"],
+    "required": ["schema_version", "task", "name", "version", "graphs", "files"],
     "properties": {
         "schema_version": {"enum": [1, 2]},
         "task": {"enum": list(TASKS)},
@@ -248,7 +346,13 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "labels": {"type": "array", "items": {"type": "string"}},
         "limits": {"type": "object",
                    "properties": {"max_tokens": {"type": "integer", "minimum": 1},
-                                  "max_decode_length": {"type": "integer", "minimum": 1}}},
+                                  "max_decode_length": {"type": "integer", "minimum": 1},
+                                  "max_steps": {"type": "integer", "minimum": 1}}},
+        "features": {"type": "integer", "minimum": 1},
+        "outputs": {"type": "integer", "minimum": 1},
+        "normalization": _STATS,
+        "output_scale": _STATS,
+        "state_dim": {"type": "integer", "minimum": 1},
         "graphs": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["inputs", "outputs"],
             "properties": {"onnx": {"type": "string"}, "torchscript": {"type": "string"},
@@ -270,7 +374,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 """The JSON schema of manifest.json (docs/manifest.schema.json is this, written out)."""
 
 _TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "string": (str,),
-                                       "integer": (int,), "boolean": (bool,),
+                                       "integer": (int,), "number": (int, float),
+                                       "boolean": (bool,),
                                        "null": (type(None),)}
 
 
@@ -285,7 +390,8 @@ def validate_schema(data: Any, schema: Mapping[str, Any] = MANIFEST_SCHEMA,
         raise BundleError(f"{path} is {data!r}, expected one of {schema['enum']}")
     if "type" in schema:
         kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        ok = any(isinstance(data, _TYPES[k]) and not (k == "integer" and isinstance(data, bool))
+        ok = any(isinstance(data, _TYPES[k])
+                 and not (k in ("integer", "number") and isinstance(data, bool))
                  for k in kinds)
         if not ok:
             raise BundleError(f"{path} is {type(data).__name__} {data!r:.60}, expected "

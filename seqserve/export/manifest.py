@@ -27,9 +27,13 @@ SCHEMA_VERSION = 2
 SUPPORTED_SCHEMAS = (1, 2)
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
-TASKS = ("classifier", "translator", "tagger", "lm")
+TASKS = ("classifier", "translator", "tagger", "lm", "sequence-classifier", "sequence-tagger")
+FEATURE_TASKS = ("sequence-classifier", "sequence-tagger")
+"""Tasks whose inputs are float feature vectors per time step, not texts: no tokenizer."""
 GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
-                  "tagger": ("tagger",), "lm": ("prefill", "lm_step")}
+                  "tagger": ("tagger",), "lm": ("prefill", "lm_step"),
+                  "sequence-classifier": ("sequence_classifier",),
+                  "sequence-tagger": ("sequence_tagger",)}
 DECODERS = ("none", "bahdanau", "luong")
 """Translator decoders (models/decoders.py); a translator manifest without one is luong."""
 
@@ -169,6 +173,23 @@ class Manifest:
     has none: zeros); None: as the task and decoder say (`has_attention`)."""
     source: dict[str, Any] = field(default_factory=dict)
     """Packed bundles: what `seqserve pack` was given (files, names, exporter)."""
+    features: int | None = None
+    """Feature-sequence tasks: the width of one time step's feature vector (dim)."""
+    outputs: int | None = None
+    """Feature-sequence tasks: k, the outputs per series (classifier) or per step (tagger)."""
+    normalization: dict[str, list[float]] | None = None
+    """Feature-sequence tasks: {"mean", "std"} per input feature; the server feeds the graph
+    (x - mean) / std, so clients send raw values. None: the graph takes raw values."""
+    output_scale: dict[str, list[float]] | None = None
+    """Feature-sequence regressions: {"mean", "std"} per output; the server answers
+    outputs * std + mean (the graph's outputs are normalised). None: as the graph gives."""
+    state_dim: int | None = None
+    """Feature-sequence graphs that take a `state` and return `new_state`: its width."""
+
+    @property
+    def has_tokenizer(self) -> bool:
+        """Whether the bundle reads texts (every task but the feature-sequence ones)."""
+        return self.task not in FEATURE_TASKS
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -208,7 +229,7 @@ class Manifest:
         ]
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
+        d: dict[str, Any] = {
             "schema_version": self.schema_version,
             "task": self.task,
             "name": self.name,
@@ -232,6 +253,13 @@ class Manifest:
             d["attention"] = self.attention
         if self.source:
             d["source"] = self.source
+        if not self.has_tokenizer:
+            del d["tokenizer"]
+            d["features"] = self.features
+            d["outputs"] = self.outputs
+            for key in ("normalization", "output_scale", "state_dim"):
+                if getattr(self, key) is not None:
+                    d[key] = getattr(self, key)
         return d
 
     @classmethod
@@ -264,9 +292,21 @@ class Manifest:
                 target_tokenizer=None if target is None else TokenizerSpec(**target),
                 attention=None if d.get("attention") is None else bool(d["attention"]),
                 source=dict(d.get("source") or {}),
+                features=None if d.get("features") is None else int(d["features"]),
+                outputs=None if d.get("outputs") is None else int(d["outputs"]),
+                normalization=_stats(d.get("normalization")),
+                output_scale=_stats(d.get("output_scale")),
+                state_dim=None if d.get("state_dim") is None else int(d["state_dim"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc
+
+
+def _stats(value: Any) -> dict[str, list[float]] | None:
+    """A {"mean": [...], "std": [...]} block as floats (None stays None)."""
+    if value is None:
+        return None
+    return {k: [float(x) for x in value[k]] for k in ("mean", "std")}
 
 
 def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
@@ -306,9 +346,10 @@ def read_manifest(bundle_dir: str | os.PathLike[str], require_checksum: bool = F
                               f"({CHECKSUM_KEY} does not match its content)")
     elif require_checksum:
         raise BundleError(f"{path}: manifest.json has no {CHECKSUM_KEY}")
-    from seqserve.export.contract import validate_schema
+    from seqserve.export.contract import check_task_fields, validate_schema
 
     validate_schema(data, path=f"{path}: manifest")
+    check_task_fields(data, f"{path}: manifest")
     return Manifest.from_dict(data)
 
 
@@ -332,7 +373,7 @@ def hash_files(bundle_dir: str | os.PathLike[str]) -> dict[str, str]:
 
 
 def _referenced_files(manifest: Manifest) -> list[str]:
-    names = [manifest.tokenizer.file]
+    names = [manifest.tokenizer.file] if manifest.has_tokenizer else []
     if manifest.target_tokenizer is not None:
         names.append(manifest.target_tokenizer.file)
     for g in manifest.graphs.values():

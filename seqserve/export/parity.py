@@ -11,7 +11,13 @@ x longest lengths (mixed-length, right-padded batches) the check records
 - dynamic k: the decoder step run with k=1 returns column 0 of its k=5 result;
 - language models: the prefill batch, then two `lm_step` calls from its states (two rows per
   prompt), parity and row invariance of each; their `state` outputs are compared relative
-  above magnitude 1 (SCALED_GRAPHS).
+  above magnitude 1 (SCALED_GRAPHS);
+- feature-sequence graphs: random float series whose padded steps hold random values (not
+  zeros), so a row alone and the same row in a padded batch agree only when padded steps
+  change nothing; a stateful graph starts from random states, and one row per batch is also
+  run in two chunks (the second from the first's `new_state`), which must equal the whole
+  row at once (key `GRAPH.chunked`): `new_state` is the state after the row's last valid
+  step.
 
 The decoder step runs twice per batch: from the encoder's state, then from the reference's
 new state, so the recurrent inputs a first step sees as zeros (Luong input feeding starts
@@ -37,7 +43,7 @@ from seqserve.export.compare import (
     row_view,
     topk_id_mismatches,
 )
-from seqserve.export.manifest import GRAPHS_BY_TASK, GraphSpec
+from seqserve.export.manifest import FEATURE_TASKS, GRAPHS_BY_TASK, GraphSpec
 from seqserve.export.runners import Arrays, Runner
 
 BATCH_SIZES = (1, 3, 16)
@@ -95,6 +101,24 @@ class ParityGrid:
     """Decoder-step ids are drawn from [4, target_vocab_size) (None: vocab_size)."""
     first_id: int = 4
     """Lowest generated id (above seqserve's four specials; packed bundles may use 1)."""
+    features: int = 0
+    """Feature-sequence graphs: the width of a step's feature vector."""
+    state_dim: int = 0
+    """Feature-sequence graphs with state: its width (0: stateless)."""
+
+    def series_cases(self) -> Iterator[Arrays]:
+        """Padded feature batches {features (B, T, D), lengths (B,)[, state (B, S)]} over
+        batch sizes x lengths; padded steps hold random values (see module doc)."""
+        rng = np.random.default_rng(self.seed)
+        for longest in grid_lengths(self.lengths, self.max_length):
+            for batch in self.batch_sizes:
+                _, lengths = padded_batch(rng, batch, longest, 2, 0, 0)
+                x = rng.standard_normal((batch, longest, self.features)).astype(np.float32)
+                case: Arrays = {"features": x, "lengths": lengths}
+                if self.state_dim:
+                    case["state"] = (0.5 * rng.standard_normal((batch, self.state_dim))
+                                     ).astype(np.float32)
+                yield case
 
     def cases(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Padded batches (ids (B, T), lengths (B,)) over batch sizes x lengths."""
@@ -227,6 +251,8 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
     """
     started = time.perf_counter()
     tally = _Tally()
+    if task in FEATURE_TASKS:
+        return _check_series(task, tally, runners, reference, specs, grid, progress, started)
     rng = np.random.default_rng(grid.seed + 1)
     cases = list(grid.cases())
     first_graph = GRAPHS_BY_TASK[task][0]
@@ -248,6 +274,59 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
             _lm_steps(tally, specs["lm_step"], {fmt: r["lm_step"] for fmt, r in runners.items()},
                       reference, rng, ref_out, grid.vocab_size, grid.parity_tol,
                       grid.invariance_tol)
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return _report(task, tally, reference, list(runners), grid, len(cases),
+                   time.perf_counter() - started)
+
+
+def _alone(inputs: Arrays, row: int, length: int) -> Arrays:
+    """Row `row` of a feature batch, cut to its length."""
+    return {k: v[row : row + 1, :length] if k == "features" else v[row : row + 1]
+            for k, v in inputs.items()}
+
+
+def _chunked(tally: _Tally, fmt: str, graph: str, run: Runner, inputs: Arrays, row: int,
+             length: int, whole: Arrays) -> None:
+    """The row in two chunks (the second from the first's new_state) against `whole` (the
+    row alone at once): the difference of every output, as `GRAPH.chunked`."""
+    cut = max(1, length // 2)
+    first = run({**_alone(inputs, row, cut), "lengths": np.array([cut], np.int64)})
+    second = run({"features": inputs["features"][row : row + 1, cut:length],
+                  "lengths": np.array([length - cut], np.int64),
+                  "state": first["new_state"]})
+    diff = max_scaled(second["new_state"], whole["new_state"])
+    if whole["outputs"].ndim == 3:  # tagger: both chunks' steps
+        joined = np.concatenate([first["outputs"], second["outputs"]], axis=1)
+        diff = max(diff, max_scaled(joined, whole["outputs"]))
+    else:
+        diff = max(diff, max_scaled(second["outputs"], whole["outputs"]))
+    tally.note(tally.invariance, fmt, f"{graph}.chunked", diff)
+
+
+def _check_series(task: str, tally: _Tally, runners: dict[str, dict[str, Runner]],
+                  reference: str, specs: dict[str, GraphSpec], grid: ParityGrid,
+                  progress: bool, started: float) -> dict[str, Any]:
+    graph = GRAPHS_BY_TASK[task][0]
+    spec = specs[graph]
+    cases = list(grid.series_cases())
+    bar = _progress(len(cases), f"parity {task}", progress)
+    graph_runners = {fmt: r[graph] for fmt, r in runners.items()}
+    for inputs in cases:
+        outs = {fmt: run(inputs) for fmt, run in graph_runners.items()}
+        lengths = inputs["lengths"]
+        for fmt, got in outs.items():
+            if fmt != reference:
+                _compare_outputs(tally, fmt, graph, spec, outs[reference], got,
+                                 grid.parity_tol)
+            run = graph_runners[fmt]
+            for b, n in enumerate(lengths.tolist()):
+                alone = run(_alone(inputs, b, n))
+                _row_invariance(tally, fmt, graph, spec, got, b, n, alone, grid.invariance_tol)
+                if b == 0 and n > 1 and "state" in inputs:
+                    _chunked(tally, fmt, graph, run, inputs, b, n, alone)
         if bar is not None:
             bar.update(1)
     if bar is not None:

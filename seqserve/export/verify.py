@@ -46,6 +46,15 @@ def _vocab_size(manifest: Manifest) -> int:
     return int(model_cfg.get("vocab_size") or manifest.tokenizer.vocab_size)
 
 
+def series_grid(manifest: Manifest, overrides: dict[str, Any]) -> Any:
+    """The parity grid of a feature-sequence bundle: float series up to its max_steps."""
+    from seqserve.export.parity import ParityGrid
+
+    return ParityGrid(max_length=int(manifest.limits.get("max_steps", 64)), vocab_size=0,
+                      features=int(manifest.features or 0),
+                      state_dim=int(manifest.state_dim or 0), **overrides)
+
+
 def check_graph_files(root: Path, manifest: Manifest) -> None:
     """Each ONNX graph against its declared signature: with the onnx package (checker,
     opset) and as ONNX Runtime sees it (the check the server makes). Seqserve's own exports
@@ -96,12 +105,15 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
 
     runners = _runners(root, manifest)
     reference = "torchscript" if "torchscript" in runners else "onnx"
-    params = ParityGrid(  # the contract's bounds, not whatever the manifest says
-        max_length=int(manifest.limits.get("max_tokens", 64)),
-        vocab_size=_vocab_size(manifest), pad_id=max(manifest.tokenizer.pad_id, 0),
-        target_vocab_size=manifest.target.vocab_size if manifest.target_tokenizer else None,
-        **(grid or {}),
-    )
+    if manifest.has_tokenizer:
+        params = ParityGrid(  # the contract's bounds, not whatever the manifest says
+            max_length=int(manifest.limits.get("max_tokens", 64)),
+            vocab_size=_vocab_size(manifest), pad_id=max(manifest.tokenizer.pad_id, 0),
+            target_vocab_size=manifest.target.vocab_size if manifest.target_tokenizer else None,
+            **(grid or {}),
+        )
+    else:
+        params = series_grid(manifest, grid or {})
     with _torch_threads(1):  # many small runs: one thread is fastest, even on an idle box
         result = check_parity(manifest.task, runners, reference, manifest.graphs, params,
                               progress=progress)

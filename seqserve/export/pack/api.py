@@ -1,4 +1,5 @@
-"""`seqserve.pack.classifier / tagger / translator`: a user's nn.Module -> verified bundle.
+"""`seqserve.pack.classifier / tagger / translator / sequence_classifier / sequence_tagger`:
+a user's nn.Module -> verified bundle.
 
 The module is taken as it is (classifier / tagger `forward(ids, lengths)`; a translator's
 `encode(ids, lengths)` -> (memory, state...) and `step(prev_ids, state..., memory, mask)` ->
@@ -27,13 +28,17 @@ from seqserve.export.pack.bundle import (
     BIDIRECTIONAL_FIX,
     PackedGraph,
     pack_bundle,
+    pack_series_bundle,
     parse_labels,
 )
 from seqserve.export.pack.torch_wrap import (
     ClassifierWrap,
     EncoderWrap,
+    SeriesWrap,
+    StatefulSeriesWrap,
     StepWrap,
     TaggerWrap,
+    series_state_tree,
     state_tree,
     step_has_attention,
 )
@@ -186,3 +191,118 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
                 "module": type(module if module is not None else owner).__name__,
                 "state": [lay.to_dict() for lay in tree.layouts],
                 "step_attention": attention}, attention=attention)
+
+
+def _positional(module: nn.Module) -> int:
+    """How many positional arguments `module.forward` takes (every one, defaults included)."""
+    import inspect
+
+    params = inspect.signature(module.forward).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return -1
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def _series_example(features: int, batch: int = 3, steps: int = 11) -> tuple[Tensor, Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, steps, features, generator=gen)
+    lengths = torch.tensor([max(1, steps - 2 * i) for i in range(batch)], dtype=torch.int64)
+    return x, lengths
+
+
+def _series(task: str, module: nn.Module, features: int, outputs: int | None,
+            labels: Any, normalization: Any, output_scale: Any, repo: PathLike, name: str,
+            version: int | None, torchscript: bool, max_steps: int, stateful: bool | None,
+            opset: int, progress: bool, grid: dict[str, Any] | None) -> Path:
+    if not isinstance(features, int) or isinstance(features, bool) or features < 1:
+        raise UserError(f"features={features!r}: the width of one step's feature vector, an "
+                        "integer >= 1")
+    names = parse_labels(labels) if labels is not None else []
+    if names and outputs is not None and outputs != len(names):
+        raise UserError(f"outputs={outputs} but {len(names)} labels: give one of them")
+    if not names and outputs is None:
+        raise UserError("give labels= (a classifying model: one name per output) or outputs= "
+                        "(a regression: how many numbers per series or step)")
+    module.eval()
+    tagger = task == "sequence-tagger"
+    x, lengths = _series_example(features)
+    count = _positional(module)
+    if stateful is None:
+        stateful = count > 2
+    wrap: nn.Module
+    if stateful:
+        if count == -1:
+            count = 1
+        tree = series_state_tree(module, (x, lengths), count - 2 if count > 2 else 1)
+        wrap = StatefulSeriesWrap(module, tagger, tree).eval()
+        state_dim = sum(lay.width for lay in tree.layouts)
+        example: tuple[Tensor, ...] = (x, lengths, torch.zeros(x.shape[0], state_dim))
+        contract = ["outputs", "new_state"]
+    else:
+        wrap = SeriesWrap(module, tagger).eval()
+        state_dim = 0
+        example = (x, lengths)
+        contract = ["outputs"]
+    with torch.no_grad():
+        try:
+            out = wrap(*example)[0]
+        except Exception as exc:  # the module's own error on a contract-shaped batch
+            raise BundleError(f"module(features (3, 11, {features}), lengths (3,)"
+                              f"{', state...' if stateful else ''}) failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    want = 3 if tagger else 2
+    if out.dim() != want or out.shape[0] != x.shape[0] or (tagger and out.shape[1] != x.shape[1]):
+        shape = "(batch, time, k)" if tagger else "(batch, k)"
+        raise BundleError(f"a {task} returns outputs {shape}; the module returned "
+                          f"{tuple(out.shape)} for features {tuple(x.shape)}")
+    k = int(out.shape[-1])
+    spec = expected_spec(task.replace("-", "_"), contract)
+    onnx_model, traced = _export(wrap, example, spec, opset)
+    graph = PackedGraph(contract, onnx_model, traced if torchscript else None, eager=wrap)
+    source: dict[str, Any] = {"packed_by": "seqserve.pack", "task": task,
+                              "module": type(module).__name__}
+    if stateful:
+        source["state"] = [lay.to_dict() for lay in tree.layouts]
+    return pack_series_bundle(task, graph, repo, name, features=features,
+                              outputs=outputs if outputs is not None else k, labels=names,
+                              normalization=normalization, output_scale=output_scale,
+                              state_dim=state_dim or None, version=version,
+                              max_steps=max_steps, source=source, opset=opset,
+                              progress=progress, grid=grid)
+
+
+def sequence_classifier(module: nn.Module, *, features: int, outputs: int | None = None,
+                        labels: Any = None, normalization: Any = None,
+                        output_scale: Any = None, repo: PathLike = "model_repository",
+                        name: str = "", version: int | None = None, torchscript: bool = True,
+                        max_steps: int = 128, stateful: bool | None = None,
+                        opset: int = DEFAULT_OPSET, progress: bool = True,
+                        grid: dict[str, Any] | None = None) -> Path:
+    """Pack a many-to-one feature-sequence model as bundle `repo/name/version`.
+
+    `module(features (B, T, D) float32, lengths (B,) int64)` -> outputs (B, k); a stateful
+    one `module(features, lengths, state...)` -> (outputs, new state...) (auto-detected: a
+    forward with more than two positional arguments; `stateful=` overrides), its state
+    tensors (layers, B, hidden) or (B, width), an LSTM's (h, c) as a tuple or two arguments,
+    flattened into the contract's one `state` (B, state_dim) layer by layer, h before c.
+    `labels` (names of the k outputs: a classifier, served with label and probabilities) or
+    `outputs` (k: a regression). `normalization` {"mean", "std"} per input feature (or a JSON
+    file): the server applies it, clients send raw values. `output_scale` {"mean", "std"} per
+    output: the server de-normalises regression outputs. `max_steps`: the longest series."""
+    return _series("sequence-classifier", module, features, outputs, labels, normalization,
+                   output_scale, repo, name, version, torchscript, max_steps, stateful, opset,
+                   progress, grid)
+
+
+def sequence_tagger(module: nn.Module, *, features: int, outputs: int | None = None,
+                    labels: Any = None, normalization: Any = None, output_scale: Any = None,
+                    repo: PathLike = "model_repository", name: str = "",
+                    version: int | None = None, torchscript: bool = True, max_steps: int = 128,
+                    stateful: bool | None = None, opset: int = DEFAULT_OPSET,
+                    progress: bool = True, grid: dict[str, Any] | None = None) -> Path:
+    """Pack a many-to-many (synced) feature-sequence model: `module(features, lengths[,
+    state...])` -> outputs (B, T, k) per step (zeroed past each row's length by the wrapper)
+    [, new state...]; the rest as `sequence_classifier`."""
+    return _series("sequence-tagger", module, features, outputs, labels, normalization,
+                   output_scale, repo, name, version, torchscript, max_steps, stateful, opset,
+                   progress, grid)

@@ -148,6 +148,156 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
     return target
 
 
+def parse_stats(value: Any, what: str, size: int) -> dict[str, list[float]] | None:
+    """A {"mean": [...], "std": [...]} block from a dict or a JSON file (None: none); each
+    list has `size` finite numbers, every std > 0 (UserError naming the flaw)."""
+    import json
+    import math
+
+    if value is None:
+        return None
+    if isinstance(value, str | os.PathLike):
+        path = Path(value)
+        if not path.is_file():
+            raise UserError(f"{path}: no such {what} file (JSON: {{\"mean\": [...], "
+                            "\"std\": [...]}})")
+        try:
+            value = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise UserError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(value, dict) or set(value) != {"mean", "std"}:
+        raise UserError(f"{what} must be {{\"mean\": [...], \"std\": [...]}}, got "
+                        f"{value!r:.80}")
+    out: dict[str, list[float]] = {}
+    for key in ("mean", "std"):
+        items = value[key]
+        items = items.tolist() if hasattr(items, "tolist") else items
+        if not isinstance(items, list | tuple) or len(items) != size:
+            raise UserError(f"{what}.{key} must list {size} number(s) (one per "
+                            f"{'feature' if what == 'normalization' else 'output'}), got "
+                            f"{items!r:.80}")
+        try:
+            out[key] = [float(x) for x in items]
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"{what}.{key} holds a value that is not a number") from exc
+        if not all(math.isfinite(x) for x in out[key]):
+            raise UserError(f"{what}.{key} holds a value that is not finite")
+    if any(x <= 0 for x in out["std"]):
+        raise UserError(f"{what}.std must be > 0 everywhere (a constant feature: give it std "
+                        "1)")
+    return out
+
+
+def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[str], name: str,
+                       *, features: int, outputs: int, labels: list[str] | None = None,
+                       normalization: Any = None, output_scale: Any = None,
+                       state_dim: int | None = None, version: int | None = None,
+                       max_steps: int = 128, source: dict[str, Any] | None = None,
+                       opset: int | None = None, progress: bool = True,
+                       grid: dict[str, Any] | None = None) -> Path:
+    """Write and verify `repo/name/version` of a feature-sequence task (sequence-classifier,
+    sequence-tagger) from its one packed graph (see module doc); returns its path."""
+    from seqserve.export.bundle import _check_args, _libraries, _publish
+    from seqserve.export.manifest import GRAPHS_BY_TASK
+    from seqserve.export.verify import check_graph_files, series_grid
+
+    _check_args(name, version, ["onnx"])
+    labels = list(labels or [])
+    if len(set(labels)) != len(labels):
+        raise UserError(f"labels {labels} repeat a label")
+    if labels and len(labels) < 2:
+        raise UserError("a classifying bundle needs at least two labels (or give outputs= "
+                        "for a regression)")
+    if labels and output_scale is not None:
+        raise UserError("output_scale de-normalises regression outputs; a model with labels "
+                        "has class scores")
+    if max_steps < 1 or features < 1:
+        raise UserError(f"features ({features}) and max_steps ({max_steps}) must be >= 1")
+    norm = parse_stats(normalization, "normalization", features)
+    scale = parse_stats(output_scale, "output_scale", outputs)
+    graph_name = GRAPHS_BY_TASK[task][0]
+    model_dir = Path(repo) / name
+    version = version or next_version(repo, name)
+    target = model_dir / str(version)
+    if target.exists():
+        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
+                        "--version or leave it out for the next free one")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
+    started = time.perf_counter()
+    graphs = {graph_name: graph}
+    try:
+        specs = _write_graphs(tmp, graphs)
+        if opset is None and graph.onnx is not None:
+            opset = max(o.version for o in graph.onnx.opset_import
+                        if o.domain in ("", "ai.onnx"))
+        manifest = Manifest(
+            task=task, name=name, version=version,
+            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), labels=labels,
+            limits={"max_steps": int(max_steps)}, graphs=specs, opset=opset,
+            libraries=_libraries(), files=hash_files(tmp),
+            source=dict(source or {"packed_by": "seqserve pack"}), features=int(features),
+            outputs=int(outputs), normalization=norm, output_scale=scale,
+            state_dim=None if state_dim is None else int(state_dim))
+        write_manifest(tmp, manifest)
+        manifest = load_bundle(tmp, verify=True, require_checksum=True)  # schema + declared
+        check_graph_files(tmp, manifest)
+        _check_series_sizes(tmp, manifest, graphs)
+        _say(progress, "checking parity, batch invariance and chunking on random padded "
+             "series")
+        runners = _runners(task, tmp, manifest, graphs)
+        reference = next(r for r in ("eager", "torchscript", "onnx") if r in runners)
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            report = check_parity(task, runners, reference, manifest.graphs,
+                                  series_grid(manifest, grid or {}))
+        finally:
+            torch.set_num_threads(before)
+        if not report["passed"]:
+            raise BundleError(explain(report))
+        manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
+        write_manifest(tmp, manifest)
+        load_bundle(tmp, verify=True, require_checksum=True)
+        _publish(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        from seqserve.export.summary import format_summary
+
+        print(format_summary(target, manifest, time.perf_counter() - started))
+    return target
+
+
+def _check_series_sizes(root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
+                        ) -> None:
+    """The graph's outputs per step or series against the declared outputs (or labels), its
+    new_state against state_dim, on a (1, 3, features) series."""
+    runners = _runners(manifest.task, root, manifest, graphs)
+    graph = next(iter(graphs))
+    inputs: dict[str, np.ndarray] = {
+        "features": np.zeros((1, 3, manifest.features or 1), np.float32),
+              "lengths": np.array([3], np.int64)}
+    if manifest.state_dim:
+        inputs["state"] = np.zeros((1, manifest.state_dim), np.float32)
+    for fmt, run in runners.items():
+        try:
+            out = run[graph](inputs)
+        except Exception as exc:  # the runtime's own error, named
+            raise BundleError(f"{fmt}: {graph} graph fails on a (1, 3, {manifest.features}) "
+                              f"series: {exc}") from exc
+        got = out["outputs"].shape[-1]
+        if got != manifest.outputs:
+            what = f"{len(manifest.labels)} labels" if manifest.labels else \
+                f"outputs={manifest.outputs}"
+            raise UserError(f"the graph gives {got} outputs per "
+                            f"{'step' if manifest.task == 'sequence-tagger' else 'series'} but "
+                            f"{what} was given")
+
+
 def _say(progress: bool, text: str) -> None:
     if progress:
         print(f"== {text}", flush=True)
@@ -253,6 +403,26 @@ def _check_sizes(task: str, root: Path, manifest: Manifest, graphs: dict[str, Pa
                         "labels were given")
 
 
+LENGTH_AWARE_FIX = "seqserve.pack.length_aware(your_rnn)"
+
+
+def _series_fault(fmt: str, key: str, value: float, tol: float) -> str:
+    if key.endswith(".chunked") or key.endswith(".new_state"):
+        return (f"- {fmt}: {key} differs by {value:.3g} (> {tol:g}): new_state is not the "
+                "state after each row's last valid step (a native nn.GRU / nn.LSTM returns "
+                "its state after the batch's padding, and the next chunk of a row must start "
+                f"from where the row ended). Fix: wrap the layer with {LENGTH_AWARE_FIX} (call "
+                "it as rnn(x, lengths, state); it keeps the layer's weights) and return its "
+                "state (docs/bundle-format.md, 'Feature sequences')")
+    return (f"- {fmt}: batch invariance of {key} is broken: a row's output differs by "
+            f"{value:.3g} (> {tol:g}) between the row run alone and the same row in a batch "
+            "whose padded steps hold other values (or its padded steps' outputs are not "
+            "zero). Likely cause: a bidirectional RNN or a pooling over time that does not "
+            f"stop at each row's length. Fix: {BIDIRECTIONAL_FIX} for a bidirectional layer, "
+            "read a classifier's state at each row's last valid step (gather at lengths - 1, "
+            f"or {LENGTH_AWARE_FIX}), and mask pooling (docs/bundle-format.md, 'Padding')")
+
+
 def explain(report: dict[str, Any]) -> str:
     """A failed parity report as a refusal that names the output, the size of the difference,
     the likely cause and the fix."""
@@ -261,6 +431,9 @@ def explain(report: dict[str, Any]) -> str:
     for fmt, row in report["invariance_max_diff"].items():
         for key, value in row.items():
             if value <= tol:
+                continue
+            if key.split(".")[0] in ("sequence_classifier", "sequence_tagger"):
+                lines.append(_series_fault(fmt, key, value, tol))
                 continue
             lines.append(
                 f"- {fmt}: batch invariance of {key} is broken: a row's output differs by "

@@ -12,13 +12,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from seqserve.export.pack.bundle import PackedGraph, pack_bundle, parse_labels
+from seqserve.export.pack.bundle import (
+    PackedGraph,
+    pack_bundle,
+    pack_series_bundle,
+    parse_labels,
+)
 from seqserve.export.pack.onnx_compose import (
     compose_encoder,
+    compose_series,
     compose_step,
     compose_tagger,
     state_layouts,
     user_inputs,
+    value_layouts,
 )
 from seqserve.models.errors import BundleError, UserError
 
@@ -79,6 +86,63 @@ def _example_ids(vocab: int) -> tuple[Any, Any]:
     from seqserve.export.pack.api import _example
 
     return _example(vocab)
+
+
+def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | None,
+                      features: int, torchscript: PathLike | None = None,
+                      labels: Any = None, outputs: int | None = None,
+                      normalization: Any = None, output_scale: Any = None,
+                      input_names: str | None = None, output_names: str | None = None,
+                      version: int | None = None, max_steps: int = 128,
+                      progress: bool = True) -> Path:
+    """`seqserve pack sequence-classifier|sequence-tagger`: the user's ONNX graph
+    (features, lengths[, state tensors...]) -> (outputs[, new state tensors...]) composed into
+    the contract (`onnx_compose.compose_series`), its TorchScript twin wrapped alike."""
+    import torch
+
+    from seqserve.export.pack.api import _series_example
+    from seqserve.export.pack.torch_wrap import SeriesWrap, StatefulSeriesWrap, StateTree
+
+    model = _load(onnx, "--onnx")
+    actual = [v.name for v in user_inputs(model)]
+    ins = _names(input_names, actual, tuple(range(1, max(3, len(actual) + 1))), "input-names",
+                 ["features", "lengths", "state..."])
+    if len(ins) == 1:  # a graph that never reads its lengths (the exporter dropped them)
+        ins = [ins[0], ""]
+    n_state = len(ins) - 2
+    outs = _names(output_names, [o.name for o in model.graph.output], (1 + n_state,),
+                  "output-names", ["outputs"] + ["new state..."] * bool(n_state))
+    by_name = {v.name: v for v in user_inputs(model)}
+    layouts = value_layouts([by_name[n] for n in ins[2:]], str(onnx))
+    tagger = task == "sequence-tagger"
+    contract = ["outputs", "new_state"] if layouts else ["outputs"]
+    graph = PackedGraph(contract, compose_series(model, ins, outs, layouts, tagger))
+    ts = _ts(torchscript)
+    if ts is not None:
+        x, lengths = _series_example(features)
+        if layouts:
+            tree = StateTree(tuple(0 for _ in layouts), tuple(layouts))
+            width = sum(lay.width for lay in layouts)
+            graph.torchscript = _trace(StatefulSeriesWrap(ts, tagger, tree),
+                                       (x, lengths, torch.zeros(x.shape[0], width)))
+        else:
+            graph.torchscript = _trace(SeriesWrap(ts, tagger), (x, lengths))
+    names = parse_labels(labels) if labels else []
+    if not names and outputs is None:
+        raise UserError("give --labels (a classifying model) or --outputs N (a regression)")
+    if names and outputs is not None and outputs != len(names):
+        raise UserError(f"--outputs {outputs} but {len(names)} labels: give one of them")
+    source: dict[str, Any] = {"packed_by": "seqserve pack", "task": task, "onnx": str(onnx),
+                              "torchscript": None if torchscript is None else str(torchscript),
+                              "input_names": ins, "output_names": outs,
+                              "state": [x.to_dict() for x in layouts]}
+    return pack_series_bundle(task, graph, repo, name, features=features,
+                              outputs=outputs if outputs is not None else len(names),
+                              labels=names, normalization=normalization,
+                              output_scale=output_scale,
+                              state_dim=sum(x.width for x in layouts) or None,
+                              version=version, max_steps=max_steps, source=source,
+                              progress=progress)
 
 
 def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | None = None,

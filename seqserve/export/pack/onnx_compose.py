@@ -62,6 +62,23 @@ def state_layouts(step: Any, count: int, file: str) -> list[StateLayout]:
     return out
 
 
+def value_layouts(values: list[Any], file: str) -> list[StateLayout]:
+    """The layouts of state tensors (graph inputs), read from their declared shapes."""
+    out = []
+    for value in values:
+        dims = _dims(value)
+        if len(dims) == 3 and isinstance(dims[0], int) and isinstance(dims[2], int):
+            out.append(StateLayout(dims[0], dims[2]))
+        elif len(dims) == 2 and isinstance(dims[1], int):
+            out.append(StateLayout(0, dims[1]))
+        else:
+            raise BundleError(
+                f"{file}: state input {value.name} has shape {dims}; expected (layers, batch, "
+                "hidden) or (batch, hidden) with layers and hidden fixed numbers and batch "
+                "symbolic (export with dynamic_axes on its batch dim only)")
+    return out
+
+
 def user_inputs(model: Any) -> list[Any]:
     inits = {t.name for t in model.graph.initializer}
     return [v for v in model.graph.input if v.name not in inits]
@@ -69,6 +86,29 @@ def user_inputs(model: Any) -> list[Any]:
 
 def _opset(model: Any) -> int:
     return max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _prefix_outer_references(graph: Any, outer: set[str]) -> None:
+    """`onnx.compose.add_prefix` renames a graph's names but not the references a subgraph
+    (a Loop's or an If's body: a length-aware RNN exports as a Loop) makes to the outer
+    graph's names: prefix those too, recursively."""
+    here = set(outer) | {t.name for t in graph.initializer} | {v.name for v in graph.input}
+    here |= {o for n in graph.node for o in n.output}
+    for node in graph.node:
+        for attr in node.attribute:
+            subs = list(attr.graphs) + ([attr.g] if attr.HasField("g") else [])
+            for sub in subs:
+                own = {t.name for t in sub.initializer} | {v.name for v in sub.input}
+                own |= {o for n in sub.node for o in n.output}
+                for inner in sub.node:
+                    for i, name in enumerate(inner.input):
+                        if name and name not in own and name not in here \
+                                and PREFIX + name in here:
+                            inner.input[i] = PREFIX + name
+                for out in sub.output:
+                    if out.name not in own and out.name not in here and PREFIX + out.name in here:
+                        out.name = PREFIX + out.name
+                _prefix_outer_references(sub, here)
 
 
 class _Builder:
@@ -84,6 +124,7 @@ class _Builder:
             raise BundleError(f"the graph uses opset {_opset(user)}; export it with opset 13 "
                               "or newer (opset_version=17)")
         self.user = compose.add_prefix(user, PREFIX, rename_functions=False)
+        _prefix_outer_references(self.user.graph, set())
         self.nodes: list[Any] = []
         self.inits: list[Any] = []
         self._pre: list[Any] = []
@@ -265,3 +306,35 @@ def compose_step(user: Any, layouts: list[StateLayout]) -> tuple[Any, bool]:
         [_vi("new_state", F32, ["rows", "state_dim"]), _vi("topk_logprobs", F32, ["rows", "k"]),
          _vi("topk_ids", I64, ["rows", "k"]), _vi("attention", F32, ["rows", "src_len"])])
     return model, attention
+
+
+def compose_series(user: Any, inputs: list[str], outputs: list[str],
+                   layouts: list[StateLayout], tagger: bool) -> Any:
+    """Feature sequence: user (features, lengths[, state...]) -> (outputs[, new state...])
+    (`inputs[1]` "" for a graph without a lengths input)
+    becomes the contract's (features, lengths[, state]) -> (outputs[, new_state]): float32
+    outputs (a tagger's zeroed past each row's length), the state tensors flattened."""
+    b = _Builder(user)
+    ins = {v.name: v for v in user_inputs(user)}
+    _cast_to(b, "features", ins[inputs[0]], PREFIX + inputs[0])
+    if inputs[1]:  # "": the user's graph does not read lengths (we still mask by them)
+        _cast_to(b, "lengths", ins[inputs[1]], PREFIX + inputs[1])
+    if layouts:
+        b.unflatten(b.one("Identity", ["state"]), layouts, [PREFIX + n for n in inputs[2:]])
+    b.split_pre()
+    out = b.one("Cast", [PREFIX + outputs[0]], to=F32)
+    if tagger:
+        mask = b.one("Unsqueeze", [b.length_mask("features", "lengths"), b.const("ax", [2])])
+        b.one("Where", [mask, out, b.const("zero", [0.0], "float32")], "outputs")
+    else:
+        b.one("Identity", [out], "outputs")
+    graph_in = [_vi("features", F32, ["batch", "time", "feature_dim"]),
+                _vi("lengths", I64, ["batch"])]
+    graph_out = [_vi("outputs", F32, ["batch", "time", "out_dim"] if tagger
+                     else ["batch", "out_dim"])]
+    if layouts:
+        states = [b.one("Cast", [PREFIX + o], to=F32) for o in outputs[1:]]
+        b.flatten(states, layouts, "new_state")
+        graph_in.append(_vi("state", F32, ["batch", "state_dim"]))
+        graph_out.append(_vi("new_state", F32, ["batch", "state_dim"]))
+    return b.model(graph_in, graph_out)

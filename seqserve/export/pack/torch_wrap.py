@@ -8,7 +8,10 @@ The same wrapping as `onnx_compose`, written as modules so that they can be expo
 - `EncoderWrap`: encode(ids, lengths) -> (memory, state...) -> memory zeroed past length,
   src_mask, the state tensors flattened into one (B, state_dim);
 - `StepWrap`: step(prev_ids, state..., memory rows, mask rows) -> (logits, new state...,
-  [attention]) -> memory gathered by memory_index, log-softmax + top-k, flat new state.
+  [attention]) -> memory gathered by memory_index, log-softmax + top-k, flat new state;
+- `SeriesWrap` / `StatefulSeriesWrap`: a feature-sequence module(features, lengths[,
+  state...]) -> outputs (B, k) or (B, T, k) zeroed past length[, the new state tensors
+  flattened into one (B, state_dim)].
 
 A state is whatever the user's encoder returns after memory: a tensor (layers, batch,
 hidden) or (batch, hidden), or a tuple of them such as an LSTM's (h, c); `StateTree` records
@@ -199,3 +202,123 @@ def step_has_attention(step: Callable[..., Any], tree: StateTree, example: tuple
                           f" of {len(out) if isinstance(out, tuple | list) else 1} items: "
                           f"expected (logits, {n} new state item(s)[, attention])")
     return len(out) == n + 2
+
+
+class SeriesWrap(nn.Module):
+    """(features, lengths) -> (outputs,): float32; a tagger's zeroed past each row's length."""
+
+    def __init__(self, module: nn.Module, tagger: bool) -> None:
+        super().__init__()
+        self.module = module
+        self.tagger = tagger
+
+    def _outputs(self, out: Tensor, features: Tensor, lengths: Tensor) -> Tensor:
+        out = out.float()
+        if not self.tagger:
+            return out
+        mask = length_mask(lengths, features.shape[1]).unsqueeze(-1)  # (B, T, 1)
+        return torch.where(mask, out, torch.zeros_like(out))
+
+    def forward(self, features: Tensor, lengths: Tensor) -> tuple[Tensor]:
+        return (self._outputs(_first(self.module(features, lengths)), features, lengths),)
+
+
+class StatefulSeriesWrap(SeriesWrap):
+    """(features, lengths, state (B, S)) -> (outputs, new_state (B, S)): the flat state is
+    split into the module's own state items (`StateTree`) and its new ones flattened again."""
+
+    def __init__(self, module: nn.Module, tagger: bool, tree: StateTree) -> None:
+        super().__init__(module, tagger)
+        self.tree = tree
+
+    def forward(self, features: Tensor, lengths: Tensor,  # type: ignore[override]
+                state: Tensor) -> tuple[Tensor, Tensor]:
+        items = self.tree.build(self.tree.unflatten(state))
+        out = self.module(features, lengths, *items)
+        n = len(self.tree.shape)
+        new_state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
+        return self._outputs(out[0], features, lengths), new_state
+
+
+def _shapes(items: Any) -> list[Any]:
+    return [[tuple(t.shape) for t in x] if isinstance(x, tuple | list) else tuple(x.shape)
+            for x in items]
+
+
+def _two(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The same state shape for a batch of two (batch: axis 1 of 3, else axis 0)."""
+    return (shape[0], 2, *shape[2:]) if len(shape) == 3 else (2, *shape[1:])
+
+
+def _zeros(shapes: list[Any]) -> tuple[Any, ...]:
+    return tuple(tuple(torch.zeros(s) for s in x) if isinstance(x, list) else torch.zeros(x)
+                 for x in shapes)
+
+
+def _candidates(module: nn.Module, batch: int, count: int) -> list[list[Any]]:
+    """State shapes the module's recurrent layers suggest, for `count` state arguments."""
+    out: list[list[Any]] = []
+    for m in module.modules():
+        if not isinstance(m, nn.RNNBase):
+            continue
+        layers = m.num_layers * (2 if m.bidirectional else 1)
+        hidden = m.hidden_size
+        h = getattr(m, "proj_size", 0) or hidden
+        if isinstance(m, nn.LSTM):
+            if count == 1:
+                out += [[[(layers, batch, h), (layers, batch, hidden)]],
+                        [(batch, layers * (h + hidden))]]
+            elif count == 2:
+                out += [[(layers, batch, h), (layers, batch, hidden)],
+                        [(batch, layers * h), (batch, layers * hidden)]]
+        elif count == 1:
+            out += [[(layers, batch, hidden)], [(batch, layers * hidden)]]
+    return out
+
+
+def series_state_tree(module: nn.Module, example: tuple[Tensor, Tensor], count: int
+                      ) -> StateTree:
+    """The nesting and layout of a stateful module's state: found by calling it with None
+    (a module that starts from zeros itself), else with zeros of the shapes its recurrent
+    layers suggest, on two batch sizes; its returned new state must have the same shapes."""
+    x, lengths = example
+    batch = x.shape[0]
+    tried: list[str] = []
+    with torch.no_grad():
+        guesses: list[list[Any]] = []
+        try:
+            out = module(x, lengths, *([None] * count))
+            if isinstance(out, tuple | list) and len(out) == 1 + count:
+                guesses.append(_shapes(out[1:]))
+        except Exception as exc:  # the module needs a real state: try the shapes
+            tried.append(f"None ({type(exc).__name__})")
+        guesses += _candidates(module, batch, count)
+        for shapes in guesses:
+            try:
+                a = module(x, lengths, *_zeros(shapes))
+                small = [[_two(s) for s in item] if isinstance(item, list) else _two(item)
+                         for item in shapes]
+                b = module(x[:2], lengths[:2], *_zeros(small))
+            except Exception as exc:  # this guess does not fit
+                tried.append(f"{shapes} ({type(exc).__name__})")
+                continue
+            if not (isinstance(a, tuple | list) and len(a) == 1 + count
+                    and _shapes(a[1:]) == shapes):
+                got = _shapes(a[1:]) if isinstance(a, tuple | list) else "one tensor"
+                tried.append(f"{shapes} (returned {got})")
+                continue
+            layouts: list[StateLayout] = []
+            nest: list[int] = []
+            for item_a, item_b in zip(a[1:], b[1:], strict=True):
+                group_a = list(item_a) if isinstance(item_a, tuple | list) else [item_a]
+                group_b = list(item_b) if isinstance(item_b, tuple | list) else [item_b]
+                nest.append(len(group_a) if isinstance(item_a, tuple | list) else 0)
+                layouts += [_layout(ta, tb, batch) for ta, tb in
+                            zip(group_a, group_b, strict=True)]
+            return StateTree(tuple(nest), tuple(layouts))
+    raise BundleError(
+        f"forward(features, lengths, {count} state argument(s)): could not find the state it "
+        f"takes (tried {'; '.join(tried) or 'nothing: no nn.LSTM/GRU/RNN inside'}). A stateful "
+        "module takes its state as (layers, batch, hidden) or (batch, width) tensors (an LSTM's "
+        "(h, c) as a tuple or two arguments) and returns the new state in the same shapes "
+        "after its outputs")

@@ -3,7 +3,7 @@
 Measured on the 2-core box (py-spy of an API process under 64 connections): FastAPI's
 middleware stack, routing, dependency solving and Response objects took about 40% of the
 process's time, the route itself (tokenization, the engine round trip, result building)
-35%. `HotPath` answers the same four routes (v1 classify, translate, tag and OIP v2 infer,
+35%. `HotPath` answers the same routes (v1 classify, translate, tag, predict and OIP v2 infer,
 default and pinned versions) directly on the ASGI messages:
 
 - the body is validated by the very same pydantic models (`model_validate_json`), so the
@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from seqserve.service.api.classify import ClassifyRequest, classify_answer
 from seqserve.service.api.common import describe_errors, header
 from seqserve.service.api.oip.routes import infer_answer
+from seqserve.service.api.predict import PredictRequest, predict_answer
 from seqserve.service.api.tag import TagRequest, tag_answer
 from seqserve.service.api.translate import TranslateRequest, translate_answer
 from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
@@ -36,12 +37,14 @@ from seqserve.service.web.responses import error_for, send_answer, service_error
 from seqserve.service.web.state import AppState
 
 ROUTE = re.compile(r"^/(v1|v2)/models/([^/]+)(?:/versions/([^/]+))?/"
-                   r"(classify|translate|tag|infer)$")
-ENDPOINTS = {"classify": "classify", "translate": "translate", "tag": "tag", "infer": "v2_infer"}
+                   r"(classify|translate|tag|predict|infer)$")
+ENDPOINTS = {"classify": "classify", "translate": "translate", "tag": "tag",
+             "predict": "predict", "infer": "v2_infer"}
 V1: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[dict[str, Any]]]]] = {
     "classify": (ClassifyRequest, classify_answer),
     "translate": (TranslateRequest, translate_answer),
     "tag": (TagRequest, tag_answer),
+    "predict": (PredictRequest, predict_answer),
 }
 """Each v1 verb's body model and answer (the routes' own functions)."""
 JSON = [(b"content-type", JSON_TYPE)]

@@ -16,6 +16,10 @@ examples:
       --repo model_repository --name pos
   seqserve pack translator --encoder enc.onnx --decoder-step step.onnx \\
       --source-tokenizer src.json --target-tokenizer tgt.json --repo model_repository --name mt
+  seqserve pack sequence-tagger --onnx forecaster.onnx --features 3 --outputs 1 \\
+      --input-names x,n,h0 --output-names y,hn --normalization stats.json --name load
+  seqserve pack sequence-classifier --onnx sensor.onnx --features 6 --labels ok,fault \\
+      --name faults
 
 The graphs' contract (inputs, outputs, padding rules) is docs/bundle-format.md. pack checks
 the signature, parity with the TorchScript twin when given and batch invariance on random
@@ -69,6 +73,44 @@ def _rows(p: argparse.ArgumentParser, task: str) -> None:
     _common(p)
 
 
+def _series(p: argparse.ArgumentParser, task: str) -> None:
+    p.add_argument("--onnx", type=Path, required=True,
+                   help="the ONNX graph (features, lengths[, state tensors...]) -> (outputs[, "
+                   "new state tensors...])")
+    p.add_argument("--torchscript", type=Path, default=None,
+                   help="optional TorchScript twin of the same model (same inputs)")
+    p.add_argument("--features", type=int, required=True,
+                   help="the width of one time step's feature vector")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--labels", default=None,
+                      help="a classifying model: label file (one per line, in output order) "
+                      "or a,b,c")
+    what.add_argument("--outputs", type=int, default=None,
+                      help="a regression: how many numbers per " +
+                      ("step" if task == "sequence-tagger" else "series"))
+    p.add_argument("--normalization", default=None, metavar="FILE.json",
+                   help='{"mean": [...], "std": [...]} per input feature: the server feeds '
+                   "the graph (x - mean) / std, clients send raw values")
+    p.add_argument("--output-scale", default=None, metavar="FILE.json",
+                   help='{"mean": [...], "std": [...]} per output: the server answers '
+                   "outputs * std + mean (regressions trained on normalised targets)")
+    p.add_argument("--input-names", default=None, metavar="FEATURES,LENGTHS[,STATE...]",
+                   help="the graph's own names of its features (batch, time, dim) float, "
+                   "lengths (batch,) int64 and optional state inputs ((layers, batch, hidden) "
+                   "or (batch, hidden); an LSTM's h and c are two), in that order (default: "
+                   "its inputs in order)")
+    p.add_argument("--output-names", default=None, metavar="OUTPUTS[,NEW_STATE...]",
+                   help="the graph's own names of its outputs and, with state inputs, its new "
+                   "state tensors in the same order (default: its outputs in order)")
+    p.add_argument("--repo", type=Path, default=Path("model_repository"),
+                   help="model repository folder (default: model_repository)")
+    p.add_argument("--name", required=True, help="model name (folder under --repo)")
+    p.add_argument("--version", type=int, default=None,
+                   help="version number (default: the next free integer; never overwrites)")
+    p.add_argument("--max-steps", type=int, default=128,
+                   help="longest series in steps the bundle accepts (default: 128)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
@@ -106,10 +148,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="most tokens generated per text (default: 128)")
     _common(mt, "the source (or joint) tokenizer")
     _specials(mt, "target-", "the --target-tokenizer")
+    seq_clf = sub.add_parser(
+        "sequence-classifier", help="one result per series of feature vectors",
+        description="Pack a many-to-one feature-sequence model: graph(features, lengths[, "
+        "state...]) -> outputs (batch, k)[, new state...].")
+    _series(seq_clf, "sequence-classifier")
+    seq_tag = sub.add_parser(
+        "sequence-tagger", help="one result per step of a series of feature vectors",
+        description="Pack a many-to-many feature-sequence model: graph(features, lengths[, "
+        "state...]) -> outputs (batch, time, k)[, new state...] (zeros past each row's length "
+        "are appended).")
+    _series(seq_tag, "sequence-tagger")
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqserve.export.pack.files import pack_files
+    from seqserve.export.pack.files import pack_files, pack_series_files
+
+    if args.task in ("sequence-classifier", "sequence-tagger"):
+        pack_series_files(args.task, repo=args.repo, name=args.name, onnx=args.onnx,
+                          torchscript=args.torchscript, features=args.features,
+                          labels=args.labels, outputs=args.outputs,
+                          normalization=args.normalization, output_scale=args.output_scale,
+                          input_names=args.input_names, output_names=args.output_names,
+                          version=args.version, max_steps=args.max_steps)
+        return 0
 
     specials = {n: getattr(args, f"{n}_token") for n in ("pad", "unk", "bos", "eos")}
     common = {"repo": args.repo, "name": args.name, "version": args.version,

@@ -147,6 +147,21 @@ class EngineClient:
             f.add_done_callback(functools.partial(self._on_done, rid))
         return futures
 
+    def submit_series(self, model: str, version: int, series: Sequence[Any], deadline: float
+                      ) -> list[asyncio.Future[Any]]:
+        """Send one request's float series (each (T_i, D) float32); one future per series."""
+        if self.lost is not None:
+            raise self._unavailable()
+        loop = asyncio.get_running_loop()
+        rid = next(self._ids)
+        lengths, features, width = p.pack_series(list(series))
+        self._send(p.Submit(rid, model, version, deadline, lengths, b"", None, features, width))
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in series]
+        self._pending[rid] = _Pending(futures, False, (model, version))
+        for f in futures:
+            f.add_done_callback(functools.partial(self._on_done, rid))
+        return futures
+
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
                  options: GenerateOptions, deadline: float) -> TokenStream:
         """Send one generation; its token events arrive on the returned stream."""
@@ -310,6 +325,14 @@ class RemoteRowModel(_RemoteModel):
     def submit(self, rows: Sequence[list[int]],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]:
         return self.client.submit(self.state.name, self.state.version, rows, deadline)
+
+
+class RemoteSeriesModel(_RemoteModel):
+    """A feature-sequence model in the engine (implements `scheduling.models.SeriesModel`)."""
+
+    def submit(self, rows: Sequence[Any],
+               deadline: float) -> list[asyncio.Future[Timed[Any]]]:
+        return self.client.submit_series(self.state.name, self.state.version, rows, deadline)
 
 
 class RemoteDecodeModel(_RemoteModel):

@@ -23,8 +23,10 @@ RuntimeFactory = Callable[[RuntimeSpec, Path, Manifest], Runtime]
 
 
 def max_tokens_of(manifest: Manifest, limit: int) -> int:
-    """The token limit of a bundle's texts: the server's, capped by the bundle's own."""
-    return min(limit, int(manifest.limits.get("max_tokens", limit)))
+    """The token limit of a bundle's texts (a feature-sequence bundle: its steps per
+    series): the server's `max_tokens`, capped by the bundle's own."""
+    key = "max_tokens" if manifest.has_tokenizer else "max_steps"
+    return min(limit, int(manifest.limits.get(key, limit)))
 
 
 def build_served(name: str, path: Path, options: EngineOptions,

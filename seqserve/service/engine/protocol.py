@@ -38,6 +38,11 @@ class Submit(msgspec.Struct, tag="submit", array_like=True):
     """int32 (sum of lengths,): the rows' token ids, concatenated."""
     options: dict[str, Any] | None = None
     """Translators: `SearchOptions` fields."""
+    features: bytes | None = None
+    """Feature-sequence models: float32 (sum of lengths, width), the rows' steps
+    concatenated (`ids` is then empty)."""
+    width: int = 0
+    """Feature-sequence models: floats per step."""
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -167,6 +172,30 @@ def unpack_rows(lengths: bytes, ids: bytes) -> list[list[int]]:
     """The inverse of `pack_rows`."""
     sizes = np.frombuffer(lengths, dtype=np.int32)  # (n,)
     flat = np.frombuffer(ids, dtype=np.int32).tolist()  # (sum,)
+    out, start = [], 0
+    for n in sizes.tolist():
+        out.append(flat[start : start + n])
+        start += n
+    return out
+
+
+def pack_series(rows: list[np.ndarray]) -> tuple[bytes, bytes, int]:
+    """Float series (T_i, D) -> (lengths int32 buffer, concatenated float32 steps, D)."""
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))  # (n,)
+    width = int(rows[0].shape[1]) if rows else 0
+    flat = np.concatenate(rows).astype(np.float32, copy=False) if rows else \
+        np.zeros((0, 0), np.float32)
+    return lengths.tobytes(), np.ascontiguousarray(flat).tobytes(), width
+
+
+def unpack_series(lengths: bytes, features: bytes, width: int) -> list[np.ndarray]:
+    """The inverse of `pack_series`."""
+    sizes = np.frombuffer(lengths, dtype=np.int32)  # (n,)
+    if width < 1 or sizes.size == 0 or (sizes < 1).any():
+        raise ValueError(f"series of width {width} and lengths {sizes.tolist()[:8]}")
+    flat = np.frombuffer(features, dtype=np.float32).reshape(-1, width)  # (sum, D)
+    if flat.shape[0] != int(sizes.sum()):
+        raise ValueError(f"{flat.shape[0]} steps for lengths summing to {int(sizes.sum())}")
     out, start = [], 0
     for n in sizes.tolist():
         out.append(flat[start : start + n])

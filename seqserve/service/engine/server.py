@@ -41,7 +41,7 @@ from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.decoding import Decoded
 from seqserve.service.scheduling.lm import GenerateOptions, LMModel, TokenEvent
-from seqserve.service.scheduling.models import DecodedModel, ServedModel
+from seqserve.service.scheduling.models import BatchedModel, DecodedModel, ServedModel
 from seqserve.service.scheduling.search import SearchOptions
 
 log = logging.getLogger("seqserve.engine")
@@ -231,6 +231,12 @@ class EngineServer:
                                retry_after=self.options.retry_after_s)
         if model is None:
             raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not loaded")
+        if msg.features is not None:  # feature series for a feature-sequence model
+            features = msg.features
+            series = _readable(lambda: p.unpack_series(msg.lengths, features, msg.width))
+            if not isinstance(model, BatchedModel):
+                raise BadRequest(f"model {msg.model!r} does not take feature series")
+            return list(model.submit(series, msg.deadline))
         rows = _readable(lambda: p.unpack_rows(msg.lengths, msg.ids))
         if isinstance(model, LMModel):  # a Submit to a language model scores texts
             return list(model.score(rows, msg.deadline))

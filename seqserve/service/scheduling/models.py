@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from seqserve.export.manifest import Manifest
+from seqserve.export.manifest import FEATURE_TASKS, GRAPHS_BY_TASK, Manifest
 from seqserve.service.core.errors import ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
@@ -50,6 +50,17 @@ class RowModel(Protocol):
     """What a classifier or tagger worker needs of its model (in this process or another)."""
 
     def submit(self, rows: Sequence[list[int]],
+               deadline: float) -> list[asyncio.Future[Timed[Any]]]: ...
+
+    def expected_wait(self) -> float | None: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+class SeriesModel(Protocol):
+    """What a feature-sequence worker needs of its model (in this process or another)."""
+
+    def submit(self, rows: Sequence[np.ndarray],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]: ...
 
     def expected_wait(self) -> float | None: ...
@@ -96,6 +107,51 @@ def tagger_rows(runtime: Runtime, pad_id: int) -> RowCompute:
     return compute
 
 
+SeriesCompute = Callable[[list[np.ndarray]], list[Any]]
+"""Raw float series (T_i, D) -> one result per series (runs on the batcher's thread)."""
+
+
+def series_rows(runtime: Runtime, manifest: Manifest) -> SeriesCompute:
+    """Series -> (outputs (k,) or (T, k)[, new_state (S,)]) per series through the bundle's
+    feature-sequence graph: each normalised by the manifest's `normalization`, right-padded
+    with zeros, run from zero states (a stateful graph), and its outputs de-normalised by
+    `output_scale`."""
+    graph = GRAPHS_BY_TASK[manifest.task][0]
+    tagger = manifest.task == "sequence-tagger"
+    dim = int(manifest.features or 0)
+    norm, scale = manifest.normalization, manifest.output_scale
+    mean = np.asarray(norm["mean"], np.float32) if norm else None  # (D,)
+    inv_std = 1.0 / np.asarray(norm["std"], np.float64) if norm else None  # (D,)
+    out_mean = np.asarray(scale["mean"], np.float32) if scale else None  # (k,)
+    out_std = np.asarray(scale["std"], np.float32) if scale else None  # (k,)
+    state_dim = int(manifest.state_dim or 0)
+
+    def compute(rows: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+        lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))  # (B,)
+        x = np.zeros((len(rows), int(lengths.max()), dim), np.float32)  # (B, T, D)
+        for i, r in enumerate(rows):
+            x[i, : len(r)] = r
+        if mean is not None and inv_std is not None:
+            valid = np.arange(x.shape[1])[None, :] < lengths[:, None]  # (B, T)
+            with np.errstate(over="ignore", invalid="ignore"):
+                x = np.where(valid[..., None], (x - mean) * inv_std, 0.0).astype(np.float32)
+        inputs: dict[str, np.ndarray] = {"features": x, "lengths": lengths}
+        if state_dim:
+            inputs["state"] = np.zeros((len(rows), state_dim), np.float32)
+        out = runtime.run(graph, inputs)
+        y = out["outputs"]  # (B, k) or (B, T, k)
+        if out_mean is not None and out_std is not None:
+            y = y * out_std + out_mean
+        new_state = out.get("new_state")
+        results: list[tuple[np.ndarray, ...]] = []
+        for i, n in enumerate(lengths.tolist()):
+            row = y[i, :n] if tagger else y[i]
+            results.append((row,) if new_state is None else (row, new_state[i]))
+        return results
+
+    return compute
+
+
 ROW_TASKS: dict[str, Callable[[Runtime, int], RowCompute]] = {
     "classifier": classifier_rows,
     "tagger": tagger_rows,
@@ -115,15 +171,19 @@ class BatchedModel:
     """A classifier or tagger: token rows through a dynamic batcher, one compute per runtime
     instance (several instances: several batches in flight)."""
 
-    def __init__(self, name: str, runtimes: Sequence[Runtime], computes: Sequence[RowCompute],
-                 unk_id: int, config: ModelConfig, observer: Observer | None = None) -> None:
+    def __init__(self, name: str, runtimes: Sequence[Runtime],
+                 computes: Sequence[Callable[[list[Any]], list[Any]]],
+                 unk_id: int, config: ModelConfig, observer: Observer | None = None,
+                 warm_row: Callable[[int], Any] | None = None) -> None:
         self.runtime = runtimes[0]
         self.runtimes = list(runtimes)
         self.computes = list(computes)
         self.unk_id = unk_id
+        self.warm_row = warm_row or (lambda n: [unk_id] * n)
+        """A row of n steps for warm-up (token rows: unk ids; feature series: zeros)."""
         self.config = config
-        self.batcher: Batcher[list[int], Any] = Batcher(self.computes, config.batcher,
-                                                        name=name, observer=observer)
+        self.batcher: Batcher[Any, Any] = Batcher(self.computes, config.batcher,
+                                                  name=name, observer=observer)
 
     async def start(self) -> None:
         if self.config.warmup:
@@ -139,7 +199,7 @@ class BatchedModel:
                 rows = max(1, min(cfg.max_batch_size, cfg.max_batch_tokens // length))
                 for n in sorted({1, rows}):
                     start = time.perf_counter()
-                    compute([[self.unk_id] * length] * n)
+                    compute([self.warm_row(length)] * n)
                     if n > 1:  # full batches: what a queue's rows will see
                         self.batcher.cost.observe(n * length, time.perf_counter() - start)
 
@@ -151,9 +211,9 @@ class BatchedModel:
         return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
                 "instances": len(self.runtimes)}
 
-    def submit(self, rows: Sequence[list[int]],
+    def submit(self, rows: Sequence[Any],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]:
-        """Queue token rows (all or none); one future per row."""
+        """Queue token rows or feature series (all or none); one future per row."""
         return self.batcher.submit([(r, len(r)) for r in rows], deadline)
 
     def expected_wait(self) -> float | None:
@@ -232,6 +292,11 @@ def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Mani
         cfg = dataclasses.replace(config, decode=dataclasses.replace(config.decode,
                                                                       pad_id=pad_id))
         return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
+    if manifest.task in FEATURE_TASKS:
+        dim = int(manifest.features or 1)
+        return BatchedModel(name, instances, [series_rows(rt, manifest) for rt in instances],
+                            0, config, observer,
+                            warm_row=lambda n: np.zeros((n, dim), np.float32))
     rows = ROW_TASKS.get(manifest.task)
     if rows is None:
         raise LookupError(f"no scheduler serves task {manifest.task!r}")

@@ -28,6 +28,7 @@ from seqserve.service.api import (
     health,
     models,
     openai,
+    predict,
     tag,
     translate,
 )
@@ -87,7 +88,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     )
     app.state.seqserve = state
     _add_error_handlers(app)
-    for module in (health, models, classify, translate, tag, generate, openai, oip,
+    for module in (health, models, classify, translate, tag, predict, generate, openai, oip,
                    oip_generate, admin):
         app.include_router(module.router)
     install_openapi(app, state)  # the live limits and one infer operation per model

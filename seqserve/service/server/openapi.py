@@ -29,6 +29,7 @@ from seqserve.service.web.auth import is_open
 from seqserve.service.web.responses import OPENAI_PATHS, JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import text_pattern
+from seqserve.service.workers.series import SeriesWorker
 
 ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 INFER_ERRORS = (400, 404, 413, 429, 500, 503, 504)
@@ -74,6 +75,9 @@ def live_document(doc: dict[str, Any], state: AppState) -> None:
         if texts is not None:
             texts["maxItems"] = s.max_texts
             texts["items"]["maxLength"] = s.max_chars
+        series = schema.get("properties", {}).get("series")
+        if series is not None:
+            series["maxItems"] = s.max_texts
     for name, field in (("GenerateRequest", "max_new_tokens"),
                         ("GenerateParameters", "max_tokens"),
                         ("StreamParameters", "max_tokens")):  # the language models' limit
@@ -116,16 +120,23 @@ def _infer_operations(doc: dict[str, Any], state: AppState) -> None:
             if entry.state != "ready" or entry.worker is None:
                 continue
             outputs = [o["name"] for o in tasks.signature(entry.worker)[1]]
-            text = _text_schema(entry, s.max_chars)
             pinned = (f"/v2/models/{name}/versions/{version}/infer", version)
             targets = [pinned, (f"/v2/models/{name}/infer", None)] if version == default \
                 else [pinned]
+            if isinstance(entry.worker, SeriesWorker):
+                for path, which in targets:
+                    doc["paths"][path] = {"post": docs.series_infer_operation(
+                        name, which, entry.task or "", outputs, entry.worker.features,
+                        errors)}
+                continue
+            text = _text_schema(entry, s.max_chars)
             for path, which in targets:
                 doc["paths"][path] = {"post": docs.infer_operation(
                     name, which, entry.task or "", outputs, s.max_texts, text, errors)}
 
 
-V1_VERBS = {"classifier": "classify", "translator": "translate", "tagger": "tag"}
+V1_VERBS = {"classifier": "classify", "translator": "translate", "tagger": "tag",
+            "sequence-classifier": "predict", "sequence-tagger": "predict"}
 
 
 def _text_schema(entry: Any, max_chars: int) -> dict[str, Any]:
@@ -140,8 +151,8 @@ def _v1_operations(doc: dict[str, Any], state: AppState) -> None:
     version), whose body schema carries that model's text rule."""
     paths, schemas = doc["paths"], doc["components"]["schemas"]
     generic = {verb: paths.pop(f"/v1/models/{{name}}/{verb}", None) for verb in
-               V1_VERBS.values()}
-    for verb in V1_VERBS.values():
+               set(V1_VERBS.values())}
+    for verb in set(V1_VERBS.values()):
         paths.pop(f"/v1/models/{{name}}/versions/{{version}}/{verb}", None)
     repo = state.repository
     for name in sorted(repo.entries):
@@ -150,8 +161,11 @@ def _v1_operations(doc: dict[str, Any], state: AppState) -> None:
             template = generic.get(V1_VERBS.get(entry.task or "", ""))
             if entry.state != "ready" or entry.worker is None or template is None:
                 continue
-            op = _model_operation(template["post"], schemas, name, version,
-                                  _text_schema(entry, state.settings.max_chars))
+            if isinstance(entry.worker, SeriesWorker):
+                op = _series_operation(template["post"], schemas, name, version, entry.worker)
+            else:
+                op = _model_operation(template["post"], schemas, name, version,
+                                      _text_schema(entry, state.settings.max_chars))
             verb = V1_VERBS[entry.task or ""]
             paths[f"/v1/models/{name}/versions/{version}/{verb}"] = {"post": op}
             if version == default:
@@ -167,6 +181,23 @@ def _model_operation(template: dict[str, Any], schemas: dict[str, Any], name: st
     ref = content["schema"].get("$ref", "")
     body = copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]]) if ref else content["schema"]
     body["properties"]["texts"]["items"] = text
+    content["schema"] = body
+    return op
+
+
+def _series_operation(template: dict[str, Any], schemas: dict[str, Any], name: str,
+                      version: int, worker: SeriesWorker) -> dict[str, Any]:
+    """A feature-sequence model's predict operation: its steps exactly `features` wide, its
+    series at most its step limit long."""
+    op = copy.deepcopy(template)
+    op.pop("parameters", None)
+    op["operationId"] = f"{op.get('operationId', 'post')}_{name}_v{version}"
+    content = op["requestBody"]["content"]["application/json"]
+    ref = content["schema"].get("$ref", "")
+    body = copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]]) if ref else content["schema"]
+    series = body["properties"]["series"]["items"]
+    series["maxItems"] = worker.ctx.limits.max_steps
+    series["items"]["minItems"] = series["items"]["maxItems"] = worker.features
     content["schema"] = body
     return op
 

@@ -28,6 +28,7 @@ from seqserve.service.engine.client import (
     RemoteDecodeModel,
     RemoteLMModel,
     RemoteRowModel,
+    RemoteSeriesModel,
 )
 from seqserve.service.engine.loading import RuntimeFactory, build_served
 from seqserve.service.engine.protocol import ModelState
@@ -37,6 +38,7 @@ from seqserve.service.web.settings import Settings
 from seqserve.service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.lm import LMWorker
+from seqserve.service.workers.series import SERIES_WORKERS, SeriesContext, SeriesLimits
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
 
@@ -44,7 +46,7 @@ log = logging.getLogger("seqserve.repository")
 
 W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker, LMWorker)
 
-Model = ServedModel | RemoteRowModel | RemoteDecodeModel | RemoteLMModel
+Model = ServedModel | RemoteRowModel | RemoteDecodeModel | RemoteLMModel | RemoteSeriesModel
 """A model in this process, or one in the engine process."""
 
 
@@ -137,6 +139,8 @@ class ModelRepository:
                                              self.runtime_factory)
         entry.model = model
         entry.scheduling = dataclasses.asdict(model.config)
+        if not entry.manifest.has_tokenizer:
+            return self._series_worker(entry, entry.manifest, model, model.config.max_tokens)
         context = self._context(entry, entry.manifest, model, model.config.max_tokens)
         if isinstance(model, LMModel):
             return LMWorker(context, self.settings.max_new_tokens)
@@ -152,6 +156,9 @@ class ModelRepository:
         assert self.engine is not None
         entry.manifest = manifest = Manifest.from_dict(state.manifest)
         entry.scheduling = state.scheduling
+        if not manifest.has_tokenizer:
+            entry.model = series = RemoteSeriesModel(self.engine, state)
+            return self._series_worker(entry, manifest, series, state.max_tokens)
         model: RemoteDecodeModel | RemoteRowModel | RemoteLMModel
         if manifest.task == "lm":
             model = RemoteLMModel(self.engine, state)
@@ -166,6 +173,13 @@ class ModelRepository:
         if isinstance(model, RemoteDecodeModel):
             return TranslatorWorker(context)
         return ROW_WORKERS[manifest.task](context)
+
+    def _series_worker(self, entry: ModelEntry, manifest: Manifest, model: Any,
+                       max_steps: int) -> ModelWorker:
+        """A feature-sequence model's worker: no tokenizer, series limits."""
+        limits = SeriesLimits(self.settings.max_texts, max_steps)
+        return SERIES_WORKERS[manifest.task](SeriesContext(entry.name, entry.version, manifest,
+                                                           limits, model))
 
     def _context(self, entry: ModelEntry, manifest: Manifest, model: Any,
                  max_tokens: int) -> WorkerContext[Any]:

@@ -204,7 +204,11 @@ class ModelWorker(Protocol):
     """A served model version: its task's methods plus a description."""
 
     task: ClassVar[str]
-    ctx: WorkerContext[Any]
+
+    @property
+    def ctx(self) -> Any:
+        """Its context: a `WorkerContext` (text tasks) or a `workers.series.SeriesContext`."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """Task-specific facts for GET /v1/models/{name} (labels, limits, runtime)."""

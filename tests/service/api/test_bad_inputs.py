@@ -1,12 +1,13 @@
 """One table of bad inputs, sent to every POST route (v1 and OIP v2, default and pinned version,
 classifier, translator and tagger; a language model's generate and score, and the OIP generate
-extension's generate and generate_stream) of a real server over one keep-alive connection per
-route.
+extension's generate and generate_stream; a feature-sequence model's predict and OIP infer) of a
+real server over one keep-alive connection per route.
 
 For every case and route: a 4xx with a JSON `{"error": ...}` body, no 5xx, no reset and no
 hang (the next, good request on the same connection gets its 200), and the server stays
 ready. A case is written once: texts and options become a v1 body or an OIP body by the
-route's protocol; raw bodies are sent as they are.
+route's protocol, series become a predict body or an OIP `features` tensor (and a bad body for
+every text route); raw bodies are sent as they are.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from seqserve.service.web.settings import Settings
 
 LIMITS = {"max_texts": 4, "max_chars": 500, "max_tokens": 64, "max_body_bytes": 200_000}
 MODELS = {"classifier": "tiny-clf", "translator": "tiny-mt", "tagger": "tiny-tag",
-          "lm": "tiny-lm"}
+          "lm": "tiny-lm", "series": "tiny-series"}
 V1_VERB = {"classifier": "classify", "translator": "translate", "tagger": "tag"}
 LM_VERBS = ("generate", "score")
 """A language model's v1 POST routes; its texts go out as `prompts` (generate) or `texts`."""
 OIP_LM_VERBS = ("v2generate", "v2generate_stream")
 """The OIP generate extension: one text as `text_input`, options as `parameters`."""
-ROUTES = [(task, protocol, pinned) for task in MODELS if task != "lm"
+ROUTES = [(task, protocol, pinned) for task in MODELS if task not in ("lm", "series")
           for protocol in ("v1", "v2") for pinned in (False, True)]
+ROUTES += [("series", protocol, pinned) for protocol in ("predict", "v2")
+           for pinned in (False, True)]
 ROUTES += [("lm", verb, pinned) for verb in LM_VERBS + OIP_LM_VERBS
            for pinned in (False, True)]
 
@@ -51,12 +54,23 @@ class Bad:
     headers: dict[str, str] = field(default_factory=dict)
     valid_for: tuple[str, ...] = ()
     """Protocols for which this input is in fact valid (skipped there)."""
+    series: Any = None
+    """A feature-sequence input (steps of 3 values): a predict body, an OIP `features`
+    tensor (shape from its nesting) to an infer route, a bad body to every text route."""
 
-    def body(self, protocol: str) -> bytes:
+    def body(self, protocol: str, task: str = "") -> bytes:
         if self.raw is not None:
             return self.raw
         if self.oip is not None:
             return json.dumps(self.oip).encode()
+        if self.series is not None:
+            if protocol == "v2":
+                return json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
+                                               "shape": _shape(self.series),
+                                               "data": self.series}]}).encode()
+            return json.dumps({"series": self.series}).encode()
+        if protocol == "predict":
+            return json.dumps({"texts": self.texts, **self.options}).encode()
         if protocol == "generate":
             return json.dumps({"prompts": self.texts, **self.options}).encode()
         if protocol in OIP_LM_VERBS:  # one text; several (or none) stay a list: refused
@@ -83,6 +97,16 @@ def oip(data: Any, shape: list[int] | None = None, datatype: str = "BYTES",
     return {"inputs": [inp], **extra}
 
 
+def _shape(data: Any) -> list[int]:
+    """The shape a nested list claims by its first elements (ragged data: still a shape)."""
+    shape = []
+    while isinstance(data, list):
+        shape.append(len(data))
+        data = data[0] if data else None
+    return shape
+
+
+STEP = [10.0, -2.0, 0.5]
 DEEP = 50_000
 CASES = [
     # -- texts: encodings and characters
@@ -170,9 +194,44 @@ CASES = [
     Bad("oip binary_data_size null",
         oip={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["one"],
                          "parameters": {"binary_data_size": None}}]}),
+    # -- feature series (steps of 3 values): values, widths, shapes, sizes
+    Bad("series value NaN", series=[[STEP, [float("nan"), 0.0, 1.0]]]),  # a JSON NaN literal
+    Bad("series value infinite", series=[[[float("inf"), 0.0, 1.0]]]),
+    Bad("series value beyond float32", raw=b'{"series": [[[1e39, 0, 1]]]}'),
+    Bad("series value 1e400", raw=b'{"series": [[[1e400, 0, 1]]]}'),
+    Bad("series value a string", series=[[["1", 0.0, 1.0]]]),
+    Bad("series value null", series=[[[None, 0.0, 1.0]]]),
+    Bad("series value a bool", series=[[[True, 0.0, 1.0]]]),
+    Bad("series steps too narrow", series=[[[1.0, 2.0]]]),
+    Bad("series steps too wide", series=[[STEP + [1.0]]]),
+    Bad("series bare numbers for steps", series=[[1.0, 2.0, 3.0]]),
+    Bad("series ragged steps", series=[[STEP, [1.0, 2.0], STEP]]),
+    Bad("series ragged series", series=[[STEP, STEP], [STEP]],
+        valid_for=("predict",)),  # series of different lengths: a ragged OIP tensor
+    Bad("series empty", series=[[]]),
+    Bad("series no series", series=[]),
+    Bad("series over-long", series=[[STEP] * 17]),
+    Bad("series too many", series=[[STEP]] * 5),
+    Bad("series not a list", raw=b'{"series": 5}'),
+    Bad("oip features FP64", oip=oip([1.0, 2.0, 3.0], shape=[1, 1, 3], datatype="FP64",
+                                     name="features")),
+    Bad("oip features flat shape", oip=oip([1.0, 2.0, 3.0], shape=[3], datatype="FP32",
+                                           name="features")),
+    Bad("oip lengths beyond the steps",
+        oip={"inputs": [oip(STEP, shape=[1, 1, 3], datatype="FP32", name="features")[
+            "inputs"][0], oip([2], shape=[1], datatype="INT64", name="lengths")["inputs"][0]]}),
+    Bad("oip lengths zero",
+        oip={"inputs": [oip(STEP, shape=[1, 1, 3], datatype="FP32", name="features")[
+            "inputs"][0], oip([0], shape=[1], datatype="INT64", name="lengths")["inputs"][0]]}),
+    Bad("oip lengths count",
+        oip={"inputs": [oip(STEP, shape=[1, 1, 3], datatype="FP32", name="features")[
+            "inputs"][0], oip([1, 1], shape=[2], datatype="INT64", name="lengths")["inputs"][0]]}),
 ]
 GOOD = {"v1": json.dumps({"texts": ["one two"], "beam_size": 1}).encode(),
         "v2": json.dumps(oip(["one two"], parameters={"beam_size": 1})).encode()}
+GOOD_SERIES = {"predict": json.dumps({"series": [[STEP, STEP]]}).encode(),
+               "v2": json.dumps(oip([[STEP, STEP]], shape=[1, 2, 3], datatype="FP32",
+                                    name="features")).encode()}
 GOOD_NO_OPTIONS = {"v1": json.dumps({"texts": ["one two"]}).encode(),
                    "v2": json.dumps(oip(["one two"])).encode(),
                    "generate": json.dumps({"prompts": ["one two"], "max_new_tokens": 2}).encode(),
@@ -188,25 +247,28 @@ def test_the_table_is_big_enough() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_full_repo: Path, tiny_lm_repo: Path, tmp_path_factory: pytest.TempPathFactory
-           ) -> Iterator[str]:
+def server(tiny_full_repo: Path, tiny_lm_repo: Path, tiny_series_repo: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     import shutil
 
     repo = tmp_path_factory.mktemp("bad-inputs") / "repo"
     shutil.copytree(tiny_full_repo, repo)
     shutil.copytree(tiny_lm_repo / "tiny-lm", repo / "tiny-lm")
+    shutil.copytree(tiny_series_repo / "tiny-series", repo / "tiny-series")
     settings = Settings(repo=repo, intra_op_threads=1, warmup=False, **LIMITS)
     with serve_in_thread(create_app(settings)) as url:
         yield url
 
 
 def route(task: str, protocol: str, pinned: bool) -> str:
-    prefix = "v1" if protocol in LM_VERBS else protocol[:2]
+    prefix = "v1" if protocol in (*LM_VERBS, "predict") else protocol[:2]
     base = f"/{prefix}/models/{MODELS[task]}" + ("/versions/1" if pinned else "")
     if protocol in LM_VERBS:
         return f"{base}/{protocol}"
     if protocol in OIP_LM_VERBS:
         return f"{base}/{protocol[2:]}"
+    if protocol == "predict":
+        return f"{base}/predict"
     return f"{base}/{V1_VERB[task]}" if protocol == "v1" else f"{base}/infer"
 
 
@@ -215,14 +277,15 @@ def route(task: str, protocol: str, pinned: bool) -> str:
 def test_every_bad_input_is_a_4xx_and_the_connection_stays_usable(
         server: str, task: str, protocol: str, pinned: bool) -> None:
     path = route(task, protocol, pinned)
-    good = (GOOD if task == "translator" else GOOD_NO_OPTIONS)[protocol]
+    good = (GOOD if task == "translator" else GOOD_SERIES if task == "series"
+            else GOOD_NO_OPTIONS)[protocol]
     conn = RawConnection(server, timeout=30)
     try:
         for case in CASES:
             if protocol in case.valid_for:
                 continue
             headers = {"content-type": "application/json", **case.headers}
-            status, head, body = conn.request("POST", path, case.body(protocol), headers)
+            status, head, body = conn.request("POST", path, case.body(protocol, task), headers)
             assert 400 <= status < 500, (case.name, path, status, body[:300])
             error = json.loads(body)["error"]
             assert isinstance(error, str) and error, (case.name, path)
@@ -247,10 +310,11 @@ def test_unknown_model_version_or_task_is_404(server: str, task: str, protocol: 
              path.replace(f"models/{MODELS[task]}", f"models/{MODELS[task]}/versions/x")]
     if protocol != "v2":  # a model of another task behind this task's verb
         wrong.append(path.replace(MODELS[task], other))
+    good = (GOOD_SERIES if task == "series" else GOOD_NO_OPTIONS)[protocol]
     conn = RawConnection(server, timeout=30)
     try:
         for p in wrong:
-            status, _, body = conn.request("POST", p, GOOD_NO_OPTIONS[protocol],
+            status, _, body = conn.request("POST", p, good,
                                            {"content-type": "application/json"})
             assert status == 404 and json.loads(body)["error"], (p, status, body)
     finally:

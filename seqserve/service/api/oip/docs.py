@@ -111,3 +111,65 @@ def infer_operation(name: str, version: int | None, task: str, outputs: list[str
             **errors,
         },
     }
+
+
+def series_infer_operation(name: str, version: int | None, task: str, outputs: list[str],
+                           features: int, errors: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI operation of POST /v2/models/NAME[/versions/V]/infer for a feature-sequence
+    model: `features` FP32 [n, steps, features] and optionally `lengths` INT64 [n]."""
+    which = f"version {version}" if version is not None else "the default version"
+    slug = "".join(c if c.isalnum() else "_" for c in name)
+    number = {"type": "number"}
+    feats = {
+        "type": "object", "additionalProperties": False, "required": ["name", "datatype",
+                                                                     "shape"],
+        "properties": {
+            "name": {"const": "features"}, "datatype": {"const": "FP32"},
+            "shape": {"type": "array", "minItems": 3, "maxItems": 3,
+                      "prefixItems": [{"type": "integer", "minimum": 1},
+                                      {"type": "integer", "minimum": 1},
+                                      {"const": features}],
+                      "description": f"[n, steps, {features}]: n series right-padded to "
+                      "steps; data holds n x steps x features finite numbers, flat or nested."},
+            "data": {"type": "array", "items": {"anyOf": [number, {"type": "array"}]}},
+            "parameters": _nullable({"type": "object"}),
+        },
+    }
+    lengths = {
+        "type": "object", "additionalProperties": False,
+        "required": ["name", "datatype", "shape"],
+        "properties": {
+            "name": {"const": "lengths"}, "datatype": {"enum": ["INT64", "INT32"]},
+            "shape": {"type": "array", "minItems": 1, "maxItems": 1,
+                      "items": {"type": "integer"}, "description": "[n]"},
+            "data": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+            "parameters": _nullable({"type": "object"}),
+        },
+    }
+    output = {"type": "object", "additionalProperties": False, "required": ["name"],
+              "properties": {"name": {"enum": outputs}, "parameters": _nullable({
+                  "type": "object", "additionalProperties": False,
+                  "properties": {"binary_data": _nullable({"type": "boolean"})}})}}
+    body = {"type": "object", "additionalProperties": False, "required": ["inputs"],
+            "properties": {"id": _nullable({"type": "string"}),
+                           "parameters": parameters_schema(task),
+                           "inputs": {"type": "array", "minItems": 1, "maxItems": 2,
+                                      "items": {"anyOf": [feats, lengths]}},
+                           "outputs": _nullable({"type": "array", "items": output})}}
+    return {
+        "tags": ["v2"],
+        "summary": f"Infer: {name} ({task}, {which})",
+        "description": f"OIP inference with {which} of {name}: `features` FP32 [n, steps, "
+        f"{features}] (raw values; the server normalises) and `lengths` INT64 [n] (each 1 to "
+        "steps; without it every series is steps long) -> `outputs` FP32 [n, k] (sequence "
+        "classifier) or [n, steps, k] (sequence tagger, zeros past each length). " + BINARY,
+        "operationId": f"v2_infer_{slug}" + (f"_v{version}" if version is not None else ""),
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {
+            "200": {"description": "The outputs.", "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/V2InferResponse"}},
+                "application/octet-stream": {"schema": {"type": "string",
+                                                        "format": "binary"}}}},
+            **errors,
+        },
+    }

@@ -3,12 +3,17 @@
 Every task takes one input `text` (BYTES [n]). Outputs: classifier `label` BYTES [n] and
 `probabilities` FP32 [n, C]; tagger `tags` BYTES [n] (each the JSON string of that text's
 token list, the v1 `tokens`); translator `translation` BYTES [n] and `score` FP32 [n], with
-the v1 search options as request `parameters`.
+the v1 search options as request `parameters`. Feature-sequence models take `features` FP32
+[n, T, dim] (right-padded) and an optional `lengths` INT64 [n] (default: every row T steps)
+and answer `outputs` FP32 [n, k] or [n, T, k] (zeros past each row's length) and, with labels,
+`probabilities` alike (and a sequence classifier's `label` BYTES [n]).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from seqserve.service.api.oip.codec import V2Tensor, input_texts
 from seqserve.service.api.translate import TranslateOptions
@@ -16,6 +21,7 @@ from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.workers.base import ModelWorker, RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
+from seqserve.service.workers.series import SeriesWorker
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
 
@@ -25,6 +31,16 @@ TEXT_INPUT = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
 
 def signature(worker: ModelWorker) -> Signature:
     """OIP metadata `inputs` and `outputs` ([{name, datatype, shape}]) of a worker's task."""
+    if isinstance(worker, SeriesWorker):
+        k = worker.outputs
+        shape = [-1, -1, k] if worker.per_step else [-1, k]
+        outs = [{"name": "outputs", "datatype": "FP32", "shape": shape}]
+        if worker.labels:
+            outs.append({"name": "probabilities", "datatype": "FP32", "shape": shape})
+            if not worker.per_step:
+                outs.append({"name": "label", "datatype": "BYTES", "shape": [-1]})
+        return [{"name": "features", "datatype": "FP32", "shape": [-1, -1, worker.features]},
+                {"name": "lengths", "datatype": "INT64", "shape": [-1]}], outs
     if isinstance(worker, ClassifierWorker):
         return TEXT_INPUT, [
             {"name": "label", "datatype": "BYTES", "shape": [-1]},
@@ -44,6 +60,10 @@ def output_names(worker: ModelWorker) -> list[str]:
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
                 call: RequestContext) -> list[V2Tensor]:
     """Run the worker's task on the decoded inputs; BadRequest for what does not fit it."""
+    if isinstance(worker, SeriesWorker):
+        if parameters:
+            raise BadRequest(f"unknown parameters {sorted(parameters)}: this model takes none")
+        return await _infer_series(worker, inputs, call)
     texts = input_texts(inputs)
     if isinstance(worker, TranslatorWorker):
         options = TranslateOptions.from_parameters(parameters).search_options()
@@ -65,3 +85,54 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
         data = [encode_json(r["tokens"]).decode() for r in tagged]
         return [V2Tensor("tags", "BYTES", [len(data)], data)]
     raise BadRequest(f"no OIP inference for task {worker.task!r}")
+
+
+def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """`features` FP32 [n, T, dim] and optional `lengths` INT64 [n] (each 1..T) as arrays."""
+    extra = sorted(set(inputs) - {"features", "lengths"})
+    if "features" not in inputs or extra:
+        raise BadRequest(f"expected inputs 'features' (FP32 [n, steps, {worker.features}]) and "
+                         f"optionally 'lengths' (INT64 [n]), got {sorted(inputs)}")
+    feats = inputs["features"]
+    if feats.datatype != "FP32":
+        raise BadRequest(f"input 'features' must be FP32, got {feats.datatype}")
+    if len(feats.shape) != 3 or feats.shape[2] != worker.features:
+        raise BadRequest(f"input 'features' must have shape [n, steps, {worker.features}], got "
+                         f"{feats.shape}")
+    n, steps, _ = feats.shape
+    if n < 1 or steps < 1:
+        raise BadRequest(f"input 'features' has shape {feats.shape}: at least one series of "
+                         "one step")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in feats.data):
+        raise BadRequest("input 'features' holds a value that is not a number")
+    x = np.asarray(feats.data, dtype=np.float64).reshape(feats.shape)
+    given = inputs.get("lengths")
+    if given is None:
+        return x, np.full(n, steps, np.int64)
+    if given.datatype not in ("INT64", "INT32") or given.shape != [n]:
+        raise BadRequest(f"input 'lengths' must be INT64 with shape [{n}] (one per series), got "
+                         f"{given.datatype} {given.shape}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in given.data):
+        raise BadRequest("input 'lengths' must hold integers")
+    lengths = np.asarray(given.data, np.int64)
+    bad = np.flatnonzero((lengths < 1) | (lengths > steps))
+    if bad.size:
+        i = int(bad[0])
+        raise BadRequest(f"lengths[{i}] is {int(lengths[i])}: each length is 1 to the padded "
+                         f"steps ({steps})")
+    return x, lengths
+
+
+async def _infer_series(worker: SeriesWorker, inputs: dict[str, V2Tensor],
+                        call: RequestContext) -> list[V2Tensor]:
+    x, lengths = series_inputs(worker, inputs)
+    y, probs = await worker.infer(x, lengths, call)
+    out = [V2Tensor("outputs", "FP32", list(y.shape), y.reshape(-1).tolist())]
+    if probs is not None:
+        out.append(V2Tensor("probabilities", "FP32", list(probs.shape),
+                            probs.reshape(-1).tolist()))
+        if not worker.per_step:
+            out.append(V2Tensor("label", "BYTES", [len(probs)],
+                                [worker.labels[int(j)] for j in probs.argmax(axis=1)]))
+    return out

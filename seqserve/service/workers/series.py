@@ -1,0 +1,187 @@
+"""Feature-sequence workers: float series in (one feature vector per step), outputs per series
+(`sequence-classifier`) or per step (`sequence-tagger`) out.
+
+Every protocol goes through `SeriesWorker.check`, the one input contract of these tasks: the
+number of series (1 to the server's `max_texts`), each series' steps (1 to the model's step
+limit: the server's `max_tokens` capped by the bundle's `max_steps`), every step exactly
+`features` numbers wide, every number finite in float32 (NaN, infinities and values beyond
+float32's range are 400s). The engine normalises, pads, runs and de-normalises
+(`scheduling.models.series_rows`); a bundle with labels also answers each output's label and
+probabilities (softmax over the k outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from seqserve.export.manifest import Manifest
+from seqserve.service.core.errors import BadRequest
+from seqserve.service.scheduling.base import Timed
+from seqserve.service.scheduling.models import SeriesModel
+from seqserve.service.workers.base import RequestContext
+
+F32_MAX = float(np.finfo(np.float32).max)
+"""The largest finite float32: a value beyond it has no float32 (a 400)."""
+
+
+@dataclass(frozen=True)
+class SeriesLimits:
+    """The input limits of one feature-sequence model."""
+
+    max_series: int
+    """Most series in one request (the server's `max_texts`)."""
+    max_steps: int
+    """Most steps in one series (the server's `max_tokens`, capped by the bundle)."""
+
+
+@dataclass
+class SeriesContext:
+    """Everything a feature-sequence worker is built from."""
+
+    name: str
+    version: int
+    manifest: Manifest
+    limits: SeriesLimits
+    model: SeriesModel
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z.astype(np.float64) - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class SeriesWorker:
+    """Serves one feature-sequence bundle version (see module doc)."""
+
+    task: ClassVar[str] = ""
+    per_step: ClassVar[bool] = False
+
+    def __init__(self, ctx: SeriesContext) -> None:
+        self.ctx = ctx
+        m = ctx.manifest
+        self.features = int(m.features or 0)
+        self.outputs = int(m.outputs or 0)
+        self.labels = list(m.labels)
+
+    def check(self, series: Sequence[Any]) -> list[np.ndarray]:
+        """The one input contract (module doc): series -> float32 (T_i, D) arrays, or
+        BadRequest naming the series, the step and the limit."""
+        limits = self.ctx.limits
+        if not isinstance(series, list | tuple) or not series:
+            raise BadRequest("no series: send at least one")
+        if len(series) > limits.max_series:
+            raise BadRequest(f"too many series: {len(series)} > max_texts {limits.max_series}")
+        return [self._one(s, i) for i, s in enumerate(series)]
+
+    def _one(self, steps: Any, i: int) -> np.ndarray:
+        limits = self.ctx.limits
+        if isinstance(steps, np.ndarray):
+            array = steps
+        else:
+            if not isinstance(steps, list | tuple) or not steps:
+                raise BadRequest(f"series[{i}] is empty: send at least one step")
+            if len(steps) > limits.max_steps:
+                raise BadRequest(f"series[{i}] has {len(steps)} steps > the model's limit "
+                                 f"{limits.max_steps}")
+            for j, step in enumerate(steps):
+                if not isinstance(step, list | tuple) or len(step) != self.features:
+                    width = len(step) if isinstance(step, list | tuple) else "not a list"
+                    raise BadRequest(f"series[{i}][{j}] has {width} values; this model takes "
+                                     f"{self.features} per step (a one-feature step is [x])")
+            try:
+                array = np.asarray(steps, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise BadRequest(f"series[{i}] holds a value that is not a number") from exc
+        if array.ndim != 2 or array.shape[1] != self.features or array.shape[0] < 1:
+            raise BadRequest(f"series[{i}] has shape {list(array.shape)}; this model takes "
+                             f"[steps, {self.features}]")
+        if array.shape[0] > limits.max_steps:
+            raise BadRequest(f"series[{i}] has {array.shape[0]} steps > the model's limit "
+                             f"{limits.max_steps}")
+        finite = np.isfinite(array) & (np.abs(array) <= F32_MAX)
+        if not finite.all():
+            j, k = (int(v) for v in np.argwhere(~finite)[0])
+            raise BadRequest(f"series[{i}][{j}][{k}] is {array[j, k]!r}: every value must be a "
+                             "finite number within float32's range (no NaN or infinity)")
+        return array.astype(np.float32)
+
+    async def run(self, series: list[np.ndarray], call: RequestContext) -> list[np.ndarray]:
+        """Each series' outputs: (k,) or (T_i, k), de-normalised."""
+        futures = self.ctx.model.submit(series, call.deadline)
+        done: list[Timed[tuple[np.ndarray, ...]]] = await call.wait(futures)
+        return [d.value[0] for d in done]
+
+    async def predict(self, series: Sequence[Any], call: RequestContext
+                      ) -> list[dict[str, Any]]:
+        """One result per series: its outputs (and label and probabilities with labels)."""
+        arrays = self.check(series)
+        outs = await self.run(arrays, call)
+        return [self._result(a, y) for a, y in zip(arrays, outs, strict=True)]
+
+    def _result(self, series: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {"outputs": y.tolist(), "steps": int(series.shape[0])}
+        if self.labels:
+            probs = _softmax(y)
+            best = probs.argmax(axis=-1)
+            out["probabilities"] = probs.tolist()
+            out["label"] = ([self.labels[int(j)] for j in best] if self.per_step
+                            else self.labels[int(best)])
+        return out
+
+    async def infer(self, features: np.ndarray, lengths: np.ndarray, call: RequestContext
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The OIP face: a padded (n, T, D) batch and its lengths -> outputs (n, k) or
+        (n, T, k) (zeros past each row's length) and, with labels, probabilities alike."""
+        arrays = self.check([features[i, : int(n)] for i, n in enumerate(lengths.tolist())])
+        outs = await self.run(arrays, call)
+        n, steps = features.shape[0], features.shape[1]
+        shape = (n, steps, self.outputs) if self.per_step else (n, self.outputs)
+        y = np.zeros(shape, np.float32)
+        probs = np.zeros(shape, np.float32) if self.labels else None
+        for i, row in enumerate(outs):
+            if self.per_step:
+                y[i, : row.shape[0]] = row
+                if probs is not None:
+                    probs[i, : row.shape[0]] = _softmax(row)
+            else:
+                y[i] = row
+                if probs is not None:
+                    probs[i] = _softmax(row)
+        return y, probs
+
+    def describe(self) -> dict[str, Any]:
+        m, model = self.ctx.manifest, self.ctx.model.describe()
+        limits = {"max_series": self.ctx.limits.max_series,
+                  "max_steps": self.ctx.limits.max_steps, **model.pop("limits", {}),
+                  "bundle": dict(m.limits)}
+        out: dict[str, Any] = {"features": self.features, "outputs": self.outputs,
+                               "labels": self.labels, "normalized": m.normalization is not None,
+                               "output_scale": m.output_scale is not None,
+                               "stateful": m.state_dim is not None, "limits": limits, **model,
+                               "metrics": dict(m.source_run.get("test_metrics") or {}),
+                               "created": m.created}
+        return out
+
+
+class SequenceClassifierWorker(SeriesWorker):
+    """Many-to-one: one result of k outputs per series."""
+
+    task: ClassVar[str] = "sequence-classifier"
+    per_step: ClassVar[bool] = False
+
+
+class SequenceTaggerWorker(SeriesWorker):
+    """Many-to-many (synced): one result of k outputs per step."""
+
+    task: ClassVar[str] = "sequence-tagger"
+    per_step: ClassVar[bool] = True
+
+
+SERIES_WORKERS: dict[str, type[SeriesWorker]] = {
+    "sequence-classifier": SequenceClassifierWorker,
+    "sequence-tagger": SequenceTaggerWorker,
+}

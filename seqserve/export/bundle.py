@@ -9,12 +9,14 @@ version is never overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -76,15 +78,7 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
         raise UserError(f"{run}: the run is not finished (no DONE file); train it to the end")
     started = time.perf_counter()
     model, config, tokenizer = load_run(run)
-    model_dir = Path(repo) / name
-    version = version or next_version(repo, name)
-    target = model_dir / str(version)
-    if target.exists():
-        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
-                        "--version or leave it out for the next free one")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
-    try:
+    with staged_version(repo, name, version) as (version, target, tmp):
         _say(progress, f"exporting {run} -> {target}")
         shutil.copyfile(run / "tokenizer.model", tmp / "tokenizer.model")
         task = str(config["task"])
@@ -95,10 +89,6 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
                              opset if "onnx" in formats else None, tmp)
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify=True)
-        _publish(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if progress:
         print(format_summary(target, manifest, time.perf_counter() - started))
     return target
@@ -195,6 +185,29 @@ def _libraries() -> dict[str, str]:
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
+
+
+@contextlib.contextmanager
+def staged_version(repo: str | os.PathLike[str], name: str,
+                   version: int | None) -> Iterator[tuple[int, Path, Path]]:
+    """(version, target, tmp): the version to write (the next free one when None), its
+    folder and a fresh temporary folder beside it to write into. When the block ends the
+    temporary folder is renamed to the version atomically; when it raises it is removed.
+    A version that exists is refused: versions are never overwritten."""
+    model_dir = Path(repo) / name
+    version = version or next_version(repo, name)
+    target = model_dir / str(version)
+    if target.exists():
+        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
+                        "--version or leave it out for the next free one")
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
+    try:
+        yield version, target, tmp
+        _publish(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _publish(tmp: Path, target: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,7 +26,6 @@ from seqserve.export.manifest import (
     TokenizerSpec,
     hash_files,
     load_bundle,
-    next_version,
     write_manifest,
 )
 from seqserve.export.parity import ParityGrid, check_parity
@@ -74,7 +72,7 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                 attention: bool | None = None) -> Path:
     """Write `repo/name/version` from packed graphs and return its path (see module doc).
     `attention` False: a translator whose step has no attention (its graph returns zeros)."""
-    from seqserve.export.bundle import _check_args, _libraries, _publish
+    from seqserve.export.bundle import _check_args, _libraries, staged_version
 
     _check_args(name, version, ["onnx"])
     missing = [g for g in GRAPHS_BY_TASK[task] if g not in graphs]
@@ -86,16 +84,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                         "one label per line)")
     if len(set(labels)) != len(labels):
         raise UserError(f"labels {labels} repeat a label")
-    model_dir = Path(repo) / name
-    version = version or next_version(repo, name)
-    target = model_dir / str(version)
-    if target.exists():
-        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
-                        "--version or leave it out for the next free one")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
-    started = time.perf_counter()
-    try:
+    with staged_version(repo, name, version) as (version, target, tmp):
+        started = time.perf_counter()
         tok = _tokenizer(tmp, Path(tokenizer), "tokenizer", specials)
         target_tok = (None if target_tokenizer is None else
                       _tokenizer(tmp, Path(target_tokenizer), "target_tokenizer",
@@ -137,10 +127,6 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify=True, require_checksum=True)
-        _publish(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if progress:
         from seqserve.export.summary import format_summary
 
@@ -197,7 +183,7 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
                        grid: dict[str, Any] | None = None) -> Path:
     """Write and verify `repo/name/version` of a feature-sequence task (sequence-classifier,
     sequence-tagger) from its one packed graph (see module doc); returns its path."""
-    from seqserve.export.bundle import _check_args, _libraries, _publish
+    from seqserve.export.bundle import _check_args, _libraries, staged_version
     from seqserve.export.manifest import GRAPHS_BY_TASK
     from seqserve.export.verify import check_graph_files, series_grid
 
@@ -216,17 +202,9 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
     norm = parse_stats(normalization, "normalization", features)
     scale = parse_stats(output_scale, "output_scale", outputs)
     graph_name = GRAPHS_BY_TASK[task][0]
-    model_dir = Path(repo) / name
-    version = version or next_version(repo, name)
-    target = model_dir / str(version)
-    if target.exists():
-        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
-                        "--version or leave it out for the next free one")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
-    started = time.perf_counter()
-    graphs = {graph_name: graph}
-    try:
+    with staged_version(repo, name, version) as (version, target, tmp):
+        started = time.perf_counter()
+        graphs = {graph_name: graph}
         specs = _write_graphs(tmp, graphs)
         if opset is None and graph.onnx is not None:
             opset = max(o.version for o in graph.onnx.opset_import
@@ -261,10 +239,6 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
         manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
         write_manifest(tmp, manifest)
         load_bundle(tmp, verify=True, require_checksum=True)
-        _publish(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     if progress:
         from seqserve.export.summary import format_summary
 

@@ -99,7 +99,7 @@ class AccessLogMiddleware:
             if not status["code"]:  # nothing answered it (a bug outside the routes' handlers)
                 await _send_bug(send_with_id, scope, exc)
             raise
-        if self.enabled:
+        if self.enabled and log.isEnabledFor(logging.INFO):  # no fields built for nothing
             self._log(scope, rid, status["code"], start, None)
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,

@@ -114,12 +114,17 @@ def app_state(request: Request) -> AppState:
 
 
 async def _watch_disconnect(receive: Receive, call: RequestContext) -> None:
-    """Set `call.disconnected` when the server reports the client gone (the body was read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            call.disconnected.set()
-            return
+    """Set `call.disconnected` when the server reports the client gone (the body was read);
+    ends only then (it is the context's `gone`): a receive that fails says nothing about the
+    client, so the watcher then waits until it is cancelled."""
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                call.disconnected.set()
+                return
+    except Exception:
+        await asyncio.get_running_loop().create_future()
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:

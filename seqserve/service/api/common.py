@@ -114,12 +114,23 @@ def app_state(request: Request) -> AppState:
 
 
 async def _watch_disconnect(receive: Receive, call: RequestContext) -> None:
-    """Set `call.disconnected` when the server reports the client gone (the body was read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            call.disconnected.set()
-            return
+    """Set `call.disconnected` when the server reports the client gone (the body was read);
+    ends only then (it is the context's `gone`): a receive that fails says nothing about the
+    client, so the watcher then waits until it is cancelled."""
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                call.disconnected.set()
+                return
+    except Exception:
+        await asyncio.get_running_loop().create_future()
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """Retrieve a finished watcher's exception (a receive that failed: nothing to report)."""
+    if not task.cancelled():
+        task.exception()
 
 
 TIMEOUT_HEADER = b"x-request-timeout"
@@ -164,20 +175,21 @@ def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
 async def request_call(state: AppState, scope: Scope, receive: Receive,
                        timeout_s: float | None = None) -> AsyncIterator[RequestContext]:
     """A RequestContext with the request deadline, recorded in the ASGI scope (Server-Timing and the
-    request metrics read it) and counted in flight; watches for the client leaving."""
+    request metrics read it) and counted in flight; watches for the client leaving (the
+    watcher task is the context's `gone`: `RequestContext.wait` waits on it directly)."""
     seconds = request_timeout(state, scope) if timeout_s is None else timeout_s
     call = RequestContext(deadline=time.monotonic() + seconds)
     scope.setdefault("state", {})["call"] = call
     name = scope.get("path_params", {}).get("name", "")
-    gauge = state.metrics.in_flight.labels(name) if name in state.repository.entries else None
+    gauge = state.metrics.child(state.metrics.in_flight, name) \
+        if name in state.repository.entries else None
     if gauge is not None:
         gauge.inc()
-    watcher = asyncio.create_task(_watch_disconnect(receive, call))
+    watcher = call.gone = asyncio.ensure_future(_watch_disconnect(receive, call))
+    watcher.add_done_callback(_quiet)
     try:
         yield call
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
         if gauge is not None:
             gauge.dec()

@@ -13,6 +13,7 @@ over live processes, engine gauges come from the one engine.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -33,6 +34,7 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         me = ["model", "endpoint"]
         self.request_duration = Histogram(
             "seqserve_request_duration_seconds", "Request wall time in the server.", me,
@@ -95,6 +97,15 @@ class Metrics:
         self.live_sequences = Gauge(
             "seqserve_live_sequences", "Language models: sequences being generated.",
             ["model"], registry=r, multiprocess_mode="livesum")
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, looked up once per label values (prometheus-client's own
+        lookup takes a lock and builds the key on every call)."""
+        key = (id(metric), labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def exposition(self) -> tuple[bytes, str]:
         """Body and content type of `/metrics`: this process's registry, or every process's

@@ -138,13 +138,14 @@ class EngineClient:
             raise self._unavailable()
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
-        lengths, ids = p.pack_rows(list(rows))
+        lengths, ids = p.pack_rows(rows if isinstance(rows, list) else list(rows))
         opts = None if options is None else dataclasses.asdict(options)
         self._send(p.Submit(rid, model, version, deadline, lengths, ids, opts))
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in rows]
         self._pending[rid] = _Pending(futures, options is not None, (model, version))
+        on_done = functools.partial(self._on_done, rid)
         for f in futures:
-            f.add_done_callback(functools.partial(self._on_done, rid))
+            f.add_done_callback(on_done)
         return futures
 
     def submit_series(self, model: str, version: int, series: Sequence[Any], deadline: float

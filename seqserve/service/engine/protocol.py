@@ -15,6 +15,7 @@ Deadlines are `time.monotonic()` values: one clock for every process on the mach
 
 from __future__ import annotations
 
+import array
 import os
 import secrets
 from typing import Any
@@ -161,11 +162,17 @@ engine_decoder = msgspec.msgpack.Decoder(ToEngine)
 api_decoder = msgspec.msgpack.Decoder(ToApi)
 
 
+INT32 = next(code for code in "ilh" if array.array(code).itemsize == 4)
+"""The `array` type code of a native int32 (the buffers' dtype: numpy's native int32)."""
+
+
 def pack_rows(rows: list[list[int]]) -> tuple[bytes, bytes]:
-    """Token rows -> (lengths int32 buffer, concatenated ids int32 buffer)."""
-    lengths = np.fromiter((len(r) for r in rows), dtype=np.int32, count=len(rows))  # (n,)
-    ids = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(lengths.sum()))
-    return lengths.tobytes(), ids.tobytes()
+    """Token rows -> (lengths int32 buffer, concatenated ids int32 buffer). (`array`, not
+    numpy: a third of the time for the few short rows of a request.)"""
+    ids = array.array(INT32)
+    for r in rows:
+        ids.extend(r)
+    return array.array(INT32, [len(r) for r in rows]).tobytes(), ids.tobytes()
 
 
 def unpack_rows(lengths: bytes, ids: bytes) -> list[list[int]]:

@@ -7,6 +7,11 @@ nearest neighbours by length (a contiguous window of the length-sorted queue, so
 small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
 An exception fails that batch's rows only; the loop goes on.
 
+Each runtime instance has its own thread, fed by a queue; the thread hands a finished batch
+back with one `call_soon_threadsafe` that answers its rows (measured with py-spy in the engine
+under load: `run_in_executor`'s concurrent future, its chaining to an asyncio future and the
+task step that resumed the batch cost more than the hand-back itself).
+
 Which rows: the queue, sorted by length, is split into contiguous groups that minimise the
 total cost sum(overhead + rows x longest) under the row and token limits (`plan_batch`); the
 group holding the oldest row runs. A padded model pays rows x longest row, so this trades
@@ -18,10 +23,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import queue
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -111,8 +118,11 @@ class Batcher(Generic[P, R]):
         self._task: asyncio.Task[None] | None = None
         self._free = deque(range(len(self.computes)))  # idle instances
         self._freed = asyncio.Event()
-        self._running: set[asyncio.Task[None]] = set()
-        self._executor = ThreadPoolExecutor(len(self.computes), thread_name_prefix=f"batch-{name}")
+        self._running: set[asyncio.Future[None]] = set()
+        """One future per batch in flight, done when its rows are answered."""
+        self._queues: list[queue.SimpleQueue[tuple[Any, ...] | None]] = [
+            queue.SimpleQueue() for _ in self.computes]
+        self._threads: list[threading.Thread] = []
         self._queued_tokens = 0  # tokens of the rows counted in _live
         self.cost = CostEstimate()
         """Seconds of compute per token, from recent batches (warm-up included)."""
@@ -133,7 +143,15 @@ class Batcher(Generic[P, R]):
     def start(self) -> None:
         """Start the loop task on the running event loop."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=self.name)
+            loop = asyncio.get_running_loop()
+            self._task = loop.create_task(self._run(), name=self.name)
+            self._threads = [threading.Thread(target=_serve_instance,
+                                              args=(self.computes[i], self._queues[i], loop),
+                                              name=f"batch-{self.name}_{i}", daemon=True)
+                             for i in range(len(self.computes))]
+            for thread in self._threads:
+                thread.start()
+            weakref.finalize(self, _stop_threads, self._queues)  # a batcher never closed
 
     def submit(
         self, rows: Sequence[tuple[P, int]], deadline: float
@@ -198,7 +216,7 @@ class Batcher(Generic[P, R]):
                     if not row.future.done():
                         row.future.set_exception(ShuttingDown("drain timeout passed"))
                 self._pending.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        _stop_threads(self._queues)
         return drained
 
     async def _draining(self) -> None:
@@ -222,9 +240,7 @@ class Batcher(Generic[P, R]):
             self._drop_dead()
             batch = self._take_batch()
             if batch:
-                task = asyncio.ensure_future(self._execute(batch, self._free.popleft()))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
+                self._launch(batch, self._free.popleft())
 
     async def _fill(self) -> None:
         """Wait until the batch is full or the oldest row has waited max_wait_s."""
@@ -279,34 +295,39 @@ class Batcher(Generic[P, R]):
         self._depth_changed()
         return batch
 
-    async def _execute(self, batch: list[_Row[P, R]], instance: int) -> None:
-        try:
-            await self._compute(batch, self.computes[instance])
-        finally:
-            self._free.append(instance)
-            self._freed.set()
-
-    async def _compute(self, batch: list[_Row[P, R]],
-                       compute: Callable[[list[P]], Sequence[R]]) -> None:
+    def _launch(self, batch: list[_Row[P, R]], instance: int) -> None:
+        """Hand `batch` to the instance's thread; `_finish` answers its rows on the loop."""
         lengths = [r.length for r in batch]
         self.observer.on_batch(len(batch), len(batch) * max(lengths), sum(lengths))
         self.batches_run += 1
-        start = time.monotonic()
-        loop = asyncio.get_running_loop()
-        payloads = [r.payload for r in batch]
+        done = asyncio.get_running_loop().create_future()
+        self._running.add(done)
+        self._queues[instance].put((batch, [r.payload for r in batch], time.monotonic(), done,
+                                    instance, self._finish))
+
+    def _finish(self, job: tuple[Any, ...], outcome: Sequence[R] | Exception) -> None:
+        batch, _, start, done, instance, _ = job
         try:
-            results = await loop.run_in_executor(self._executor, compute, payloads)
-            if len(results) != len(batch):
-                raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
-        except Exception as exc:  # one batch fails, the loop goes on
-            log.exception("model %s: batch of %d failed", self.name, len(batch))
+            self._answer(batch, start, outcome)
+        finally:
+            self._free.append(instance)
+            self._freed.set()
+            self._running.discard(done)
+            done.set_result(None)
+
+    def _answer(self, batch: list[_Row[P, R]], start: float,
+                outcome: Sequence[R] | Exception) -> None:
+        if not isinstance(outcome, Exception) and len(outcome) != len(batch):
+            outcome = RuntimeError(f"compute returned {len(outcome)} results for {len(batch)}")
+        if isinstance(outcome, Exception):
+            log.error("model %s: batch of %d failed", self.name, len(batch), exc_info=outcome)
             for row in batch:
                 if not row.future.done():
-                    row.future.set_exception(InferenceFailed(f"inference failed: {exc}"))
+                    row.future.set_exception(InferenceFailed(f"inference failed: {outcome}"))
             return
         compute_s = time.monotonic() - start
-        self.cost.observe(sum(lengths), compute_s)
-        for row, result in zip(batch, results, strict=True):
+        self.cost.observe(sum(r.length for r in batch), compute_s)
+        for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)
                 row.future.set_result(Timed(result, timing))
@@ -326,6 +347,29 @@ class Batcher(Generic[P, R]):
         depth = self._live
         self.max_depth_seen = max(self.max_depth_seen, depth)
         self.observer.on_depth(depth)
+
+
+def _serve_instance(compute: Callable[[list[Any]], Sequence[Any]],
+                    jobs: queue.SimpleQueue[tuple[Any, ...] | None],
+                    loop: asyncio.AbstractEventLoop) -> None:
+    """One runtime instance's thread: run each batch, hand the outcome to the loop (the job's
+    own `_finish`; the thread holds no batcher, so one never closed can still be collected)."""
+    while (job := jobs.get()) is not None:
+        outcome: Sequence[Any] | Exception
+        try:
+            outcome = compute(job[1])
+        except Exception as exc:  # one batch fails, the loop goes on
+            outcome = exc
+        try:
+            loop.call_soon_threadsafe(job[-1], job, outcome)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            return
+        del job, outcome
+
+
+def _stop_threads(queues: list[queue.SimpleQueue[tuple[Any, ...] | None]]) -> None:
+    for jobs in queues:
+        jobs.put(None)  # each instance's thread ends after the batch it runs, if any
 
 
 def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,

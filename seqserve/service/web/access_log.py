@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import time
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,7 +46,16 @@ def request_id(scope: Scope) -> str:
             if VALID_ID.fullmatch(value):
                 return value.decode("ascii")
             break
-    return uuid.uuid4().hex
+    return new_id()
+
+
+def new_id() -> str:
+    """A random version-4 UUID as 32 hex digits (`uuid.uuid4().hex`, without building the
+    UUID object: a third of the time)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    return raw.hex()
 
 
 class _AlreadyLogged(logging.Filter):
@@ -99,7 +108,7 @@ class AccessLogMiddleware:
             if not status["code"]:  # nothing answered it (a bug outside the routes' handlers)
                 await _send_bug(send_with_id, scope, exc)
             raise
-        if self.enabled:
+        if self.enabled and log.isEnabledFor(logging.INFO):  # no fields built for nothing
             self._log(scope, rid, status["code"], start, None)
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,

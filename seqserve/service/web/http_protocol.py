@@ -6,6 +6,12 @@ request headers trickle in: each held a connection open for as long as the clien
 (70+ s measured). Here a connection must deliver complete request headers within
 `header_timeout_s` of being opened (or of its request's first byte); otherwise it gets a 408
 and is closed. A body that stalls is the middleware's business (`body_timeout_s`).
+
+Every response goes out in one write where it can: uvicorn writes the status line and headers
+(`http.response.start`) and then the body as two socket writes (two syscalls, two TCP
+segments); here a response's first write waits for its next one (the body, sent right after
+by every whole answer) and both leave joined, or it leaves on the loop's next turn when
+nothing follows at once (a stream's first chunk may take a while).
 """
 
 from __future__ import annotations
@@ -28,6 +34,45 @@ def timeout_answer(message: str) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
+class OneWrite:
+    """A response cycle's transport: its first write (the status line and headers) is held
+    until the next write joins it, a close, or the loop's next turn (see the module doc)."""
+
+    __slots__ = ("transport", "loop", "held", "first")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.transport = transport
+        self.loop = loop
+        self.held: bytes | None = None
+        self.first = True
+
+    def write(self, data: bytes) -> None:
+        if self.first:
+            self.first = False
+            self.held = data
+            self.loop.call_soon(self.flush)
+            return
+        if self.held is not None:
+            data, self.held = self.held + data, None
+        self.transport.write(data)
+
+    def flush(self) -> None:
+        if self.held is not None:
+            data, self.held = self.held, None
+            if not self.transport.is_closing():
+                self.transport.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
 def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
     """The protocol class for uvicorn's `http=` with this header deadline."""
 
@@ -44,7 +89,10 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle is not before:
+                self.cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

@@ -136,6 +136,9 @@ class RequestContext:
     compute_s: float = 0.0
     computed: bool = False
     """True once a result arrived (its queue and compute time are then known)."""
+    gone: asyncio.Future[Any] | None = None
+    """Done when the client went away (the request's disconnect watcher, which also sets
+    `disconnected`); None: `wait` watches `disconnected` itself."""
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -147,33 +150,60 @@ class RequestContext:
 
     async def wait(self, futures: list[asyncio.Future[T]]) -> list[T]:
         """Await every future; on deadline or disconnect cancel the rest (the schedulers drop
-        cancelled work before it costs compute) and raise DeadlineExceeded / ClientGone."""
-        gathered: asyncio.Future[Any] = asyncio.gather(*futures)
-        gone: asyncio.Future[Any] = asyncio.ensure_future(self.disconnected.wait())
+        cancelled work before it costs compute) and raise DeadlineExceeded / ClientGone.
+        The first future to fail (in the order they finish) fails the request with its
+        exception, as `asyncio.gather` would: the rest are cancelled.
+
+        One waiter future, one timer and a callback per future (measured: `asyncio.gather`
+        + `asyncio.wait` + a task on the disconnect event were a tenth of the API process's
+        time per request)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        state: dict[str, Any] = {"left": len(futures), "failed": None}
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        def row_done(f: asyncio.Future[Any]) -> None:
+            state["left"] -= 1
+            if state["failed"] is None and (f.cancelled() or f.exception() is not None):
+                state["failed"] = f
+            elif not f.cancelled():
+                f.exception()  # retrieved: a late failure is never reported as unseen
+            if state["left"] <= 0 or state["failed"] is not None:
+                wake()
+
+        for f in futures:
+            f.add_done_callback(row_done)
+        gone = self.gone
+        own_gone = gone is None
+        if gone is None:
+            gone = asyncio.ensure_future(self.disconnected.wait())
+        gone.add_done_callback(wake)
+        timer = loop.call_later(max(self.remaining(), 0.0), wake)
         try:
-            done, _ = await asyncio.wait(
-                {gathered, gone}, timeout=max(self.remaining(), 0.0),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if gathered in done:
-                results: list[T] = gathered.result()
+            if futures:
+                await waiter
+            failed: asyncio.Future[Any] | None = state["failed"]
+            if failed is not None:
+                error = None if failed.cancelled() else failed.exception()
+                raise error if error is not None else asyncio.CancelledError()
+            if state["left"] <= 0:
+                results: list[T] = [f.result() for f in futures]
                 for r in results:
                     self.record(r.timing)
                 return results
-            if gone in done:
+            if gone.done():
                 raise ClientGone("client disconnected")
             raise DeadlineExceeded("request deadline passed; its work was dropped")
         finally:
-            gone.cancel()
-            gathered.add_done_callback(_retrieve)
+            timer.cancel()
+            gone.remove_done_callback(wake)
+            if own_gone:
+                gone.cancel()
             for f in futures:
                 f.cancel()  # no-op when done; queued rows are dropped, live ones freed
-
-
-def _retrieve(f: asyncio.Future[Any]) -> None:
-    """Mark a future's exception as seen (we already answered the request)."""
-    if not f.cancelled():
-        f.exception()
 
 
 M = TypeVar("M", RowModel, DecodeModel)

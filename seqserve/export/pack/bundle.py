@@ -122,15 +122,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         _check_sizes(task, tmp, manifest, graphs)
         _say(progress, "checking parity and batch invariance on random padded batches")
         report = _parity(task, tmp, manifest, graphs, grid or {})
-        if not report["passed"]:
-            raise BundleError(explain(report))
-        manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
-        write_manifest(tmp, manifest)
-        load_bundle(tmp, verify=True, require_checksum=True)
-    if progress:
-        from seqserve.export.summary import format_summary
-
-        print(format_summary(target, manifest, time.perf_counter() - started))
+        manifest = _record_parity(tmp, manifest, report)
+    _summary(progress, target, manifest, started)
     return target
 
 
@@ -234,16 +227,27 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
                                   series_grid(manifest, grid or {}))
         finally:
             torch.set_num_threads(before)
-        if not report["passed"]:
-            raise BundleError(explain(report))
-        manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
-        write_manifest(tmp, manifest)
-        load_bundle(tmp, verify=True, require_checksum=True)
+        manifest = _record_parity(tmp, manifest, report)
+    _summary(progress, target, manifest, started)
+    return target
+
+
+def _record_parity(tmp: Path, manifest: Manifest, report: dict[str, Any]) -> Manifest:
+    """The manifest with its passed parity report, written and read back verified (a
+    failed report is a BundleError that explains it)."""
+    if not report["passed"]:
+        raise BundleError(explain(report))
+    manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
+    write_manifest(tmp, manifest)
+    load_bundle(tmp, verify=True, require_checksum=True)
+    return manifest
+
+
+def _summary(progress: bool, target: Path, manifest: Manifest, started: float) -> None:
     if progress:
         from seqserve.export.summary import format_summary
 
         print(format_summary(target, manifest, time.perf_counter() - started))
-    return target
 
 
 def _check_series_sizes(root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]

@@ -47,23 +47,12 @@ def _dims(value: Any) -> list[Any]:
 
 def state_layouts(step: Any, count: int, file: str) -> list[StateLayout]:
     """The layouts of the step's state inputs 1..count, read from their declared shapes."""
-    out = []
-    for value in list(step.graph.input)[1:1 + count]:
-        dims = _dims(value)
-        if len(dims) == 3 and isinstance(dims[0], int) and isinstance(dims[2], int):
-            out.append(StateLayout(dims[0], dims[2]))
-        elif len(dims) == 2 and isinstance(dims[1], int):
-            out.append(StateLayout(0, dims[1]))
-        else:
-            raise BundleError(
-                f"{file}: state input {value.name} has shape {dims}; expected (layers, rows, "
-                "hidden) or (rows, hidden) with layers and hidden fixed numbers and rows "
-                "symbolic (export with dynamic_axes on its rows dim only)")
-    return out
+    return value_layouts(list(step.graph.input)[1:1 + count], file, rows="rows")
 
 
-def value_layouts(values: list[Any], file: str) -> list[StateLayout]:
-    """The layouts of state tensors (graph inputs), read from their declared shapes."""
+def value_layouts(values: list[Any], file: str, rows: str = "batch") -> list[StateLayout]:
+    """The layouts of state tensors (graph inputs), read from their declared shapes (`rows`
+    names their symbolic dim in the error)."""
     out = []
     for value in values:
         dims = _dims(value)
@@ -73,9 +62,9 @@ def value_layouts(values: list[Any], file: str) -> list[StateLayout]:
             out.append(StateLayout(0, dims[1]))
         else:
             raise BundleError(
-                f"{file}: state input {value.name} has shape {dims}; expected (layers, batch, "
-                "hidden) or (batch, hidden) with layers and hidden fixed numbers and batch "
-                "symbolic (export with dynamic_axes on its batch dim only)")
+                f"{file}: state input {value.name} has shape {dims}; expected (layers, {rows}, "
+                f"hidden) or ({rows}, hidden) with layers and hidden fixed numbers and {rows} "
+                f"symbolic (export with dynamic_axes on its {rows} dim only)")
     return out
 
 

@@ -5,7 +5,7 @@ classifier, alone and with many clients' sessions in one batch; 409 for a second
 flight, 404 for an unknown, ended or expired session, 429 beyond max_sessions, 400 for a
 bundle without state; OIP's Triton parameters; through the engine process, where the state
 survives the API process's restart. The store's rules alone: tests/service/scheduling/
-test_sessions.py."""
+test_session_store.py."""
 
 from __future__ import annotations
 

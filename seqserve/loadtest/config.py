@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from seqserve.models.errors import UserError
 
-Task = Literal["classify", "translate", "generate"]
-TASKS: tuple[str, ...] = ("classify", "translate", "generate")
+Task = Literal["classify", "translate", "generate", "predict"]
+TASKS: tuple[str, ...] = ("classify", "translate", "generate", "predict")
 HTTP_CLIENTS: tuple[str, ...] = ("raw", "httpx")
 
 
@@ -22,7 +22,8 @@ class LoadConfig:
     model: str
     """Model name in the server's repository."""
     task: Task = "classify"
-    """Endpoint: "classify", "translate" or "generate" (a language model)."""
+    """Endpoint: "classify", "translate", "generate" (a language model) or "predict" (a
+    feature-sequence model: random series of `series_steps` steps of `features` values)."""
     rate: float | None = None
     """Open loop: mean arrival rate in requests/s (Poisson). Exclusive with `concurrency`."""
     concurrency: int | None = None
@@ -52,6 +53,13 @@ class LoadConfig:
     """Generate: `max_new_tokens` of each request."""
     temperature: float = 1.0
     """Generate: sampling temperature (0 = greedy)."""
+    features: int = 1
+    """Predict: values per step (the model's `features`)."""
+    series_steps: int = 16
+    """Predict: steps of each series (with sessions: of each whole series)."""
+    session_chunks: int | None = None
+    """Predict, closed loop: each client streams its series in this many chunks through a
+    session (`start` on the first, `end` on the last), then starts a new one."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -83,6 +91,15 @@ class LoadConfig:
             raise UserError("stream applies to the generate task only")
         if self.max_new_tokens < 1:
             raise UserError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.task == "predict" and (self.features < 1 or self.series_steps < 1):
+            raise UserError("predict needs features >= 1 and series_steps >= 1")
+        if self.session_chunks is not None:
+            if self.task != "predict" or self.concurrency is None:
+                raise UserError("session chunks apply to the predict task in a closed loop "
+                                "(--concurrency: each client streams its own session)")
+            if not 1 <= self.session_chunks <= self.series_steps:
+                raise UserError(f"session_chunks must be 1 to series_steps "
+                                f"({self.series_steps}), got {self.session_chunks}")
         if not 0 <= self.temperature <= 100:
             raise UserError(f"temperature must be in [0, 100], got {self.temperature}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -22,6 +23,19 @@ def build_payload(task: str, texts: list[str], beam_size: int, *, max_new_tokens
         return {**prompt, "max_new_tokens": max_new_tokens, "temperature": temperature,
                 "stream": stream}
     return {"texts": texts}
+
+
+def series_payload(rng: random.Random, steps: int, features: int, series: int = 1
+                   ) -> dict[str, Any]:
+    """A predict body of `series` random series (standard normal values)."""
+    return {"series": [[[rng.gauss(0.0, 1.0) for _ in range(features)] for _ in range(steps)]
+                       for _ in range(series)]}
+
+
+def chunk_sizes(steps: int, chunks: int) -> list[int]:
+    """`steps` split into `chunks` near-equal chunk lengths (each >= 1)."""
+    base, extra = divmod(steps, chunks)
+    return [base + (1 if i < extra else 0) for i in range(chunks)]
 
 
 def parse_server_timing(header: str | None) -> dict[str, float]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -16,9 +17,11 @@ from seqserve.loadtest.protocol import (
     SHED_STATUSES,
     TokenWatch,
     build_payload,
+    chunk_sizes,
     count_generated_tokens,
     parse_retry_after,
     parse_server_timing,
+    series_payload,
 )
 from seqserve.loadtest.records import RequestRecord
 from seqserve.loadtest.schedule import poisson_arrivals
@@ -51,6 +54,7 @@ class _Run:
         self.client = client
         self.live = LiveStats()
         self.records: list[RequestRecord] = []
+        self.rng = random.Random(cfg.seed)
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -61,12 +65,17 @@ class _Run:
         self.records.append(record)
         return record
 
-    async def send(self, record: RequestRecord) -> None:
-        """Send one request and fill in the record; never raises for network or HTTP trouble."""
+    async def send(self, record: RequestRecord, payload: dict[str, Any] | None = None) -> None:
+        """Send one request (`payload`, else one drawn for the task) and fill in the record;
+        never raises for network or HTTP trouble."""
         cfg = self.cfg
-        payload = build_payload(cfg.task, self.sampler.draw(record.texts), cfg.beam_size,
-                                max_new_tokens=cfg.max_new_tokens,
-                                temperature=cfg.temperature, stream=cfg.stream)
+        if payload is None and cfg.task == "predict":
+            payload = series_payload(self.rng, cfg.series_steps, cfg.features,
+                                     cfg.texts_per_request)
+        elif payload is None:
+            payload = build_payload(cfg.task, self.sampler.draw(record.texts), cfg.beam_size,
+                                    max_new_tokens=cfg.max_new_tokens,
+                                    temperature=cfg.temperature, stream=cfg.stream)
         watch = TokenWatch(self.now) if cfg.stream else None
         record.sent_s = self.now()
         self.live.on_sent()
@@ -136,16 +145,28 @@ async def _open_loop(run: _Run) -> None:
         await asyncio.gather(*in_flight)
 
 
-async def _closed_worker(run: _Run, budget: list[int]) -> None:
-    """One client: send, wait for the answer (and any Retry-After), send again."""
+async def _closed_worker(run: _Run, budget: list[int], client: int = 0) -> None:
+    """One client: send, wait for the answer (and any Retry-After), send again. With session
+    chunks, each request is the next chunk of this client's session; a chunk that fails
+    starts the series over (a new session from its first chunk)."""
     cfg = run.cfg
+    chunks: list[dict[str, Any]] = []
+    series = 0
     while cfg.duration_s is None or run.now() < cfg.duration_s:
         if budget[0] <= 0:
             return
         budget[0] -= 1
+        payload = None
+        if cfg.session_chunks is not None:
+            if not chunks:
+                chunks = _session_chunks(run, f"lt-{cfg.seed}-{client}-{series}")
+                series += 1
+            payload = chunks.pop(0)
         record = run.new_record(run.now())
         run.live.on_scheduled(record)
-        await run.send(record)
+        await run.send(record, payload)
+        if cfg.session_chunks is not None and record.outcome != "ok":
+            chunks = []  # the session's state is not known to be advanced: start over
         pause = 0.0
         if record.outcome == "shed" and record.retry_after_s is not None:
             pause = min(record.retry_after_s, cfg.max_retry_after_s)
@@ -161,7 +182,21 @@ async def _closed_loop(run: _Run) -> None:
     cfg = run.cfg
     assert cfg.concurrency is not None
     budget = [cfg.requests if cfg.requests is not None else 2**62]
-    await asyncio.gather(*(_closed_worker(run, budget) for _ in range(cfg.concurrency)))
+    await asyncio.gather(*(_closed_worker(run, budget, i) for i in range(cfg.concurrency)))
+
+
+def _session_chunks(run: _Run, session: str) -> list[dict[str, Any]]:
+    """One random series as the predict bodies of its session's chunks."""
+    cfg = run.cfg
+    assert cfg.session_chunks is not None
+    steps = series_payload(run.rng, cfg.series_steps, cfg.features)["series"][0]
+    out, at = [], 0
+    sizes = chunk_sizes(cfg.series_steps, cfg.session_chunks)
+    for i, n in enumerate(sizes):
+        out.append({"series": [steps[at : at + n]], "session": session, "start": i == 0,
+                    "end": i == len(sizes) - 1})
+        at += n
+    return out
 
 
 async def arun_load(

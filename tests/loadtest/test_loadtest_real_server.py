@@ -10,6 +10,7 @@ import pytest
 from seqserve.loadtest.config import LoadConfig
 from seqserve.loadtest.runner import run_load
 from seqserve.loadtest.texts import TextSampler
+from seqserve.models.errors import UserError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -119,3 +120,47 @@ def test_generate_json_counts_tokens_and_cli_writes_token_plot(
     assert len(rows) == 9 and all(float(r["ttft_ms"]) > 0 for r in rows)
     png = (out / "token_latency.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+@pytest.fixture(scope="module")
+def series_server(tiny_series_repo: Path) -> Iterator[str]:
+    """The real app serving "tiny-series" (a stateful GRU tagger, 3 features, 16 steps)."""
+    from server_support import serve_app
+
+    from seqserve.service.server.app import create_app
+    from seqserve.service.web.settings import Settings
+
+    settings = Settings(repo=tiny_series_repo, intra_op_threads=1, inter_op_threads=1,
+                        queue_size=64, warmup=False)
+    with serve_app(create_app(settings)) as url:
+        yield url
+
+
+def test_predict_random_series_against_the_real_server(series_server: str) -> None:
+    cfg = LoadConfig(series_server, "tiny-series", "predict", concurrency=3, requests=12,
+                     duration_s=None, features=3, series_steps=9, texts_per_request=2)
+    s = run_load(cfg, TextSampler([""], seed=4)).summary
+    assert s["sent"] == s["ok"] == 12, (s["errors_by_status"], s["errors_by_kind"])
+
+
+def test_predict_session_chunks_against_the_real_server(series_server: str) -> None:
+    """Each client streams 16-step series in 4 chunks through its own session: every chunk
+    is answered (a 404 or 409 would mean the chunks of a session crossed)."""
+    import httpx
+
+    cfg = LoadConfig(series_server, "tiny-series", "predict", concurrency=4, requests=32,
+                     duration_s=None, features=3, series_steps=16, session_chunks=4)
+    s = run_load(cfg, TextSampler([""], seed=5)).summary
+    assert s["sent"] == s["ok"] == 32, (s["errors_by_status"], s["errors_by_kind"])
+    metrics = httpx.get(f"{series_server}/metrics", timeout=5).text
+
+    def value(prefix: str) -> float:
+        found = [line for line in metrics.splitlines() if line.startswith(prefix)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    ended = value('seqserve_session_lifetime_seconds_count{model="tiny-series"}')
+    live = value('seqserve_live_sessions{model="tiny-series"}')
+    # 32 chunks: 4 per ended series, 1 to 3 per series still open (at most one per client)
+    assert ended >= 1 and live <= 4 and 4 * ended <= 32 <= 4 * ended + 3 * live, (ended, live)
+    with pytest.raises(UserError):
+        LoadConfig(series_server, "tiny-series", "predict", rate=5.0, session_chunks=2)

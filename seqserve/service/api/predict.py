@@ -6,6 +6,13 @@ still a list: `[[x]]`), raw values (the server applies the bundle's normalisatio
 series comes back as `{"outputs", "steps"}`: a list of k numbers (a sequence classifier) or
 one per step (a sequence tagger), de-normalised when the bundle has an `output_scale`; a
 bundle with labels adds `label` and `probabilities` (per step for a tagger).
+
+Sessions (a bundle whose graph exports its state): `"session": "ID"` with exactly one series,
+the next chunk of that session, `"start": true` on its first chunk, `"end": true` on its last;
+the id may come in the `X-Session-Id` header instead (what an ingress hashes on to route a
+session to its replica). The answer adds `session` and `steps` (the session's steps so far).
+The engine keeps the state (`seqserve.service.scheduling.sessions` for the rules: 404 for an
+unknown or expired session, 409 for a second chunk in flight, 429 beyond max_sessions).
 """
 
 from __future__ import annotations
@@ -13,21 +20,22 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
 from starlette.types import Receive, Scope
 
 from seqserve.service.api.common import (
     ERRORS,
     HARD_MAX_TEXTS,
     app_state,
+    header,
     request_call,
     request_timeout,
     shed_early,
 )
-from seqserve.service.core.errors import ModelNotFound
+from seqserve.service.core.errors import BadRequest, ModelNotFound
 from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
-from seqserve.service.workers.series import F32_MAX, SeriesWorker
+from seqserve.service.workers.series import F32_MAX, MAX_SESSION_ID, SeriesWorker
 
 router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 
@@ -49,7 +57,18 @@ class PredictRequest(BaseModel):
 
     series: list[Series] = Field(min_length=1, max_length=HARD_MAX_TEXTS,
                                  description="Series, 1 to max_texts of them; raw values "
-                                 "(the server normalises).")
+                                 "(the server normalises). With a session: exactly one, the "
+                                 "session's next chunk.")
+    session: str | None = Field(
+        None, min_length=1, max_length=MAX_SESSION_ID,
+        description="A stateful session (bundles whose graph exports its state): the series "
+        "continues from the state this session's previous chunk left, which the server keeps. "
+        "Also accepted as the X-Session-Id header. Unknown or expired: 404 (start it again "
+        "with its history); a chunk of it already in flight: 409; beyond max_sessions: 429.")
+    start: StrictBool = Field(False, description="With a session: its first chunk (from "
+                              "zero state); on a live session it restarts it.")
+    end: StrictBool = Field(False, description="With a session: its last chunk; the server "
+                            "frees its state after it.")
 
 
 class Prediction(BaseModel):
@@ -67,6 +86,28 @@ class PredictResponse(BaseModel):
     model: str
     version: int
     results: list[Prediction]
+    session: str | None = Field(None, description="With a session: its id.")
+    steps: int | None = Field(None, description="With a session: the steps it has seen so "
+                              "far, this chunk's included.")
+
+
+SESSION_HEADER = b"x-session-id"
+"""The header a session id may come in (an ingress can hash on it)."""
+
+
+def session_of(scope: Scope, body: PredictRequest) -> str | None:
+    """The request's session id: the body's, else the X-Session-Id header's (400 when they
+    differ or the header is not a valid id)."""
+    given = header(scope, SESSION_HEADER)
+    if given is not None and not 1 <= len(given) <= MAX_SESSION_ID:
+        raise BadRequest(f"the X-Session-Id header must be 1 to {MAX_SESSION_ID} characters")
+    if body.session is not None and given is not None and given != body.session:
+        raise BadRequest("the X-Session-Id header and the body's session differ")
+    session = body.session if body.session is not None else given
+    if session is None and (body.start or body.end):
+        raise BadRequest("start and end belong to a session: give \"session\" (or the "
+                         "X-Session-Id header)")
+    return session
 
 
 def series_worker(state: AppState, name: str, version: str | None
@@ -89,9 +130,17 @@ async def predict_answer(state: AppState, scope: Scope, receive: Receive, name: 
     entry, worker = series_worker(state, name, version)
     timeout = request_timeout(state, scope)
     shed_early(state, worker.ctx.model, timeout)
+    session = session_of(scope, body)
+    if session is not None:
+        worker.check_session(session, body.start, body.end)  # 400s before any queueing
     async with request_call(state, scope, receive, timeout) as call:
-        results = await worker.predict(body.series, call)
-    return {"model": name, "version": entry.version, "results": results}
+        if session is None:
+            results = await worker.predict(body.series, call)
+            return {"model": name, "version": entry.version, "results": results}
+        result, steps = await worker.predict_session(body.series, session, body.start,
+                                                     body.end, call)
+    return {"model": name, "version": entry.version, "results": [result],
+            "session": session, "steps": steps}
 
 
 async def _predict(request: Request, name: str, version: str | None, body: PredictRequest

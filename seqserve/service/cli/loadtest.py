@@ -32,7 +32,7 @@ DEFAULT_DATASETS = {"classify": "langid", "translate": "numbers-en-fr",
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", nargs="?", help="server base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", help="model name on the server")
-    parser.add_argument("--task", choices=["classify", "translate", "generate"],
+    parser.add_argument("--task", choices=["classify", "translate", "generate", "predict"],
                         default="classify")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests/s")
@@ -66,7 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="generate: sampling temperature (0 = greedy)")
     parser.add_argument("--prompt-chars", type=int, default=64,
                         help="generate with a built-in corpus: prompt length cap, characters")
-    parser.add_argument("--texts-per-request", type=int, default=1)
+    parser.add_argument("--texts-per-request", type=int, default=1,
+                        help="texts (predict: series) per request")
+    parser.add_argument("--features", type=int, default=1,
+                        help="predict: values per step (the model's features)")
+    parser.add_argument("--series-steps", type=int, default=16,
+                        help="predict: steps of each random series")
+    parser.add_argument("--session-chunks", type=int, metavar="K",
+                        help="predict, closed loop: each client streams its series in K "
+                        "chunks through a session")
     parser.add_argument(
         "--max-in-flight",
         type=int,
@@ -108,8 +116,14 @@ def run(args: argparse.Namespace) -> int:
     if args.report_md is not None:
         return _report_md(args.report_md, args.from_results or [])
     cfg = _config(args)
-    texts = _texts(args)
-    print(f"loadtest {cfg.endpoint}: {cfg.mode} loop, {len(texts)} distinct texts", flush=True)
+    if cfg.task == "predict":  # random series: no texts are drawn (the sampler stays unused)
+        texts = [""]
+        what = (f"random series of {cfg.series_steps} steps x {cfg.features}"
+                + (f" in {cfg.session_chunks} session chunks" if cfg.session_chunks else ""))
+    else:
+        texts = _texts(args)
+        what = f"{len(texts)} distinct texts"
+    print(f"loadtest {cfg.endpoint}: {cfg.mode} loop, {what}", flush=True)
     progress = None if args.quiet else _progress
     if args.sweep:
         return _run_sweep(args, cfg, texts, progress)
@@ -151,6 +165,9 @@ def _config(args: argparse.Namespace) -> Any:
         stream=args.stream,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
+        features=args.features,
+        series_steps=args.series_steps,
+        session_chunks=args.session_chunks,
     )
 
 
@@ -251,6 +268,10 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += [flag, str(value)]
     if args.task == "translate":
         parts += ["--beam-size", str(args.beam_size)]
+    if args.task == "predict":
+        parts += ["--features", str(args.features), "--series-steps", str(args.series_steps)]
+        if args.session_chunks is not None:
+            parts += ["--session-chunks", str(args.session_chunks)]
     if args.task == "generate":
         parts += ["--max-new-tokens", str(args.max_new_tokens),
                   "--temperature", f"{args.temperature:g}"]

@@ -79,3 +79,22 @@ class InferenceFailed(ServiceError):
 
     status = 500
 
+
+
+class SessionNotFound(ServiceError):
+    """A session chunk without `start` for a session the model does not hold: never started,
+    ended, expired after its idle timeout, or lost with a restart of the engine."""
+
+    status = 404
+
+
+class SessionBusy(ServiceError):
+    """A second chunk of a session while its previous chunk is in flight."""
+
+    status = 409
+
+
+class TooManySessions(ServiceError):
+    """A new session beyond the model's `max_sessions` (live sessions are never evicted)."""
+
+    status = 429

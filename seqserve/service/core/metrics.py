@@ -26,6 +26,7 @@ LATENCY_BUCKETS = (
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
+SESSION_BUCKETS = (0.1, 1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.15, 1.25, 1.5, 2.0, 3.0, 5.0)
 
 
@@ -97,6 +98,16 @@ class Metrics:
         self.live_sequences = Gauge(
             "seqserve_live_sequences", "Language models: sequences being generated.",
             ["model"], registry=r, multiprocess_mode="livesum")
+        self.live_sessions = Gauge(
+            "seqserve_live_sessions", "Feature-sequence models: live stateful sessions.",
+            ["model"], registry=r, multiprocess_mode="livesum")
+        self.session_lifetime = Histogram(
+            "seqserve_session_lifetime_seconds",
+            "Feature-sequence models: a session's start to its end or expiry.", ["model"],
+            registry=r, buckets=SESSION_BUCKETS)
+        self.expired_sessions = Counter(
+            "seqserve_expired_sessions", "Sessions expired after their idle timeout.",
+            ["model"], registry=r)
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once per label values (prometheus-client's own
@@ -139,6 +150,9 @@ class ModelMetrics:
         self.tokens = m.generated_tokens.labels(model)
         self.per_token = m.time_per_token.labels(model)
         self.live_sequences = m.live_sequences.labels(model)
+        self.live_sessions = m.live_sessions.labels(model)
+        self.session_lifetime = m.session_lifetime.labels(model)
+        self.expired_sessions = m.expired_sessions.labels(model)
 
     def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
         self.batch_size.observe(rows)
@@ -160,6 +174,14 @@ class ModelMetrics:
 
     def on_live_sequences(self, sequences: int) -> None:
         self.live_sequences.set(sequences)
+
+    def on_sessions(self, live: int) -> None:
+        self.live_sessions.set(live)
+
+    def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
+        self.session_lifetime.observe(lifetime_s)
+        if expired:
+            self.expired_sessions.inc()
 
     def on_finish(self, tokens: int, seconds: float) -> None:
         self.tokens.inc(tokens)

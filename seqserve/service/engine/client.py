@@ -148,15 +148,19 @@ class EngineClient:
             f.add_done_callback(on_done)
         return futures
 
-    def submit_series(self, model: str, version: int, series: Sequence[Any], deadline: float
+    def submit_series(self, model: str, version: int, series: Sequence[Any], deadline: float,
+                      session: tuple[str, bool, bool] | None = None
                       ) -> list[asyncio.Future[Any]]:
-        """Send one request's float series (each (T_i, D) float32); one future per series."""
+        """Send one request's float series (each (T_i, D) float32); one future per series.
+        With `session` (id, start, end) the one series is a chunk of that session."""
         if self.lost is not None:
             raise self._unavailable()
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
         lengths, features, width = p.pack_series(list(series))
-        self._send(p.Submit(rid, model, version, deadline, lengths, b"", None, features, width))
+        sid, start, end = session if session is not None else (None, False, False)
+        self._send(p.Submit(rid, model, version, deadline, lengths, b"", None, features, width,
+                            sid, start, end))
         futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in series]
         self._pending[rid] = _Pending(futures, False, (model, version))
         for f in futures:
@@ -334,6 +338,13 @@ class RemoteSeriesModel(_RemoteModel):
     def submit(self, rows: Sequence[Any],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]:
         return self.client.submit_series(self.state.name, self.state.version, rows, deadline)
+
+    def submit_session(self, series: Any, session: str, start: bool, end: bool,
+                       deadline: float) -> asyncio.Future[Timed[Any]]:
+        """One chunk of a session whose state the engine keeps."""
+        (future,) = self.client.submit_series(self.state.name, self.state.version, [series],
+                                              deadline, (session, start, end))
+        return future
 
 
 class RemoteDecodeModel(_RemoteModel):

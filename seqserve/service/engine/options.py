@@ -16,6 +16,7 @@ from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.batcher import BatcherConfig
 from seqserve.service.scheduling.decoding import DecodeConfig
 from seqserve.service.scheduling.models import ModelConfig
+from seqserve.service.scheduling.sessions import SessionConfig
 
 OPTIONS_ENV = "SEQSERVE_ENGINE_OPTIONS"
 """The engine process reads its `EngineOptions` (JSON) from this variable."""
@@ -59,6 +60,10 @@ class EngineOptions:
     """Warm every model up before it serves."""
     drain_timeout_s: float
     """On SIGTERM, how long admitted work may take before the engine process exits."""
+    max_sessions: int
+    """Feature-sequence models with state: most live sessions per model version."""
+    session_idle_timeout_s: float
+    """A session idle this long expires."""
     process: ProcessSettings
     """Logging and switch interval of the engine process (the same as the API processes')."""
 
@@ -74,8 +79,11 @@ class EngineOptions:
             max_live_hypotheses=self.max_live_hypotheses, max_queue=self.queue_size,
             max_admit=self.max_batch_size, groups=self.decode_groups,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s)
+        sessions = SessionConfig(max_sessions=self.max_sessions,
+                                 idle_timeout_s=self.session_idle_timeout_s,
+                                 retry_after_s=self.retry_after_s)
         return ModelConfig(batcher=batcher, decode=decode, max_tokens=max_tokens,
-                           warmup=self.warmup)
+                           warmup=self.warmup, sessions=sessions)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (what `to_json` writes and the engine reports in `State`)."""

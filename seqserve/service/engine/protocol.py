@@ -44,6 +44,14 @@ class Submit(msgspec.Struct, tag="submit", array_like=True):
     concatenated (`ids` is then empty)."""
     width: int = 0
     """Feature-sequence models: floats per step."""
+    session: str | None = None
+    """Stateful feature-sequence models: the one series is a chunk of this session (the
+    engine keeps its state; `scheduling.sessions`). Its row's results are then (outputs,
+    the session's steps so far as int64 (1,))."""
+    start: bool = False
+    """The chunk starts (or restarts) the session from zeros."""
+    end: bool = False
+    """The chunk ends the session (its state is freed once the chunk is computed)."""
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

@@ -236,6 +236,11 @@ class EngineServer:
             series = _readable(lambda: p.unpack_series(msg.lengths, features, msg.width))
             if not isinstance(model, BatchedModel):
                 raise BadRequest(f"model {msg.model!r} does not take feature series")
+            if msg.session is not None:  # a chunk of a session: the state stays here
+                if len(series) != 1:
+                    raise BadRequest(f"a session chunk is one series, not {len(series)}")
+                return [model.submit_session(series[0], msg.session, msg.start, msg.end,
+                                             msg.deadline)]
             return list(model.submit(series, msg.deadline))
         rows = _readable(lambda: p.unpack_rows(msg.lengths, msg.ids))
         if isinstance(model, LMModel):  # a Submit to a language model scores texts

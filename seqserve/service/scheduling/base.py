@@ -55,6 +55,12 @@ class Observer(Protocol):
     def on_live_sequences(self, sequences: int) -> None:
         """Sequences a language model is generating changed."""
 
+    def on_sessions(self, live: int) -> None:
+        """Live sessions of a stateful feature-sequence model changed."""
+
+    def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
+        """A session ended (its last chunk, a restart) or expired after its idle timeout."""
+
 
 class NullObserver:
     """An observer that records nothing."""
@@ -75,6 +81,12 @@ class NullObserver:
         pass
 
     def on_live_sequences(self, sequences: int) -> None:
+        pass
+
+    def on_sessions(self, live: int) -> None:
+        pass
+
+    def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
         pass
 
 

@@ -19,13 +19,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from seqserve.export.manifest import FEATURE_TASKS, GRAPHS_BY_TASK, Manifest
-from seqserve.service.core.errors import ShuttingDown
+from seqserve.service.core.errors import BadRequest, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
 from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
 from seqserve.service.scheduling.decoding import DecodeConfig, Decoded, DecodeLoop
 from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
+from seqserve.service.scheduling.sessions import Session, SessionConfig, SessionStore
 
 RowCompute = Callable[[list[list[int]]], list[Any]]
 """Token rows -> one result per row (runs on the batcher's thread)."""
@@ -44,6 +45,8 @@ class ModelConfig:
     """Longest token row a request may bring (warm-up covers up to it)."""
     warmup: bool
     """Run the model over its length buckets before it serves."""
+    sessions: SessionConfig
+    """Stateful feature-sequence models: bounds of their sessions."""
 
 
 class RowModel(Protocol):
@@ -66,6 +69,9 @@ class SeriesModel(Protocol):
     def expected_wait(self) -> float | None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def submit_session(self, series: np.ndarray, session: str, start: bool, end: bool,
+                       deadline: float) -> asyncio.Future[Timed[Any]]: ...
 
 
 class DecodeModel(Protocol):
@@ -107,14 +113,29 @@ def tagger_rows(runtime: Runtime, pad_id: int) -> RowCompute:
     return compute
 
 
-SeriesCompute = Callable[[list[np.ndarray]], list[Any]]
-"""Raw float series (T_i, D) -> one result per series (runs on the batcher's thread)."""
+@dataclass(frozen=True, eq=False)
+class SessionRow:
+    """A session's chunk as a batch row: its steps and the state it starts from."""
+
+    steps: np.ndarray
+    """float32 (T, D): the chunk's raw steps."""
+    state: np.ndarray
+    """float32 (S,): the session's state before the chunk."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+
+SeriesCompute = Callable[[list[Any]], list[Any]]
+"""Raw float series (T_i, D) or `SessionRow`s -> one result per row (runs on the batcher's
+thread)."""
 
 
 def series_rows(runtime: Runtime, manifest: Manifest) -> SeriesCompute:
     """Series -> (outputs (k,) or (T, k)[, new_state (S,)]) per series through the bundle's
     feature-sequence graph: each normalised by the manifest's `normalization`, right-padded
-    with zeros, run from zero states (a stateful graph), and its outputs de-normalised by
+    with zeros, run from zero states (a stateful graph; a `SessionRow` from its own state: the
+    sessions of many clients share one batch), and its outputs de-normalised by
     `output_scale`."""
     graph = GRAPHS_BY_TASK[manifest.task][0]
     tagger = manifest.task == "sequence-tagger"
@@ -126,18 +147,22 @@ def series_rows(runtime: Runtime, manifest: Manifest) -> SeriesCompute:
     out_std = np.asarray(scale["std"], np.float32) if scale else None  # (k,)
     state_dim = int(manifest.state_dim or 0)
 
-    def compute(rows: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+    def compute(rows: list[Any]) -> list[tuple[np.ndarray, ...]]:
         lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))  # (B,)
         x = np.zeros((len(rows), int(lengths.max()), dim), np.float32)  # (B, T, D)
         for i, r in enumerate(rows):
-            x[i, : len(r)] = r
+            x[i, : len(r)] = r.steps if isinstance(r, SessionRow) else r
         if mean is not None and inv_std is not None:
             valid = np.arange(x.shape[1])[None, :] < lengths[:, None]  # (B, T)
             with np.errstate(over="ignore", invalid="ignore"):
                 x = np.where(valid[..., None], (x - mean) * inv_std, 0.0).astype(np.float32)
         inputs: dict[str, np.ndarray] = {"features": x, "lengths": lengths}
         if state_dim:
-            inputs["state"] = np.zeros((len(rows), state_dim), np.float32)
+            state = np.zeros((len(rows), state_dim), np.float32)  # (B, S)
+            for i, r in enumerate(rows):
+                if isinstance(r, SessionRow):
+                    state[i] = r.state
+            inputs["state"] = state
         out = runtime.run(graph, inputs)
         y = out["outputs"]  # (B, k) or (B, T, k)
         if out_mean is not None and out_std is not None:
@@ -184,11 +209,27 @@ class BatchedModel:
         self.config = config
         self.batcher: Batcher[Any, Any] = Batcher(self.computes, config.batcher,
                                                   name=name, observer=observer)
+        self.sessions: SessionStore | None = None
+        """A stateful feature-sequence model's sessions (`enable_sessions`), else None."""
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def enable_sessions(self, state_dim: int, observer: Observer | None = None) -> None:
+        """Serve sessions of this model (its graph takes and returns a state row)."""
+        self.sessions = SessionStore(state_dim, self.config.sessions, observer)
 
     async def start(self) -> None:
         if self.config.warmup:
             await asyncio.to_thread(self.warm_up)
         self.batcher.start()
+        if self.sessions is not None:
+            self._sweeper = asyncio.ensure_future(self._sweep_forever(self.sessions))
+
+    async def _sweep_forever(self, store: SessionStore) -> None:
+        """Expire idle sessions: a pass over the live ones every quarter timeout (<= 1 s)."""
+        period = max(0.05, min(1.0, store.config.idle_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            store.sweep()
 
     def warm_up(self) -> None:
         """Every length bucket at batch 1 and at the largest batch the budget allows, on
@@ -204,12 +245,45 @@ class BatchedModel:
                         self.batcher.cost.observe(n * length, time.perf_counter() - start)
 
     async def stop(self, timeout: float) -> bool:
+        """Drain: every admitted row (every open session's chunk in flight) is answered."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         return await self.batcher.close(timeout)
 
     def describe(self) -> dict[str, Any]:
         """What runs this model (for GET /v1/models)."""
-        return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
-                "instances": len(self.runtimes)}
+        out: dict[str, Any] = {"runtime": self.runtime.name,
+                               "providers": list(self.runtime.providers),
+                               "instances": len(self.runtimes)}
+        if self.sessions is not None:
+            cfg = self.sessions.config
+            out["sessions"] = {"max_sessions": cfg.max_sessions,
+                               "idle_timeout_s": cfg.idle_timeout_s,
+                               "state_dim": self.sessions.state_dim,
+                               "max_state_bytes": self.sessions.state_bytes()}
+        return out
+
+    def submit_session(self, series: np.ndarray, session: str, start: bool, end: bool,
+                       deadline: float) -> asyncio.Future[Timed[Any]]:
+        """Queue one chunk of a session (`scheduling.sessions`): it runs from the session's
+        state in a batch with any other rows; the future resolves to Timed((outputs,
+        steps int64 (1,): the session's steps so far)). SessionNotFound, SessionBusy,
+        TooManySessions, or the batcher's refusals (the session then is as it was)."""
+        store = self.sessions
+        if store is None:
+            raise BadRequest("this model's graph has no state input and output: it serves no "
+                             "sessions (send the whole series without \"session\")")
+        s = store.acquire(session, start)
+        try:
+            (row,) = self.batcher.submit([(SessionRow(series, s.state), len(series))],
+                                         deadline)
+        except BaseException:
+            store.release(s, None, 0, False)
+            raise
+        out: asyncio.Future[Timed[Any]] = asyncio.get_running_loop().create_future()
+        row.add_done_callback(lambda f: _session_done(store, s, len(series), end, f, out))
+        out.add_done_callback(lambda o: row.cancel() if o.cancelled() else None)
+        return out
 
     def submit(self, rows: Sequence[Any],
                deadline: float) -> list[asyncio.Future[Timed[Any]]]:
@@ -219,6 +293,26 @@ class BatchedModel:
     def expected_wait(self) -> float | None:
         """Seconds a request would wait for compute now (None: not measured yet)."""
         return self.batcher.expected_wait()
+
+
+def _session_done(store: SessionStore, s: Session, steps: int, end: bool,
+                  row: asyncio.Future[Timed[Any]], out: asyncio.Future[Timed[Any]]) -> None:
+    """A session chunk's row is done: store its state (or leave it), answer `out`."""
+    if row.cancelled():
+        store.release(s, None, 0, False)
+        out.cancel()
+        return
+    exc = row.exception()
+    if exc is not None:
+        store.release(s, None, 0, False)
+        if not out.done():
+            out.set_exception(exc)
+        return
+    done = row.result()
+    outputs, new_state = done.value[0], done.value[1]
+    store.release(s, new_state, steps, end)
+    if not out.done():
+        out.set_result(Timed((outputs, np.array([s.steps], np.int64)), done.timing))
 
 
 class DecodedModel:
@@ -294,9 +388,12 @@ def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Mani
         return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
     if manifest.task in FEATURE_TASKS:
         dim = int(manifest.features or 1)
-        return BatchedModel(name, instances, [series_rows(rt, manifest) for rt in instances],
-                            0, config, observer,
-                            warm_row=lambda n: np.zeros((n, dim), np.float32))
+        model = BatchedModel(name, instances, [series_rows(rt, manifest) for rt in instances],
+                             0, config, observer,
+                             warm_row=lambda n: np.zeros((n, dim), np.float32))
+        if manifest.state_dim:
+            model.enable_sessions(int(manifest.state_dim), observer)
+        return model
     rows = ROW_TASKS.get(manifest.task)
     if rows is None:
         raise LookupError(f"no scheduler serves task {manifest.task!r}")

@@ -188,7 +188,8 @@ def _model_operation(template: dict[str, Any], schemas: dict[str, Any], name: st
 def _series_operation(template: dict[str, Any], schemas: dict[str, Any], name: str,
                       version: int, worker: SeriesWorker) -> dict[str, Any]:
     """A feature-sequence model's predict operation: its steps exactly `features` wide, its
-    series at most its step limit long."""
+    series at most its step limit long; a stateful model's session fields (one series with
+    a session), none for a model without state."""
     op = copy.deepcopy(template)
     op.pop("parameters", None)
     op["operationId"] = f"{op.get('operationId', 'post')}_{name}_v{version}"
@@ -198,6 +199,15 @@ def _series_operation(template: dict[str, Any], schemas: dict[str, Any], name: s
     series = body["properties"]["series"]["items"]
     series["maxItems"] = worker.ctx.limits.max_steps
     series["items"]["minItems"] = series["items"]["maxItems"] = worker.features
+    if worker.stateful:  # a session's chunk is one series; start and end need a session
+        body["anyOf"] = [
+            {"properties": {"session": {"type": "null"}, "start": {"const": False},
+                            "end": {"const": False}}},
+            {"required": ["session"], "properties": {"session": {"type": "string"},
+                                                     "series": {"maxItems": 1}}}]
+    else:  # a bundle without state serves no sessions
+        for key in ("session", "start", "end"):
+            body["properties"].pop(key, None)
     content["schema"] = body
     return op
 

@@ -95,6 +95,14 @@ class Settings(BaseSettings):
     """Value of Retry-After on 429 and 503."""
     max_texts: int = Field(default=64, ge=1)
     """Most texts in one request."""
+    max_sessions: int = Field(default=1024, ge=1)
+    """Feature-sequence models with state: most live sessions per model version (docs:
+    "Stateful sessions"); a new one beyond it gets 429 + Retry-After, a live one is never
+    evicted. The engine holds one float32 state row per session: at most max_sessions x
+    state_dim x 4 bytes per model (1024 x 256 x 4 = 1 MiB)."""
+    session_idle_timeout_s: float = Field(default=300.0, gt=0)
+    """A session that received no chunk for this long expires (its state is freed); its next
+    chunk gets 404 and the client restarts it with its history."""
     max_chars: int = Field(default=4000, ge=1)
     """Most characters in one text."""
     max_tokens: int = Field(default=256, ge=1)
@@ -177,7 +185,9 @@ class Settings(BaseSettings):
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
             max_live_hypotheses=self.max_live_hypotheses, decode_groups=self.decode_groups,
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
-            drain_timeout_s=self.drain_timeout_s, process=self.process_settings())
+            drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
+            session_idle_timeout_s=self.session_idle_timeout_s,
+            process=self.process_settings())
 
     def runtime_spec(self) -> RuntimeSpec:
         """The runtime every bundle is loaded with."""

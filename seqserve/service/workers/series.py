@@ -22,6 +22,10 @@ from seqserve.export.manifest import Manifest
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import SeriesModel
+from seqserve.service.scheduling.sessions import MAX_SESSION_ID
+
+__all__ = ["F32_MAX", "MAX_SESSION_ID", "SERIES_WORKERS", "SequenceClassifierWorker",
+           "SequenceTaggerWorker", "SeriesContext", "SeriesLimits", "SeriesWorker"]
 from seqserve.service.workers.base import RequestContext
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -121,6 +125,41 @@ class SeriesWorker:
         arrays = self.check(series)
         outs = await self.run(arrays, call)
         return [self._result(a, y) for a, y in zip(arrays, outs, strict=True)]
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the bundle's graph takes and returns a state (it serves sessions)."""
+        return bool(self.ctx.manifest.state_dim)
+
+    def check_session(self, session: Any, start: Any, end: Any) -> str:
+        """A session's id and flags as given (the v1 body's schema and the OIP parameters
+        checked already agree on these rules): BadRequest naming what is wrong."""
+        if not isinstance(session, str) or not 1 <= len(session) <= MAX_SESSION_ID:
+            raise BadRequest(f"the session id must be a string of 1 to {MAX_SESSION_ID} "
+                             "characters")
+        for name, flag in (("start", start), ("end", end)):
+            if not isinstance(flag, bool):
+                raise BadRequest(f"{name} must be true or false")
+        if not self.stateful:
+            raise BadRequest(f"model {self.ctx.name!r} serves no sessions: its graph has no "
+                             "state input and output (a bundle packed without --state); send "
+                             "each whole series without a session")
+        return session
+
+    async def predict_session(self, series: Sequence[Any], session: str, start: bool,
+                              end: bool, call: RequestContext) -> tuple[dict[str, Any], int]:
+        """One chunk of a session (exactly one series): its result and the session's steps
+        so far (`scheduling.sessions` for the rules and errors)."""
+        self.check_session(session, start, end)
+        if not isinstance(series, list | tuple) or len(series) != 1:
+            n = len(series) if isinstance(series, list | tuple) else "no"
+            raise BadRequest(f"a request with a session sends exactly one series (its next "
+                             f"chunk), not {n}")
+        (array,) = self.check(series)
+        future = self.ctx.model.submit_session(array, session, start, end, call.deadline)
+        (done,) = await call.wait([future])
+        y, steps = done.value[0], int(done.value[1][0])
+        return self._result(array, y), steps
 
     def _result(self, series: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {"outputs": y.tolist(), "steps": int(series.shape[0])}

@@ -104,9 +104,10 @@ async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: st
     inputs = codec.decode_inputs(req, tail)
     asked = codec.check_outputs(req, tasks.output_names(worker))
     parameters = codec.request_parameters(req)
+    answer: dict[str, Any] = {}
     async with request_call(state, scope, receive, timeout) as call:
-        outputs = await tasks.infer(worker, inputs, parameters, call)
-    return response_parts(entry, req, outputs, asked)
+        outputs = await tasks.infer(worker, inputs, parameters, call, answer)
+    return response_parts(entry, req, outputs, asked, answer)
 
 
 async def _infer(request: Request, name: str, version: str | None) -> Response:
@@ -118,12 +119,16 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
 
 
 def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V2Tensor],
-                   asked: list[str]) -> tuple[list[tuple[bytes, bytes]], bytes, str]:
+                   asked: list[str], parameters: dict[str, Any] | None = None
+                   ) -> tuple[list[tuple[bytes, bytes]], bytes, str]:
     """Extra headers, body and media type of an infer answer with the `asked` outputs (all
-    when none were named), each as JSON data or binary per the request."""
+    when none were named), each as JSON data or binary per the request, and the answer's
+    own `parameters` if any."""
     head: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
     if req.id is not None:
         head["id"] = req.id
+    if parameters:
+        head["parameters"] = parameters
     blobs, listed = [], []
     for t in outputs:
         if asked and t.name not in asked:

@@ -6,7 +6,10 @@ token list, the v1 `tokens`); translator `translation` BYTES [n] and `score` FP3
 the v1 search options as request `parameters`. Feature-sequence models take `features` FP32
 [n, T, dim] (right-padded) and an optional `lengths` INT64 [n] (default: every row T steps)
 and answer `outputs` FP32 [n, k] or [n, T, k] (zeros past each row's length) and, with labels,
-`probabilities` alike (and a sequence classifier's `label` BYTES [n]).
+`probabilities` alike (and a sequence classifier's `label` BYTES [n]). A stateful one also
+takes a session as the request parameters `sequence_id` (string or uint64), `sequence_start`
+and `sequence_end` (Triton's spelling; one series per request), answered with the parameters
+`sequence_id` and `sequence_steps` (the session's steps so far).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from seqserve.service.workers.series import SeriesWorker
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
 
+SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+"""Triton's sequence-batcher parameters: a session's id (string or uint64) and its flags."""
 Signature = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 TEXT_INPUT = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
 
@@ -58,11 +63,20 @@ def output_names(worker: ModelWorker) -> list[str]:
 
 
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
-                call: RequestContext) -> list[V2Tensor]:
-    """Run the worker's task on the decoded inputs; BadRequest for what does not fit it."""
+                call: RequestContext, answer: dict[str, Any] | None = None) -> list[V2Tensor]:
+    """Run the worker's task on the decoded inputs; BadRequest for what does not fit it.
+    The answer's own `parameters` (a session's id and steps) go into `answer`."""
     if isinstance(worker, SeriesWorker):
-        if parameters:
-            raise BadRequest(f"unknown parameters {sorted(parameters)}: this model takes none")
+        given = dict(parameters)
+        session = sequence_of(given)  # removes the sequence parameters from `given`
+        if given:
+            raise BadRequest(f"unknown parameters {sorted(given)}: this model takes only "
+                             f"{list(SEQUENCE_PARAMETERS)}")
+        if session is not None:
+            tensors, steps = await _infer_session(worker, inputs, session, call)
+            if answer is not None:
+                answer.update(sequence_id=parameters["sequence_id"], sequence_steps=steps)
+            return tensors
         return await _infer_series(worker, inputs, call)
     texts = input_texts(inputs)
     if isinstance(worker, TranslatorWorker):
@@ -136,3 +150,51 @@ async def _infer_series(worker: SeriesWorker, inputs: dict[str, V2Tensor],
             out.append(V2Tensor("label", "BYTES", [len(probs)],
                                 [worker.labels[int(j)] for j in probs.argmax(axis=1)]))
     return out
+
+
+def sequence_of(parameters: dict[str, Any]) -> tuple[str, bool, bool] | None:
+    """The session named by the OIP parameters (removed from `parameters`): (id, start, end),
+    or None when there is no `sequence_id`; BadRequest for a wrong type."""
+    sid = parameters.pop("sequence_id", None)
+    flags = []
+    for name in ("sequence_start", "sequence_end"):
+        value = parameters.pop(name, False)
+        if not isinstance(value, bool):
+            raise BadRequest(f"parameters.{name} must be true or false")
+        flags.append(value)
+    if sid is None:
+        if any(flags):
+            raise BadRequest("sequence_start and sequence_end belong to a session: give "
+                             "parameters.sequence_id")
+        return None
+    if isinstance(sid, bool) or not isinstance(sid, str | int):
+        raise BadRequest("parameters.sequence_id must be a string or an unsigned integer")
+    if isinstance(sid, int):
+        if not 0 < sid < 2**64:
+            raise BadRequest("parameters.sequence_id must be an unsigned 64-bit integer > 0")
+        sid = str(sid)
+    return sid, flags[0], flags[1]
+
+
+async def _infer_session(worker: SeriesWorker, inputs: dict[str, V2Tensor],
+                         session: tuple[str, bool, bool], call: RequestContext
+                         ) -> tuple[list[V2Tensor], int]:
+    """One chunk of a session (a single series): the outputs as `_infer_series`'s and the
+    session's steps so far."""
+    sid, start, end = session
+    worker.check_session(sid, start, end)
+    x, lengths = series_inputs(worker, inputs)
+    if x.shape[0] != 1:
+        raise BadRequest(f"a request with a sequence_id sends exactly one series (its next "
+                         f"chunk), not {x.shape[0]}")
+    result, steps = await worker.predict_session([x[0, : int(lengths[0])]], sid, start, end,
+                                                 call)
+    y = np.asarray(result["outputs"], np.float32)[None]  # (1, k) or (1, T, k)
+    out = [V2Tensor("outputs", "FP32", list(y.shape), y.reshape(-1).tolist())]
+    if "probabilities" in result:
+        probs = np.asarray(result["probabilities"], np.float32)[None]
+        out.append(V2Tensor("probabilities", "FP32", list(probs.shape),
+                            probs.reshape(-1).tolist()))
+        if not worker.per_step:
+            out.append(V2Tensor("label", "BYTES", [1], [result["label"]]))
+    return out, steps

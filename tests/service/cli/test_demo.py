@@ -104,3 +104,11 @@ def test_served_beside_the_text_models_the_printed_example_forecasts(
     assert np.abs(got - want).max() <= 1e-4 * max(1.0, float(np.abs(want).max()))
     # a forecast of next week's CO2 from a week's level: within a few ppm of it
     assert np.abs(got - series).max() < 10.0
+
+
+def test_forecaster_takes_the_slack_of_the_five_minutes() -> None:
+    full = demo.forecast_budget(0.0)
+    assert full == 30.0  # DEMO_FORECAST's budget when the other runs were reused
+    late = demo.DEMO_TOTAL_S - demo.EXPORT_RESERVE_S - 20.0
+    assert demo.forecast_budget(late) == 20.0
+    assert demo.forecast_budget(demo.DEMO_TOTAL_S) == demo.FORECAST_MIN_S

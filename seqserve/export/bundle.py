@@ -5,6 +5,11 @@ a hidden temporary folder beside the target, checks their signatures and their p
 eager model, writes the manifest, verifies the hashes, and only then renames the folder to its
 version number: a half-written bundle never appears under a version name, and an existing
 version is never overwritten.
+
+A forecaster run (`seqserve train forecast`: config.json task "forecast") is a feature-sequence
+model with no tokenizer: it is packed as a stateful `sequence-tagger` (pack/api.py, the same
+parity, batch-invariance and chunking checks) with the run's normalization, output scale and
+test metrics in the manifest (`source_run`), longest series `FORECAST_MAX_STEPS`.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ from seqserve.models.errors import BundleError, UserError
 
 FORMATS = ("onnx", "torchscript")
 SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
+FORECAST_MAX_STEPS = 256
+"""Longest series a forecaster bundle takes per request (weeks for the CO2 demo: ~5 years; the
+server's default `max_tokens` is 256 too)."""
 
 
 def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], name: str,
@@ -76,6 +84,8 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
         raise UserError(f"{run}: no such run directory")
     if not (run / "DONE").is_file():
         raise UserError(f"{run}: the run is not finished (no DONE file); train it to the end")
+    if _run_task(run) == "forecast":
+        return _export_forecast(run, repo, name, version, formats, progress, opset, grid)
     started = time.perf_counter()
     model, config, tokenizer = load_run(run)
     with staged_version(repo, name, version) as (version, target, tmp):
@@ -92,6 +102,37 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
     if progress:
         print(format_summary(target, manifest, time.perf_counter() - started))
     return target
+
+
+def _run_task(run: Path) -> str | None:
+    try:
+        return str(json.loads((run / "config.json").read_text()).get("task"))
+    except (OSError, ValueError, AttributeError):
+        return None  # load_run names what is wrong
+
+
+def _export_forecast(run: Path, repo: Path, name: str, version: int | None,
+                     formats: tuple[str, ...], progress: bool, opset: int,
+                     grid: dict[str, Any]) -> Path:
+    """A forecaster run -> a stateful sequence-tagger bundle (module doc)."""
+    from seqserve.export.pack.api import sequence_tagger
+    from seqserve.models.train_forecast import load_forecast_run
+
+    if "onnx" not in formats:
+        raise UserError("a forecaster bundle needs the onnx format (torchscript is optional)")
+    model, config = load_forecast_run(run)
+    test_metrics = run / "test_metrics.json"
+    source_run = {"path": str(run.resolve()), "config": config,
+                  "test_metrics": json.loads(test_metrics.read_text())
+                  if test_metrics.is_file() else {}}
+    _say(progress, f"packing forecaster {run} as sequence-tagger {name}")
+    return sequence_tagger(model, features=model.config.features,
+                           outputs=model.config.outputs,
+                           normalization=config["normalization"],
+                           output_scale=config["output_scale"], repo=repo, name=name,
+                           version=version, torchscript="torchscript" in formats,
+                           max_steps=FORECAST_MAX_STEPS, stateful=True, opset=opset,
+                           progress=progress, grid=grid or None, source_run=source_run)
 
 
 def _check_args(name: str, version: int | None, formats: tuple[str, ...] | list[str]

@@ -213,7 +213,8 @@ def _series_example(features: int, batch: int = 3, steps: int = 11) -> tuple[Ten
 def _series(task: str, module: nn.Module, features: int, outputs: int | None,
             labels: Any, normalization: Any, output_scale: Any, repo: PathLike, name: str,
             version: int | None, torchscript: bool, max_steps: int, stateful: bool | None,
-            opset: int, progress: bool, grid: dict[str, Any] | None) -> Path:
+            opset: int, progress: bool, grid: dict[str, Any] | None,
+            source_run: dict[str, Any] | None = None) -> Path:
     if not isinstance(features, int) or isinstance(features, bool) or features < 1:
         raise UserError(f"features={features!r}: the width of one step's feature vector, an "
                         "integer >= 1")
@@ -268,7 +269,7 @@ def _series(task: str, module: nn.Module, features: int, outputs: int | None,
                               normalization=normalization, output_scale=output_scale,
                               state_dim=state_dim or None, version=version,
                               max_steps=max_steps, source=source, opset=opset,
-                              progress=progress, grid=grid)
+                              progress=progress, grid=grid, source_run=source_run)
 
 
 def sequence_classifier(module: nn.Module, *, features: int, outputs: int | None = None,
@@ -277,7 +278,8 @@ def sequence_classifier(module: nn.Module, *, features: int, outputs: int | None
                         name: str = "", version: int | None = None, torchscript: bool = True,
                         max_steps: int = 128, stateful: bool | None = None,
                         opset: int = DEFAULT_OPSET, progress: bool = True,
-                        grid: dict[str, Any] | None = None) -> Path:
+                        grid: dict[str, Any] | None = None,
+                        source_run: dict[str, Any] | None = None) -> Path:
     """Pack a many-to-one feature-sequence model as bundle `repo/name/version`.
 
     `module(features (B, T, D) float32, lengths (B,) int64)` -> outputs (B, k); a stateful
@@ -288,10 +290,12 @@ def sequence_classifier(module: nn.Module, *, features: int, outputs: int | None
     `labels` (names of the k outputs: a classifier, served with label and probabilities) or
     `outputs` (k: a regression). `normalization` {"mean", "std"} per input feature (or a JSON
     file): the server applies it, clients send raw values. `output_scale` {"mean", "std"} per
-    output: the server de-normalises regression outputs. `max_steps`: the longest series."""
+    output: the server de-normalises regression outputs. `max_steps`: the longest series.
+    `source_run`: the training run the manifest names ({"path", "config", "test_metrics"}, as
+    `seqserve export` writes it; optional)."""
     return _series("sequence-classifier", module, features, outputs, labels, normalization,
                    output_scale, repo, name, version, torchscript, max_steps, stateful, opset,
-                   progress, grid)
+                   progress, grid, source_run)
 
 
 def sequence_tagger(module: nn.Module, *, features: int, outputs: int | None = None,
@@ -299,10 +303,11 @@ def sequence_tagger(module: nn.Module, *, features: int, outputs: int | None = N
                     repo: PathLike = "model_repository", name: str = "",
                     version: int | None = None, torchscript: bool = True, max_steps: int = 128,
                     stateful: bool | None = None, opset: int = DEFAULT_OPSET,
-                    progress: bool = True, grid: dict[str, Any] | None = None) -> Path:
+                    progress: bool = True, grid: dict[str, Any] | None = None,
+                    source_run: dict[str, Any] | None = None) -> Path:
     """Pack a many-to-many (synced) feature-sequence model: `module(features, lengths[,
     state...])` -> outputs (B, T, k) per step (zeroed past each row's length by the wrapper)
     [, new state...]; the rest as `sequence_classifier`."""
     return _series("sequence-tagger", module, features, outputs, labels, normalization,
                    output_scale, repo, name, version, torchscript, max_steps, stateful, opset,
-                   progress, grid)
+                   progress, grid, source_run)

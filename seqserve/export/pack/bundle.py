@@ -173,9 +173,12 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
                        state_dim: int | None = None, version: int | None = None,
                        max_steps: int = 128, source: dict[str, Any] | None = None,
                        opset: int | None = None, progress: bool = True,
-                       grid: dict[str, Any] | None = None) -> Path:
+                       grid: dict[str, Any] | None = None,
+                       source_run: dict[str, Any] | None = None) -> Path:
     """Write and verify `repo/name/version` of a feature-sequence task (sequence-classifier,
-    sequence-tagger) from its one packed graph (see module doc); returns its path."""
+    sequence-tagger) from its one packed graph (see module doc); returns its path.
+    `source_run`: the manifest's {"path", "config", "test_metrics"} of a seqserve training run
+    (export_run of a forecaster run); none for a user's own model."""
     from seqserve.export.bundle import _check_args, _libraries, staged_version
     from seqserve.export.manifest import GRAPHS_BY_TASK
     from seqserve.export.verify import check_graph_files, series_grid
@@ -209,7 +212,8 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
             libraries=_libraries(), files=hash_files(tmp),
             source=dict(source or {"packed_by": "seqserve pack"}), features=int(features),
             outputs=int(outputs), normalization=norm, output_scale=scale,
-            state_dim=None if state_dim is None else int(state_dim))
+            state_dim=None if state_dim is None else int(state_dim),
+            source_run=dict(source_run or {}))
         write_manifest(tmp, manifest)
         manifest = load_bundle(tmp, verify=True, require_checksum=True)  # schema + declared
         check_graph_files(tmp, manifest)

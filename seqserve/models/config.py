@@ -363,3 +363,17 @@ class TrainConfig(_DictMixin):
             raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
         if self.tbptt < 0 or self.gradient_flow_every < 0:
             raise ValueError("tbptt and gradient_flow_every must be >= 0 (0 = off)")
+
+
+def check_recurrent(config: Any, cells: tuple[str, ...], positive: tuple[str, ...]) -> None:
+    """The checks every recurrent model config shares: a known cell, 1-3 layers, the named
+    sizes >= 1 and dropout in [0, 1) (ValueError naming the field)."""
+    if config.cell not in cells:
+        raise ValueError(f"cell={config.cell!r}: use one of {', '.join(cells)}")
+    if not 1 <= config.num_layers <= 3:
+        raise ValueError(f"num_layers={config.num_layers} must be 1, 2 or 3")
+    for name in positive:
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name}={getattr(config, name)} must be >= 1")
+    if not 0.0 <= config.dropout < 1.0:
+        raise ValueError(f"dropout={config.dropout} must be in [0, 1)")

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin
+from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin, check_recurrent
 from seqserve.models.lm import _gru_loop, _lstm_loop
 from seqserve.models.rnn import init_forget_bias, length_mask
 
@@ -74,18 +74,10 @@ class ForecasterConfig(_DictMixin):
     """LSTM forget-gate bias at init (None: PyTorch's uniform init)."""
 
     def __post_init__(self) -> None:
-        if self.cell not in CELLS:
-            raise ValueError(f"cell={self.cell!r}: use one of {', '.join(CELLS)}")
-        if not 1 <= self.num_layers <= 3:
-            raise ValueError(f"num_layers={self.num_layers} must be 1, 2 or 3")
-        for name in ("features", "outputs", "hidden_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        check_recurrent(self, CELLS, ("features", "outputs", "hidden_size"))
         if self.outputs > self.features:
             raise ValueError(f"outputs={self.outputs} must be <= features={self.features}: "
                              "each output forecasts the next value of one input feature")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
 
     @property
     def state_dim(self) -> int:

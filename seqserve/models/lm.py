@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin
+from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin, check_recurrent
 from seqserve.models.lstm_variants import VariantLSTM
 from seqserve.models.rnn import RNNState, detach_state, init_forget_bias, length_mask, make_layer
 
@@ -79,15 +79,7 @@ class LMConfig(_DictMixin):
     """LSTM forget-gate bias at init (None: PyTorch's uniform init)."""
 
     def __post_init__(self) -> None:
-        if self.cell not in CELLS:
-            raise ValueError(f"cell={self.cell!r}: use one of {', '.join(CELLS)}")
-        if not 1 <= self.num_layers <= 3:
-            raise ValueError(f"num_layers={self.num_layers} must be 1, 2 or 3")
-        for name in ("vocab_size", "embed_size", "hidden_size", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        check_recurrent(self, CELLS, ("vocab_size", "embed_size", "hidden_size", "max_length"))
         if (self.proj_size or self.peephole or self.cifg) and self.cell != "lstm":
             raise ValueError("proj_size/peephole/cifg need cell='lstm'")
         if not 0 <= self.proj_size < self.hidden_size:

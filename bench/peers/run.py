@@ -2,7 +2,8 @@
 server on the same bundle, one after another under the same closed-loop load, on short and
 long texts, next to the bare ONNX Runtime ceiling and floor measured in the same run; with
 `translate` among the workloads, seqserve's translator next to a per-request FastAPI + ONNX
-Runtime beam-search server on the same translator bundle.
+Runtime beam-search server and TorchServe with a batch handler running beam search per batch
+(apps/torchserve_translate.py), on the same translator bundle.
 
     python bench/peers/run.py --repo model_repository --duration 20
     python bench/peers/run.py --install-peers          # mosec + TorchServe venv (.peers-venv)
@@ -190,6 +191,12 @@ def build_translate_servers(args: argparse.Namespace, bundle: Path,
     if "fastapi" in wanted:
         out += [sv.fastapi_translate(sys.executable, bundle, args.translate_model, t, w)
                 for w, t in settings(args.translate_settings)]
+    if "torchserve" in wanted:
+        venv_bin = args.peers_venv.resolve() / "bin"
+        out += [sv.torchserve(venv_bin, bundle, args.translate_model,
+                              workdir / "torchserve-translate", t, w, args.max_batch,
+                              args.max_wait_ms, task="translate")
+                for w, t in settings(args.torchserve_settings)]
     return out
 
 

@@ -125,7 +125,9 @@ def mosec(python: str, bundle: Path, model: str, threads: int, workers: int, max
 
 
 def torchserve(venv_bin: Path, bundle: Path, model: str, workdir: Path, threads: int,
-               workers: int, max_batch: int, wait_ms: int) -> Server:
+               workers: int, max_batch: int, wait_ms: int, task: str = "classify") -> Server:
+    """TorchServe with a batch handler: the classifier's TorchScript twin (task "classify"),
+    or a batched beam search on the translator's ONNX graphs (task "translate")."""
     python = str(venv_bin / "python")
     why = _missing(python, "ts") or _missing(python, "model_archiver")
     if why is None and shutil.which("java") is None:
@@ -135,7 +137,7 @@ def torchserve(venv_bin: Path, bundle: Path, model: str, workdir: Path, threads:
         store = workdir / "model_store"
         mar = store / f"{model}.mar"
         if not mar.is_file():
-            _archive(venv_bin, bundle, model, store)
+            _archive(venv_bin, bundle, model, store, task)
         cfg = workdir / "config.properties"
         models = {model: {"1.0": {"defaultVersion": True, "marName": mar.name,
                                   "minWorkers": workers, "maxWorkers": workers,
@@ -156,10 +158,12 @@ def torchserve(venv_bin: Path, bundle: Path, model: str, workdir: Path, threads:
                        "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}, cwd=workdir)
 
     setting = _setting(workers, threads)
-    return Server(f"torchserve ({setting})", f"/predictions/{model}",
+    runtime = "TorchScript" if task == "classify" else "beam search per batch, ORT"
+    label = "torchserve" if task == "classify" else "torchserve beam search per batch"
+    return Server(f"{label} ({setting})", f"/predictions/{model}",
                   f"TorchServe {_version(python, 'ts')}, {workers} worker(s), batch {max_batch}, "
-                  f"{wait_ms} ms, TorchScript {threads} thread(s)", launch, why,
-                  peer="torchserve", setting=setting)
+                  f"{wait_ms} ms, {runtime} {threads} thread(s)", launch, why,
+                  peer=label, setting=setting)
 
 
 def trivial(python: str, record: Path | None = None) -> Server:
@@ -171,12 +175,23 @@ def trivial(python: str, record: Path | None = None) -> Server:
     return Server("trivial", "/v1/models/trivial/classify", "asyncio, fixed answer", launch)
 
 
-def _archive(venv_bin: Path, bundle: Path, model: str, store: Path) -> None:
+def _archive(venv_bin: Path, bundle: Path, model: str, store: Path,
+             task: str = "classify") -> None:
     store.mkdir(parents=True, exist_ok=True)
-    extra = [SERVERS / "common.py", bundle / "tokenizer.model", bundle / "manifest.json"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tokenizers = {manifest["tokenizer"]["file"],
+                  (manifest.get("target_tokenizer") or manifest["tokenizer"])["file"]}
+    extra = [SERVERS / "common.py", bundle / "manifest.json",
+             *(bundle / name for name in sorted(tokenizers))]
+    if task == "classify":
+        serialized, handler = bundle / "classifier.pt", "torchserve_handler.py"
+    else:  # the translator's graphs, flat in the archive as the manifest names them
+        graphs = manifest["graphs"]
+        serialized, handler = bundle / graphs["encoder"]["onnx"], "torchserve_translate.py"
+        extra.append(bundle / graphs["decoder_step"]["onnx"])
     subprocess.run([str(venv_bin / "torch-model-archiver"), "--model-name", model,
-                    "--version", "1.0", "--serialized-file", str(bundle / "classifier.pt"),
-                    "--handler", str(SERVERS / "torchserve_handler.py"),
+                    "--version", "1.0", "--serialized-file", str(serialized),
+                    "--handler", str(SERVERS / handler),
                     "--extra-files", ",".join(map(str, extra)), "--export-path", str(store),
                     "--force"], check=True, capture_output=True)
 

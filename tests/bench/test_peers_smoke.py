@@ -15,7 +15,7 @@ import pytest
 
 from bench.peers import servers as sv
 from bench.peers.load import Load, run_load, wrk_path
-from bench.peers.texts import workloads
+from bench.peers.texts import translate_workload, workloads
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -79,6 +79,7 @@ def test_the_command_end_to_end(tiny_repo: Path, tmp_path: Path) -> None:
     assert "| fastapi beam search per request |" in done.stdout
     assert "| mosec (not measured) |" in done.stdout
     assert "| torchserve (not measured) |" in done.stdout
+    assert "| torchserve beam search per batch (not measured) |" in done.stdout
     res = json.loads(next(out.glob("peers-*.json")).read_text())
     fastapi = [s for s in res["servers"] if s["peer"] == "fastapi per request"]
     assert sorted(s["setting"] for s in fastapi) == ["1 worker x 1 thread",
@@ -99,3 +100,23 @@ def test_the_command_end_to_end(tiny_repo: Path, tmp_path: Path) -> None:
     assert translate["translate"]["requests"] > 0 and not translate["translate"]["errors"]
     assert translate["translate"]["cpu_ms_per_request"] > 0
     assert res["ceiling"]["translate"]["mean_out_tokens"] > 0
+
+
+def test_the_batch_handlers_beam_search_answers_as_the_per_request_one(tiny_repo: Path) -> None:
+    """TorchServe's translate handler searches a whole batch at once; every text must get the
+    per-request search's hypothesis and score, whatever else shares its batch."""
+    sys.path.insert(0, str(ROOT / "bench" / "peers" / "apps"))
+    try:
+        from common import TranslatorBundle
+    finally:
+        sys.path.pop(0)
+    bundle = TranslatorBundle(next((tiny_repo / "tiny-mt").iterdir()))
+    w = translate_workload(0)
+    texts = [w.text(g) for g in range(24)] + ["", "NINE, nine."]
+    one = [bundle.translate(t, 4) for t in texts]
+    for size in (1, 5, len(texts)):
+        batched = [r for i in range(0, len(texts), size)
+                   for r in bundle.translate_batch(texts[i: i + size], 4)]
+        assert [r["token_ids"] for r in batched] == [r["token_ids"] for r in one]
+        assert [r["score"] for r in batched] == pytest.approx([r["score"] for r in one],
+                                                              abs=1e-4)

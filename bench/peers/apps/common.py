@@ -140,6 +140,80 @@ class TranslatorBundle:
             rows = np.array(keep_rows, dtype=np.int64)
             state, prev = state[rows], np.array(keep_tok, dtype=np.int64)
         assert best is not None
+        return self._answer(best)
+
+    def _answer(self, best: tuple[float, list[int]]) -> dict[str, Any]:
         out = [t for t in best[1] if t not in self.skip]
         return {"translation": str(self.tgt_sp.decode(out)), "token_ids": out,
                 "score": best[0]}
+
+    def translate_batch(self, texts: list[str], beam: int = 5) -> list[dict[str, Any]]:
+        """`translate` for a batch of texts at once, the way a batch handler is written: one
+        encoder call over the padded batch, then one decoder step per step for the live
+        hypotheses of every text (`memory_index` points each at its text's memory); the same
+        search rules per text as `translate`, so the answers are the same."""
+        rows = [self.encode(t) for t in texts]
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)  # (B,)
+        src = np.zeros((len(rows), int(lengths.max())), dtype=np.int64)  # (B, S)
+        for i, r in enumerate(rows):
+            src[i, : len(r)] = r
+        memory, mask, state = self.encoder.run(None, {"src_ids": src, "src_lengths": lengths})
+        caps = [max(1, min(self.max_decode, 2 * len(r) + 10)) for r in rows]
+        k = np.array([min(2 * beam + 1, self.vocab_size)], dtype=np.int64)
+        # per text: its live hypotheses (tokens, log-prob) and best finished one
+        live: list[list[tuple[list[int], float]]] = [[([], 0.0)] for _ in rows]
+        best: list[tuple[float, list[int]] | None] = [None] * len(rows)
+        owner = np.arange(len(rows), dtype=np.int64)  # (R,) text of each live row
+        prev = np.full(len(rows), self.bos_id, dtype=np.int64)  # (R,)
+        while len(owner):
+            state, top_lp, top_ids, _ = self.step.run(None, {
+                "prev_ids": prev, "state": state, "memory": memory, "src_mask": mask,
+                "memory_index": owner, "k": k})
+            keep_rows: list[int] = []
+            keep_tok: list[int] = []
+            at = 0
+            for text in dict.fromkeys(owner.tolist()):
+                hyps = live[text]
+                n = len(hyps)
+                lp_rows = np.array([lp for _, lp in hyps])  # (n,)
+                cand = (lp_rows[:, None] + top_lp[at: at + n]).ravel()  # (n * k,)
+                ids = top_ids[at: at + n].ravel()
+                order = np.argsort(-cand, kind="stable")[: 2 * beam]
+                kept: list[tuple[list[int], float]] = []
+                for rank, c in enumerate(order):
+                    row, tok, lp = int(c) // top_lp.shape[1], int(ids[c]), float(cand[c])
+                    done = best[text]
+                    if tok == self.eos_id:
+                        if rank < beam and (done is None or lp > done[0]):
+                            best[text] = (lp, [*hyps[row][0], tok])
+                        continue
+                    if len(kept) < beam:
+                        kept.append(([*hyps[row][0], tok], lp))
+                        keep_rows.append(at + row)
+                        keep_tok.append(tok)
+                length = len(hyps[0][0]) + 1
+                finished = False
+                if length >= caps[text]:
+                    for toks, lp in kept:
+                        done = best[text]
+                        if done is None or lp > done[0]:
+                            best[text] = (lp, toks)
+                    finished = True
+                else:
+                    done = best[text]
+                    finished = done is not None and (
+                        not kept or min(max(lp for _, lp in kept), 0.0) <= done[0])
+                if finished:
+                    del keep_rows[len(keep_rows) - len(kept):]
+                    del keep_tok[len(keep_tok) - len(kept):]
+                    kept = []
+                live[text] = kept
+                at += n
+            rows_kept = np.array(keep_rows, dtype=np.int64)
+            owner = owner[rows_kept]
+            state, prev = state[rows_kept], np.array(keep_tok, dtype=np.int64)
+        out = []
+        for b in best:
+            assert b is not None
+            out.append(self._answer(b))
+        return out

@@ -1,9 +1,10 @@
-"""`seqserve.pack.classifier / tagger / translator / sequence_classifier / sequence_tagger`:
-a user's nn.Module -> verified bundle.
+"""`seqserve.pack.classifier / tagger / translator / lm / sequence_classifier /
+sequence_tagger`: a user's nn.Module -> verified bundle.
 
 The module is taken as it is (classifier / tagger `forward(ids, lengths)`; a translator's
 `encode(ids, lengths)` -> (memory, state...) and `step(prev_ids, state..., memory, mask)` ->
-(logits, new state..., [attention])); `torch_wrap` adds what the serving contract needs,
+(logits, new state..., [attention]); a language model's `forward(input, hidden)` -> (logits,
+hidden), the PyTorch word_language_model's shape); `torch_wrap` adds what the serving contract needs,
 ONNX (TorchScript-based exporter, dynamic axes) and TorchScript (trace) are written from the
 wrapper, and `pack_bundle` compares both with the eager wrapper on random padded batches
 before the bundle appears.
@@ -34,10 +35,15 @@ from seqserve.export.pack.bundle import (
 from seqserve.export.pack.torch_wrap import (
     ClassifierWrap,
     EncoderWrap,
+    LMPrefillWrap,
+    LMStepWrap,
     SeriesWrap,
     StatefulSeriesWrap,
     StepWrap,
     TaggerWrap,
+    bind_rnns,
+    lm_state_tree,
+    lm_time_major,
     series_state_tree,
     state_tree,
     step_has_attention,
@@ -191,6 +197,63 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
                 "module": type(module if module is not None else owner).__name__,
                 "state": [lay.to_dict() for lay in tree.layouts],
                 "step_attention": attention}, attention=attention)
+
+
+def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_repository",
+       name: str = "", version: int | None = None, torchscript: bool = True,
+       max_tokens: int = 128, specials: dict[str, Any] | None = None,
+       batch_first: bool | None = None, opset: int = DEFAULT_OPSET,
+       progress: bool = True) -> Path:
+    """Pack a language model `module(input, hidden)` -> (logits or log-probs, new hidden)
+    (the PyTorch word_language_model's RNNModel: input (seq, batch), logits (seq, batch, V)
+    or flattened (seq*batch, V), hidden an LSTM's (h, c) or a GRU's h, each (layers, batch,
+    hidden)) as bundle `repo/name/version`, task "lm".
+
+    `prefill` runs the module once over a batch of prompts from a zero state (init_hidden's
+    shapes when it has one) with its nn.LSTM / GRU / RNN layers run within each prompt's
+    length (a copy of the module, same weights: the state is each prompt's own after its last
+    token); `lm_step` runs it on one token per row with its native layers. `batch_first`:
+    whether `input` is (batch, seq) (default: the layers' batch_first). `specials` name bos
+    (read before every prompt) and eos (ends generation): {"bos": "<eos>", "eos": "<eos>"}."""
+    import copy
+
+    vocab = special_ids(tokenizer, specials).vocab_size
+    model = copy.deepcopy(module).eval()  # its layers are swapped; the user's stay as they are
+    time_major = lm_time_major(model) if batch_first is None else not batch_first
+    ids, lengths = _example(vocab, batch=3, seq=11)
+    tree = lm_state_tree(model, ids, time_major)
+    bound = bind_rnns(model)
+    prefill = LMPrefillWrap(model, tree, time_major, bound).eval()
+    step = LMStepWrap(model, tree, time_major).eval()
+    with torch.no_grad():
+        try:
+            state, log_probs = prefill(ids, lengths)
+        except Exception as exc:  # the module's own error on a contract-shaped batch
+            raise BundleError(f"module(input {tuple(_input_shape(ids, time_major))}, hidden) "
+                              f"failed: {type(exc).__name__}: {exc}") from exc
+    if log_probs.shape[-1] != vocab:
+        raise UserError(f"the module gives {log_probs.shape[-1]} logits per token but the "
+                        f"tokenizer has {vocab} tokens: the output layer must have one row "
+                        "per tokenizer id")
+    index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)
+    prev = torch.randint(min(1, vocab - 1), vocab, (5,),
+                         generator=torch.Generator().manual_seed(1))
+    graphs = {}
+    for graph, wrap, example in (("prefill", prefill, (ids, lengths)),
+                                 ("lm_step", step, (prev, state[index]))):
+        spec = SPECS[graph]
+        onnx_model, traced = _export(wrap, example, spec, opset)
+        graphs[graph] = PackedGraph([t.name for t in spec.outputs], onnx_model,
+                                    traced if torchscript else None, eager=wrap)
+    return pack_bundle(
+        "lm", graphs, tokenizer, repo, name, version=version, specials=specials,
+        max_tokens=max_tokens, progress=progress, opset=opset,
+        source={"packed_by": "seqserve.pack", "task": "lm", "module": type(module).__name__,
+                "state": [lay.to_dict() for lay in tree.layouts], "time_major": time_major})
+
+
+def _input_shape(ids: Tensor, time_major: bool) -> tuple[int, ...]:
+    return tuple(ids.shape[::-1]) if time_major else tuple(ids.shape)
 
 
 def _positional(module: nn.Module) -> int:

@@ -441,8 +441,8 @@ def _lm_fault(fmt: str, key: str, value: float, tol: float) -> str:
             f"{value:.3g} (> {tol:g}) between the row run alone and the same row in a batch "
             "(or the prefill's log-probs past a row's length are not zero). A language model "
             "must be causal and treat every row on its own: no bidirectional layer, no "
-            "pooling or attention over padded positions (docs/bundle-format.md, 'Language "
-            "models')")
+            "pooling or attention over padded positions (docs/bundle-format.md, 'Graph "
+            "signatures')")
 
 
 def _series_fault(fmt: str, key: str, value: float, tol: float) -> str:

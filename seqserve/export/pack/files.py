@@ -3,7 +3,8 @@ data included) and optional TorchScript twins -> `pack_bundle`.
 
 Classifier graphs are kept as exported (their tensor names mapped onto the contract's in
 the manifest); tagger, translator, language-model and feature-sequence graphs are wrapped by
-composing ONNX graphs (`onnx_compose`). TorchScript twins are wrapped alike in torch (`torch_wrap`) and traced.
+composing ONNX graphs (`onnx_compose`). TorchScript twins are wrapped alike in torch
+(`torch_wrap`) and traced.
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ operators of ours:
   (each (layers, batch, hidden) or (batch, hidden)) flattened into one (batch, state_dim);
 - decoder step: memory rows gathered by `memory_index`, the flat state split back into the
   user's tensors, then LogSoftmax + TopK(k) over the logits, the new state tensors flattened,
-  and the attention passed on (zeros when the step has none).
+  and the attention passed on (zeros when the step has none);
+- language model: a prefill from zero initial states, log-softmax, zeros past each row's
+  length, the state tensors flattened, and, for a graph that reads no lengths, its LSTM /
+  GRU / RNN nodes given them as `sequence_lens` (each row's own state); a step on one token
+  per row with the flat state split back into the user's tensors.
 
 So the served step still returns top-k only: the host never moves rows x vocabulary numbers.
 """
@@ -379,6 +383,38 @@ def check_lm_layouts(model: Any, names: list[str], layouts: list[StateLayout], f
                 "tensors must have the same sizes, in the same order")
 
 
+def bind_sequence_lens(nodes: list[Any], lens: str, file: str) -> None:
+    """Feed int32 lengths `lens` to recurrent nodes as their `sequence_lens` (input 4)."""
+    for node in nodes:
+        if len(node.input) > 4 and node.input[4]:
+            raise BundleError(f"{file}: recurrent node {node.name} already has sequence_lens; "
+                              "name the graph's lengths input with --prefill-input-names")
+        ins = list(node.input) + [""] * (5 - len(node.input))
+        ins[4] = lens
+        del node.input[:]
+        node.input.extend(ins)
+
+
+def with_sequence_lens(model: Any, lengths: str, file: str) -> Any:
+    """`model` (a prefill exported from native nn.LSTM / GRU / RNN layers, input `lengths`
+    (batch,) int64) with its recurrent nodes given the lengths as `sequence_lens`: the state
+    they return is each row's own after its last valid step."""
+    import onnx
+
+    nodes = [n for n in model.graph.node if n.op_type in RNN_OPS and n.domain in ("", "ai.onnx")]
+    if not nodes:
+        raise BundleError(f"{file}: the exported prefill has no ONNX LSTM / GRU / RNN node, so "
+                          "its state would be the one after the batch's padding: seqserve.pack"
+                          ".lm runs the module's nn.LSTM / nn.GRU / nn.RNN layers within each "
+                          "prompt's length through them")
+    lens = "pack/sequence_lens"
+    model.graph.node.insert(0, onnx.helper.make_node("Cast", [lengths], [lens], to=6,
+                                                     name="pack/Cast_sequence_lens"))
+    bind_sequence_lens(nodes, lens, file)
+    onnx.checker.check_model(model)
+    return model
+
+
 def _zeros_state(b: _Builder, batch: str, lay: StateLayout, value: Any, target: str) -> None:
     """A zero initial state of the user's shape (layers, batch, hidden) or (batch, hidden)."""
     parts = ([b.const("layers", [lay.layers])] if lay.layers else []) + \
@@ -413,16 +449,7 @@ def compose_prefill(user: Any, names: LMGraphNames, layouts: list[StateLayout],
                 "each prompt's last token. Export it with a lengths input and return each "
                 "row's state at its length (seqserve.pack.length_aware(your_rnn) does that), "
                 "or pack the module with seqserve.pack.lm")
-        lens = b.one("Cast", ["lengths"], to=6)  # int32, as sequence_lens wants
-        for node in nodes:
-            if len(node.input) > 4 and node.input[4]:
-                raise BundleError(f"{file}: recurrent node {node.name} already has "
-                                  "sequence_lens; name the lengths input with "
-                                  "--prefill-input-names")
-            ins = list(node.input) + [""] * (5 - len(node.input))
-            ins[4] = lens
-            del node.input[:]
-            node.input.extend(ins)
+        bind_sequence_lens(nodes, b.one("Cast", ["lengths"], to=6), file)  # int32
     for name, lay in zip(names.states, layouts, strict=False):
         _zeros_state(b, batch, lay, _value(user, name), PREFIX + name)
     b.split_pre()

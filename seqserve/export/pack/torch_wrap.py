@@ -11,7 +11,11 @@ The same wrapping as `onnx_compose`, written as modules so that they can be expo
   [attention]) -> memory gathered by memory_index, log-softmax + top-k, flat new state;
 - `SeriesWrap` / `StatefulSeriesWrap`: a feature-sequence module(features, lengths[,
   state...]) -> outputs (B, k) or (B, T, k) zeroed past length[, the new state tensors
-  flattened into one (B, state_dim)].
+  flattened into one (B, state_dim)];
+- `LMPrefillWrap` / `LMPrefillRows` / `LMStepWrap`: a language model's forward(input,
+  hidden) -> (logits, hidden) over the prompts from a zero state (exported; its ONNX
+  recurrent nodes then read the lengths), each prompt alone (the eager reference), and on
+  one token per row.
 
 A state is whatever the user's encoder returns after memory: a tensor (layers, batch,
 hidden) or (batch, hidden), or a tuple of them such as an LSTM's (h, c); `StateTree` records
@@ -326,45 +330,6 @@ def series_state_tree(module: nn.Module, example: tuple[Tensor, Tensor], count: 
 
 # -- language models ------------------------------------------------------------------------
 
-class BoundRNN(nn.Module):
-    """A user's nn.LSTM / nn.GRU / nn.RNN inside their LM, swapped in place: called as the
-    module calls it (`rnn(x, hx)`), it is the native layer, unless `lengths` is set (by
-    `LMPrefillWrap` around one call), then it runs within each row's length
-    (`LengthAwareRNN`, same weights) and returns each row's state after its last token."""
-
-    def __init__(self, rnn: nn.RNNBase) -> None:
-        super().__init__()
-        from seqserve.models.length_aware import LengthAwareRNN
-
-        self.rnn = rnn
-        self.aware = LengthAwareRNN(rnn)
-        self.lengths: Tensor | None = None
-
-    def forward(self, x: Tensor, hx: Any = None) -> tuple[Tensor, Any]:
-        if self.lengths is None:
-            return self.rnn(x, hx)  # type: ignore[no-any-return]
-        return self.aware(x, self.lengths, hx)  # type: ignore[no-any-return]
-
-
-def bind_rnns(module: nn.Module) -> list[BoundRNN]:
-    """Swap every nn.LSTM / GRU / RNN of `module` (a copy of the user's) for a `BoundRNN`."""
-    bound: list[BoundRNN] = []
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.RNNBase):
-                if child.bidirectional:
-                    raise BundleError(f"{name} is bidirectional: a language model reads left "
-                                      "to right (its backward direction would see the "
-                                      "tokens it predicts)")
-                try:
-                    wrapped = BoundRNN(child)
-                except (TypeError, ValueError) as exc:
-                    raise BundleError(f"{name} ({type(child).__name__}): {exc}") from exc
-                setattr(parent, name, wrapped)
-                bound.append(wrapped)
-    return bound
-
-
 def _lm_input(ids: Tensor, time_major: bool) -> Tensor:
     return ids.transpose(0, 1) if time_major else ids
 
@@ -378,35 +343,42 @@ def _lm_logits(out: Any, x: Tensor, time_major: bool) -> Tensor:
 
 
 class LMPrefillWrap(nn.Module):
-    """(input_ids, lengths) -> (state after each row's last token, log_probs zero past
-    length): the module run once over the prompts from a zero state, its recurrent layers
-    bound to the lengths (`BoundRNN`)."""
+    """(input_ids, lengths) -> (state, log_probs zero past length): the module run once over
+    the padded prompts from a zero state, with its native layers. Exported to ONNX, its
+    recurrent nodes then get the lengths as `sequence_lens`
+    (`onnx_compose.with_sequence_lens`), which makes the state each row's own; run eagerly,
+    the state is the one after the padding (`LMPrefillRows` is the eager reference)."""
 
-    def __init__(self, module: nn.Module, tree: StateTree, time_major: bool,
-                 bound: list[BoundRNN]) -> None:
+    def __init__(self, module: nn.Module, tree: StateTree, time_major: bool) -> None:
         super().__init__()
         self.module = module
         self.tree = tree
         self.time_major = time_major
-        self.bound = bound
 
     def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         width = sum(lay.width for lay in self.tree.layouts)
         zeros = (input_ids[:, :1] * 0).float().expand(-1, width)  # (B, S), follows the batch
-        hidden = self.tree.build(self.tree.unflatten(zeros))
         x = _lm_input(input_ids, self.time_major)
-        for b in self.bound:
-            b.lengths = lengths
-        try:
-            out = self.module(x, *hidden)
-        finally:
-            for b in self.bound:
-                b.lengths = None
+        out = self.module(x, *self.tree.build(self.tree.unflatten(zeros)))
         lp = F.log_softmax(_lm_logits(out, x, self.time_major), dim=-1)
         mask = length_mask(lengths, input_ids.shape[1]).unsqueeze(-1)
         n = len(self.tree.shape)
         state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
         return state, torch.where(mask, lp, torch.zeros_like(lp))
+
+
+class LMPrefillRows(LMPrefillWrap):
+    """The eager reference of the prefill: each row run alone over its own tokens (so its
+    state is the one after its last token, exactly), then padded back into the batch."""
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        states, lps = [], []
+        for row, n in enumerate(lengths.tolist()):
+            state, lp = super().forward(input_ids[row:row + 1, :n], lengths[row:row + 1])
+            pad = lp.new_zeros(1, input_ids.shape[1] - n, lp.shape[2])
+            states.append(state)
+            lps.append(torch.cat([lp, pad], dim=1))
+        return torch.cat(states), torch.cat(lps)
 
 
 class LMStepWrap(nn.Module):

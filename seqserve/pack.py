@@ -6,6 +6,7 @@
     seqserve.pack.tagger(model, tokenizer=..., labels=..., repo=..., name=...)
     seqserve.pack.translator(model, source_tokenizer=..., target_tokenizer=..., repo=...,
                              name=...)        # model.encode(ids, lengths), model.step(...)
+    seqserve.pack.lm(model, tokenizer="chars.json", repo=..., name=...)  # model(input, hidden)
     rnn = seqserve.pack.bidirectional(nn.GRU(..., bidirectional=True))  # rnn(x, lengths)
     seqserve.pack.sequence_tagger(model, features=3, outputs=1, normalization={"mean": [...],
                                   "std": [...]}, repo=..., name=...)  # model(x, lengths[, h])
@@ -45,6 +46,14 @@ def translator(module: Any = None, **kwargs: Any) -> Any:
     return pack(module, **kwargs)
 
 
+def lm(module: Any, **kwargs: Any) -> Any:
+    """`module(input, hidden)` -> (logits, new hidden), the PyTorch word_language_model's
+    RNNModel: see `export.pack.api.lm`."""
+    from seqserve.export.pack.api import lm as pack
+
+    return pack(module, **kwargs)
+
+
 def sequence_classifier(module: Any, **kwargs: Any) -> Any:
     """`module(features, lengths)` -> outputs (B, k), or `module(features, lengths, state...)`
     -> (outputs, new state...): see `export.pack.api.sequence_classifier`."""
@@ -78,5 +87,5 @@ def bidirectional(rnn: Any) -> Any:
     return LengthAwareBidirectional(rnn)
 
 
-__all__ = ["bidirectional", "classifier", "length_aware", "sequence_classifier",
+__all__ = ["bidirectional", "classifier", "length_aware", "lm", "sequence_classifier",
            "sequence_tagger", "tagger", "translator"]

@@ -226,6 +226,11 @@ def _check_specials(manifest: Manifest, where: str) -> None:
         raise BundleError(f"{where}: a translator's target tokenizer needs bos_id and eos_id "
                           "(the decoder's start and stop tokens); pack with --bos-token and "
                           "--eos-token")
+    if manifest.task == "lm" and (manifest.tokenizer.bos_id < 0 or
+                                  manifest.tokenizer.eos_id < 0):
+        raise BundleError(f"{where}: a language model's tokenizer needs bos_id and eos_id "
+                          "(every prompt is read after bos; generation stops at eos); pack "
+                          "with --bos-token and --eos-token")
 
 
 def _names(specs: Sequence[TensorSpec]) -> list[str]:

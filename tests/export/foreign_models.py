@@ -136,3 +136,73 @@ def greedy(model: Seq2Seq, ids: list[int], bos: int, eos: int, max_len: int) -> 
             out.append(nxt)
             prev = torch.tensor([nxt])
     return out
+
+
+class RNNModel(nn.Module):
+    """The PyTorch word_language_model's RNNModel: input (seq, batch), an LSTM or GRU over
+    time, log-softmax over the vocabulary flattened to (seq*batch, ntoken), init_hidden."""
+
+    def __init__(self, rnn_type: str, ntoken: int, ninp: int, nhid: int, nlayers: int) -> None:
+        super().__init__()
+        self.ntoken = ntoken
+        self.encoder = nn.Embedding(ntoken, ninp)
+        self.rnn = getattr(nn, rnn_type)(ninp, nhid, nlayers)
+        self.decoder = nn.Linear(nhid, ntoken)
+        self.rnn_type, self.nhid, self.nlayers = rnn_type, nhid, nlayers
+
+    def forward(self, input: Tensor, hidden: Tensor | tuple[Tensor, Tensor]
+                ) -> tuple[Tensor, Tensor | tuple[Tensor, Tensor]]:
+        output, hidden = self.rnn(self.encoder(input), hidden)
+        decoded = self.decoder(output).view(-1, self.ntoken)
+        return F.log_softmax(decoded, dim=1), hidden
+
+    def init_hidden(self, bsz: int) -> Tensor | tuple[Tensor, Tensor]:
+        weight = next(self.parameters())
+        if self.rnn_type == "LSTM":
+            return (weight.new_zeros(self.nlayers, bsz, self.nhid),
+                    weight.new_zeros(self.nlayers, bsz, self.nhid))
+        return weight.new_zeros(self.nlayers, bsz, self.nhid)
+
+
+class CharGRULM(nn.Module):
+    """A batch-first GRU language model with raw logits and its own one-token step."""
+
+    def __init__(self, vocab: int, hidden: int = 32) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 16)
+        self.rnn = nn.GRU(16, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        out, h = self.rnn(self.emb(tokens), h)  # (B, T, H), (1, B, H)
+        return self.out(out), h  # logits (B, T, V)
+
+    def step(self, token: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
+        logits, h = self(token[:, None], h)
+        return logits[:, 0], h  # (R, V), (1, R, H)
+
+
+def lm_log_probs(model: nn.Module, ids: list[int], hidden: object, time_major: bool
+                 ) -> tuple[Tensor, object]:
+    """The eager model over one text: log-probs (T, V) of the next token at each position."""
+    x = torch.tensor([ids]).t() if time_major else torch.tensor([ids])
+    with torch.no_grad():
+        out, hidden = model(x, hidden)
+    return torch.log_softmax(out.reshape(len(ids), -1), -1), hidden
+
+
+def lm_greedy(model: nn.Module, ids: list[int], hidden: object, eos: int, max_new: int,
+              time_major: bool) -> tuple[list[int], list[float], str]:
+    """The eager reference of greedy generation: ids (bos first) read, then argmax tokens
+    until eos (not returned) or max_new: (tokens, their log-probs, finish reason)."""
+    lp, hidden = lm_log_probs(model, ids, hidden, time_major)
+    out: list[int] = []
+    lps: list[float] = []
+    for _ in range(max_new):
+        nxt = int(lp[-1].argmax())
+        if nxt == eos:
+            return out, lps, "eos"
+        out.append(nxt)
+        lps.append(float(lp[-1, nxt]))
+        lp, hidden = lm_log_probs(model, [nxt], hidden, time_major)
+    return out, lps, "length"

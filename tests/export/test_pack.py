@@ -279,7 +279,7 @@ def test_pack_help_documents_every_option(capsys: pytest.CaptureFixture[str]) ->
     pack = next(a for a in build_parser()._actions
                 if isinstance(a, argparse._SubParsersAction)).choices["pack"]
     seen = 0
-    for task in ("classifier", "tagger", "translator"):
+    for task in ("classifier", "tagger", "translator", "lm"):
         sub = next(a for a in pack._actions
                    if isinstance(a, argparse._SubParsersAction)).choices[task]
         with pytest.raises(SystemExit):
@@ -292,11 +292,11 @@ def test_pack_help_documents_every_option(capsys: pytest.CaptureFixture[str]) ->
             assert all(o in out for o in action.option_strings), (task, action.option_strings)
             assert " ".join(action.help.split())[:40] in out, (task, action.help)
             seen += 1
-    assert seen >= 3 * 10
+    assert seen >= 4 * 10
     with pytest.raises(SystemExit):
         build_parser().parse_args(["pack", "--help"])
     out = capsys.readouterr().out
-    assert all(t in out for t in ("classifier", "tagger", "translator", "bundle-format.md"))
+    assert all(t in out for t in ("classifier", "tagger", "translator", "lm", "bundle-format.md"))
 
 
 def test_manifest_schema_is_published_and_version_1_still_loads(packed: dict[str, object],

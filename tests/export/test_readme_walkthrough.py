@@ -3,7 +3,9 @@ line by line, in a fresh folder (`examples/` linked in): the examples' training 
 also pack with the Python API), `seqserve pack` from their ONNX files, `seqserve serve` (on a
 free port) and the curl requests (sent with httpx). The served answers are compared with the
 eager modules the scripts trained (loaded from their weights.pt): labels equal, probabilities
-within 1e-4, translations equal at beam 1 and beam 5 to a plainly written beam search."""
+within 1e-4, translations equal at beam 1 and beam 5 to a plainly written beam search, the
+language model's greedy generations equal the module's own greedy decode and its scored
+log-probs the module's within 1e-4."""
 
 from __future__ import annotations
 
@@ -231,3 +233,44 @@ def test_walkthrough_translators_answer_as_the_eager_model(walkthrough: dict[str
     assert compared == 24
     # the model learned its task: the README's own example reads as it should
     assert tgt.decode(want("2024", 5)) == "two zero two four"
+
+
+def test_walkthrough_language_models_answer_as_the_eager_model(walkthrough: dict[str, Any]
+                                                               ) -> None:
+    from foreign_models import lm_greedy, lm_log_probs
+
+    from seqserve.models.tokenizer_files import load_tokenizer
+
+    work = walkthrough["work"]
+    ex = _load("zen_lm")
+    tok = load_tokenizer(work / "work/zen/tokenizer.json")
+    model = ex.RNNModel("LSTM", tok.vocab_size, 32, 128, 1)
+    model.load_state_dict(torch.load(work / "work/zen/weights.pt"))
+    model.eval()
+    eos = tok.encode(ex.EOS)[0]
+    asked = {p.split("/")[3]: (b, a) for p, b, a in walkthrough["answers"]
+             if p.endswith(("/generate", "/score"))}
+    assert set(asked) == {"zen", "zen-py"}
+    body, answer = asked["zen"]
+    for prompt, res in zip(body["prompts"], answer["results"], strict=True):
+        want, _, finish = lm_greedy(model, [eos, *tok.encode(prompt)], model.init_hidden(1),
+                                    eos, body["max_new_tokens"], True)
+        assert (res["text"], res["finish_reason"]) == (tok.decode(want), finish), prompt
+    # the model learned its text: the README's prompt goes on as the Zen of Python does
+    assert answer["results"][0]["text"] == " better than ugly."
+    body, answer = asked["zen-py"]
+    for text, res in zip(body["texts"], answer["results"], strict=True):
+        ids = tok.encode(text)
+        lp, _ = lm_log_probs(model, [eos, *ids], model.init_hidden(1), True)
+        want = [float(lp[t, i]) for t, i in enumerate(ids)]
+        assert max(abs(a - b) for a, b in zip(res["logprobs"], want, strict=True)) < 1e-4
+    prompts = ["now is", "in the face of", "flat is"]
+    with httpx.Client(base_url=walkthrough["url"], timeout=60) as client:
+        for name in ("zen", "zen-py"):
+            r = client.post(f"/v1/models/{name}/generate",
+                            json={"prompts": prompts, "temperature": 0, "max_new_tokens": 30})
+            assert r.status_code == 200, r.text
+            for prompt, res in zip(prompts, r.json()["results"], strict=True):
+                want, _, _ = lm_greedy(model, [eos, *tok.encode(prompt)],
+                                       model.init_hidden(1), eos, 30, True)
+                assert res["text"] == tok.decode(want), (name, prompt)

@@ -1,12 +1,14 @@
-"""`seqserve.pack.classifier / tagger / translator / sequence_classifier / sequence_tagger`:
-a user's nn.Module -> verified bundle.
+"""`seqserve.pack.classifier / tagger / translator / lm / sequence_classifier /
+sequence_tagger`: a user's nn.Module -> verified bundle.
 
 The module is taken as it is (classifier / tagger `forward(ids, lengths)`; a translator's
 `encode(ids, lengths)` -> (memory, state...) and `step(prev_ids, state..., memory, mask)` ->
-(logits, new state..., [attention])); `torch_wrap` adds what the serving contract needs,
-ONNX (TorchScript-based exporter, dynamic axes) and TorchScript (trace) are written from the
-wrapper, and `pack_bundle` compares both with the eager wrapper on random padded batches
-before the bundle appears.
+(logits, new state..., [attention]); a language model's `forward(input, hidden)` -> (logits,
+hidden), the PyTorch word_language_model's shape); `torch_wrap` adds what the serving
+contract needs, ONNX (TorchScript-based exporter, dynamic axes) and TorchScript (trace) are
+written from the wrapper, and `pack_bundle` compares both with the eager wrapper on random
+padded batches before the bundle appears (a language model: ONNX only, its prefill's
+recurrent nodes given the prompts' lengths).
 """
 
 from __future__ import annotations
@@ -34,10 +36,15 @@ from seqserve.export.pack.bundle import (
 from seqserve.export.pack.torch_wrap import (
     ClassifierWrap,
     EncoderWrap,
+    LMPrefillRows,
+    LMPrefillWrap,
+    LMStepWrap,
     SeriesWrap,
     StatefulSeriesWrap,
     StepWrap,
     TaggerWrap,
+    lm_state_tree,
+    lm_time_major,
     series_state_tree,
     state_tree,
     step_has_attention,
@@ -56,7 +63,7 @@ def _example(vocab: int, batch: int = 3, seq: int = 11) -> tuple[Tensor, Tensor]
 
 
 def _export(module: nn.Module, example: tuple[Tensor, ...], spec: GraphSpec,
-            opset: int) -> tuple[Any, Any]:
+            opset: int, trace: bool = True) -> tuple[Any, Any]:
     """(onnx.ModelProto, traced ScriptModule) of a wrapper module."""
     import onnx
 
@@ -77,7 +84,7 @@ def _export(module: nn.Module, example: tuple[Tensor, ...], spec: GraphSpec,
                 f"each row's length instead with {BIDIRECTIONAL_FIX} (call it as "
                 "rnn(x, lengths); it keeps the layer's weights)") from exc
         model = onnx.load(str(path))
-        traced = torch.jit.trace(module, example, check_trace=False)
+        traced = torch.jit.trace(module, example, check_trace=False) if trace else None
     return model, traced
 
 
@@ -191,6 +198,64 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
                 "module": type(module if module is not None else owner).__name__,
                 "state": [lay.to_dict() for lay in tree.layouts],
                 "step_attention": attention}, attention=attention)
+
+
+def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_repository",
+       name: str = "", version: int | None = None, max_tokens: int = 128,
+       specials: dict[str, Any] | None = None, batch_first: bool | None = None,
+       opset: int = DEFAULT_OPSET, progress: bool = True) -> Path:
+    """Pack a language model `module(input, hidden)` -> (logits or log-probs, new hidden)
+    (the PyTorch word_language_model's RNNModel: input (seq, batch), logits (seq, batch, V)
+    or flattened (seq*batch, V), hidden an LSTM's (h, c) or a GRU's h, each (layers, batch,
+    hidden)) as bundle `repo/name/version`, task "lm" (ONNX graphs).
+
+    `prefill` runs the module once over a batch of prompts from a zero state (init_hidden's
+    shapes when it has one); its exported nn.LSTM / GRU / RNN nodes read the prompts' lengths
+    (ONNX `sequence_lens`), so the state is each prompt's own after its last token. `lm_step`
+    runs it on one token per row. Parity reference: the eager module, each prompt run alone.
+    `batch_first`: whether `input` is (batch, seq) (default: the layers' batch_first).
+    `specials` name bos (read before every prompt) and eos (ends generation): {"bos":
+    "<eos>"}. No TorchScript twin: a length-aware scripted loop is not batch-invariant to
+    1e-5 in fp32 once the model is trained (GEMMs blocked by batch size), ONNX Runtime is."""
+    from seqserve.export.pack.onnx_compose import with_sequence_lens
+
+    vocab = special_ids(tokenizer, specials).vocab_size
+    module.eval()
+    time_major = lm_time_major(module) if batch_first is None else not batch_first
+    ids, lengths = _example(vocab, batch=3, seq=11)
+    tree = lm_state_tree(module, ids, time_major)
+    prefill = LMPrefillWrap(module, tree, time_major).eval()
+    rows = LMPrefillRows(module, tree, time_major).eval()
+    step = LMStepWrap(module, tree, time_major).eval()
+    with torch.no_grad():
+        try:
+            state, log_probs = rows(ids, lengths)
+        except Exception as exc:  # the module's own error on a contract-shaped batch
+            raise BundleError(f"module(input {tuple(_input_shape(ids, time_major))}, hidden) "
+                              f"failed: {type(exc).__name__}: {exc}") from exc
+    if log_probs.shape[-1] != vocab:
+        raise UserError(f"the module gives {log_probs.shape[-1]} logits per token but the "
+                        f"tokenizer has {vocab} tokens: the output layer must have one row "
+                        "per tokenizer id")
+    index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)
+    prev = torch.randint(min(1, vocab - 1), vocab, (5,),
+                         generator=torch.Generator().manual_seed(1))
+    pre_onnx, _ = _export(prefill, (ids, lengths), SPECS["prefill"], opset, trace=False)
+    step_onnx, _ = _export(step, (prev, state[index]), SPECS["lm_step"], opset, trace=False)
+    graphs = {"prefill": PackedGraph(["state", "log_probs"],
+                                     with_sequence_lens(pre_onnx, "lengths", "prefill"),
+                                     eager=rows),
+              "lm_step": PackedGraph(["new_state", "log_probs"], step_onnx, eager=step)}
+    return pack_bundle(
+        "lm", graphs, tokenizer, repo, name, version=version, specials=specials,
+        max_tokens=max_tokens, progress=progress, opset=opset,
+        source={"packed_by": "seqserve.pack", "task": "lm", "module": type(module).__name__,
+                "state": [lay.to_dict() for lay in tree.layouts], "time_major": time_major,
+                "sequence_lens": True})
+
+
+def _input_shape(ids: Tensor, time_major: bool) -> tuple[int, ...]:
+    return tuple(ids.shape[::-1]) if time_major else tuple(ids.shape)
 
 
 def _positional(module: nn.Module) -> int:

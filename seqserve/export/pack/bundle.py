@@ -90,6 +90,13 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         target_tok = (None if target_tokenizer is None else
                       _tokenizer(tmp, Path(target_tokenizer), "target_tokenizer",
                                  target_specials))
+        if task == "lm" and (tok.bos_id < 0 or tok.eos_id < 0):
+            what = "bos" if tok.bos_id < 0 else "eos"
+            raise UserError(f"the tokenizer has no {what} token by any usual name: a language "
+                            "model reads every prompt after bos and stops generating at eos; "
+                            f"name it with --{what}-token (Python: specials={{'{what}': ...}}), "
+                            "a token or an id (bos and eos may be the same token, a document "
+                            "separator such as <eos> or <|endoftext|>)")
         if task == "translator":
             side = target_tok or tok
             if side.bos_id < 0 or side.eos_id < 0:
@@ -376,6 +383,9 @@ def _check_sizes(task: str, root: Path, manifest: Manifest, graphs: dict[str, Pa
         out = runners[fmt][first]({names[0]: ids, names[1]: lengths})
     except Exception as exc:  # the runtime's own error, named
         raise BundleError(f"{first} graph fails on a (1, 3) batch of token ids: {exc}") from exc
+    if task == "lm":
+        _check_lm_sizes(runners[fmt], manifest, out, fmt)
+        return
     n = len(manifest.labels)
     if task == "classifier" and out["logits"].shape[-1] != n:
         raise UserError(f"the classifier has {out['logits'].shape[-1]} outputs but {n} labels "
@@ -385,7 +395,54 @@ def _check_sizes(task: str, root: Path, manifest: Manifest, graphs: dict[str, Pa
                         "labels were given")
 
 
+def _check_lm_sizes(runners: dict[str, Runner], manifest: Manifest, out: dict[str, Any],
+                    fmt: str) -> None:
+    """A language model's vocabulary (prefill and step) against its tokenizer's, and the
+    prefill's state against the one the step takes and returns."""
+    vocab = manifest.tokenizer.vocab_size
+    if out["log_probs"].shape[-1] != vocab:
+        raise UserError(f"the prefill graph gives {out['log_probs'].shape[-1]} log-probs per "
+                        f"position but the tokenizer has {vocab} tokens: the model's output "
+                        "layer must have one row per tokenizer id (is it the model's own "
+                        "tokenizer?)")
+    state = np.ascontiguousarray(out["state"])
+    ids = np.array([_first_id(vocab)], np.int64)
+    try:
+        step = runners["lm_step"]({"prev_ids": ids, "state": state})
+    except Exception as exc:  # the runtime's own error, named
+        raise BundleError(f"{fmt}: the lm_step graph fails on the prefill's state (1, "
+                          f"{state.shape[1]}): {str(exc)[:300]}. The prefill's state tensors "
+                          "must be the step's, same sizes in the same order") from exc
+    if step["new_state"].shape != state.shape:
+        raise BundleError(f"{fmt}: the prefill's state is {state.shape[1]} wide but lm_step "
+                          f"returns a new_state {step['new_state'].shape[1]} wide from it: "
+                          "the prefill's state tensors must be the step's, same sizes in the "
+                          "same order")
+    if step["log_probs"].shape[-1] != vocab:
+        raise UserError(f"the step graph gives {step['log_probs'].shape[-1]} log-probs per row "
+                        f"but the tokenizer has {vocab} tokens")
+
+
+LM_STATE_FIX = "seqserve.pack.lm(module)"
 LENGTH_AWARE_FIX = "seqserve.pack.length_aware(your_rnn)"
+
+
+def _lm_fault(fmt: str, key: str, value: float, tol: float) -> str:
+    if key == "prefill.state":
+        return (f"- {fmt}: batch invariance of prefill.state is broken: a prompt's state "
+                f"differs by {value:.3g} (> {tol:g}) between the prompt run alone and in a "
+                "padded batch: the state is not the one after each prompt's last token (a "
+                "native nn.LSTM / nn.GRU returns the state after the batch's padding). Fix: "
+                "export the prefill with a lengths input and "
+                f"{LENGTH_AWARE_FIX} (call it as rnn(x, lengths, hx)), use ONNX LSTM / GRU / "
+                f"RNN nodes (pack gives them sequence_lens), or pack the module with "
+                f"{LM_STATE_FIX}")
+    return (f"- {fmt}: batch invariance of {key} is broken: a row's output differs by "
+            f"{value:.3g} (> {tol:g}) between the row run alone and the same row in a batch "
+            "(or the prefill's log-probs past a row's length are not zero). A language model "
+            "must be causal and treat every row on its own: no bidirectional layer, no "
+            "pooling or attention over padded positions (docs/bundle-format.md, 'Graph "
+            "signatures')")
 
 
 def _series_fault(fmt: str, key: str, value: float, tol: float) -> str:
@@ -416,6 +473,9 @@ def explain(report: dict[str, Any]) -> str:
                 continue
             if key.split(".")[0] in ("sequence_classifier", "sequence_tagger"):
                 lines.append(_series_fault(fmt, key, value, tol))
+                continue
+            if key.split(".")[0] in ("prefill", "lm_step"):
+                lines.append(_lm_fault(fmt, key, value, tol))
                 continue
             lines.append(
                 f"- {fmt}: batch invariance of {key} is broken: a row's output differs by "

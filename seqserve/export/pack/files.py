@@ -2,8 +2,9 @@
 data included) and optional TorchScript twins -> `pack_bundle`.
 
 Classifier graphs are kept as exported (their tensor names mapped onto the contract's in
-the manifest); tagger and translator graphs are wrapped by composing ONNX graphs
-(`onnx_compose`). TorchScript twins are wrapped alike in torch (`torch_wrap`) and traced.
+the manifest); tagger, translator, language-model and feature-sequence graphs are wrapped by
+composing ONNX graphs (`onnx_compose`). TorchScript twins are wrapped alike in torch
+(`torch_wrap`) and traced.
 """
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ from seqserve.export.pack.bundle import (
     parse_labels,
 )
 from seqserve.export.pack.onnx_compose import (
+    LMGraphNames,
+    check_lm_layouts,
     compose_encoder,
+    compose_lm_step,
+    compose_prefill,
     compose_series,
     compose_step,
     compose_tagger,
@@ -255,3 +260,123 @@ def _twins(graphs: dict[str, PackedGraph], enc: Any, step: Any, layouts: list[An
     graphs["decoder_step"].torchscript = _trace(
         StepWrap(step, tree, attention, step),
         (prev, state[index], memory, mask, index, torch.tensor([2])))
+
+
+_INT_TYPES = (2, 3, 4, 5, 6, 7, 12, 13)
+"""onnx.TensorProto integer element types (uint8 ... uint64)."""
+LAYOUTS = ("auto", "batch-first", "time-major")
+
+
+def _is_lengths(value: Any) -> bool:
+    tt = value.type.tensor_type
+    return tt.elem_type in _INT_TYPES and len(tt.shape.dim) == 1
+
+
+def _time_major(model: Any, ids: str, states: list[str], layout: str, file: str) -> bool:
+    """Whether the graph's token ids are (seq, batch): from --layout, else from the batch dim
+    the ids share with the state tensors, else from a fixed 1 (a step exported for one
+    token)."""
+    if layout != "auto":
+        return layout == "time-major"
+    from seqserve.export.pack.onnx_compose import _dims
+
+    dims = _dims(next(v for v in user_inputs(model) if v.name == ids))
+    if len(dims) != 2:
+        return False
+    values = [v for v in [*user_inputs(model), *model.graph.output] if v.name in states]
+    batch = set()
+    for v in values:
+        d = _dims(v)
+        axis = 1 if len(d) == 3 else 0
+        if len(d) in (2, 3) and isinstance(d[axis], str) and d[axis]:
+            batch.add(d[axis])
+    hits = [i for i, d in enumerate(dims) if d in batch]
+    if len(hits) == 1:
+        return hits[0] == 1
+    if dims.count(1) == 1:  # exported for one token: the other axis is the batch
+        return dims[0] == 1
+    raise BundleError(f"{file}: cannot tell which axis of input {ids} {dims} is the batch: "
+                      "give --layout batch-first (ids (batch, seq)) or --layout time-major "
+                      "((seq, batch), nn.LSTM's default)")
+
+
+def _lm_names(model: Any, file: str, flag: str, inputs: str | None, outputs: str | None,
+              n_state: int | None, layout: str) -> LMGraphNames:
+    """The user graph's tensors in the contract's roles: ids[, lengths], states -> logits,
+    new states (n_state None: the step, whose state inputs set the count)."""
+    actual = [v.name for v in user_inputs(model)]
+    by_name = {v.name: v for v in user_inputs(model)}
+    what = "prefill" if n_state is not None else "step"
+    ins = _names(inputs, actual, tuple(range(1, len(actual) + 1)) or (1,),
+                 f"{flag}-input-names", ["ids", "lengths?", "state..."])
+    unfed = [a for a in actual if a not in ins]
+    if unfed:
+        raise UserError(f"{file}: the {what} graph's inputs {unfed} are not named in "
+                        f"--{flag}-input-names {','.join(ins)} (name every input: ids[, "
+                        "lengths], state...)")
+    lengths = ins[1] if len(ins) > 1 and _is_lengths(by_name[ins[1]]) else None
+    states = ins[2:] if lengths else ins[1:]
+    if n_state is None and not states:
+        raise BundleError(f"{file}: step inputs {ins}: expected the token ids then the state "
+                          "tensor(s) the model carries from token to token (an LSTM's h and "
+                          "c are two)")
+    if n_state is not None and len(states) not in (0, n_state):
+        raise BundleError(f"{file}: prefill state inputs {states}: expected none (zeros) or "
+                          f"the step's {n_state} state tensor(s), in the step's order")
+    if by_name[ins[0]].type.tensor_type.elem_type not in _INT_TYPES:
+        raise BundleError(f"{file}: {what} input {ins[0]} is not integer token ids (name the "
+                          f"inputs in order with --{flag}-input-names)")
+    count = n_state if n_state is not None else len(states)
+    outs = _names(outputs, [o.name for o in model.graph.output], (1 + count,),
+                  f"{flag}-output-names", ["logits", *["new state"] * count])
+    tm = _time_major(model, ins[0], states + outs[1:], layout, file)
+    return LMGraphNames(ins[0], lengths, states, outs[0], outs[1:], tm)
+
+
+def pack_lm_files(*, repo: PathLike, name: str, prefill: PathLike | None,
+                  step: PathLike | None, tokenizer: PathLike | None,
+                  prefill_input_names: str | None = None,
+                  prefill_output_names: str | None = None,
+                  step_input_names: str | None = None, step_output_names: str | None = None,
+                  layout: str = "auto", version: int | None = None,
+                  specials: dict[str, Any] | None = None, max_tokens: int = 128,
+                  progress: bool = True) -> Path:
+    """`seqserve pack lm`: the user's prefill graph (ids[, lengths][, initial state...]) ->
+    (logits, state...) and step graph (ids, state...) -> (logits, new state...) (the same
+    file twice for a tutorial-style forward(input, hidden)) composed into the contract's
+    `prefill` and `lm_step` (`onnx_compose.compose_prefill / compose_lm_step`)."""
+    if tokenizer is None:
+        raise UserError("--tokenizer is required (tokenizer.json or a SentencePiece .model)")
+    if layout not in LAYOUTS:
+        raise UserError(f"--layout {layout!r}: one of {', '.join(LAYOUTS)}")
+    pre_model, step_model = _load(prefill, "--prefill"), _load(step, "--step")
+    step_names = _lm_names(step_model, str(step), "step", step_input_names, step_output_names,
+                           None, layout)
+    by_name = {v.name: v for v in user_inputs(step_model)}
+    layouts = value_layouts([by_name[n] for n in step_names.states], str(step), rows="rows")
+    pre_names = _lm_names(pre_model, str(prefill), "prefill", prefill_input_names,
+                          prefill_output_names, len(layouts), layout)
+    check_lm_layouts(step_model, step_names.new_states, layouts, str(step), "step output",
+                     True)
+    check_lm_layouts(pre_model, pre_names.states, layouts, str(prefill), "prefill input",
+                     False)
+    check_lm_layouts(pre_model, pre_names.new_states, layouts, str(prefill), "prefill output",
+                     True)
+    graphs = {"prefill": PackedGraph(["state", "log_probs"],
+                                     compose_prefill(pre_model, pre_names, layouts,
+                                                     str(prefill))),
+              "lm_step": PackedGraph(["new_state", "log_probs"],
+                                     compose_lm_step(step_model, step_names, layouts,
+                                                     str(step)))}
+    source = {"packed_by": "seqserve pack", "task": "lm", "prefill": str(prefill),
+              "step": str(step), "state": [x.to_dict() for x in layouts],
+              "prefill_names": _names_dict(pre_names), "step_names": _names_dict(step_names),
+              "sequence_lens": pre_names.lengths is None}
+    return pack_bundle("lm", graphs, tokenizer, repo, name, version=version, specials=specials,
+                       max_tokens=max_tokens, progress=progress, source=source)
+
+
+def _names_dict(names: LMGraphNames) -> dict[str, Any]:
+    return {"ids": names.ids, "lengths": names.lengths, "states": names.states,
+            "logits": names.logits, "new_states": names.new_states,
+            "time_major": names.time_major}

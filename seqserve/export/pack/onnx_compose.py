@@ -8,7 +8,11 @@ operators of ours:
   (each (layers, batch, hidden) or (batch, hidden)) flattened into one (batch, state_dim);
 - decoder step: memory rows gathered by `memory_index`, the flat state split back into the
   user's tensors, then LogSoftmax + TopK(k) over the logits, the new state tensors flattened,
-  and the attention passed on (zeros when the step has none).
+  and the attention passed on (zeros when the step has none);
+- language model: a prefill from zero initial states, log-softmax, zeros past each row's
+  length, the state tensors flattened, and, for a graph that reads no lengths, its LSTM /
+  GRU / RNN nodes given them as `sequence_lens` (each row's own state); a step on one token
+  per row with the flat state split back into the user's tensors.
 
 So the served step still returns top-k only: the host never moves rows x vocabulary numbers.
 """
@@ -327,3 +331,181 @@ def compose_series(user: Any, inputs: list[str], outputs: list[str],
         graph_in.append(_vi("state", F32, ["batch", "state_dim"]))
         graph_out.append(_vi("new_state", F32, ["batch", "state_dim"]))
     return b.model(graph_in, graph_out)
+
+
+# -- language models ------------------------------------------------------------------------
+
+RNN_OPS = ("LSTM", "GRU", "RNN")
+"""ONNX recurrent operators: input 4 is `sequence_lens`; with it, Y_h (and an LSTM's Y_c) is
+each row's state after its own last valid step and Y is zero past it."""
+
+
+@dataclass(frozen=True)
+class LMGraphNames:
+    """One user LM graph's tensors in the contract's roles (the graph's own names)."""
+
+    ids: str
+    """Token ids: (batch, seq) or (seq, batch) for a prefill; (rows,), (1, rows) or (rows, 1)
+    for a step."""
+    lengths: str | None
+    """Lengths (batch,) int input, or None: the graph reads none."""
+    states: list[str]
+    """State inputs (the step: always; a prefill: none or the same count)."""
+    logits: str
+    """Logits or log-probs: (batch, seq, V), (seq, batch, V), (seq*batch, V) or (rows, V)."""
+    new_states: list[str]
+    """State outputs, in the order of `states` (the step's state inputs)."""
+    time_major: bool
+    """Whether the ids' axis 0 is time (a (seq, batch) graph, nn.LSTM's default layout)."""
+
+
+def _value(model: Any, name: str, outputs: bool = False) -> Any:
+    values = model.graph.output if outputs else user_inputs(model)
+    return next(v for v in values if v.name == name)
+
+
+def _rank(value: Any) -> int:
+    return len(value.type.tensor_type.shape.dim)
+
+
+def check_lm_layouts(model: Any, names: list[str], layouts: list[StateLayout], file: str,
+                     what: str, outputs: bool) -> None:
+    """Declared fixed sizes of a graph's state tensors against the step's layouts."""
+    for name, lay in zip(names, layouts, strict=True):
+        dims = _dims(_value(model, name, outputs))
+        want = [lay.layers, "*", lay.hidden] if lay.layers else ["*", lay.hidden]
+        ok = len(dims) == len(want) and all(not isinstance(d, int) or w == "*" or d == w
+                                            for d, w in zip(dims, want, strict=True))
+        if not ok:
+            raise BundleError(
+                f"{file}: {what} state {name} has shape {dims} but the step's state is "
+                f"{want} ('*': rows) in that position: the prefill's and the step's state "
+                "tensors must have the same sizes, in the same order")
+
+
+def bind_sequence_lens(nodes: list[Any], lens: str, file: str) -> None:
+    """Feed int32 lengths `lens` to recurrent nodes as their `sequence_lens` (input 4)."""
+    for node in nodes:
+        if len(node.input) > 4 and node.input[4]:
+            raise BundleError(f"{file}: recurrent node {node.name} already has sequence_lens; "
+                              "name the graph's lengths input with --prefill-input-names")
+        ins = list(node.input) + [""] * (5 - len(node.input))
+        ins[4] = lens
+        del node.input[:]
+        node.input.extend(ins)
+
+
+def with_sequence_lens(model: Any, lengths: str, file: str) -> Any:
+    """`model` (a prefill exported from native nn.LSTM / GRU / RNN layers, input `lengths`
+    (batch,) int64) with its recurrent nodes given the lengths as `sequence_lens`: the state
+    they return is each row's own after its last valid step."""
+    import onnx
+
+    nodes = [n for n in model.graph.node if n.op_type in RNN_OPS and n.domain in ("", "ai.onnx")]
+    if not nodes:
+        raise BundleError(f"{file}: the exported prefill has no ONNX LSTM / GRU / RNN node, so "
+                          "its state would be the one after the batch's padding: seqserve.pack"
+                          ".lm runs the module's nn.LSTM / nn.GRU / nn.RNN layers within each "
+                          "prompt's length through them")
+    lens = "pack/sequence_lens"
+    model.graph.node.insert(0, onnx.helper.make_node("Cast", [lengths], [lens], to=6,
+                                                     name="pack/Cast_sequence_lens"))
+    bind_sequence_lens(nodes, lens, file)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _zeros_state(b: _Builder, batch: str, lay: StateLayout, value: Any, target: str) -> None:
+    """A zero initial state of the user's shape (layers, batch, hidden) or (batch, hidden)."""
+    parts = ([b.const("layers", [lay.layers])] if lay.layers else []) + \
+        [batch, b.const("hidden", [lay.hidden])]
+    shape = b.one("Concat", parts, axis=0)
+    zero = b.onnx.helper.make_tensor(b.name("zero"), F32, [1], [0.0])
+    _cast_to(b, b.one("ConstantOfShape", [shape], value=zero), value, target)
+
+
+def compose_prefill(user: Any, names: LMGraphNames, layouts: list[StateLayout],
+                    file: str) -> Any:
+    """LM prefill: the user's sequence graph (ids[, lengths][, initial state...]) ->
+    (logits, state...) becomes the contract's (input_ids, lengths) -> (state after each row's
+    last token, log_probs zero past each row's length). Initial states are zeros. A graph
+    without a lengths input gets one through its recurrent nodes' `sequence_lens` (the state
+    it returns is then each row's own); a graph with neither is refused."""
+    b = _Builder(user)
+    shape = b.one("Shape", ["input_ids"])
+    batch = b.one("Gather", [shape, b.const("axis", [0])])  # (1,)
+    seq = b.one("Gather", [shape, b.const("axis", [1])])  # (1,)
+    ids = b.one("Transpose", ["input_ids"], perm=[1, 0]) if names.time_major else "input_ids"
+    _cast_to(b, ids, _value(user, names.ids), PREFIX + names.ids)
+    if names.lengths is not None:
+        _cast_to(b, "lengths", _value(user, names.lengths), PREFIX + names.lengths)
+    else:
+        nodes = [n for n in b.user.graph.node if n.op_type in RNN_OPS
+                 and n.domain in ("", "ai.onnx")]
+        if not nodes:
+            raise BundleError(
+                f"{file}: the prefill graph reads no lengths and has no ONNX LSTM / GRU / RNN "
+                "node, so the state it returns is the one after the batch's padding, not after "
+                "each prompt's last token. Export it with a lengths input and return each "
+                "row's state at its length (seqserve.pack.length_aware(your_rnn) does that), "
+                "or pack the module with seqserve.pack.lm")
+        bind_sequence_lens(nodes, b.one("Cast", ["lengths"], to=6), file)  # int32
+    for name, lay in zip(names.states, layouts, strict=False):
+        _zeros_state(b, batch, lay, _value(user, name), PREFIX + name)
+    b.split_pre()
+    logits = PREFIX + names.logits
+    rank = _rank(_value(user, names.logits, outputs=True))
+    if rank == 2:  # flattened (seq*batch, V) or (batch*seq, V), as the tutorial's view(-1, V)
+        first, second = (seq, batch) if names.time_major else (batch, seq)
+        logits = b.one("Reshape", [logits, b.one("Concat", [first, second,
+                                                            b.const("v", [-1])], axis=0)])
+    elif rank != 3:
+        raise BundleError(f"{file}: prefill output {names.logits} has rank {rank}; expected "
+                          "logits (batch, seq, vocab), (seq, batch, vocab) or (seq*batch, "
+                          "vocab)")
+    if names.time_major:
+        logits = b.one("Transpose", [logits], perm=[1, 0, 2])
+    lp = b.one("LogSoftmax", [b.one("Cast", [logits], to=F32)], axis=-1)
+    mask = b.one("Unsqueeze", [b.length_mask("input_ids", "lengths"), b.const("ax", [2])])
+    b.one("Where", [mask, lp, b.const("zero", [0.0], "float32")], "log_probs")
+    states = [b.one("Cast", [PREFIX + o], to=F32) for o in names.new_states]
+    b.flatten(states, layouts, "state")
+    return b.model([_vi("input_ids", I64, ["batch", "seq"]), _vi("lengths", I64, ["batch"])],
+                   [_vi("state", F32, ["batch", "state_dim"]),
+                    _vi("log_probs", F32, ["batch", "seq", "vocab"])])
+
+
+def compose_lm_step(user: Any, names: LMGraphNames, layouts: list[StateLayout],
+                    file: str) -> Any:
+    """LM step: the user's graph (ids[, lengths], state...) -> (logits, new state...) run on
+    one token per row becomes the contract's (prev_ids, state) -> (new_state, log_probs)."""
+    b = _Builder(user)
+    value = _value(user, names.ids)
+    rank = _rank(value)
+    if rank == 1:
+        ids = "prev_ids"
+    elif rank == 2:  # a sequence graph run on one step: (1, rows) or (rows, 1)
+        ids = b.one("Unsqueeze", ["prev_ids", b.const("ax", [0 if names.time_major else 1])])
+    else:
+        raise BundleError(f"{file}: step input {names.ids} has rank {rank}; expected token "
+                          "ids (rows,), (1, rows) or (rows, 1)")
+    _cast_to(b, ids, value, PREFIX + names.ids)
+    if names.lengths is not None:  # one token per row
+        one = b.onnx.helper.make_tensor(b.name("one"), I64, [1], [1])
+        ones = b.one("ConstantOfShape", [b.one("Shape", ["prev_ids"])], value=one)
+        _cast_to(b, ones, _value(user, names.lengths), PREFIX + names.lengths)
+    b.unflatten(b.one("Identity", ["state"]), layouts, [PREFIX + n for n in names.states])
+    b.split_pre()
+    logits = PREFIX + names.logits
+    out_rank = _rank(_value(user, names.logits, outputs=True))
+    if out_rank == 3:
+        logits = b.one("Squeeze", [logits, b.const("ax", [0 if names.time_major else 1])])
+    elif out_rank != 2:
+        raise BundleError(f"{file}: step output {names.logits} has rank {out_rank}; expected "
+                          "logits (rows, vocab), (1, rows, vocab) or (rows, 1, vocab)")
+    b.one("LogSoftmax", [b.one("Cast", [logits], to=F32)], "log_probs", axis=-1)
+    states = [b.one("Cast", [PREFIX + o], to=F32) for o in names.new_states]
+    b.flatten(states, layouts, "new_state")
+    return b.model([_vi("prev_ids", I64, ["rows"]), _vi("state", F32, ["rows", "state_dim"])],
+                   [_vi("new_state", F32, ["rows", "state_dim"]),
+                    _vi("log_probs", F32, ["rows", "vocab"])])

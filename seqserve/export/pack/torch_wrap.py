@@ -11,7 +11,11 @@ The same wrapping as `onnx_compose`, written as modules so that they can be expo
   [attention]) -> memory gathered by memory_index, log-softmax + top-k, flat new state;
 - `SeriesWrap` / `StatefulSeriesWrap`: a feature-sequence module(features, lengths[,
   state...]) -> outputs (B, k) or (B, T, k) zeroed past length[, the new state tensors
-  flattened into one (B, state_dim)].
+  flattened into one (B, state_dim)];
+- `LMPrefillWrap` / `LMPrefillRows` / `LMStepWrap`: a language model's forward(input,
+  hidden) -> (logits, hidden) over the prompts from a zero state (exported; its ONNX
+  recurrent nodes then read the lengths), each prompt alone (the eager reference), and on
+  one token per row.
 
 A state is whatever the user's encoder returns after memory: a tensor (layers, batch,
 hidden) or (batch, hidden), or a tuple of them such as an LSTM's (h, c); `StateTree` records
@@ -322,3 +326,134 @@ def series_state_tree(module: nn.Module, example: tuple[Tensor, Tensor], count: 
         "module takes its state as (layers, batch, hidden) or (batch, width) tensors (an LSTM's "
         "(h, c) as a tuple or two arguments) and returns the new state in the same shapes "
         "after its outputs")
+
+
+# -- language models ------------------------------------------------------------------------
+
+def _lm_input(ids: Tensor, time_major: bool) -> Tensor:
+    return ids.transpose(0, 1) if time_major else ids
+
+
+def _lm_logits(out: Any, x: Tensor, time_major: bool) -> Tensor:
+    """The module's output as (B, T, V): from (T, B, V), (B, T, V) or flattened (T*B, V)."""
+    logits = _first(out)
+    if logits.dim() == 2:
+        logits = logits.reshape(x.shape[0], x.shape[1], -1)
+    return (logits.transpose(0, 1) if time_major else logits).float()
+
+
+class LMPrefillWrap(nn.Module):
+    """(input_ids, lengths) -> (state, log_probs zero past length): the module run once over
+    the padded prompts from a zero state, with its native layers. Exported to ONNX, its
+    recurrent nodes then get the lengths as `sequence_lens`
+    (`onnx_compose.with_sequence_lens`), which makes the state each row's own; run eagerly,
+    the state is the one after the padding (`LMPrefillRows` is the eager reference)."""
+
+    def __init__(self, module: nn.Module, tree: StateTree, time_major: bool) -> None:
+        super().__init__()
+        self.module = module
+        self.tree = tree
+        self.time_major = time_major
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        width = sum(lay.width for lay in self.tree.layouts)
+        zeros = (input_ids[:, :1] * 0).float().expand(-1, width)  # (B, S), follows the batch
+        x = _lm_input(input_ids, self.time_major)
+        out = self.module(x, *self.tree.build(self.tree.unflatten(zeros)))
+        lp = F.log_softmax(_lm_logits(out, x, self.time_major), dim=-1)
+        mask = length_mask(lengths, input_ids.shape[1]).unsqueeze(-1)
+        n = len(self.tree.shape)
+        state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
+        return state, torch.where(mask, lp, torch.zeros_like(lp))
+
+
+class LMPrefillRows(LMPrefillWrap):
+    """The eager reference of the prefill: each row run alone over its own tokens (so its
+    state is the one after its last token, exactly), then padded back into the batch."""
+
+    def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        states, lps = [], []
+        for row, n in enumerate(lengths.tolist()):
+            state, lp = super().forward(input_ids[row:row + 1, :n], lengths[row:row + 1])
+            pad = lp.new_zeros(1, input_ids.shape[1] - n, lp.shape[2])
+            states.append(state)
+            lps.append(torch.cat([lp, pad], dim=1))
+        return torch.cat(states), torch.cat(lps)
+
+
+class LMStepWrap(nn.Module):
+    """(prev_ids (R,), state (R, S)) -> (new_state, log_probs (R, V)): the module on one
+    token per row (its native layers)."""
+
+    def __init__(self, module: nn.Module, tree: StateTree, time_major: bool) -> None:
+        super().__init__()
+        self.module = module
+        self.tree = tree
+        self.time_major = time_major
+
+    def forward(self, prev_ids: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        x = prev_ids.unsqueeze(0 if self.time_major else 1)  # (1, R) or (R, 1)
+        out = self.module(x, *self.tree.build(self.tree.unflatten(state)))
+        logits = _lm_logits(out, x, self.time_major)[:, 0]  # (R, V)
+        n = len(self.tree.shape)
+        new_state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
+        return new_state, F.log_softmax(logits, dim=-1)
+
+
+def lm_time_major(module: nn.Module) -> bool:
+    """Whether a module's recurrent layers read (seq, batch) input (nn.LSTM's default)."""
+    firsts = {m.batch_first for m in module.modules() if isinstance(m, nn.RNNBase)}
+    if len(firsts) != 1:
+        why = "its layers differ in batch_first" if firsts else "no nn.LSTM/GRU/RNN inside"
+        raise BundleError("cannot tell whether the module reads (batch, seq) or (seq, batch) "
+                          f"token ids ({why}): give batch_first=True or False")
+    return not firsts.pop()
+
+
+def lm_state_tree(module: nn.Module, ids: Tensor, time_major: bool) -> StateTree:
+    """The nesting and layout of an LM's hidden state: from `init_hidden(batch)` when the
+    module has one (the PyTorch word_language_model's), else the shapes its recurrent layers
+    suggest, else what `forward(input, None)` returns; checked on two batch sizes."""
+    def run(batch: int, hidden: Any) -> Any:
+        return module(_lm_input(ids[:batch], time_major), hidden)
+
+    guesses: list[Any] = []
+    tried: list[str] = []
+    with torch.no_grad():
+        init = getattr(module, "init_hidden", None)
+        if callable(init):
+            try:
+                guesses.append((init(3), init(2)))
+            except Exception as exc:  # a different signature: try the other ways
+                tried.append(f"init_hidden(3) ({type(exc).__name__})")
+        for shapes in _candidates(module, 3, 1):
+            small = [[_two(s) for s in item] if isinstance(item, list) else _two(item)
+                     for item in shapes]
+            guesses.append((_zeros(shapes)[0], _zeros(small)[0]))
+        try:
+            out = run(3, None)
+            if isinstance(out, tuple | list) and len(out) == 2:
+                guesses.append((out[1], run(2, None)[1]))
+        except Exception as exc:  # the module needs a state
+            tried.append(f"None ({type(exc).__name__})")
+        for big, small in guesses:
+            try:
+                a, b = run(3, big), run(2, small)
+            except Exception as exc:  # this guess does not fit
+                tried.append(f"{_shapes([big])} ({type(exc).__name__}: {str(exc)[:80]})")
+                continue
+            if not (isinstance(a, tuple | list) and len(a) == 2
+                    and _shapes([a[1]]) == _shapes([big])):
+                tried.append(f"{_shapes([big])} (returned {type(a).__name__})")
+                continue
+            group_a = list(a[1]) if isinstance(a[1], tuple | list) else [a[1]]
+            group_b = list(b[1]) if isinstance(b[1], tuple | list) else [b[1]]
+            layouts = [_layout(ta, tb, 3) for ta, tb in zip(group_a, group_b, strict=True)]
+            nest = len(group_a) if isinstance(a[1], tuple | list) else 0
+            return StateTree((nest,), tuple(layouts))
+    raise BundleError(
+        "forward(input, hidden) -> (logits, hidden): could not find the hidden state the "
+        f"module takes (tried {'; '.join(tried) or 'nothing'}). A language model for "
+        "seqserve.pack.lm takes token ids and its state, e.g. an LSTM's (h, c) each "
+        "(layers, batch, hidden), and returns its logits and the new state in the same shapes "
+        "(an init_hidden(batch) method is used when present)")

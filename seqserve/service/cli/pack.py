@@ -16,6 +16,8 @@ examples:
       --repo model_repository --name pos
   seqserve pack translator --encoder enc.onnx --decoder-step step.onnx \\
       --source-tokenizer src.json --target-tokenizer tgt.json --repo model_repository --name mt
+  seqserve pack lm --prefill lm.onnx --step lm.onnx --tokenizer chars.json \\
+      --prefill-input-names input_ids,h0,c0 --prefill-output-names logits,hn,cn --name chars
   seqserve pack sequence-tagger --onnx forecaster.onnx --features 3 --outputs 1 \\
       --input-names x,n,h0 --output-names y,hn --normalization stats.json --name load
   seqserve pack sequence-classifier --onnx sensor.onnx --features 6 --labels ok,fault \\
@@ -148,6 +150,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="most tokens generated per text (default: 128)")
     _common(mt, "the source (or joint) tokenizer")
     _specials(mt, "target-", "the --target-tokenizer")
+    lm = sub.add_parser(
+        "lm", help="language model (streamed generation, scoring)",
+        description="Pack a language model: a prefill graph(ids[, lengths][, initial "
+        "state...]) -> (logits, state...) and a step graph(ids, state...) -> (logits, new "
+        "state...) (the same file twice for a forward(input, hidden) exported once with "
+        "dynamic seq and batch axes); pack appends log-softmax (logits or log-probs both "
+        "work), zeros past each row's length, zero initial states, and flattens the state "
+        "tensors. A prefill without a lengths input gets one through its LSTM / GRU / RNN "
+        "nodes (sequence_lens), so its state is each prompt's own.")
+    lm.add_argument("--prefill", type=Path, required=True,
+                    help="the ONNX graph that reads a batch of prompts: token ids (batch, seq) "
+                    "or (seq, batch) -> logits (batch, seq, vocab), (seq, batch, vocab) or "
+                    "(seq*batch, vocab) and the state after the prompt")
+    lm.add_argument("--step", type=Path, required=True,
+                    help="the ONNX graph that advances one token: ids (rows,), (1, rows) or "
+                    "(rows, 1) and the state tensors ((layers, rows, hidden) or (rows, "
+                    "hidden)) -> logits and the new state tensors (may be the --prefill file)")
+    lm.add_argument("--tokenizer", type=Path, required=True,
+                    help="tokenizer.json (Hugging Face tokenizers) or a SentencePiece .model; "
+                    "its vocabulary size must be the model's output size")
+    for graph in ("prefill", "step"):
+        lm.add_argument(f"--{graph}-input-names", default=None, metavar="IDS[,LENGTHS],STATE...",
+                        help=f"the {graph} graph's own input names in the contract's order: "
+                        "token ids, an optional lengths (batch,) int input, then the state "
+                        "tensors in the step's order (an LSTM's h and c are two; default: its "
+                        "inputs in order)")
+        lm.add_argument(f"--{graph}-output-names", default=None, metavar="LOGITS,STATE...",
+                        help=f"the {graph} graph's own output names: logits (or log-probs) "
+                        "then the state tensors in the order of the step's state inputs "
+                        "(default: its outputs in order)")
+    lm.add_argument("--layout", choices=["auto", "batch-first", "time-major"], default="auto",
+                    help="whether the graphs' 2-D token ids are (batch, seq) or (seq, batch) "
+                    "(nn.LSTM's default); auto: the axis they share with the state tensors' "
+                    "batch dim")
+    _common(lm, "the tokenizer (bos starts every prompt, eos ends generation)")
     seq_clf = sub.add_parser(
         "sequence-classifier", help="one result per series of feature vectors",
         description="Pack a many-to-one feature-sequence model: graph(features, lengths[, "
@@ -174,6 +211,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     specials = {n: getattr(args, f"{n}_token") for n in ("pad", "unk", "bos", "eos")}
+    if args.task == "lm":
+        from seqserve.export.pack.files import pack_lm_files
+
+        pack_lm_files(repo=args.repo, name=args.name, prefill=args.prefill, step=args.step,
+                      tokenizer=args.tokenizer, prefill_input_names=args.prefill_input_names,
+                      prefill_output_names=args.prefill_output_names,
+                      step_input_names=args.step_input_names,
+                      step_output_names=args.step_output_names, layout=args.layout,
+                      version=args.version, specials=specials, max_tokens=args.max_tokens)
+        return 0
     common = {"repo": args.repo, "name": args.name, "version": args.version,
               "specials": specials, "max_tokens": args.max_tokens}
     if args.task == "translator":

@@ -6,6 +6,9 @@ two instances (on 2 cores, 1 API process + 2 instances served long texts 1.33x f
 one instance, short texts 0.9x; two API processes were slower on both). On CUDA the device
 does the compute; API processes take every core but two (the engine's loop and the
 system's share), and two instances keep two batches in flight on the device.
+
+`sources` and `speed_block`: the block `seqserve serve` prints at start, each speed setting in
+force with where it came from (docs/performance.md, section 11, says what chose each default).
 """
 
 from __future__ import annotations

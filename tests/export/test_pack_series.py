@@ -90,10 +90,7 @@ def server(packed: dict[str, Any]) -> Iterator[str]:
     from seqserve.service.server.app import create_app
     from seqserve.service.web.settings import Settings
 
-    # answers, not admission, are tested here: a loaded machine's cost estimate must not
-    # refuse the concurrent burst (429 "expected queue wait 0.6 s > 0.5 s allowed" seen)
-    settings = Settings(repo=packed["repo"], max_wait_ms=20, intra_op_threads=1, max_texts=8,
-                        max_queue_wait_s=10.0)
+    settings = Settings(repo=packed["repo"], max_wait_ms=20, intra_op_threads=1, max_texts=8)
     with serve_in_thread(create_app(settings)) as url:
         yield url
 

@@ -202,8 +202,12 @@ def test_api_and_engine_processes_report_the_same_effective_values(
 
 
 @pytest.mark.parametrize("flags", [("--api-workers", "0"), ("--api-workers", "1")])
-def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
-                                                      flags: tuple[str, str]) -> None:
+def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path, flags: tuple[str, str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """...and both print the speed settings at start, each with where it came from."""
+    from seqserve.service.server.layout import cores
+
+    monkeypatch.setenv("SEQSERVE_MAX_WAIT_MS", "3")
     body = {"texts": ["one two three", "vingt et un"], "top_k": 3}
     with serve(tiny_repo, *flags) as server:
         r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify", json=body, timeout=30)
@@ -215,6 +219,15 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path,
     assert r.status_code == 200
     scores = [t["probability"] for res in r.json()["results"] for t in res["top_k"]]
     assert len(scores) == 6 and all(0 <= s <= 1 for s in scores)
+    printed = server.output()
+    block = printed[printed.index("serving settings ("):].splitlines()
+    rows = {line.split()[0]: line.split(maxsplit=2)[1:] for line in block[1:8]}
+    assert rows["api_workers"] == [flags[1], "cli --api-workers"]
+    assert rows["instances"][1].startswith(f"auto: {cores()} cores")
+    assert rows["intra_op_threads"] == ["1", "cli --intra-op-threads"]  # process_support's
+    assert rows["max_wait_ms"] == ["3.0", "env SEQSERVE_MAX_WAIT_MS"]
+    assert rows["max_batch_size"] == ["16", "default"]
+    assert rows["max_queue_wait_s"] == ["0.5", "default"]
 
 
 def test_children_get_the_same_settings() -> None:

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from seqserve.service.server.layout import cgroup_cpu_limit, describe, resolve
+import pytest
+
+from seqserve.service.server.layout import (
+    cgroup_cpu_limit,
+    describe,
+    resolve,
+    resolved_sources,
+    sources,
+    speed_block,
+)
 from seqserve.service.web.settings import Settings
 
 
@@ -34,3 +44,35 @@ def test_container_cpu_limit(tmp_path: Path) -> None:
     assert cgroup_cpu_limit(tmp_path) == 1.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert cgroup_cpu_limit(tmp_path) is None
+
+
+def test_each_setting_says_where_it_came_from() -> None:
+    given = Settings(max_batch_size=8, max_wait_ms=5.0, instances=3)
+    env = {"SEQSERVE_MAX_WAIT_MS": "5", "seqserve_instances": "3"}  # any case, as pydantic
+    origin = sources(given, cli={"max_batch_size"}, env=env)
+    assert origin["max_batch_size"] == "cli --max-batch-size"
+    assert origin["max_wait_ms"] == "env SEQSERVE_MAX_WAIT_MS"
+    assert origin["instances"] == "env SEQSERVE_INSTANCES"
+    assert origin["max_queue_wait_s"] == "default"
+    assert sources(Settings(max_texts=7), env={})["max_texts"] == "set by the caller"
+    after = resolve(given, available=2)
+    final = resolved_sources(given, after, origin, available=2)
+    assert final["api_workers"] == "auto: 2 cores, cpu (default was 'auto')"
+    assert final["intra_op_threads"] == "default"  # instances given: threads stay 0
+    block = speed_block(after, final).splitlines()
+    assert block[0].startswith("serving settings (1 API process(es) + 1 engine process, 3 ")
+    assert block[3].split() == ["intra_op_threads", "0", "(runtime", "default)", "default"]
+    assert block[4].split() == ["max_batch_size", "8", "cli", "--max-batch-size"]
+
+
+def test_the_start_up_block_in_json_logs(capsys: pytest.CaptureFixture[str]) -> None:
+    from seqserve.service.cli.serve import print_speed_settings
+
+    s = resolve(Settings(log_format="json"), available=2)
+    print_speed_settings(s, resolved_sources(Settings(), s, sources(Settings(), env={}), 2))
+    (line,) = capsys.readouterr().err.splitlines()
+    doc = json.loads(line)
+    assert doc["message"] == "serving settings" and doc["level"] == "info"
+    assert doc["settings"]["instances"] == {"value": 2,
+                                            "source": "auto: 2 cores, cpu (default was 'auto')"}
+    assert doc["settings"]["max_batch_size"] == {"value": 16, "source": "default"}

@@ -59,12 +59,14 @@ def settings_from_args(args: argparse.Namespace) -> typing.Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    return serve(settings_from_args(args))
+    return serve(settings_from_args(args),
+                 cli={k for k in vars(args) if getattr(args, k, None) is not None})
 
 
-def serve(settings: typing.Any) -> int:
+def serve(settings: typing.Any, cli: typing.Iterable[str] = ()) -> int:
     """Serve until SIGTERM/SIGINT, then drain admitted work (also used by `seqserve demo`):
-    a supervisor with API processes and an engine process, or one process (--api-workers 0)."""
+    a supervisor with API processes and an engine process, or one process (--api-workers 0).
+    `cli`: the fields given as flags (the start-up block says where each setting came from)."""
     import json
     import logging
 
@@ -75,9 +77,10 @@ def serve(settings: typing.Any) -> int:
         raise UserError(f"{settings.repo}: model repository folder does not exist")
     process = settings.process_settings()
     process.apply()  # every process of the server applies the same (the engine's: its options)
-    settings = tuning.resolve(settings)
+    origin = tuning.sources(settings, cli)
+    before, settings = settings, tuning.resolve(settings)
+    print_speed_settings(settings, tuning.resolved_sources(before, settings, origin))
     log = logging.getLogger("seqserve")
-    log.info("layout: %s", tuning.describe(settings))
     log.info("settings: %s", json.dumps(settings.effective(), sort_keys=True))
     if settings.api_workers:
         from seqserve.service.server.supervisor import Supervisor
@@ -91,3 +94,23 @@ def serve(settings: typing.Any) -> int:
     process.apply()  # again: uvicorn's Config set up its own loggers
     server.run()
     return 0
+
+
+def print_speed_settings(settings: typing.Any, origin: typing.Mapping[str, str]) -> None:
+    """The start-up block on stderr whatever the log level (one JSON line with
+    --log-format json): the speed settings in force and where each came from."""
+    import logging
+    import sys
+
+    from seqserve.service.core.logs import JsonFormatter
+    from seqserve.service.server import layout as tuning
+
+    if settings.log_format == "json":
+        record = logging.LogRecord("seqserve", logging.INFO, __file__, 0, "serving settings",
+                                   None, None)
+        record.fields = {"layout": tuning.describe(settings),
+                         "settings": {n: {"value": getattr(settings, n), "source": origin[n]}
+                                      for n in tuning.SPEED_SETTINGS}}
+        print(JsonFormatter().format(record), file=sys.stderr, flush=True)
+    else:
+        print(tuning.speed_block(settings, origin), file=sys.stderr, flush=True)

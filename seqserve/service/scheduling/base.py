@@ -134,6 +134,85 @@ class CostEstimate:
         return None if self.per_unit is None else units * self.per_unit / max(parallel, 1)
 
 
+@dataclass
+class BatchCost:
+    """Seconds of one batch as `fixed + units x per_unit`, fitted online from the (units,
+    seconds) of recent batches by exponentially decayed least squares. A batch of a few tiny
+    rows is mostly its fixed cost (a runtime call, the hand-back), so seconds / units alone
+    inflates the cost of a queue of tiny rows many times over; this keeps the two apart.
+
+    Guards: both terms non-negative (a negative intercept or slope is refitted with that term
+    at 0); with too few batches or sizes too alike to separate them (relative spread of the
+    sizes under `min_spread`), the split of the last fit that separated them, scaled to these
+    batches, else per-unit only (`fixed` 0, seconds / units of the decayed sums). After a gap
+    (stale) the fit restarts from the new batch: its level replaces the old estimate, the old
+    split stays (one tiny batch after a pause, slowed by a busy machine, must not turn into a
+    per-token cost that refuses a queue of tiny rows). Unknown (None) until measured."""
+
+    alpha: float = 0.05
+    """Weight of the newest batch (the fit remembers ~1 / alpha batches)."""
+    min_spread: float = 0.1
+    """Least coefficient of variation of the remembered batch sizes that fits a fixed term."""
+    min_batches: int = 3
+    """Fewest batches since the last restart that fit a fixed term."""
+    fixed: float = 0.0
+    """Seconds of a batch whatever its size."""
+    per_unit: float | None = None
+    """Seconds per unit (token, row) on top of `fixed`."""
+    observed_at: float = 0.0
+    """time.monotonic() of the last measurement."""
+    batches: int = 0
+    """Batches folded in since the last restart."""
+    _sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
+    """Decayed sums of 1, units, seconds, units^2, units x seconds."""
+    _split: tuple[float, float] | None = None
+    """(fixed, per_unit) of the last fit that separated the terms."""
+
+    def stale(self, after_s: float = PROBE_AFTER_S) -> bool:
+        """No measurement for `after_s` (as `CostEstimate.stale`)."""
+        return time.monotonic() - self.observed_at > after_s
+
+    def observe(self, units: int, seconds: float) -> None:
+        """Fold in a batch of `units` that took `seconds`, and refit."""
+        if units <= 0 or seconds <= 0:
+            return
+        keep = 0.0 if self.per_unit is None or self.stale() else 1 - self.alpha
+        if keep == 0.0:
+            self.batches = 0
+        w, sx, sy, sxx, sxy = (keep * v for v in self._sums)
+        x, y = float(units), float(seconds)
+        self._sums = (w + 1, sx + x, sy + y, sxx + x * x, sxy + x * y)
+        self.batches += 1
+        self.observed_at = time.monotonic()
+        self.fixed, self.per_unit = self._fit()
+
+    def _fit(self) -> tuple[float, float]:
+        w, sx, sy, sxx, sxy = self._sums
+        mx, my = sx / w, sy / w
+        var = max(sxx / w - mx * mx, 0.0)
+        if self.batches < self.min_batches or var < (self.min_spread * mx) ** 2:
+            if self._split is None:
+                return 0.0, sy / sx  # per-unit only
+            fixed, slope = self._split  # its shape, at these batches' level
+            scale = sy / max(w * fixed + sx * slope, 1e-12)
+            return fixed * scale, slope * scale
+        slope = (sxy / w - mx * my) / var
+        fixed = my - slope * mx
+        if fixed < 0:  # through the origin
+            fixed, slope = 0.0, sxy / sxx
+        elif slope < 0:  # size does not matter here: the mean batch
+            fixed, slope = my, 0.0
+        self._split = (fixed, slope)
+        return fixed, slope
+
+    def seconds(self, units: float, batches: float = 1, parallel: int = 1) -> float | None:
+        """Expected seconds of `batches` batches holding `units` in all, on `parallel`
+        workers (None: unknown)."""
+        if self.per_unit is None:
+            return None
+        return (batches * self.fixed + units * self.per_unit) / max(parallel, 1)
+
+
 def admission_refusal(wait: float | None, service: float | None, deadline: float,
                       max_wait_s: float | None, now: float) -> str | None:
     """Why a request should be refused now, or None: its expected queue wait is over the

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import queue
 import threading
 import time
@@ -34,7 +35,7 @@ from typing import Any, Generic, TypeVar
 
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.scheduling.base import (
-    CostEstimate,
+    BatchCost,
     NullObserver,
     Observer,
     Timed,
@@ -84,7 +85,8 @@ class BatcherConfig:
     """Retry-After of QueueFull / ShuttingDown."""
     max_queue_wait_s: float | None
     """Admission by expected wait: rows whose expected queue wait (the tokens ahead of them
-    at the recently measured seconds per token) exceeds this, or their deadline, are refused
+    from the batches they fill and their tokens, at the recently measured fixed cost per batch
+    and cost per token) exceeds this, or their deadline, are refused
     at once (QueueFull, Retry-After = the backlog's drain time); None: the depth bound only."""
     overhead_tokens: float
     """Fixed cost of starting one batch, in padded-token units: how much padding length
@@ -124,8 +126,9 @@ class Batcher(Generic[P, R]):
             queue.SimpleQueue() for _ in self.computes]
         self._threads: list[threading.Thread] = []
         self._queued_tokens = 0  # tokens of the rows counted in _live
-        self.cost = CostEstimate()
-        """Seconds of compute per token, from recent batches (warm-up included)."""
+        self.cost = BatchCost()
+        """Seconds of a batch, fixed + per token, fitted from recent batches (warm-up
+        included)."""
         self.max_depth_seen = 0
         """Highest queue depth ever observed (tests check the bound)."""
         self.batches_run = 0
@@ -136,9 +139,22 @@ class Batcher(Generic[P, R]):
         """Rows waiting for a batch (cancelled rows excluded)."""
         return self._live
 
-    def expected_wait(self, tokens: int = 0) -> float | None:
-        """Seconds rows of `tokens` more would wait before computing (None: not measured)."""
-        return self.cost.seconds(self._queued_tokens + tokens, len(self.computes))
+    def expected_wait(self) -> float | None:
+        """Seconds a row submitted now would wait before computing (None: not measured): the
+        batches the queue needs (`batches_for`) at the measured fixed cost each, plus its
+        tokens at the measured cost per token, shared by the instances running in parallel."""
+        return self.cost.seconds(self._queued_tokens, self.batches_for(self._live,
+                                                                        self._queued_tokens),
+                                 len(self.computes))
+
+    def batches_for(self, rows: int, tokens: int) -> int:
+        """Fewest batches that hold `rows` rows of `tokens` tokens in all under the row and
+        token limits (0 for none)."""
+        if rows <= 0:
+            return 0
+        cfg = self.config
+        return max(math.ceil(rows / cfg.max_batch_size),
+                   math.ceil(tokens / cfg.max_batch_tokens), 1)
 
     def start(self) -> None:
         """Start the loop task on the running event loop."""
@@ -190,7 +206,8 @@ class Batcher(Generic[P, R]):
         let through on a guess only to miss its deadline)."""
         tokens = sum(max(int(n), 1) for _, n in rows)
         wait = self.expected_wait()
-        why = admission_refusal(wait, self.cost.seconds(tokens), deadline,
+        own = self.cost.seconds(tokens, self.batches_for(len(rows), tokens))
+        why = admission_refusal(wait, own, deadline,
                                 self.config.max_queue_wait_s, time.monotonic())
         if why is None:
             return

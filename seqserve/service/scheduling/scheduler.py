@@ -34,7 +34,13 @@ import numpy as np
 
 from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
-from seqserve.service.scheduling.base import CostEstimate, NullObserver, Observer, admission_refusal
+from seqserve.service.scheduling.base import (
+    BatchCost,
+    CostEstimate,
+    NullObserver,
+    Observer,
+    admission_refusal,
+)
 from seqserve.service.scheduling.group import DecodeGroup
 from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions, max_steps
 from seqserve.service.scheduling.work import (
@@ -90,9 +96,9 @@ class DecodeScheduler:
         """Seconds per admitted request while others waited: the admission rate."""
         self.decode_cost = CostEstimate()
         """Seconds from admission to answer per request (warm-up included)."""
-        self.step_cost = CostEstimate()
-        """Seconds per row of a decoder step (a group's step time / its rows): what a
-        request's fewest steps cost with its rows (sources x beam)."""
+        self.step_cost = BatchCost()
+        """Seconds of a decoder step, fixed + per row (fitted from the groups' steps): what
+        a request's fewest steps cost with its rows (sources x beam)."""
         self._backlog_since: float | None = None
         self._reset()
 
@@ -154,14 +160,14 @@ class DecodeScheduler:
 
     def _fewest_steps_cost(self, sources: Sequence[list[int]],
                            options: SearchOptions) -> float | None:
-        """Seconds the request's fewest decoder steps take at the measured cost per row of a
-        step, with its rows (sources x beam): no source ends before `min_length` tokens (or
-        its length cap), whatever the load."""
+        """Seconds the request's fewest decoder steps take at the measured cost of a step
+        (fixed + per row), with its rows (sources x beam): no source ends before `min_length`
+        tokens (or its length cap), whatever the load."""
         if not options.min_length or not sources:
             return None
         steps = max(min(options.min_length, max_steps(options, len(src), self.limits))
                     for src in sources)
-        return self.step_cost.seconds(steps * len(sources) * options.beam_size)
+        return self.step_cost.seconds(steps * len(sources) * options.beam_size, batches=steps)
 
     def _probe(self, sources: Sequence[list[int]], options: SearchOptions) -> None:
         """Queue `sources` with no one waiting for them: their answer updates the costs."""

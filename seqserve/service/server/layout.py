@@ -6,12 +6,16 @@ two instances (on 2 cores, 1 API process + 2 instances served long texts 1.33x f
 one instance, short texts 0.9x; two API processes were slower on both). On CUDA the device
 does the compute; API processes take every core but two (the engine's loop and the
 system's share), and two instances keep two batches in flight on the device.
+
+`sources` and `speed_block`: the block `seqserve serve` prints at start, each speed setting in
+force with where it came from (docs/performance.md, section 11, says what chose each default).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +73,55 @@ def describe(settings: Settings) -> str:
     return (f"{settings.api_workers} API process(es) + 1 engine process, "
             f"{settings.instances} instance(s) per model, {threads} intra-op thread(s) each; "
             f"{cores()} cores")
+
+
+SPEED_SETTINGS = ("api_workers", "instances", "intra_op_threads", "max_batch_size",
+                  "max_batch_tokens", "max_wait_ms", "max_queue_wait_s")
+"""The settings that decide how fast the server serves: the start-up block shows these."""
+
+
+def sources(settings: Settings, cli: Iterable[str] = (),
+            env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Where each of `settings`' fields came from: `cli --flag` (given on the command line),
+    `env SEQSERVE_X` (the environment), `set by the caller` (a program built the Settings,
+    e.g. `seqserve demo`), or `default`. (`seqserve serve` reads no config file.)"""
+    env = os.environ if env is None else env
+    names = {k.upper() for k in env}
+    given = set(cli)
+    out = {}
+    for name in Settings.model_fields:
+        var = f"SEQSERVE_{name.upper()}"
+        if name in given:
+            out[name] = "cli --" + name.replace("_", "-")
+        elif var in names:
+            out[name] = f"env {var}"
+        elif name in settings.model_fields_set:
+            out[name] = "set by the caller"
+        else:
+            out[name] = "default"
+    return out
+
+
+def resolved_sources(before: Settings, after: Settings, origin: Mapping[str, str],
+                     available: int | None = None) -> dict[str, str]:
+    """`origin` with the fields `resolve` chose for this machine marked so (auto, N cores)."""
+    n = available or cores()
+    out = dict(origin)
+    for name in Settings.model_fields:
+        if getattr(before, name) != getattr(after, name):
+            out[name] = f"auto: {n} cores, {after.device} ({origin[name]} was "\
+                        f"{getattr(before, name)!r})"
+    return out
+
+
+def speed_block(settings: Settings, origin: Mapping[str, str]) -> str:
+    """The start-up block: each speed setting in force and where it came from."""
+    values = {name: getattr(settings, name) for name in SPEED_SETTINGS}
+    if settings.intra_op_threads == 0:
+        values["intra_op_threads"] = "0 (runtime default)"
+    width = max(len(n) for n in SPEED_SETTINGS)
+    vwidth = max(len(str(v)) for v in values.values())
+    lines = [f"serving settings ({describe(settings)}):"]
+    lines += [f"  {name:<{width}}  {values[name]!s:<{vwidth}}  {origin.get(name, 'default')}"
+              for name in SPEED_SETTINGS]
+    return "\n".join(lines)

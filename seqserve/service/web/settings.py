@@ -53,11 +53,13 @@ class Settings(BaseSettings):
     inter_op_threads: int = Field(default=0, ge=0)
     """Threads across operators (0 = runtime default)."""
     max_batch_size: int = Field(default=16, ge=1)
-    """Most rows in one batch (16: best seq/s of the canonical classifier on CPU here)."""
+    """Most rows in one batch (16: best seq/s of the canonical classifier on CPU here;
+    docs/performance.md, section 11)."""
     max_batch_tokens: int = Field(default=4096, ge=1)
     """Padded-token budget of one batch: rows x longest row."""
     max_wait_ms: float = Field(default=2.0, ge=0)
-    """Longest a batch waits for more rows after its first arrived."""
+    """Longest a batch waits for more rows after its first arrived (2: 0.5 and 5 were no
+    better; docs/performance.md, section 11)."""
     batch_overhead_tokens: float = Field(default=64.0, ge=0)
     """Cost of starting a batch, in padded tokens: how much padding length grouping accepts
     to run fewer, larger batches (0 = only equal lengths share a batch)."""
@@ -67,9 +69,10 @@ class Settings(BaseSettings):
     """Per-request deadline; passed -> 504. A request may ask for a shorter one with the
     `X-Request-Timeout` header (seconds) or the OIP `timeout` parameter (microseconds)."""
     max_queue_wait_s: float = Field(default=0.5, gt=0)
-    """Admission by expected wait: a request whose expected wait in its model's queue (from
-    the recently measured service rate) exceeds this, or its own deadline, gets 429 at once,
-    before it is tokenized, with Retry-After from the backlog."""
+    """Admission by expected wait: a request whose expected wait in its model's queue (the
+    batches the queue needs at the recently measured fixed cost per batch, plus its tokens at
+    the measured cost per token) exceeds this, or its own deadline, gets 429 at once, before
+    it is tokenized, with Retry-After from the backlog."""
     drain_timeout_s: float = Field(default=20.0, ge=0)
     """On SIGTERM, how long admitted work may take before the process exits."""
     shutdown_delay_s: float = Field(default=5.0, ge=0)

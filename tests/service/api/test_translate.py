@@ -207,7 +207,7 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
     import time
 
     from seqserve.service.core.errors import ClientGone, DeadlineExceeded
-    from seqserve.service.scheduling.base import CostEstimate
+    from seqserve.service.scheduling.base import BatchCost, CostEstimate
     from seqserve.service.workers.base import RequestContext
 
     app = create_app(settings(tiny_repo), fake_factory(delay=0.003))
@@ -225,7 +225,7 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
                 await task
             # admission now knows 30 steps cannot fit 50 ms (429); with its costs unknown it
             # cannot know, takes the request, and the deadline stops it (504)
-            engine.core.step_cost = CostEstimate()
+            engine.core.step_cost = BatchCost()
             engine.core.decode_cost = CostEstimate()
             late = RequestContext(deadline=time.monotonic() + 0.05)
             with pytest.raises(DeadlineExceeded):

@@ -6,6 +6,7 @@ computes the refused work for no one to measure again."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -13,7 +14,7 @@ from fake_translator import FakeTranslator
 from service_fakes import decode_config, make_batcher
 
 from seqserve.service.core.errors import QueueFull
-from seqserve.service.scheduling.base import CostEstimate, admission_refusal
+from seqserve.service.scheduling.base import BatchCost, CostEstimate, admission_refusal
 from seqserve.service.scheduling.scheduler import DecodeScheduler
 from seqserve.service.scheduling.search import SearchOptions
 
@@ -33,6 +34,98 @@ def test_cost_estimate_follows_recent_batches() -> None:
     cost.observe(100, 3.0)
     assert cost.per_unit == pytest.approx(0.02)
     assert cost.seconds(50, parallel=2) == pytest.approx(0.5) and not cost.stale()
+
+
+FIXED, PER_TOKEN = 0.004, 0.00002
+"""A batch's measured cost in the tests below: 4 ms of overhead + 20 us a token."""
+
+
+def measured(cost: BatchCost, sizes: list[int]) -> BatchCost:
+    for tokens in sizes:
+        cost.observe(tokens, FIXED + PER_TOKEN * tokens)
+    return cost
+
+
+def test_batch_cost_fits_fixed_plus_per_token() -> None:
+    cost = measured(BatchCost(), [4, 40, 12, 200, 8, 64, 4, 16] * 3)
+    assert cost.fixed == pytest.approx(FIXED) and cost.per_unit == pytest.approx(PER_TOKEN)
+    assert cost.seconds(0, batches=0) == 0.0
+    assert cost.seconds(100, batches=3, parallel=2) == pytest.approx(
+        (3 * FIXED + 100 * PER_TOKEN) / 2)
+    assert cost.seconds(100) == pytest.approx(FIXED + 100 * PER_TOKEN)  # one batch
+
+
+def test_batch_cost_guards() -> None:
+    assert BatchCost().seconds(10) is None  # nothing measured
+    same = measured(BatchCost(), [16] * 10)  # one size: no way to split the terms
+    assert same.fixed == 0.0 and same.per_unit == pytest.approx((FIXED + PER_TOKEN * 16) / 16)
+    two = measured(BatchCost(), [4, 40])  # too few batches yet
+    assert two.fixed == 0.0 and two.per_unit is not None
+    falling = BatchCost()
+    for tokens, seconds in [(10, 0.02), (100, 0.01), (50, 0.015), (20, 0.018)]:
+        falling.observe(tokens, seconds)  # bigger batches faster (noise): no negative term
+    assert falling.per_unit == 0.0
+    assert falling.fixed == pytest.approx(0.01575, rel=0.01)  # their (decayed) mean
+    steep = BatchCost()
+    for tokens in [10, 100, 50, 20]:
+        steep.observe(tokens, 0.001 * tokens - 0.005)  # a negative intercept: through 0
+    assert steep.fixed == 0.0 and steep.per_unit is not None and 0 < steep.per_unit < 0.001
+    steep.observed_at -= 5  # stale: the next batch starts the fit again
+    steep.observe(10, 0.5)
+    assert steep.batches == 1 and steep.fixed == 0.0 and steep.per_unit == pytest.approx(0.05)
+
+
+def test_after_a_pause_one_slow_tiny_batch_keeps_the_split() -> None:
+    """A pause (stale), then one batch of 2 tokens slowed 5x by a busy machine: its level
+    replaces the estimate, but not as 2 tokens' worth of per-token cost (a queue of 40 tiny
+    rows would then look like 40 slow batches); the last fit's fixed / per-token split stays."""
+    cost = measured(BatchCost(), [4, 40, 12, 200, 8, 64])
+    cost.observed_at -= 5
+    slow = 5 * (FIXED + 2 * PER_TOKEN)
+    cost.observe(2, slow)
+    assert cost.batches == 1
+    assert cost.fixed == pytest.approx(5 * FIXED) and cost.per_unit == pytest.approx(
+        5 * PER_TOKEN)
+    assert cost.seconds(80, batches=3) == pytest.approx(3 * 5 * FIXED + 80 * 5 * PER_TOKEN)
+    assert (cost.seconds(80, batches=3) or 0.0) < 40 * slow / 10  # per-token only: 40 x slow
+
+
+def true_wait(rows: int, tokens_each: int, max_rows: int, parallel: int) -> float:
+    """What a queue of `rows` tiny rows takes to drain: full batches, each its overhead."""
+    batches = math.ceil(rows / max_rows)
+    return (batches * FIXED + rows * tokens_each * PER_TOKEN) / parallel
+
+
+@pytest.mark.parametrize("instances", [1, 2])
+def test_a_burst_of_tiny_requests_is_admitted_while_its_true_wait_fits(instances: int) -> None:
+    """Tiny rows (a 3-step series, a 2-word text): a batch of them is mostly its fixed cost.
+    A per-token-only estimate (a 1-row batch's 4.06 ms / 3 tokens) would refuse the burst
+    after 0.1 s / 1.35 ms = 74 tokens = 24 rows (one instance); the fitted one admits each
+    request while the batches ahead of it drain within the bound and refuses the first that
+    would not."""
+    bound, max_rows, tokens_each = 0.1, 16, 3
+
+    async def scenario() -> None:
+        b = make_batcher([lambda rows: list(rows)] * instances, max_batch_size=max_rows,
+                         queue_size=100_000, max_queue_wait_s=bound)
+        measured(b.cost, [3, 48, 24, 6, 45, 30, 3, 48])  # batches of 1-16 tiny rows
+        far = time.monotonic() + 60
+        admitted = 0
+        while True:  # one request of one row each (not started: the queue only grows)
+            try:
+                b.submit([(admitted, tokens_each)], far)
+            except QueueFull as refused:
+                assert "expected queue wait" in str(refused)
+                break
+            admitted += 1
+        # admitted: each one's wait (the rows ahead of it) within the bound
+        assert true_wait(admitted - 1, tokens_each, max_rows, instances) <= bound
+        assert true_wait(admitted, tokens_each, max_rows, instances) > bound
+        per_token_only = bound / ((FIXED + PER_TOKEN * tokens_each) / tokens_each) * instances
+        assert admitted > 4 * per_token_only / tokens_each
+        await b.close(5)
+
+    asyncio.run(scenario())
 
 
 def test_batcher_refuses_what_would_wait_too_long() -> None:

@@ -1,7 +1,8 @@
 """`seqserve demo`'s forecaster path: a (tiny) CO2 forecaster trained by the demo's own step,
 exported into the model repository as the stateful `co2-forecast` sequence-tagger with its
 test metrics in the manifest, reused on a second run, served beside a text model, and the
-predict example the demo prints answered with finite forecasts that equal the eager model's.
+predict example the demo prints answered with finite forecasts that equal the eager model's;
+the one budget's rule (each training's deadline and budget) and a job run in a worker process.
 The other demo models' paths are the training and export tests' (their demo budgets take
 minutes)."""
 
@@ -106,9 +107,35 @@ def test_served_beside_the_text_models_the_printed_example_forecasts(
     assert np.abs(got - series).max() < 10.0
 
 
-def test_forecaster_takes_the_slack_of_the_five_minutes() -> None:
-    full = demo.forecast_budget(0.0)
-    assert full == 30.0  # DEMO_FORECAST's budget when the other runs were reused
-    late = demo.DEMO_TOTAL_S - demo.EXPORT_RESERVE_S - 20.0
-    assert demo.forecast_budget(late) == 20.0
-    assert demo.forecast_budget(demo.DEMO_TOTAL_S) == demo.FORECAST_MIN_S
+def test_each_training_gets_what_is_left_of_the_one_budget() -> None:
+    jobs = demo.JOBS
+    assert [j.model for j in jobs][-1] == demo.FORECASTER[1]  # the slack-taker starts last
+    start = 1000.0
+    end = start + demo.DEMO_TOTAL_S - demo.EXPORT_RESERVE_S - demo.SERVE_RESERVE_S
+    first, rest = jobs[0], list(jobs[1:])
+    later = sum(j.floor_s + j.tail_s for j in rest)
+    assert demo.job_deadline(end, first, rest, 1) == end - first.tail_s - later
+    assert demo.job_deadline(end, first, rest, 2) == end - first.tail_s - later / 2
+    last = jobs[-1]
+    assert demo.job_deadline(end, last, [], 2) == end - last.tail_s
+    # at the start there is time for a job's own budget; late, it gets what is left; past
+    # its deadline, its floor
+    assert demo.train_budget(120.0, 60.0, demo.job_deadline(end, first, rest, 2) - start) == 120.0
+    assert demo.train_budget(30.0, 15.0, 21.04) == 21.0
+    assert demo.train_budget(30.0, 15.0, -50.0) == 15.0
+    # the floors and tails of all five fit the budget's training time on 2 lanes
+    assert sum(j.floor_s + j.tail_s for j in jobs) / 2 < end - start
+
+
+def test_jobs_in_worker_processes_reuse_a_finished_run(demo_repo: dict[str, Path],
+                                                       capfd: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    job = demo.JOBS[-1]
+    results = demo._run_jobs((job,), demo_repo["work"], retrain=False, lanes=2,
+                             train_deadline=0.0)
+    result = results[job.model]
+    assert result.run_dir == demo_repo["run"] and result.budget_s is None
+    assert "is finished; reusing it" in capfd.readouterr().out
+    assert (demo_repo["work"] / "logs" / f"{job.model}.log").exists()
+    table = demo._phase_table([result], {job.model: 1.25}, 2.0, 3.0)
+    assert "reused" in table and "1.2" in table and job.model in table

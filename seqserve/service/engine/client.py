@@ -232,6 +232,13 @@ class EngineClient:
 
     def _on_frames(self, frames: list[bytes]) -> None:
         msg = p.api_decoder.decode(frames[-1])
+        if isinstance(msg, p.TokenBatch):  # one step's tokens of several generations
+            for item in msg.items:
+                self._on_message(item)
+        else:
+            self._on_message(msg)
+
+    def _on_message(self, msg: p.Reply) -> None:
         try:
             self._deliver(msg)
         except Exception as exc:  # a bug here fails its own request, never leaves it waiting
@@ -248,7 +255,7 @@ class EngineClient:
             if found is not None:
                 found[0].put(failure)
 
-    def _deliver(self, msg: p.ToApi) -> None:
+    def _deliver(self, msg: p.Reply) -> None:
         if isinstance(msg, p.State):
             if self._state is not None and not self._state.done():
                 self._state.set_result(msg)

@@ -197,7 +197,8 @@ class EngineClient:
             del self._streams[msg.id]
             stream.put(_error(msg))
             return
-        events = [TokenEvent(i, None if t < 0 else t, lp, tuple((a, b) for a, b in top), f)
+        events = [TokenEvent(i, None if t < 0 else t, lp,
+                             tuple(map(tuple, top)) if top else (), f)  # type: ignore[arg-type]
                   for i, t, lp, top, f in msg.events]
         open_[0] -= sum(1 for e in events if e.finish is not None)
         if open_[0] <= 0:

@@ -11,19 +11,23 @@ The design is the translator's (scheduler.py / decoding.py): a synchronous, mode
 - update(): a prefill's scored texts are answered (per-token log-probs gathered from its
   `log_probs`); each prompt's n sequences take the prompt's state and draw their first token
   from the distribution at the prompt's last position (time to first token: one prefill);
-  a step's rows draw their next tokens (vectorised across rows: temperature, top-k, top-p;
-  each sequence draws from its own seeded generator, so a seed gives the same text whatever
-  else is batched with it); sequences that reach eos or their `max_new_tokens` leave.
+  a step's rows draw their next tokens (`sampling.sample`: every row in a few float32 array
+  operations, greedy rows by argmax, cut rows by a partition of their best tokens; each
+  sequence's uniform comes from its own counter-based stream keyed by (seed, index), so a
+  seed gives the same text whatever else is batched with it); sequences that reach eos or
+  their `max_new_tokens` leave. The live rows are parallel arrays (`_Rows`) beside the
+  state; a request's rows are contiguous, so the per-step Python is one loop over rows
+  building events, and one sink call per request.
 
 The prefill and the step run on two threads, so a new batch of prompts is read while the
 live sequences advance. `continuous=False` admits a new batch only when every sequence of
 the previous one finished (request-level batching, for comparison).
 
 Tokens go out as they exist: every update hands each request the events of its sequences
-(`TokenEvent`), through the request's `sink` (an asyncio `TokenStream` in process, a
-ZeroMQ frame per step with an engine process). Stop strings need the text, so the worker
-watches for them and `stop`s a sequence; a caller that leaves `cancel`s its request, and
-its rows are gone at the next schedule.
+(`TokenEvent`), through the request's `sink` (an asyncio `TokenStream` in process; with an
+engine process one ZeroMQ frame per API process per step carries every request's events).
+Stop strings need the text, so the worker watches for them and `stop`s a sequence; a caller
+that leaves `cancel`s its request, and its rows are gone at the next schedule.
 """
 
 from __future__ import annotations

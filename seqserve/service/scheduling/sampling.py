@@ -1,9 +1,11 @@
-"""Sampling (beam 1): the one per-request part of a decode step.
+"""Sampling: the translator's per-request draw (`Sampler`), and the language models'
+vectorised one (`sample`, `uniforms`: every live sequence in a few array operations).
 
-Each sampling request draws from its own `numpy.random.Generator(seed)`, so its draw cannot
-be batched with other requests' without changing what a seed gives. Everything else about a
-sampling request (masks, finishing, length cap) goes through the vectorised step with the
-beam requests; only the draw below runs once per sampling request per step.
+Translators (beam 1): each sampling request draws from its own
+`numpy.random.Generator(seed)`, so its draw cannot be batched with other requests' without
+changing what a seed gives. Everything else about a sampling request (masks, finishing,
+length cap) goes through the vectorised step with the beam requests; only the draw below
+runs once per sampling request per step.
 """
 
 from __future__ import annotations

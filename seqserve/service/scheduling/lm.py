@@ -605,7 +605,8 @@ def _runs(rid: np.ndarray) -> tuple[list[int], list[int]]:
 
 class TokenStream:
     """One generation request as its caller sees it: `async for events in stream` (each
-    update's TokenEvents), `stop(index)` for a sequence that hit a stop string, `cancel()`
+    update's TokenEvents; the updates queued while the caller was busy, together),
+    `stop(index)` for a sequence that hit a stop string, `cancel()`
     when the caller leaves, `interrupt(error)` to end the caller's iteration with `error`
     (its deadline, a hang-up) without closing the stream (the caller then cancels it). Fed
     by the in-process loop or by the engine client: one deque and at most one waiter future
@@ -659,6 +660,8 @@ class TokenStream:
             if isinstance(item, BaseException):
                 self.closed = True
                 raise item
+            while items and isinstance(items[0], list):  # queued updates go together
+                item = item + items.popleft()  # type: ignore[operator]
             self._open -= sum(1 for e in item if e.finish is not None)
             if item:
                 yield item

@@ -146,8 +146,16 @@ class Generation:
         self._prefix = {s.context: tok.decode([s.context]) for s in self.seqs}
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Token and finish events (module doc); cancels the request if left early, on
-        deadline (DeadlineExceeded) or when the client left (ClientGone).
+        """Token and finish events (module doc), one by one (see `batches`)."""
+        async for batch in self.batches():
+            for ev in batch:
+                yield ev
+
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Token and finish events (module doc), in the groups that arrived together (one
+        step's, or several steps' when the reader was behind): a stream writes each group
+        at once. Cancels the request if left early, on deadline (DeadlineExceeded) or when
+        the client left (ClientGone).
 
         The deadline is one timer and the hang-up one callback for the whole generation,
         each interrupting the stream (not a race of futures per token)."""
@@ -169,9 +177,9 @@ class Generation:
             if gone.done() and not gone.cancelled():
                 raise ClientGone("client disconnected")
             async for batch in stream:
-                for ev in batch:
-                    for out in self._apply(ev):
-                        yield out
+                out = [x for ev in batch for x in self._apply(ev)]
+                if out:
+                    yield out
         finally:
             timer.cancel()
             gone.remove_done_callback(on_gone)

@@ -48,7 +48,8 @@ from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa
 from seqserve.loadtest.texts import load_corpus_prompts  # noqa: E402
 from seqserve.models.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.runtimes.onnx import OnnxRuntime  # noqa: E402
-from seqserve.service.scheduling.lm import GenerateOptions, LMLoop, sample  # noqa: E402
+from seqserve.service.scheduling.lm import GenerateOptions, LMLoop  # noqa: E402
+from seqserve.service.scheduling.sampling import sample, sequence_keys, uniforms  # noqa: E402
 from seqserve.service.scheduling.work import DecodeConfig  # noqa: E402
 
 OUT = ROOT / "bench_results" / "lm"
@@ -215,14 +216,17 @@ async def one_at_a_time(setup: Setup, clients: int) -> dict[str, float]:
     async def one(i: int, row: list[int]) -> tuple[float, int]:
         t0 = time.perf_counter()
         o = setup.options(i)
-        rng = [np.random.default_rng((i, 0))]
+        key = sequence_keys(i, np.zeros(1, dtype=np.int64))  # as the scheduler's row 0
+        temp, top_k = np.array([o.temperature], np.float32), np.array([o.top_k])
+        top_p = np.array([o.top_p], np.float32)
         async with lock:
             out = await ev_loop.run_in_executor(pool, prefill, row)
             state, lp = out["state"], out["log_probs"][:, len(row) - 1]
             first = time.perf_counter() - t0
             n = 0
             while True:
-                token = int(sample(lp, [o], rng)[0])
+                token = int(sample(lp, temp, top_k, top_p,
+                                   uniforms(key, np.array([n])))[0])
                 if token == setup.eos:
                     break
                 n += 1

@@ -109,3 +109,38 @@ def test_the_openai_client_lists_and_streams(server: Server) -> None:
     assert "frequency_penalty" in str(bad.value)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="one", max_tokens=5)
+
+
+def test_concurrent_streams_share_frames_and_each_gets_its_own_text(server: Server) -> None:
+    """Generations of one API process in flight together: every step's tokens of all of them
+    travel in one frame (TokenBatch), and each stream still gets exactly its own text."""
+    import concurrent.futures
+
+    url = server.url
+    prompts = ["one", "one two", "six", "two six one", "seven"]
+
+    def stream(prompt: str) -> str:
+        body = {"prompt": prompt, "temperature": 0, "max_new_tokens": 40, "stream": True}
+        text = ""
+        with httpx.stream("POST", f"{url}/v1/models/endless-lm/generate", json=body,
+                          timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {") and '"text"' in line:
+                    text += json.loads(line[6:])["text"]
+        return text
+
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        streamed = list(pool.map(stream, prompts * 2))
+    alone = [httpx.post(f"{url}/v1/models/endless-lm/generate",
+                        json={"prompt": p, "temperature": 0, "max_new_tokens": 40},
+                        timeout=60).json()["results"][0]["text"] for p in prompts]
+    assert streamed == alone * 2
+    assert len(set(alone)) > 1
+
+
+def test_token_batches_round_trip() -> None:
+    from seqserve.service.engine import protocol as p
+
+    batch = p.TokenBatch([p.Tokens(1, [(0, 5, -0.5, [(5, -0.5), (7, -1.0)], None)], 0.25),
+                          p.Tokens(2, [(1, 2, -0.1, [], "eos")], None)])
+    assert p.api_decoder.decode(p.encoder.encode(batch)) == batch

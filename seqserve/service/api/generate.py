@@ -286,12 +286,11 @@ async def _generate(request: Request, name: str, version: str | None,
 
     async def events(call: RequestContext) -> AsyncIterator[bytes]:
         try:
-            async for ev in generation.events():
-                yield sse(ev)
+            async for batch in generation.batches():  # events that exist together: one write
+                yield b"".join(sse(ev) for ev in batch)
         finally:
             count_tokens(state, name, generation)
-        yield sse({"usage": generation.usage()})
-        yield sse("[DONE]")
+        yield sse({"usage": generation.usage()}) + sse("[DONE]")
 
     return EventStream(state, name, call, events)
 

@@ -133,11 +133,11 @@ async def _complete(state: AppState, request: Request, body: CompletionRequest,
     if body.stream:
         async def events(call: RequestContext) -> AsyncIterator[bytes]:
             try:
-                async for ev in generation.events():
-                    choice = {"text": ev.get("text", ""),
-                              "index": ev["prompt_index"] * n + ev["index"], "logprobs": None,
-                              "finish_reason": _finish(ev.get("finish_reason"))}
-                    yield sse({**head, "choices": [choice]})
+                async for batch in generation.batches():  # one write per group
+                    yield b"".join(sse({**head, "choices": [{
+                        "text": ev.get("text", ""), "index": ev["prompt_index"] * n + ev["index"],
+                        "logprobs": None, "finish_reason": _finish(ev.get("finish_reason"))}]})
+                        for ev in batch)
             finally:
                 count_tokens(state, name, generation)
             yield sse("[DONE]")

@@ -197,7 +197,8 @@ class EngineClient:
             del self._streams[msg.id]
             stream.put(_error(msg))
             return
-        events = [TokenEvent(i, None if t < 0 else t, lp, tuple((a, b) for a, b in top), f)
+        events = [TokenEvent(i, None if t < 0 else t, lp,
+                             tuple(map(tuple, top)) if top else (), f)  # type: ignore[arg-type]
                   for i, t, lp, top, f in msg.events]
         open_[0] -= sum(1 for e in events if e.finish is not None)
         if open_[0] <= 0:
@@ -232,6 +233,13 @@ class EngineClient:
 
     def _on_frames(self, frames: list[bytes]) -> None:
         msg = p.api_decoder.decode(frames[-1])
+        if isinstance(msg, p.TokenBatch):  # one step's tokens of several generations
+            for item in msg.items:
+                self._on_message(item)
+        else:
+            self._on_message(msg)
+
+    def _on_message(self, msg: p.Reply) -> None:
         try:
             self._deliver(msg)
         except Exception as exc:  # a bug here fails its own request, never leaves it waiting
@@ -248,7 +256,7 @@ class EngineClient:
             if found is not None:
                 found[0].put(failure)
 
-    def _deliver(self, msg: p.ToApi) -> None:
+    def _deliver(self, msg: p.Reply) -> None:
         if isinstance(msg, p.State):
             if self._state is not None and not self._state.done():
                 self._state.set_result(msg)

@@ -152,6 +152,13 @@ class Tokens(msgspec.Struct, tag="tokens", array_like=True):
     wait: float | None = None
 
 
+class TokenBatch(msgspec.Struct, tag="token_batch", array_like=True):
+    """One engine step's `Tokens` of every generation of one API process, in one frame (a
+    frame per generation per step cost more than the step's own bookkeeping)."""
+
+    items: list[Tokens]
+
+
 class Failure(msgspec.Struct, tag="failure", array_like=True):
     id: int
     kind: str
@@ -163,7 +170,9 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
 
 
 ToEngine = Hello | Submit | Cancel | Generate | StopSeq
-ToApi = State | Rows | Decodes | Failure | Tokens
+Reply = State | Rows | Decodes | Failure | Tokens
+"""What answers one request (a TokenBatch carries several Tokens)."""
+ToApi = Reply | TokenBatch
 
 encoder = msgspec.msgpack.Encoder()
 engine_decoder = msgspec.msgpack.Decoder(ToEngine)

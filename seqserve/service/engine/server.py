@@ -64,6 +64,9 @@ class EngineServer:
         self.generations: dict[Key, tuple[LMModel, int]] = {}
         """Language-model generations in flight: their model and scheduler request id."""
         self.closing = False
+        self._outbox: dict[bytes, list[p.Tokens]] = {}
+        """Tokens frames of this loop turn per API process, sent together (`_flush`)."""
+        self._flush_scheduled = False
         self.channel: Channel | None = None
         self.monitor: Channel | None = None
 
@@ -119,6 +122,7 @@ class EngineServer:
         results = await asyncio.gather(*(m.stop(timeout) for m in self.models.values()))
         while (self.inflight or self.generations) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        self._flush()
         close_monitored(self.channel, self.monitor)
         return all(results) and not self.inflight and not self.generations
 
@@ -202,19 +206,19 @@ class EngineServer:
                     return  # cancelled
                 if isinstance(events, BaseException):
                     self.generations.pop(key, None)
-                    self._send(identity, _failure(msg.id, events, lm.expected_wait()))
+                    self._send_now(identity, _failure(msg.id, events, lm.expected_wait()))
                     return
                 try:
                     tokens = p.Tokens(msg.id, [
                         (e.index, -1 if e.token is None else e.token, e.logprob,
-                         [tuple(t) for t in e.top], e.finish)  # type: ignore[misc]
+                         e.top, e.finish)  # type: ignore[misc]
                         for e in events], lm.expected_wait())
                 except Exception as exc:  # our bug: this generation fails, the others go on
                     self._cancel(key)
-                    self._send(identity, _failure(msg.id, exc, lm.expected_wait()))
+                    self._send_now(identity, _failure(msg.id, exc, lm.expected_wait()))
                     return
                 open_[0] -= sum(1 for e in events if e.finish is not None)
-                self._send(identity, tokens)
+                self._queue_tokens(identity, tokens)
                 if open_[0] <= 0:
                     self.generations.pop(key, None)
 
@@ -223,7 +227,33 @@ class EngineServer:
             self.generations[key] = (model, rid)
         except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
             self.generations.pop(key, None)
-            self._send(identity, _failure(msg.id, exc, _wait(model)))
+            self._send_now(identity, _failure(msg.id, exc, _wait(model)))
+
+    def _queue_tokens(self, identity: bytes, tokens: p.Tokens) -> None:
+        """Tokens go out at the end of this loop turn, every generation of one API process
+        in one frame: an update hands each of its requests its events one after the other,
+        and they are flushed together."""
+        box = self._outbox.get(identity)
+        if box is None:
+            box = self._outbox[identity] = []
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+        box.append(tokens)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        outbox, self._outbox = self._outbox, {}
+        for identity, items in outbox.items():
+            self._send(identity, items[0] if len(items) == 1 else p.TokenBatch(items))
+
+    def _send_now(self, identity: bytes, msg: p.ToApi) -> None:
+        """Send after the identity's queued Tokens (a generation's failure follows its
+        tokens)."""
+        items = self._outbox.pop(identity, None)
+        if items:
+            self._send(identity, items[0] if len(items) == 1 else p.TokenBatch(items))
+        self._send(identity, msg)
 
     def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
         if self.closing:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 import numpy as np
+
+from seqserve.service.core.errors import QueueFull
 
 R = TypeVar("R")
 
@@ -100,8 +102,8 @@ def pad_rows(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np
 
 
 PROBE_AFTER_S = 1.0
-"""An idle model whose cost was last measured longer ago than this admits the next request
-whatever the estimate says, to measure again."""
+"""An idle model whose cost was last measured longer ago than this still refuses by it, and
+runs the refused work for no one to measure again (`admit_by_wait`)."""
 
 
 @dataclass
@@ -116,8 +118,8 @@ class CostEstimate:
     """time.monotonic() of the last measurement."""
 
     def stale(self, after_s: float = PROBE_AFTER_S) -> bool:
-        """No measurement for `after_s`: an idle model should let a request through to
-        measure again (a slow spell must not refuse every request forever)."""
+        """No measurement for `after_s`: an idle model measures again with the work it
+        refuses (a slow spell must not refuse every request forever)."""
         return time.monotonic() - self.observed_at > after_s
 
     def observe(self, units: int, seconds: float) -> None:
@@ -225,3 +227,20 @@ def admission_refusal(wait: float | None, service: float | None, deadline: float
         return (f"expected queue wait {wait:.3f} s + compute {service or 0.0:.3f} s > the "
                 f"request's {max(deadline - now, 0.0):.3f} s left")
     return None
+
+
+def admit_by_wait(what: str, wait: float | None, service: float | None, deadline: float,
+                  max_wait_s: float | None, retry_after_s: float, idle_and_stale: bool,
+                  probe: Callable[[], object]) -> None:
+    """Admission by expected wait, as every scheduler does it: QueueFull (Retry-After from
+    the backlog) when `admission_refusal` refuses. An idle scheduler whose estimate is stale
+    (`idle_and_stale`) still refuses by it, and calls `probe()` first, which queues the
+    refused work for no one, to measure again: a slow spell's estimate cannot refuse
+    forever, and no request is let through on a guess only to miss its deadline (a 504)."""
+    why = admission_refusal(wait, service, deadline, max_wait_s, time.monotonic())
+    if why is None:
+        return
+    if idle_and_stale:
+        probe()
+    raise QueueFull(f"{what} cannot take it in time: {why}",
+                    retry_after=max(retry_after_s, wait or 0.0))

@@ -40,7 +40,7 @@ from seqserve.service.scheduling.base import (
     Observer,
     Timed,
     Timing,
-    admission_refusal,
+    admit_by_wait,
 )
 
 log = logging.getLogger("seqserve.batcher")
@@ -205,17 +205,15 @@ class Batcher(Generic[P, R]):
         one, to measure again (a slow spell's estimate cannot refuse forever; no request is
         let through on a guess only to miss its deadline)."""
         tokens = sum(max(int(n), 1) for _, n in rows)
-        wait = self.expected_wait()
-        own = self.cost.seconds(tokens, self.batches_for(len(rows), tokens))
-        why = admission_refusal(wait, own, deadline,
-                                self.config.max_queue_wait_s, time.monotonic())
-        if why is None:
-            return
-        if not self._live and not self._running and self.cost.stale():
-            for probe in self._enqueue(rows, time.monotonic() + PROBE_DEADLINE_S):
-                probe.add_done_callback(_ignore)
-        raise QueueFull(f"model {self.name!r} cannot take it in time: {why}",
-                        retry_after=max(self.config.retry_after_s, wait or 0.0))
+
+        def probe() -> None:
+            for future in self._enqueue(rows, time.monotonic() + PROBE_DEADLINE_S):
+                future.add_done_callback(_ignore)
+
+        admit_by_wait(f"model {self.name!r}", self.expected_wait(),
+                      self.cost.seconds(tokens, self.batches_for(len(rows), tokens)),
+                      deadline, self.config.max_queue_wait_s, self.config.retry_after_s,
+                      not self._live and not self._running and self.cost.stale(), probe)
 
     async def close(self, timeout: float) -> bool:
         """Refuse new rows, finish the queued ones within `timeout`; True when all finished."""

@@ -11,19 +11,23 @@ The design is the translator's (scheduler.py / decoding.py): a synchronous, mode
 - update(): a prefill's scored texts are answered (per-token log-probs gathered from its
   `log_probs`); each prompt's n sequences take the prompt's state and draw their first token
   from the distribution at the prompt's last position (time to first token: one prefill);
-  a step's rows draw their next tokens (vectorised across rows: temperature, top-k, top-p;
-  each sequence draws from its own seeded generator, so a seed gives the same text whatever
-  else is batched with it); sequences that reach eos or their `max_new_tokens` leave.
+  a step's rows draw their next tokens (`sampling.sample`: every row in a few float32 array
+  operations, greedy rows by argmax, cut rows by a partition of their best tokens; each
+  sequence's uniform comes from its own counter-based stream keyed by (seed, index), so a
+  seed gives the same text whatever else is batched with it); sequences that reach eos or
+  their `max_new_tokens` leave. The live rows are parallel arrays (`_Rows`) beside the
+  state; a request's rows are contiguous, so the per-step Python is one loop over rows
+  building events, and one sink call per request.
 
 The prefill and the step run on two threads, so a new batch of prompts is read while the
 live sequences advance. `continuous=False` admits a new batch only when every sequence of
 the previous one finished (request-level batching, for comparison).
 
 Tokens go out as they exist: every update hands each request the events of its sequences
-(`TokenEvent`), through the request's `sink` (an asyncio `TokenStream` in process, a
-ZeroMQ frame per step with an engine process). Stop strings need the text, so the worker
-watches for them and `stop`s a sequence; a caller that leaves `cancel`s its request, and
-its rows are gone at the next schedule.
+(`TokenEvent`), through the request's `sink` (an asyncio `TokenStream` in process; with an
+engine process one ZeroMQ frame per API process per step carries every request's events).
+Stop strings need the text, so the worker watches for them and `stop`s a sequence; a caller
+that leaves `cancel`s its request, and its rows are gone at the next schedule.
 """
 
 from __future__ import annotations
@@ -50,8 +54,14 @@ from seqserve.service.scheduling.base import (
     Observer,
     Timed,
     Timing,
-    admission_refusal,
+    admit_by_wait,
     pad_rows,
+)
+from seqserve.service.scheduling.sampling import (
+    sample,
+    sequence_keys,
+    top_alternatives,
+    uniforms,
 )
 from seqserve.service.scheduling.work import DecodeConfig
 
@@ -82,9 +92,11 @@ class GenerateOptions:
     """Alternatives (token, log-prob) returned with every token (0 = none)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenEvent:
-    """One sequence's news from one update: a token (or none), and whether it finished."""
+    """One sequence's news from one update: a token (or none), and whether it finished.
+    (Not frozen: a frozen dataclass's __init__ costs twice as much, and one is made for every
+    token; nothing changes an event once made.)"""
 
     index: int
     """Sequence index in the request: prompt_index * n + sample index."""
@@ -122,15 +134,60 @@ class _Request:
 
 
 @dataclass
-class _Row:
-    """One live sequence."""
+class _Rows:
+    """Live sequences as parallel arrays, one entry per row of the scheduler's `state`. A
+    request's sequences are contiguous (they join together and only ever leave)."""
 
-    rid: int
-    index: int
-    rng: np.random.Generator
-    left: int
-    """Tokens it may still generate."""
-    options: GenerateOptions
+    rid: np.ndarray  # (N,) int64
+    index: np.ndarray  # (N,) int64: the sequence's index in its request
+    left: np.ndarray  # (N,) int64: tokens it may still generate
+    temperature: np.ndarray  # (N,) float32
+    top_k: np.ndarray  # (N,) int64
+    top_p: np.ndarray  # (N,) float32
+    top_logprobs: np.ndarray  # (N,) int64
+    key: np.ndarray  # (N,) uint64: its random stream (sampling.uniforms)
+    drawn: np.ndarray  # (N,) int64: tokens it drew so far
+
+    @classmethod
+    def empty(cls) -> _Rows:
+        return cls(*(np.zeros(0, dtype=f.type) for f in _ROW_FIELDS))
+
+    @classmethod
+    def of(cls, rid: int, options: GenerateOptions, keys: np.ndarray) -> _Rows:
+        """A request's `len(keys)` sequences (indices 0..n-1), none drawn yet."""
+        n = len(keys)
+        o = options
+        return cls(np.full(n, rid, dtype=np.int64), np.arange(n, dtype=np.int64),
+                   np.full(n, o.max_new_tokens, dtype=np.int64),
+                   np.full(n, o.temperature, dtype=np.float32),
+                   np.full(n, o.top_k, dtype=np.int64), np.full(n, o.top_p, dtype=np.float32),
+                   np.full(n, o.top_logprobs, dtype=np.int64), keys,
+                   np.zeros(n, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    def take(self, which: np.ndarray) -> _Rows:
+        return _Rows(*(getattr(self, f.name)[which] for f in _ROW_FIELDS))
+
+    @staticmethod
+    def concat(parts: Sequence[_Rows]) -> _Rows:
+        if len(parts) == 1:
+            return parts[0]
+        return _Rows(*(np.concatenate([getattr(p, f.name) for p in parts])
+                       for f in _ROW_FIELDS))
+
+
+@dataclass(frozen=True)
+class _RowField:
+    name: str
+    type: type
+
+
+_ROW_FIELDS = tuple(_RowField(n, t) for n, t in (
+    ("rid", np.int64), ("index", np.int64), ("left", np.int64), ("temperature", np.float32),
+    ("top_k", np.int64), ("top_p", np.float32), ("top_logprobs", np.int64),
+    ("key", np.uint64), ("drawn", np.int64)))
 
 
 @dataclass(frozen=True)
@@ -179,17 +236,21 @@ class LMScheduler:
         self._waiting = 0
         self._epoch = 0
         self.admit_cost = CostEstimate()
+        """Seconds per admitted request while others waited: the admission rate."""
         self.service_cost = CostEstimate()
+        """Seconds from admission to the last token (or the scores) per request."""
         self._backlog_since: float | None = None
+        self._entropy = np.random.default_rng()
+        """Keys of the sequences of unseeded requests."""
         self.steps = 0
         self.generated = 0
         self._reset()
 
     def _reset(self) -> None:
-        self.rows: list[_Row] = []
+        self.rows = _Rows.empty()
         self.state: np.ndarray | None = None  # (N, S)
         self.last = np.zeros(0, dtype=np.int64)  # (N,)
-        self._joining: list[tuple[list[_Row], np.ndarray, np.ndarray]] = []
+        self._joining: list[tuple[_Rows, np.ndarray, np.ndarray]] = []
         self._gone: set[tuple[int, int]] = set()  # (rid, index) to evict; index -1: all
         self._prefilling = False
         self._stepping = False
@@ -199,7 +260,11 @@ class LMScheduler:
 
     def add(self, rows: Sequence[list[int]], options: GenerateOptions | None, sink: Sink | None,
             deadline: float | None = None) -> _Request:
-        """Queue one request (prompts with `options`, or texts to score with None)."""
+        """Queue one request (prompts with `options`, or texts to score with None):
+        ShuttingDown while closing, QueueFull when the queue cannot take it or it would wait
+        past its budget (`deadline`, a time.monotonic() value, capped by
+        `max_queue_wait_s`). An idle model whose estimate is stale still refuses by it, and
+        runs the refused request for no one to measure again (base.admit_by_wait)."""
         cfg = self.config
         if self.closing:
             raise ShuttingDown("the language model is shutting down",
@@ -207,13 +272,15 @@ class LMScheduler:
         if self._waiting + len(rows) > cfg.max_queue:
             raise QueueFull(f"language model queue full ({self._waiting} of {cfg.max_queue} "
                             "waiting)", retry_after=cfg.retry_after_s)
-        if deadline is not None and (self.table or not self.service_cost.stale()):
-            wait = self.admit_cost.seconds(self._waiting)
-            why = admission_refusal(wait, self.service_cost.per_unit, deadline,
-                                    cfg.max_queue_wait_s, time.monotonic())
-            if why is not None:
-                raise QueueFull(f"language model cannot take it in time: {why}",
-                                retry_after=max(cfg.retry_after_s, wait or 0.0))
+        if deadline is not None:
+            admit_by_wait("language model", self.expected_wait(), self.service_cost.per_unit,
+                          deadline, cfg.max_queue_wait_s, cfg.retry_after_s,
+                          not self.table and self.service_cost.stale(),
+                          lambda: self._queue_request(rows, options, None))
+        return self._queue_request(rows, options, sink)
+
+    def _queue_request(self, rows: Sequence[list[int]], options: GenerateOptions | None,
+                       sink: Sink | None) -> _Request:
         r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock())
         self.table[r.rid] = r
         self._queue.append(r)
@@ -274,52 +341,56 @@ class LMScheduler:
             self._prefilling = True
             rows = [row for r in admitted for row in r.rows]
             work.append(PrefillWork(admitted, rows, self.config.pad_id, self._epoch))
-        if not self._stepping and self.rows:
+        if not self._stepping and len(self.rows):
             assert self.state is not None
             self._stepping = True
             work.append(StepWork(self.last, self.state, self._epoch))
         return work
 
+    def _alive(self, rows: _Rows) -> np.ndarray:
+        """Which of `rows` were neither cancelled nor stopped (N,) bool."""
+        gone = self._gone
+        return np.array([(rid, -1) not in gone and (rid, i) not in gone
+                         for rid, i in zip(rows.rid.tolist(), rows.index.tolist(),
+                                           strict=True)], dtype=bool)
+
     def _evict(self) -> None:
         if not self._gone:
             return
-        keep = np.array([(r.rid, -1) not in self._gone and (r.rid, r.index) not in self._gone
-                         for r in self.rows], dtype=bool)
-        if self.rows and not keep.all():
-            self._keep(keep)
-        self._joining = [(rows, state, last) for rows, state, last in
-                         (self._filter(j) for j in self._joining) if rows]
-        live = {r.rid for r in self.rows} | {r.rid for j in self._joining for r in j[0]}
+        if len(self.rows):
+            keep = self._alive(self.rows)
+            if not keep.all():
+                self._keep(keep)
+        joining = []
+        for rows, state, last in self._joining:
+            keep = self._alive(rows)
+            if keep.any():
+                joining.append((rows.take(keep), state[keep], last[keep]))
+        self._joining = joining
+        live = set(self.rows.rid.tolist()).union(*(j[0].rid.tolist() for j in self._joining))
         self._gone = {g for g in self._gone if g[0] in live or g[0] in self.table}
-
-    def _filter(self, joining: tuple[list[_Row], np.ndarray, np.ndarray]
-                ) -> tuple[list[_Row], np.ndarray, np.ndarray]:
-        rows, state, last = joining
-        keep = [i for i, r in enumerate(rows)
-                if (r.rid, -1) not in self._gone and (r.rid, r.index) not in self._gone]
-        return [rows[i] for i in keep], state[keep], last[keep]
 
     def _keep(self, keep: np.ndarray) -> None:
         assert self.state is not None
-        self.rows = [r for r, k in zip(self.rows, keep.tolist(), strict=True) if k]
+        self.rows = self.rows.take(keep)
         self.state, self.last = self.state[keep], self.last[keep]
 
     def _join(self) -> None:
         if not self._joining:
             return
-        parts = ([self.state] if self.state is not None and self.rows else [])
-        parts += [j[1] for j in self._joining]
-        self.state = np.concatenate(parts, axis=0)
-        self.last = np.concatenate([self.last[: len(self.rows)]] + [j[2] for j in self._joining])
-        for rows, _, _ in self._joining:
-            self.rows += rows
+        old = [] if self.state is None or not len(self.rows) else [
+            (self.rows, self.state, self.last)]
+        parts = old + self._joining
+        self.rows = _Rows.concat([j[0] for j in parts])
+        self.state = np.concatenate([j[1] for j in parts], axis=0)
+        self.last = np.concatenate([j[2] for j in parts])
         self._joining = []
 
     def _admit(self) -> list[_Request]:
         cfg = self.config
         if self._prefilling:
             return []
-        if not cfg.continuous and (self.rows or self._joining or self._stepping):
+        if not cfg.continuous and (len(self.rows) or self._joining or self._stepping):
             return []
         budget = cfg.max_live_hypotheses - self.live_rows
         admitted: list[_Request] = []
@@ -385,6 +456,13 @@ class LMScheduler:
             if not f.done():
                 f.set_exception(error)
 
+    def _keys(self, options: GenerateOptions, n: int) -> np.ndarray:
+        """The random streams of a request's n sequences: from (seed, index), or fresh."""
+        if options.seed is None:
+            return self._entropy.integers(0, 2**64 - 1, size=n, dtype=np.uint64,
+                                          endpoint=True)
+        return sequence_keys(options.seed, np.arange(n, dtype=np.int64))
+
     def _prefilled(self, work: PrefillWork, done: _Done) -> list[_Request]:
         self.observer.on_encode(done.seconds, len(work.rows))
         longest = max(len(x) for x in work.rows)
@@ -399,7 +477,9 @@ class LMScheduler:
         ended: list[_Request] = []
         at = 0
         now = self.clock()
-        firsts: list[tuple[_Request, list[_Row], np.ndarray, np.ndarray]] = []
+        live: list[_Request] = []
+        parts: list[_Rows] = []
+        sources: list[np.ndarray] = []  # the prefill row of each sequence
         for r in work.requests:
             span = range(at, at + len(r.rows))
             at += len(r.rows)
@@ -409,33 +489,25 @@ class LMScheduler:
                 self._answer_scores(r, log_probs, lengths, span, now)
                 ended.append(r)
                 continue
-            o = r.options
-            rows: list[_Row] = []
-            lp: list[np.ndarray] = []
-            st: list[np.ndarray] = []
-            for p, i in enumerate(span):
-                for j in range(o.n):
-                    index = p * o.n + j
-                    seed = None if o.seed is None else (o.seed, index)
-                    rows.append(_Row(r.rid, index, np.random.default_rng(seed),
-                                     o.max_new_tokens, o))
-                    lp.append(log_probs[i, lengths[i] - 1])
-                    st.append(state[i])
-            r.live, r.status = len(rows), "live"
-            firsts.append((r, rows, np.stack(lp), np.stack(st)))
-        for r, seq_rows, first, states in firsts:
-            tokens, events = self._draw(seq_rows, first)
-            keep = self._emit(r, seq_rows, tokens, events)
-            if keep.any():
-                self._joining.append(([x for x, k in zip(seq_rows, keep.tolist(), strict=True)
-                                       if k], states[keep], tokens[keep]))
-            if r.status == "done":
-                ended.append(r)
+            n = len(r.rows) * r.options.n
+            parts.append(_Rows.of(r.rid, r.options, self._keys(r.options, n)))
+            sources.append(np.repeat(np.arange(span.start, span.stop), r.options.n))
+            r.live, r.status = n, "live"
+            live.append(r)
+        if not live:
+            return ended
+        rows, src = _Rows.concat(parts), np.concatenate(sources)
+        first = log_probs[src, lengths[src] - 1]  # (N, V) each prompt's next-token
+        keep, tokens = self._advance(rows, first, live, ended)
+        if keep.any():
+            self._joining.append((rows.take(keep), state[src[keep]], tokens[keep]))
         return ended
 
     def _answer_scores(self, r: _Request, log_probs: np.ndarray, lengths: np.ndarray,
                        span: range, now: float) -> None:
-        for f, i, row in zip(r.futures, span, r.rows, strict=True):
+        for f, i, row in zip(r.futures or [None] * len(r.rows), span, r.rows, strict=True):
+            if f is None:  # a probe: no one waits for it
+                continue
             n = int(lengths[i])
             targets = np.asarray(row[1:n], dtype=np.int64)  # the text's tokens after bos
             lps = log_probs[i, np.arange(n - 1), targets].astype(np.float32)  # (n-1,)
@@ -449,77 +521,73 @@ class LMScheduler:
     def _stepped(self, done: _Done) -> list[_Request]:
         rows = self.rows
         if done.error is not None:
-            failed = {r.rid for r in rows}
-            for rid in failed:
+            for rid in set(rows.rid.tolist()):
                 if rid in self.table:
                     self._fail(self.table[rid], done.error)
-            self.rows, self.state, self.last = [], None, np.zeros(0, dtype=np.int64)
+            self.rows, self.state, self.last = _Rows.empty(), None, np.zeros(0, dtype=np.int64)
             return []
         self.steps += 1
         self.observer.on_step(done.seconds, len(rows))
         self.state = done.out["new_state"]
-        tokens, events = self._draw(rows, done.out["log_probs"])
-        self.last = tokens
-        keep = np.ones(len(rows), dtype=bool)
-        ended: list[_Request] = []
-        by_request: dict[int, list[int]] = {}
-        for i, row in enumerate(rows):
-            by_request.setdefault(row.rid, []).append(i)
-        for rid, positions in by_request.items():
+        requests = []
+        for rid in _runs(rows.rid)[0]:
             r = self.table.get(rid)
-            if r is None:  # cancelled: evicted at the next schedule
-                continue
-            sub = [rows[i] for i in positions]
-            kept = self._emit(r, sub, tokens[positions], [events[i] for i in positions])
-            keep[positions] = kept
-            if r.status == "done":
-                ended.append(r)
+            requests.append(r if r is not None and r.status == "live" else None)
+        ended: list[_Request] = []
+        keep, self.last = self._advance(rows, done.out["log_probs"], requests, ended)
         if not keep.all():
             self._keep(keep)
         return ended
 
-    def _draw(self, rows: list[_Row], log_probs: np.ndarray
-              ) -> tuple[np.ndarray, list[TokenEvent]]:
-        """Next token of every row (R,) and its event (finish decided in `_emit`)."""
-        tokens = sample(log_probs, [r.options for r in rows], [r.rng for r in rows])
-        chosen = log_probs[np.arange(len(rows)), tokens]
-        events = []
-        want = max((r.options.top_logprobs for r in rows), default=0)
-        tops = top_alternatives(log_probs, want) if want else None
-        for i, r in enumerate(rows):
-            top = tops[i][: r.options.top_logprobs] if tops is not None else ()
-            events.append(TokenEvent(r.index, int(tokens[i]), float(chosen[i]), top))
-        return tokens, events
-
-    def _emit(self, r: _Request, rows: list[_Row], tokens: np.ndarray,
-              events: list[TokenEvent]) -> np.ndarray:
-        """Finish who ended, send the request its events; which rows stay live (R,)."""
-        keep = np.ones(len(rows), dtype=bool)
-        out = []
-        for i, (row, ev) in enumerate(zip(rows, events, strict=True)):
-            if (row.rid, row.index) in self._gone:  # stopped meanwhile: nothing more
-                keep[i] = False
+    def _advance(self, rows: _Rows, log_probs: np.ndarray, requests: Sequence[_Request | None],
+                 ended: list[_Request]) -> tuple[np.ndarray, np.ndarray]:
+        """Every row draws its next token from its log_probs (N, V); each request of
+        `requests` (one per run of rows, None: cancelled) gets its events, finished
+        sequences leave (into `ended` when their request did). Returns which rows stay
+        live (N,) bool and the tokens (N,) int64."""
+        tokens = sample(log_probs, rows.temperature, rows.top_k, rows.top_p,
+                        uniforms(rows.key, rows.drawn))
+        rows.drawn += 1
+        rows.left -= 1
+        finished = (tokens == self.eos_id) | (rows.left <= 0)
+        keep = ~finished
+        chosen = log_probs[np.arange(len(tokens)), tokens].tolist()
+        want = int(rows.top_logprobs.max(initial=0))
+        tops = None
+        if want:
+            asks = np.flatnonzero(rows.top_logprobs > 0)
+            alts = top_alternatives(log_probs[asks], want)
+            tops = dict(zip(asks.tolist(), alts, strict=True))
+        eos, gone = self.eos_id, self._gone
+        token_list, index_list = tokens.tolist(), rows.index.tolist()
+        finished_list, want_list = finished.tolist(), rows.top_logprobs.tolist()
+        _, starts = _runs(rows.rid)
+        for r, s, e in zip(requests, starts, starts[1:] + [len(tokens)], strict=True):
+            if r is None:  # cancelled: its rows leave now
+                keep[s:e] = False
                 continue
-            row.left -= 1
-            finish = None
-            if int(tokens[i]) == self.eos_id:
-                finish = FINISH_EOS
-            elif row.left <= 0:
-                finish = FINISH_LENGTH
-            if finish is not None:
-                keep[i] = False
-                ev = TokenEvent(ev.index, ev.token, ev.logprob, ev.top, finish)
-                r.live -= 1
-            if ev.token != self.eos_id:
-                self.generated += 1
-            out.append(ev)
-        if r.live <= 0:
-            r.status = "done"
-            self.table.pop(r.rid, None)
-            self.service_cost.observe(1, self.clock() - r.admitted)
-        if out and r.sink is not None:
-            r.sink(out)
-        return keep
+            out = []
+            for i in range(s, e):
+                token, index = token_list[i], index_list[i]
+                if gone and (r.rid, index) in gone:  # stopped meanwhile: nothing more
+                    keep[i] = False
+                    continue
+                finish = None
+                if finished_list[i]:
+                    finish = FINISH_EOS if token == eos else FINISH_LENGTH
+                    r.live -= 1
+                if token != eos:
+                    self.generated += 1
+                top = tops[i][: want_list[i]] if tops is not None and i in tops else ()
+                out.append(TokenEvent(index, token, chosen[i], top, finish))
+            if r.live <= 0:
+                r.status = "done"
+                self.table.pop(r.rid, None)
+                self.service_cost.observe(1, self.clock() - r.admitted)
+                ended.append(r)
+            if out and r.sink is not None:
+                r.sink(out)
+        return keep, tokens
 
     def fail_all(self, error: Exception) -> None:
         for r in list(self.table.values()):
@@ -527,76 +595,49 @@ class LMScheduler:
         self._reset()
 
 
-def sample(log_probs: np.ndarray, options: Sequence[GenerateOptions],
-           rngs: Sequence[np.random.Generator]) -> np.ndarray:
-    """One token per row of log_probs (R, V): greedy at temperature 0, else a draw from the
-    temperature-scaled distribution cut to top-k and top-p, with each row's own generator
-    (one uniform per row; the rest is vectorised). Returns (R,) int64."""
-    r, v = log_probs.shape
-    temps = np.array([o.temperature for o in options], dtype=np.float64)  # (R,)
-    tokens = log_probs.argmax(-1).astype(np.int64)  # (R,) greedy
-    hot = np.flatnonzero(temps > 0).tolist()
-    if not hot:
-        return tokens
-    logits = log_probs[hot].astype(np.float64) / temps[hot, None]  # (H, V)
-    logits -= logits.max(-1, keepdims=True)
-    top_k = np.array([options[i].top_k for i in hot])
-    top_p = np.array([options[i].top_p for i in hot])
-    cut = np.flatnonzero(((top_k > 0) & (top_k < v)) | (top_p < 1.0))
-    if cut.size:
-        sub = logits[cut]
-        order = np.argsort(-sub, axis=-1, kind="stable")  # (C, V) best first
-        ranked = np.take_along_axis(sub, order, -1)
-        probs = np.exp(ranked)
-        probs /= probs.sum(-1, keepdims=True)
-        k = np.where(top_k[cut] > 0, np.minimum(top_k[cut], v), v)  # (C,)
-        before = np.cumsum(probs, -1) - probs  # mass ahead of each ranked token
-        drop = (np.arange(v)[None, :] >= k[:, None]) | (before >= top_p[cut, None])
-        drop[:, 0] = False  # the best token always stays
-        ranked[drop] = -np.inf
-        restored = np.empty_like(sub)
-        np.put_along_axis(restored, order, ranked, -1)
-        logits[cut] = restored
-    probs = np.exp(logits)
-    probs /= probs.sum(-1, keepdims=True)
-    u = np.array([rngs[i].random() for i in hot])  # (H,)
-    drawn = (np.cumsum(probs, -1) < u[:, None]).sum(-1)
-    tokens[hot] = np.minimum(drawn, v - 1)
-    return tokens
-
-
-def top_alternatives(log_probs: np.ndarray, k: int) -> list[tuple[tuple[int, float], ...]]:
-    """The k most likely (token, log-prob) of every row, best first."""
-    k = min(k, log_probs.shape[1])
-    part = np.argpartition(-log_probs, k - 1, axis=-1)[:, :k]  # (R, k)
-    vals = np.take_along_axis(log_probs, part, -1)
-    order = np.argsort(-vals, axis=-1)
-    ids, vals = np.take_along_axis(part, order, -1), np.take_along_axis(vals, order, -1)
-    return [tuple(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(ids, vals,
-                                                                             strict=True)]
+def _runs(rid: np.ndarray) -> tuple[list[int], list[int]]:
+    """The request ids of the runs of equal `rid` (N,) and where each run starts."""
+    if not len(rid):
+        return [], []
+    starts = [0, *(np.flatnonzero(rid[1:] != rid[:-1]) + 1).tolist()]
+    return rid[starts].tolist(), starts
 
 
 class TokenStream:
     """One generation request as its caller sees it: `async for events in stream` (each
-    update's TokenEvents), `stop(index)` for a sequence that hit a stop string, `cancel()`
-    when the caller leaves. Fed by the in-process loop or by the engine client."""
+    update's TokenEvents; the updates queued while the caller was busy, together),
+    `stop(index)` for a sequence that hit a stop string, `cancel()`
+    when the caller leaves, `interrupt(error)` to end the caller's iteration with `error`
+    (its deadline, a hang-up) without closing the stream (the caller then cancels it). Fed
+    by the in-process loop or by the engine client: one deque and at most one waiter future
+    per wait (no asyncio.Queue: this is per token)."""
 
     def __init__(self, sequences: int, on_cancel: Callable[[], None],
                  on_stop: Callable[[int], None]) -> None:
         self.sequences = sequences
-        self._queue: asyncio.Queue[list[TokenEvent] | BaseException] = asyncio.Queue()
+        self._items: deque[list[TokenEvent] | BaseException | _Interrupt] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._on_cancel, self._on_stop = on_cancel, on_stop
         self._open = sequences
         self.closed = False
 
+    def _push(self, item: list[TokenEvent] | BaseException | _Interrupt) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
     def put(self, item: list[TokenEvent] | BaseException) -> None:
         if not self.closed:
-            self._queue.put_nowait(item)
+            self._push(item)
+
+    def interrupt(self, error: BaseException) -> None:
+        self._push(_Interrupt(error))
 
     def stop(self, index: int) -> None:
         self._open -= 1
         self._on_stop(index)
-        self._queue.put_nowait([])  # wakes the reader, which may now be done
+        self._push([])  # wakes the reader, which may now be done
 
     def cancel(self) -> None:
         if not self.closed:
@@ -604,15 +645,32 @@ class TokenStream:
             self._on_cancel()
 
     async def __aiter__(self) -> AsyncIterator[list[TokenEvent]]:
+        items = self._items
         while self._open > 0:
-            item = await self._queue.get()
+            if not items:
+                self._waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                continue
+            item = items.popleft()
+            if isinstance(item, _Interrupt):
+                raise item.error
             if isinstance(item, BaseException):
                 self.closed = True
                 raise item
+            while items and isinstance(items[0], list):  # queued updates go together
+                item = item + items.popleft()  # type: ignore[operator]
             self._open -= sum(1 for e in item if e.finish is not None)
             if item:
                 yield item
         self.closed = True
+
+
+@dataclass(frozen=True)
+class _Interrupt:
+    error: BaseException
 
 
 class LMLoop:

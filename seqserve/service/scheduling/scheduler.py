@@ -39,7 +39,7 @@ from seqserve.service.scheduling.base import (
     CostEstimate,
     NullObserver,
     Observer,
-    admission_refusal,
+    admit_by_wait,
 )
 from seqserve.service.scheduling.group import DecodeGroup
 from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions, max_steps
@@ -146,17 +146,12 @@ class DecodeScheduler:
         whose estimate is stale still refuses by it, and decodes the refused sources itself,
         answering no one, to measure again: a slow spell's estimate cannot refuse forever,
         and no request is let through on a guess only to miss its deadline (a 504)."""
-        wait = self.expected_wait()
         floor = self._fewest_steps_cost(sources, options) or 0.0
         service = max(self.decode_cost.per_unit or 0.0, floor) or None
-        now = time.monotonic()
-        why = admission_refusal(wait, service, deadline, self.config.max_queue_wait_s, now)
-        if why is None:
-            return
-        if not self.table and self.decode_cost.stale():
-            self._probe(sources, options)
-        raise QueueFull(f"translator cannot take it in time: {why}",
-                        retry_after=max(self.config.retry_after_s, wait or 0.0))
+        admit_by_wait("translator", self.expected_wait(), service, deadline,
+                      self.config.max_queue_wait_s, self.config.retry_after_s,
+                      not self.table and self.decode_cost.stale(),
+                      lambda: self._probe(sources, options))
 
     def _fewest_steps_cost(self, sources: Sequence[list[int]],
                            options: SearchOptions) -> float | None:

@@ -146,41 +146,52 @@ class Generation:
         self._prefix = {s.context: tok.decode([s.context]) for s in self.seqs}
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Token and finish events (module doc); cancels the request if left early, on
-        deadline (DeadlineExceeded) or when the client left (ClientGone)."""
-        it = aiter(self.stream)
+        """Token and finish events (module doc), one by one (see `batches`)."""
+        async for batch in self.batches():
+            for ev in batch:
+                yield ev
+
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """Token and finish events (module doc), in the groups that arrived together (one
+        step's, or several steps' when the reader was behind): a stream writes each group
+        at once. Cancels the request if left early, on deadline (DeadlineExceeded) or when
+        the client left (ClientGone).
+
+        The deadline is one timer and the hang-up one callback for the whole generation,
+        each interrupting the stream (not a race of futures per token)."""
+        stream, call = self.stream, self.call
+        timer = asyncio.get_running_loop().call_later(
+            max(call.remaining(), 0.0), lambda: stream.interrupt(DeadlineExceeded(
+                "request deadline passed; its generation was stopped")))
+
+        def on_gone(f: asyncio.Future[Any]) -> None:
+            if not f.cancelled():
+                stream.interrupt(ClientGone("client disconnected"))
+
+        gone = call.gone
+        own_gone = gone is None
+        if gone is None:
+            gone = asyncio.ensure_future(call.disconnected.wait())
+        gone.add_done_callback(on_gone)
         try:
-            while True:
-                try:
-                    batch = await self._next(it)
-                except StopAsyncIteration:
-                    return
-                for ev in batch:
-                    for out in self._apply(ev):
-                        yield out
+            if gone.done() and not gone.cancelled():
+                raise ClientGone("client disconnected")
+            async for batch in stream:
+                out = [x for ev in batch for x in self._apply(ev)]
+                if out:
+                    yield out
         finally:
+            timer.cancel()
+            gone.remove_done_callback(on_gone)
+            if own_gone:
+                gone.cancel()
             if any(s.finish is None for s in self.seqs):
-                self.stream.cancel()
+                stream.cancel()
 
     async def run(self) -> None:
         """Consume every event (the JSON answer)."""
         async for _ in self.events():
             pass
-
-    async def _next(self, it: AsyncIterator[list[TokenEvent]]) -> list[TokenEvent]:
-        nxt = asyncio.ensure_future(anext(it))
-        gone = asyncio.ensure_future(self.call.disconnected.wait())
-        try:
-            done, _ = await asyncio.wait({nxt, gone}, timeout=max(self.call.remaining(), 0.0),
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if nxt in done:
-            return nxt.result()
-        nxt.cancel()
-        if gone in done:
-            raise ClientGone("client disconnected")
-        raise DeadlineExceeded("request deadline passed; its generation was stopped")
 
     def _apply(self, ev: TokenEvent) -> list[dict[str, Any]]:
         seq = self.seqs[ev.index]
@@ -193,8 +204,10 @@ class Generation:
             seq.ids.append(ev.token)
             seq.logprobs.append(ev.logprob)
             seq.tops.append(ev.top)
+            checked = len(seq.text)  # text before this piece held no stop string
             seq.text = self._decode(seq)
-            cut = _find_stop(seq.text, self.params.stop)
+            stops = self.params.stop
+            cut = _find_stop(seq.text, stops, checked) if stops else None
             if cut is not None:
                 seq.text = seq.text[:cut]
                 seq.finish = FINISH_STOP
@@ -202,8 +215,8 @@ class Generation:
                     self.stream.stop(ev.index)
             else:
                 seq.finish = ev.finish
-            end = len(seq.text) if seq.finish else len(seq.text) - _held(seq.text,
-                                                                        self.params.stop)
+            end = len(seq.text) if seq.finish or not stops else len(seq.text) - _held(
+                seq.text, stops)
             if end > seq.sent:
                 out.append({**where, "text": seq.text[seq.sent : end]})
                 seq.sent = end
@@ -224,10 +237,23 @@ class Generation:
         self._last = now
 
     def _decode(self, seq: _Seq) -> str:
+        """The sequence's text with its newest piece: the text of (previous piece, newest)
+        after the previous piece's own, appended (a piece's leading space survives; O(1) a
+        token, not a decode of the whole sequence each time). When the pair's text does not
+        extend the previous piece's (bytes of one character split across pieces), the whole
+        sequence is decoded after the prompt's last piece."""
         tok = self.worker.ctx.tokenizer
+        ids = seq.ids
+        prev = ids[-2] if len(ids) > 1 else seq.context
+        prefix = self._prefix.get(prev)
+        if prefix is None:
+            prefix = self._prefix[prev] = tok.decode([prev])
+        pair = tok.decode([prev, ids[-1]])
+        if pair.startswith(prefix) and "\ufffd" not in pair:
+            return seq.text + pair[len(prefix):]
         prefix = self._prefix[seq.context]
-        full = tok.decode([seq.context, *seq.ids])
-        return full[len(prefix):] if full.startswith(prefix) else tok.decode(seq.ids)
+        full = tok.decode([seq.context, *ids])
+        return full[len(prefix):] if full.startswith(prefix) else tok.decode(ids)
 
     def results(self) -> list[dict[str, Any]]:
         out = []
@@ -248,9 +274,11 @@ class Generation:
                 "completion_tokens": sum(len(s.ids) for s in self.seqs)}
 
 
-def _find_stop(text: str, stops: tuple[str, ...]) -> int | None:
-    """Where the earliest stop string starts in `text`, or None."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+def _find_stop(text: str, stops: tuple[str, ...], checked: int = 0) -> int | None:
+    """Where the earliest stop string starts in `text`, or None; `text[:checked]` is known to
+    hold none (only a stop string that ends after it is looked for)."""
+    found = [i for i in (text.find(s, max(checked - len(s) + 1, 0)) for s in stops if s)
+             if i >= 0]
     return min(found) if found else None
 
 

@@ -149,11 +149,13 @@ async def _generate_stream(request: Request, name: str, version: str | None,
     async def events(call: RequestContext) -> AsyncIterator[bytes]:
         finish = "length"
         try:
-            async for ev in generation.events():
-                if "text" in ev:
-                    yield sse({**head, "text_output": ev["text"]})
-                elif "finish_reason" in ev:
-                    finish = ev["finish_reason"]
+            async for batch in generation.batches():  # one write per group
+                chunk = b"".join(sse({**head, "text_output": ev["text"]})
+                                 for ev in batch if "text" in ev)
+                for ev in batch:
+                    finish = ev.get("finish_reason", finish)
+                if chunk:
+                    yield chunk
         finally:
             count_tokens(state, name, generation)
         yield sse({**head, "text_output": "", "finish_reason": finish,

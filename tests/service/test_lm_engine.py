@@ -66,6 +66,25 @@ def test_generate_score_and_stream_through_the_engine(server: Server) -> None:
     assert scored.status_code == 200 and scored.json()["results"][0]["num_tokens"] > 0
 
 
+def test_a_stream_the_engine_refuses_is_a_429_not_a_200(server: Server) -> None:
+    """The engine admits a generation by its expected wait and measured cost per request; a
+    stream it refuses is answered with the refusal's status and Retry-After (the 200 waits
+    for the first events), never a 200 whose body is an error event."""
+    url = server.url
+    long = {"prompt": "one", "temperature": 0, "max_new_tokens": 400}
+    for _ in range(3):  # measured: a generation of 400 tokens costs ~0.1 s or more
+        assert httpx.post(f"{url}/v1/models/endless-lm/generate", json=long,
+                          timeout=60).status_code == 200
+    with httpx.stream("POST", f"{url}/v1/models/endless-lm/generate",
+                      json={**long, "stream": True}, headers={"X-Request-Timeout": "0.02"},
+                      timeout=30) as r:
+        r.read()
+    assert r.status_code == 429, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    assert float(r.headers["retry-after"]) > 0
+    assert "cannot take it in time" in r.json()["error"]
+
+
 def test_hanging_up_frees_rows_in_the_engine(server: Server) -> None:
     host, port = server.url.removeprefix("http://").split(":")
     # many more tokens than a client that hangs up after three of them lets it make

@@ -3,9 +3,10 @@
 generate: `{"prompt": "..."}` or `{"prompts": [...]}` with the sampling options below. The
 answer is JSON, or with `"stream": true` a `text/event-stream`: one `data: {"prompt_index",
 "index", "text"}` per token as soon as it exists, one `data: {"prompt_index", "index",
-"finish_reason"}` per finished sequence, `data: {"usage": ...}`, then `data: [DONE]`. A failure
-after the 200 is an `event: error` whose data is the usual error JSON; the stream then ends. A
-client that hangs up has its sequences dropped at the engine's next step.
+"finish_reason"}` per finished sequence, `data: {"usage": ...}`, then `data: [DONE]`. The 200
+goes out with the first events, so a refusal (429 by expected wait, 503) is a status with
+Retry-After; a failure after the 200 is an `event: error` whose data is the usual error JSON;
+the stream then ends. A client that hangs up has its sequences dropped at the engine's next step.
 
 score: `{"texts": [...]}` -> per text its tokens, their log-probabilities (each given the
 text before it), the number of tokens and the perplexity, from one batched prefill.
@@ -48,7 +49,7 @@ from seqserve.service.api.common import (
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import ServiceError
-from seqserve.service.web.responses import JsonResponse, service_error_for
+from seqserve.service.web.responses import JsonResponse, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.lm import GenerateParams, Generation, LMWorker
@@ -234,18 +235,28 @@ class EventStream(Response):
             if self.name in self.state.repository.entries else None
         if gauge is not None:
             gauge.inc()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": self.raw_headers})
-        producer = asyncio.ensure_future(self._produce(send))
+        events = self.events(call).__aiter__()
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
         try:
+            # The 200 waits for the first events (or the failure): a refusal by the engine
+            # (429 by expected wait, 503 engine gone) is then a status, not an error event.
+            first = asyncio.ensure_future(anext(events, b""))
+            done, _ = await asyncio.wait({first, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if watcher in done and first not in done:  # gone before anything: cancel it
+                await self._hang_up(first)
+                return
+            try:
+                head = first.result()
+            except ServiceError as exc:
+                await send_answer(send, service_error_for(scope, exc))
+                return
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": self.raw_headers})
+            producer = asyncio.ensure_future(self._produce(send, head, events))
             done, _ = await asyncio.wait({producer, watcher},
                                          return_when=asyncio.FIRST_COMPLETED)
-            if watcher in done:  # the client left: the generation's finally cancels it
-                call.disconnected.set()
-                producer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await producer
+            if producer not in done:  # the client left: the generation's finally cancels it
+                await self._hang_up(producer)
                 return
             producer.result()
         finally:
@@ -255,9 +266,17 @@ class EventStream(Response):
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def _produce(self, send: Send) -> None:
+    async def _hang_up(self, task: asyncio.Future[Any]) -> None:
+        self.call.disconnected.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    async def _produce(self, send: Send, head: bytes, events: AsyncIterator[bytes]) -> None:
         try:
-            async for chunk in self.events(self.call):
+            if head:
+                await send({"type": "http.response.body", "body": head, "more_body": True})
+            async for chunk in events:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except ServiceError as exc:  # after the 200: the usual error JSON as an error event
             _, _, body = service_error_for(self.scope, exc)

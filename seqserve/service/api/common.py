@@ -22,6 +22,7 @@ from pydantic import (
 from starlette.types import Receive, Scope
 
 from seqserve.service.core.errors import BadRequest, QueueFull
+from seqserve.service.web.http_protocol import DISCONNECT
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext, text_pattern
 
@@ -175,8 +176,10 @@ def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
 async def request_call(state: AppState, scope: Scope, receive: Receive,
                        timeout_s: float | None = None) -> AsyncIterator[RequestContext]:
     """A RequestContext with the request deadline, recorded in the ASGI scope (Server-Timing and the
-    request metrics read it) and counted in flight; watches for the client leaving (the
-    watcher task is the context's `gone`: `RequestContext.wait` waits on it directly)."""
+    request metrics read it) and counted in flight; watches for the client leaving: the
+    context's `gone` is the scope's disconnect future under our uvicorn protocol
+    (`seqserve.service.web.http_protocol.DISCONNECT`), else a watcher task that waits for
+    `http.disconnect`; `RequestContext.wait` waits on it directly."""
     seconds = request_timeout(state, scope) if timeout_s is None else timeout_s
     call = RequestContext(deadline=time.monotonic() + seconds)
     scope.setdefault("state", {})["call"] = call
@@ -185,11 +188,20 @@ async def request_call(state: AppState, scope: Scope, receive: Receive,
         if name in state.repository.entries else None
     if gauge is not None:
         gauge.inc()
-    watcher = call.gone = asyncio.ensure_future(_watch_disconnect(receive, call))
-    watcher.add_done_callback(_quiet)
+    gone = scope.get("extensions", {}).get(DISCONNECT)  # our uvicorn protocol's future
+    if gone is not None:
+        call.gone = gone
+        gone.add_done_callback(call.client_left)
+    else:  # another server: a task waits for http.disconnect
+        watcher = call.gone = asyncio.ensure_future(_watch_disconnect(receive, call))
+        watcher.add_done_callback(_quiet)
     try:
         yield call
     finally:
-        watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
+        if gone is not None:
+            gone.remove_done_callback(call.client_left)  # no reference cycle left behind
+        else:
+            watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
+            call.gone = None  # its CancelledError's frames hold `call`: no cycle through it
         if gauge is not None:
             gauge.dec()

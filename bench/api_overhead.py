@@ -72,7 +72,10 @@ async def run(a: argparse.Namespace) -> int:
     from seqserve.service.engine.client import EngineClient
     from seqserve.service.engine.server import EngineServer
     from seqserve.service.server.app import create_app
-    from seqserve.service.web.http_protocol import DISCONNECT
+    try:
+        from seqserve.service.web.http_protocol import DISCONNECT
+    except ImportError:  # an older checkout (A/B runs): no disconnect future
+        DISCONNECT = None  # noqa: N806
     from seqserve.service.web.settings import Settings
 
     settings = Settings()
@@ -120,7 +123,7 @@ async def run(a: argparse.Namespace) -> int:
                         (b"content-length", str(len(body)).encode())],
             "state": {},
         }
-        if a.disconnect_future:  # as our uvicorn protocol gives every request
+        if a.disconnect_future and DISCONNECT:  # as our uvicorn protocol gives every request
             scope["extensions"] = {DISCONNECT: asyncio.get_running_loop().create_future()}
         sent = False
         gone = asyncio.get_running_loop().create_future()

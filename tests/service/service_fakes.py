@@ -103,11 +103,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve_in_thread(app: Any, timeout: float = 60.0) -> contextlib.AbstractContextManager[str]:
-    """Run `app` under a real uvicorn on 127.0.0.1 in a thread; yields the base URL."""
+def serve_in_thread(app: Any, timeout: float = 60.0,
+                    **config: Any) -> contextlib.AbstractContextManager[str]:
+    """Run `app` under a real uvicorn on 127.0.0.1 in a thread; yields the base URL.
+    `config`: more uvicorn options (`http=guarded_protocol(...)`: the server's protocol)."""
     from server_support import serve_app  # here: server subprocesses import this module bare
 
-    return serve_app(app, timeout_s=timeout)
+    return serve_app(app, timeout_s=timeout, **config)
 
 
 def copy_repo(src: Path, dst: Path) -> Path:

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from server_support import RawConnection
 from service_fakes import FakeRuntime, fake_factory, serve_in_thread
 
 from seqserve.service.scheduling.batcher import Batcher
 from seqserve.service.server.app import create_app
+from seqserve.service.web.http_protocol import guarded_protocol
 from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"
@@ -89,10 +91,14 @@ def test_runtime_fault_fails_only_its_batch(tiny_repo: Path) -> None:
     assert after.status_code == 200
 
 
-def test_client_disconnect_leaves_no_queued_work(tiny_repo: Path) -> None:
+@pytest.mark.parametrize("protocol", ["uvicorn", "seqserve"])
+def test_client_disconnect_leaves_no_queued_work(tiny_repo: Path, protocol: str) -> None:
+    """Under uvicorn's own protocol a task per request waits for `http.disconnect`; under
+    the server's (`guarded_protocol`) the scope's disconnect future says it."""
     runtime = FakeRuntime(delay_s=0.5)
     app = _app(tiny_repo, runtime, max_batch_size=1, max_wait_ms=0)
-    with serve_in_thread(app) as base:
+    config = {"http": guarded_protocol(30.0)} if protocol == "seqserve" else {}
+    with serve_in_thread(app, **config) as base:
 
         async def scenario() -> None:
             async with httpx.AsyncClient(base_url=base, timeout=10) as c:

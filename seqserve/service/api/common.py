@@ -4,9 +4,8 @@ the texts field and the one formatter of validation errors."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import Request
@@ -22,6 +21,7 @@ from pydantic import (
 from starlette.types import Receive, Scope
 
 from seqserve.service.core.errors import BadRequest, QueueFull
+from seqserve.service.web.http_protocol import DISCONNECT
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext, text_pattern
 
@@ -171,25 +171,55 @@ def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
                         "allowed", retry_after=max(state.settings.retry_after_s, wait))
 
 
-@contextlib.asynccontextmanager
-async def request_call(state: AppState, scope: Scope, receive: Receive,
-                       timeout_s: float | None = None) -> AsyncIterator[RequestContext]:
+def request_call(state: AppState, scope: Scope, receive: Receive,
+                 timeout_s: float | None = None) -> RequestCall:
     """A RequestContext with the request deadline, recorded in the ASGI scope (Server-Timing and the
-    request metrics read it) and counted in flight; watches for the client leaving (the
-    watcher task is the context's `gone`: `RequestContext.wait` waits on it directly)."""
-    seconds = request_timeout(state, scope) if timeout_s is None else timeout_s
-    call = RequestContext(deadline=time.monotonic() + seconds)
-    scope.setdefault("state", {})["call"] = call
-    name = scope.get("path_params", {}).get("name", "")
-    gauge = state.metrics.child(state.metrics.in_flight, name) \
-        if name in state.repository.entries else None
-    if gauge is not None:
-        gauge.inc()
-    watcher = call.gone = asyncio.ensure_future(_watch_disconnect(receive, call))
-    watcher.add_done_callback(_quiet)
-    try:
-        yield call
-    finally:
-        watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
+    request metrics read it) and counted in flight; watches for the client leaving: the
+    context's `gone` is the scope's disconnect future under our uvicorn protocol
+    (`seqserve.service.web.http_protocol.DISCONNECT`), else a watcher task that waits for
+    `http.disconnect`; `RequestContext.wait` waits on it directly. Use: `async with
+    request_call(...) as call`."""
+    return RequestCall(state, scope, receive, timeout_s)
+
+
+class RequestCall:
+    """`request_call`'s context manager (a class: a generator-based one cost twice as much)."""
+
+    __slots__ = ("state", "scope", "receive", "timeout_s", "call", "gauge", "gone", "watcher")
+
+    def __init__(self, state: AppState, scope: Scope, receive: Receive,
+                 timeout_s: float | None) -> None:
+        self.state, self.scope, self.receive, self.timeout_s = state, scope, receive, timeout_s
+        self.gauge: Any = None
+        self.gone: asyncio.Future[Any] | None = None
+        self.watcher: asyncio.Future[Any] | None = None
+
+    async def __aenter__(self) -> RequestContext:
+        state, scope = self.state, self.scope
+        seconds = request_timeout(state, scope) if self.timeout_s is None else self.timeout_s
+        call = self.call = RequestContext(deadline=time.monotonic() + seconds)
+        scope.setdefault("state", {})["call"] = call
+        name = scope.get("path_params", {}).get("name", "")
+        gauge = self.gauge = state.metrics.child(state.metrics.in_flight, name) \
+            if name in state.repository.entries else None
         if gauge is not None:
-            gauge.dec()
+            gauge.inc()
+        gone = self.gone = scope.get("extensions", {}).get(DISCONNECT)  # our protocol's
+        if gone is not None:
+            call.gone = gone
+            gone.add_done_callback(call.client_left)
+        else:  # another server: a task waits for http.disconnect
+            watcher = self.watcher = call.gone = asyncio.ensure_future(
+                _watch_disconnect(self.receive, call))
+            watcher.add_done_callback(_quiet)
+        return call
+
+    async def __aexit__(self, *exc: object) -> None:
+        call = self.call
+        if self.gone is not None:
+            self.gone.remove_done_callback(call.client_left)  # no reference cycle left behind
+        elif self.watcher is not None:
+            self.watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
+            call.gone = None  # its CancelledError's frames hold `call`: no cycle through it
+        if self.gauge is not None:
+            self.gauge.dec()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
 import traceback
@@ -41,27 +42,50 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self._second: tuple[int, str] = (-1, "")
+        """The last whole second formatted (`formatTime`) and its text."""
 
     def format(self, record: logging.LogRecord) -> str:
-        cached, record.exc_text = record.exc_text, None  # another handler's long format
-        try:
-            line = super().format(record)
-        finally:
-            record.exc_text = cached
+        if record.exc_info or record.stack_info:  # logging's own, with the short traceback
+            cached, record.exc_text = record.exc_text, None  # another handler's long format
+            try:
+                line = super().format(record)
+            finally:
+                record.exc_text = cached
+        else:  # the same line as logging's format, without its generic machinery (measured:
+            # a third of an access-log line's cost)
+            record.message = record.getMessage()
+            record.asctime = self.formatTime(record)
+            line = f"{record.asctime} {record.levelname} {record.name}: {record.message}"
         extra = " ".join(f"{k}={_text(v)}" for k, v in _fields(record).items())
         if not extra:
             return line
         head, sep, rest = line.partition("\n")  # a traceback goes after the fields
         return f"{head} {extra}{sep}{rest}"
 
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        """logging's default time text (local time, `,` and milliseconds), the seconds part
+        computed once per second."""
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if self._second[0] != second:
+            self._second = (second, time.strftime(self.default_time_format,
+                                                  self.converter(record.created)))
+        return f"{self._second[1]},{int(record.msecs):03d}"  # default_msec_format
+
     def formatException(self, ei: Any) -> str:  # noqa: N802 (logging's name)
         return short_traceback(ei)
 
 
+QUOTED = re.compile(r'[\s"=]')
+"""A field value with one of these characters (or an empty one) is written as a JSON string
+(`\\s` is `str.isspace`'s set)."""
+
+
 def _text(value: Any) -> str:
-    text = str(value)
-    return json.dumps(text) if not text or any(c.isspace() or c in '"=' for c in text) \
-        else text
+    text = value if type(value) is str else str(value)
+    return json.dumps(text) if not text or QUOTED.search(text) else text
 
 
 class JsonFormatter(logging.Formatter):

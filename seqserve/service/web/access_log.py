@@ -115,8 +115,9 @@ class AccessLogMiddleware:
              exc: Exception | None) -> None:
         fields = access_fields(scope, rid, status, time.monotonic() - start)
         message = f'{fields["method"]} {fields["route"]} {status}'
-        if exc is None:
-            log.info(message, extra={"fields": fields})
+        if exc is None:  # `log.info` without its search of the caller's frame (unused here)
+            log.handle(log.makeRecord(log.name, logging.INFO, "(unknown file)", 0, message, (),
+                                      None, extra={"fields": fields}))
             return
         log.error(message + " (server bug)", exc_info=exc, extra={"fields": fields})
         with contextlib.suppress(AttributeError):  # no attributes: uvicorn logs it too

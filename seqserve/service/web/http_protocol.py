@@ -7,6 +7,13 @@ request headers trickle in: each held a connection open for as long as the clien
 `header_timeout_s` of being opened (or of its request's first byte); otherwise it gets a 408
 and is closed. A body that stalls is the middleware's business (`body_timeout_s`).
 
+Every request's scope carries a future that is done once its client is gone (the connection
+was lost before its response completed): `scope["extensions"]["seqserve.disconnect"]`
+(`DISCONNECT`). The routes wait on it directly (`RequestContext.gone`) instead of a task per
+request that waits for `http.disconnect` (measured: that task, its cancellation and the
+reference cycle its CancelledError left for the garbage collector were a sixth of the API
+process's CPU per request).
+
 Every response goes out in one write where it can: uvicorn writes the status line and headers
 (`http.response.start`) and then the body as two socket writes (two syscalls, two TCP
 segments); here a response's first write waits for its next one (the body, sent right after
@@ -23,6 +30,9 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from seqserve.service.core.answers import error_answer
+
+DISCONNECT = "seqserve.disconnect"
+"""The scope extension: a future done when the request's client is gone (see module doc)."""
 
 
 def timeout_answer(message: str) -> bytes:
@@ -78,9 +88,12 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _open: list[tuple[Any, asyncio.Future[None]]]
+        """Requests of this connection whose response is not complete, with their futures."""
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._open = []
             self._arm()
 
         def on_message_begin(self) -> None:
@@ -91,11 +104,20 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
             self._disarm()
             before = self.cycle
             super().on_headers_complete()
-            if self.cycle is not None and self.cycle is not before:
-                self.cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
+            cycle = self.cycle
+            if cycle is not None and cycle is not before:
+                cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
+                gone: asyncio.Future[None] = self.loop.create_future()
+                cycle.scope.setdefault("extensions", {})[DISCONNECT] = gone  # type: ignore[assignment]
+                self._open = [o for o in self._open if not o[0].response_complete]
+                self._open.append((cycle, gone))
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            for cycle, gone in self._open:
+                if not cycle.response_complete and not gone.done():
+                    gone.set_result(None)
+            self._open = []
             super().connection_lost(exc)
 
         def _arm(self) -> None:

@@ -44,9 +44,13 @@ def _json_by_default(scope: Scope) -> None:
     a body sent with no content type or as a form (what `curl -d` sends) is read as JSON
     instead of failing validation with a confusing message. Changes `scope` in place: the
     router records the matched route in this same dict, which the request metrics read."""
-    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-    given = next((v for k, v in scope["headers"] if k == b"content-type"), b"")
+    given = b""
+    for k, v in scope["headers"]:
+        if k == b"content-type":
+            given = v
+            break
     if given.split(b";")[0].strip().lower() in FORM_OR_NONE:
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
         scope["headers"] = [*headers, (b"content-type", b"application/json")]
 
 

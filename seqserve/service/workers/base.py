@@ -143,6 +143,10 @@ class RequestContext:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
+    def client_left(self, _: object = None) -> None:
+        """The client is gone (a done callback of `gone`): set `disconnected`."""
+        self.disconnected.set()
+
     def record(self, timing: Timing) -> None:
         self.queue_s = max(self.queue_s, timing.queue_s)
         self.compute_s = max(self.compute_s, timing.compute_s)

@@ -22,9 +22,13 @@ Row = tuple[np.ndarray, np.ndarray]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64) - logits.max()
+    """float64 softmax of (C,) logits. The ufuncs' own reductions: `ndarray.max()` and
+    `.sum()` reach the same ones through numpy's Python wrappers, which cost more than the
+    arithmetic on a few labels."""
+    z = logits.astype(np.float64)
+    z -= np.maximum.reduce(z)
     e = np.exp(z)
-    return e / e.sum()  # (C,)
+    return e / np.add.reduce(e)  # (C,)
 
 
 class ClassifierWorker:
@@ -62,8 +66,12 @@ class ClassifierWorker:
     def _result(self, e: Encoded, logits: np.ndarray, att: np.ndarray, top_k: int,
                 with_att: bool) -> dict[str, Any]:
         probs = softmax(logits)  # (C,)
-        order = np.argsort(-probs, kind="stable")[: min(top_k, len(self.labels))]
-        top = [{"label": self.labels[j], "probability": float(probs[j])} for j in order]
+        values = probs.tolist()  # Python floats, once (not one numpy scalar per label)
+        if top_k == 1:  # the first highest, as the stable sort below would give
+            order = [values.index(max(values))]
+        else:
+            order = np.argsort(-probs, kind="stable")[: min(top_k, len(self.labels))].tolist()
+        top = [{"label": self.labels[j], "probability": values[j]} for j in order]
         out: dict[str, Any] = {
             "label": top[0]["label"], "score": top[0]["probability"], "top_k": top,
             "num_tokens": len(e.ids), "truncated": e.truncated,

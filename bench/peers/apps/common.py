@@ -51,11 +51,37 @@ class Bundle:
                 for i, j in enumerate(best)]
 
 
+def body_of(body: Any) -> dict[str, Any]:
+    """A request body (dict, or its JSON bytes)."""
+    return json.loads(body) if isinstance(body, (bytes, bytearray, str)) else dict(body)
+
+
 def texts_of(body: Any) -> list[str]:
     """The texts of a request body {"texts": [...]} (dict, or its JSON bytes)."""
-    if isinstance(body, (bytes, bytearray, str)):
-        body = json.loads(body)
-    return [str(t) for t in body["texts"]]
+    return [str(t) for t in body_of(body)["texts"]]
+
+
+def per_request(results: list[Any], counts: list[int]) -> list[dict[str, Any]]:
+    """A batch's results, in order, split back into one {"results": [...]} per request."""
+    answers, at = [], 0
+    for n in counts:
+        answers.append({"results": results[at: at + n]})
+        at += n
+    return answers
+
+
+def torchserve_entry(service: Any) -> Any:
+    """TorchServe's module-level `handle(data, context)` for a handler object with `ready`,
+    `initialize(context)` and `handle(data, context)`: the first call (data None)
+    initializes."""
+    def handle(data: list[dict[str, Any]] | None, context: Any) -> list[dict[str, Any]] | None:
+        if not service.ready:
+            service.initialize(context)
+        if data is None:
+            return None
+        return service.handle(data, context)
+
+    return handle
 
 
 class TranslatorBundle:

@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import torch
-from common import Bundle, texts_of
+from common import Bundle, per_request, texts_of, torchserve_entry
 
 
 class LangidHandler:
@@ -21,6 +21,10 @@ class LangidHandler:
     def __init__(self) -> None:
         self.bundle: Bundle | None = None
         self.model: Any = None
+
+    @property
+    def ready(self) -> bool:
+        return self.bundle is not None
 
     def initialize(self, context: Any) -> None:
         torch.set_num_threads(int(os.environ.get("PEER_THREADS", "1")))
@@ -31,26 +35,13 @@ class LangidHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[dict[str, Any]]:
         assert self.bundle is not None
-        per_request = [texts_of(row.get("body") or row.get("data")) for row in data]
-        rows = [self.bundle.encode(t) for texts in per_request for t in texts]
+        texts = [texts_of(row.get("body") or row.get("data")) for row in data]
+        rows = [self.bundle.encode(t) for one in texts for t in one]
         ids, lengths = self.bundle.pad(rows)  # (B, T), (B,)
         with torch.inference_mode():
             logits, _ = self.model(torch.from_numpy(ids), torch.from_numpy(lengths))  # (B, C)
-        results = self.bundle.results(logits.numpy())
-        answers, at = [], 0
-        for texts in per_request:
-            answers.append({"results": results[at: at + len(texts)]})
-            at += len(texts)
-        return answers
+        return per_request(self.bundle.results(logits.numpy()), [len(t) for t in texts])
 
 
-_service = LangidHandler()
-
-
-def handle(data: list[dict[str, Any]] | None, context: Any) -> list[dict[str, Any]] | None:
-    """TorchServe's module-level entry point: the first call (data None) initializes."""
-    if _service.bundle is None:
-        _service.initialize(context)
-    if data is None:
-        return None
-    return _service.handle(data, context)
+handle = torchserve_entry(LangidHandler())
+"""TorchServe's module-level entry point."""

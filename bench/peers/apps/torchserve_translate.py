@@ -10,11 +10,10 @@ its intra-op threads (1).
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from common import TranslatorBundle
+from common import TranslatorBundle, body_of, per_request, torchserve_entry
 
 
 class TranslateHandler:
@@ -22,6 +21,10 @@ class TranslateHandler:
 
     def __init__(self) -> None:
         self.bundle: TranslatorBundle | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.bundle is not None
 
     def initialize(self, context: Any) -> None:
         model_dir = context.system_properties["model_dir"]
@@ -31,29 +34,12 @@ class TranslateHandler:
 
     def handle(self, data: list[dict[str, Any]], context: Any) -> list[dict[str, Any]]:
         assert self.bundle is not None
-        bodies = []
-        for row in data:
-            body = row.get("body") or row.get("data")
-            bodies.append(json.loads(body) if isinstance(body, (bytes, bytearray, str))
-                          else body)
+        bodies = [body_of(row.get("body") or row.get("data")) for row in data]
         texts = [str(t) for body in bodies for t in body["texts"]]
         beam = int(bodies[0].get("beam_size", 5))  # the harness sends one beam size
-        results = self.bundle.translate_batch(texts, beam)
-        answers, at = [], 0
-        for body in bodies:
-            n = len(body["texts"])
-            answers.append({"results": results[at: at + n]})
-            at += n
-        return answers
+        return per_request(self.bundle.translate_batch(texts, beam),
+                           [len(body["texts"]) for body in bodies])
 
 
-_service = TranslateHandler()
-
-
-def handle(data: list[dict[str, Any]] | None, context: Any) -> list[dict[str, Any]] | None:
-    """TorchServe's module-level entry point: the first call (data None) initializes."""
-    if _service.bundle is None:
-        _service.initialize(context)
-    if data is None:
-        return None
-    return _service.handle(data, context)
+handle = torchserve_entry(TranslateHandler())
+"""TorchServe's module-level entry point."""

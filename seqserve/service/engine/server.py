@@ -64,8 +64,8 @@ class EngineServer:
         self.generations: dict[Key, tuple[LMModel, int]] = {}
         """Language-model generations in flight: their model and scheduler request id."""
         self.closing = False
-        self._outbox: dict[bytes, list[p.Tokens]] = {}
-        """Tokens frames of this loop turn per API process, sent together (`_flush`)."""
+        self._outbox: dict[bytes, list[p.ToApi]] = {}
+        """The replies of this loop turn per API process, sent together (`_flush`)."""
         self._flush_scheduled = False
         self.channel: Channel | None = None
         self.monitor: Channel | None = None
@@ -127,8 +127,14 @@ class EngineServer:
         return all(results) and not self.inflight and not self.generations
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        identity, payload = frames
-        self.handle(identity, payload)
+        """One message of an API process: its identity, then one frame per request message
+        (an API process sends what one loop turn submitted in one message)."""
+        identity = frames[0]
+        for payload in frames[1:]:
+            try:
+                self.handle(identity, payload)
+            except Exception:  # one unreadable frame must not drop the others
+                log.exception("a message could not be handled")
 
     def _on_event(self, frames: list[bytes]) -> None:
         """A peer disconnected: drop the work of API processes that are gone (now, and again
@@ -180,10 +186,12 @@ class EngineServer:
             self._send(identity, _failure(msg.id, exc, _wait(model)))
             return
         assert model is not None  # _futures refuses a missing one
-        gathered = asyncio.gather(*futures)
+        # one row (most requests): its own future, not a gather of one
+        gathered = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
         key = (identity, msg.id)
         self.inflight[key] = gathered
-        gathered.add_done_callback(lambda g: self._done(key, g, msg.options is not None, model))
+        single, decoding = len(futures) == 1, msg.options is not None
+        gathered.add_done_callback(lambda g: self._done(key, g, decoding, model, single))
 
     def _generate(self, identity: bytes, msg: p.Generate) -> None:
         """A language model's generation: every step's events go out as one Tokens frame."""
@@ -206,7 +214,7 @@ class EngineServer:
                     return  # cancelled
                 if isinstance(events, BaseException):
                     self.generations.pop(key, None)
-                    self._send_now(identity, _failure(msg.id, events, lm.expected_wait()))
+                    self._send(identity, _failure(msg.id, events, lm.expected_wait()))
                     return
                 try:
                     tokens = p.Tokens(msg.id, [
@@ -215,10 +223,10 @@ class EngineServer:
                         for e in events], lm.expected_wait())
                 except Exception as exc:  # our bug: this generation fails, the others go on
                     self._cancel(key)
-                    self._send_now(identity, _failure(msg.id, exc, lm.expected_wait()))
+                    self._send(identity, _failure(msg.id, exc, lm.expected_wait()))
                     return
                 open_[0] -= sum(1 for e in events if e.finish is not None)
-                self._queue_tokens(identity, tokens)
+                self._send(identity, tokens)
                 if open_[0] <= 0:
                     self.generations.pop(key, None)
 
@@ -227,33 +235,29 @@ class EngineServer:
             self.generations[key] = (model, rid)
         except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
             self.generations.pop(key, None)
-            self._send_now(identity, _failure(msg.id, exc, _wait(model)))
+            self._send(identity, _failure(msg.id, exc, _wait(model)))
 
-    def _queue_tokens(self, identity: bytes, tokens: p.Tokens) -> None:
-        """Tokens go out at the end of this loop turn, every generation of one API process
-        in one frame: an update hands each of its requests its events one after the other,
-        and they are flushed together."""
+    def _send(self, identity: bytes, msg: p.ToApi) -> None:
+        """Queue `msg` for the API process `identity`: every reply of this loop turn goes out
+        at its end, one message per API process (`_flush`). A batch's rows finish in one
+        turn, so its requests' replies travel together (measured: a ZeroMQ send per reply was
+        a fifth of the engine loop's time under load); the order of one process's replies is
+        kept (a generation's failure follows its tokens)."""
         box = self._outbox.get(identity)
         if box is None:
             box = self._outbox[identity] = []
             if not self._flush_scheduled:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
-        box.append(tokens)
+        box.append(msg)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, {}
+        if self.channel is None or self.channel.socket.closed:
+            return
         for identity, items in outbox.items():
-            self._send(identity, items[0] if len(items) == 1 else p.TokenBatch(items))
-
-    def _send_now(self, identity: bytes, msg: p.ToApi) -> None:
-        """Send after the identity's queued Tokens (a generation's failure follows its
-        tokens)."""
-        items = self._outbox.pop(identity, None)
-        if items:
-            self._send(identity, items[0] if len(items) == 1 else p.TokenBatch(items))
-        self._send(identity, msg)
+            self.channel.send([identity, *(p.encoder.encode(m) for m in _token_batches(items))])
 
     def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
         if self.closing:
@@ -281,7 +285,7 @@ class EngineServer:
         return list(model.submit(rows, msg.deadline))
 
     def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool,
-              model: ServedModel) -> None:
+              model: ServedModel, single: bool = False) -> None:
         if self.inflight.pop(key, None) is None or gathered.cancelled():
             if not gathered.cancelled():
                 gathered.exception()  # retrieved: a cancelled gather holds CancelledError
@@ -294,17 +298,14 @@ class EngineServer:
             answer = _failure(rid, exc, wait)
         else:
             try:
+                done = [gathered.result()] if single else gathered.result()
                 if decoding:
-                    answer = p.Decodes(rid, [_decode(d) for d in gathered.result()], wait)
+                    answer = p.Decodes(rid, [_decode(d) for d in done], wait)
                 else:
-                    answer = _rows(rid, gathered.result(), wait)
+                    answer = _rows(rid, done, wait)
             except Exception as bug:  # this request's answer, not the loop's callbacks
                 answer = _failure(rid, bug, wait)
         self._send(identity, answer)
-
-    def _send(self, identity: bytes, msg: p.ToApi) -> None:
-        if self.channel is not None and not self.channel.socket.closed:
-            self.channel.send([identity, p.encoder.encode(msg)])
 
 
 T = TypeVar("T")
@@ -340,6 +341,24 @@ def _alive(pid: int | None) -> bool:
         return False
     except OSError:
         return True
+
+
+def _token_batches(items: list[p.ToApi]) -> list[p.ToApi]:
+    """`items` with each run of consecutive `Tokens` joined into one `TokenBatch` (one step's
+    tokens of every generation of an API process decode as one frame)."""
+    out: list[p.ToApi] = []
+    run: list[p.Tokens] = []
+    for item in items:
+        if isinstance(item, p.Tokens):
+            run.append(item)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else p.TokenBatch(run))
+            run = []
+        out.append(item)
+    if run:
+        out.append(run[0] if len(run) == 1 else p.TokenBatch(run))
+    return out
 
 
 def _failure(rid: int, exc: BaseException, wait: float | None) -> p.Failure:

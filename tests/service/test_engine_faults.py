@@ -216,8 +216,7 @@ def test_the_work_of_a_dead_api_process_is_dropped(tiny_repo: Path) -> None:
                                      max_wait_ms=0, max_batch_size=1) as (engine, client):
             lengths, ids = p.pack_rows(ROW)
             for rid in range(1, 5):  # queued behind each other (batch size 1)
-                engine.handle(gone, p.encoder.encode(
-                    p.Submit(rid, *CLF, deadline(), lengths, ids, None)))
+                engine.handle(gone, p.Submit(rid, *CLF, deadline(), lengths, ids, None))
             mine = client.submit(*CLF, ROW, deadline())
             held = [engine.inflight[gone, rid] for rid in range(1, 5)]
             assert engine.drop_orphans() == 4

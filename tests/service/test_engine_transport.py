@@ -29,7 +29,7 @@ async def _round() -> None:
     sock.setsockopt(zmq.LINGER, 0)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.bind(address)
-    answer = p.encoder.encode(p.State([], {}, {}))
+    answer = p.encoder.encode([p.State([], {}, {})])
     engine = Channel(sock, lambda frames: engine.send([frames[0], answer]))
     engine_monitor = Channel(monitor, lambda frames: None)
     client = EngineClient(address)

@@ -132,7 +132,7 @@ def test_the_openai_client_lists_and_streams(server: Server) -> None:
 
 def test_concurrent_streams_share_frames_and_each_gets_its_own_text(server: Server) -> None:
     """Generations of one API process in flight together: every step's tokens of all of them
-    travel in one frame (TokenBatch), and each stream still gets exactly its own text."""
+    travel in one frame, and each stream still gets exactly its own text."""
     import concurrent.futures
 
     url = server.url
@@ -157,9 +157,12 @@ def test_concurrent_streams_share_frames_and_each_gets_its_own_text(server: Serv
     assert len(set(alone)) > 1
 
 
-def test_token_batches_round_trip() -> None:
+def test_one_frame_carries_a_loop_turns_messages_in_order() -> None:
     from seqserve.service.engine import protocol as p
 
-    batch = p.TokenBatch([p.Tokens(1, [(0, 5, -0.5, [(5, -0.5), (7, -1.0)], None)], 0.25),
-                          p.Tokens(2, [(1, 2, -0.1, [], "eos")], None)])
-    assert p.api_decoder.decode(p.encoder.encode(batch)) == batch
+    replies = [p.Tokens(1, [(0, 5, -0.5, [(5, -0.5), (7, -1.0)], None)], 0.25),
+               p.Tokens(2, [(1, 2, -0.1, [], "eos")], None),
+               p.Failure(1, "InferenceFailed", "boom", None, 0.1)]
+    assert p.api_decoder.decode(p.encoder.encode(replies)) == replies
+    requests = [p.Cancel(3), p.Hello(), p.StopSeq(4, 1)]
+    assert p.engine_decoder.decode(p.encoder.encode(requests)) == requests

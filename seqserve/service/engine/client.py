@@ -218,8 +218,8 @@ class EngineClient:
             self._send_quietly(p.Cancel(rid))
 
     def _send(self, msg: p.ToEngine) -> None:
-        """Queue `msg`: what this loop turn sends goes out at its end as one message, a
-        frame per request (`_flush`; measured: a ZeroMQ send per request was 8% of the API
+        """Queue `msg`: what this loop turn sends goes out at its end as one frame
+        (`_flush`; measured: a ZeroMQ send per request was 8% of the API
         process under load). Raises EngineUnavailable when there is no engine to send to."""
         if self._channel is None:
             raise EngineUnavailable("engine unavailable: the engine client is not started",
@@ -237,7 +237,7 @@ class EngineClient:
         if not messages or self._channel is None or self._channel.socket.closed:
             return
         try:
-            self._channel.send([p.encoder.encode(m) for m in messages])
+            self._channel.send([p.encoder.encode(messages)])
         except zmq.ZMQError as exc:
             log.error("%d messages to the engine could not be sent: %s", len(messages), exc)
             failure = EngineUnavailable(f"engine unavailable: the request could not be sent "
@@ -259,19 +259,10 @@ class EngineClient:
             self._send(msg)
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        """One message of the engine: a frame per reply (what one engine loop turn answered
-        this process), a `TokenBatch` for one step's tokens of several generations."""
-        for frame in frames:
-            try:
-                msg = p.api_decoder.decode(frame)
-            except Exception:  # one unreadable frame must not drop the others
-                log.exception("a frame from the engine could not be read")
-                continue
-            if isinstance(msg, p.TokenBatch):
-                for item in msg.items:
-                    self._on_message(item)
-            else:
-                self._on_message(msg)
+        """One message of the engine: the list of replies one engine loop turn had for this
+        process (`protocol.api_decoder`)."""
+        for msg in p.api_decoder.decode(frames[-1]):
+            self._on_message(msg)
 
     def _on_message(self, msg: p.Reply) -> None:
         try:

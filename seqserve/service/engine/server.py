@@ -127,13 +127,13 @@ class EngineServer:
         return all(results) and not self.inflight and not self.generations
 
     def _on_frames(self, frames: list[bytes]) -> None:
-        """One message of an API process: its identity, then one frame per request message
-        (an API process sends what one loop turn submitted in one message)."""
-        identity = frames[0]
-        for payload in frames[1:]:
+        """One message of an API process: its identity, then one frame with the list of
+        messages its loop turn sent (`protocol.engine_decoder`)."""
+        identity, payload = frames
+        for msg in p.engine_decoder.decode(payload):
             try:
-                self.handle(identity, payload)
-            except Exception:  # one unreadable frame must not drop the others
+                self.handle(identity, msg)
+            except Exception:  # one message's fault must not drop the others
                 log.exception("a message could not be handled")
 
     def _on_event(self, frames: list[bytes]) -> None:
@@ -163,8 +163,7 @@ class EngineServer:
         if generation is not None:
             generation[0].loop.cancel(generation[1])
 
-    def handle(self, identity: bytes, payload: bytes) -> None:
-        msg = p.engine_decoder.decode(payload)
+    def handle(self, identity: bytes, msg: p.ToEngine) -> None:
         if isinstance(msg, p.Submit):
             self._submit(identity, msg)
         elif isinstance(msg, p.Generate):
@@ -257,7 +256,7 @@ class EngineServer:
         if self.channel is None or self.channel.socket.closed:
             return
         for identity, items in outbox.items():
-            self.channel.send([identity, *(p.encoder.encode(m) for m in _token_batches(items))])
+            self.channel.send([identity, p.encoder.encode(items)])
 
     def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
         if self.closing:
@@ -341,24 +340,6 @@ def _alive(pid: int | None) -> bool:
         return False
     except OSError:
         return True
-
-
-def _token_batches(items: list[p.ToApi]) -> list[p.ToApi]:
-    """`items` with each run of consecutive `Tokens` joined into one `TokenBatch` (one step's
-    tokens of every generation of an API process decode as one frame)."""
-    out: list[p.ToApi] = []
-    run: list[p.Tokens] = []
-    for item in items:
-        if isinstance(item, p.Tokens):
-            run.append(item)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else p.TokenBatch(run))
-            run = []
-        out.append(item)
-    if run:
-        out.append(run[0] if len(run) == 1 else p.TokenBatch(run))
-    return out
 
 
 def _failure(rid: int, exc: BaseException, wait: float | None) -> p.Failure:

@@ -92,7 +92,7 @@ async def run(a: argparse.Namespace) -> int:
             self.loop = asyncio.get_running_loop()
 
         def _send(self, msg: p.ToEngine) -> None:
-            p.encoder.encode(msg)  # what the real send encodes
+            p.encoder.encode([msg])  # what the real send encodes (a turn's list; here one)
             if isinstance(msg, p.Hello):
                 reply: Any = p.State(engine.states, settings.engine_options().to_dict(), {})
             elif isinstance(msg, p.Submit):
@@ -103,7 +103,7 @@ async def run(a: argparse.Namespace) -> int:
                                [(0.001, 0.002, len(lengths), 0)] * len(lengths), 0.001)
             else:
                 return
-            frame = p.encoder.encode(reply)
+            frame = p.encoder.encode([reply])
             self.loop.call_soon(self._on_frames, [frame])
 
     app = create_app(settings, engine=FakeEngine("inproc://none"))

@@ -89,7 +89,7 @@ def serve(settings: typing.Any, cli: typing.Iterable[str] = ()) -> int:
     from seqserve.service.server.app import create_app
     from seqserve.service.server.shutdown import build_server
 
-    app = create_app(settings)
+    app = create_app(settings, freeze=True)
     server = build_server(app, app.state.seqserve)
     process.apply()  # again: uvicorn's Config set up its own loggers
     server.run()

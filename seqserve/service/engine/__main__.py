@@ -16,7 +16,7 @@ import signal
 import sys
 
 from seqserve.service.core.metrics import Metrics
-from seqserve.service.core.process import observed
+from seqserve.service.core.process import freeze_heap, observed
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV, EngineOptions
 from seqserve.service.engine.server import EngineServer
 
@@ -29,6 +29,7 @@ async def run(options: EngineOptions, address: str) -> int:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     server = EngineServer(options, Metrics())
     await server.load()
+    log.debug("start-up heap frozen: %d objects", freeze_heap())
     await server.serve(address, stop)
     drained = await server.drain(options.drain_timeout_s)
     log.info("engine stopped (%s)", "all work drained" if drained else "drain timeout passed")

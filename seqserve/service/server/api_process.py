@@ -27,7 +27,7 @@ def main() -> int:
     process.apply()  # the same as the engine process applies from its options
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
     app = create_app(settings, engine=EngineClient(os.environ[ADDRESS_ENV],
-                                                      settings.retry_after_s))
+                                                      settings.retry_after_s), freeze=True)
     server = build_server(app, app.state.seqserve, supervised=True)
     process.apply()  # again after uvicorn's Config, which set up its own loggers
     logging.getLogger("seqserve").debug("API process %d started", os.getpid())

@@ -39,6 +39,7 @@ from seqserve.service.api.oip import routes as oip
 from seqserve.service.core.answers import bug_message
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.core.metrics import Metrics
+from seqserve.service.core.process import freeze_heap
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.loading import RuntimeFactory
 from seqserve.service.server.openapi import install as install_openapi
@@ -54,9 +55,11 @@ log = logging.getLogger("seqserve.app")
 
 
 def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None,
-               engine: EngineClient | None = None) -> FastAPI:
+               engine: EngineClient | None = None, freeze: bool = False) -> FastAPI:
     """Build the app for `settings`. Its models run in this process, or, given an `engine`
-    client, in the engine process. `runtime_factory` replaces the real runtimes in tests."""
+    client, in the engine process. `runtime_factory` replaces the real runtimes in tests.
+    `freeze`: the app is its process's server (`seqserve serve`, an API process): once loaded,
+    its start-up heap leaves the garbage collector's reach (`core.process.freeze_heap`)."""
     metrics = Metrics()
     repository = ModelRepository(settings, metrics, runtime_factory, engine)
     state = AppState(settings, metrics, repository)
@@ -66,6 +69,8 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         if engine is not None:
             await engine.start()
         await state.repository.load_all()
+        if freeze:
+            log.debug("start-up heap frozen: %d objects", freeze_heap())
         state.started = True
         pending = "; ".join(state.repository.not_ready()) or "no model"
         log.info("ready: %s", "yes" if state.ready else f"no ({pending})")

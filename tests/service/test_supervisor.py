@@ -171,6 +171,8 @@ def _check_same_values(config: dict[str, Any]) -> None:
     for key in ("switch_interval_ms", "log_level"):  # what each process runs with
         assert api["process"][key] == engine["process"][key] == options["process"][key], key
     assert options["process"]["switch_interval_ms"] == settings["switch_interval_ms"]
+    # both processes froze their start-up heap once loaded (no full-heap collection pauses)
+    assert api["process"]["frozen_objects"] > 10_000 < engine["process"]["frozen_objects"]
     for name, model in engine["models"].items():  # each model's effective scheduling
         batcher, decode = model["batcher"], model["decode"]
         assert batcher["max_batch_size"] == settings["max_batch_size"], name

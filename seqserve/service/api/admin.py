@@ -24,13 +24,15 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 class ApiSide(BaseModel):
     settings: dict[str, Any] = Field(description="Effective settings (api_key: 'set' or null).")
     engine_options: dict[str, Any] = Field(description="The engine options they make.")
-    process: dict[str, Any] = Field(description="pid, switch_interval_ms, log_level in force.")
+    process: dict[str, Any] = Field(
+        description="pid, switch_interval_ms, log_level, frozen_objects in force.")
 
 
 class EngineSide(BaseModel):
     mode: str = Field(description="'engine process' or 'in process' (--api-workers 0).")
     options: dict[str, Any] = Field(description="The engine's effective options.")
-    process: dict[str, Any] = Field(description="pid, switch_interval_ms, log_level in force.")
+    process: dict[str, Any] = Field(
+        description="pid, switch_interval_ms, log_level, frozen_objects in force.")
     models: dict[str, Any] = Field(description="name/version -> effective scheduling.")
 
 

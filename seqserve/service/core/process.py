@@ -46,7 +46,9 @@ def freeze_heap() -> int:
 
 
 def observed() -> dict[str, Any]:
-    """What this process runs with now: its pid, switch interval and log level."""
+    """What this process runs with now: its pid, switch interval, log level and the objects
+    its start-up froze (`freeze_heap`; 0 before it, or in an app that is not a server's)."""
     level = logging.getLogger().getEffectiveLevel()
     return {"pid": os.getpid(), "switch_interval_ms": round(sys.getswitchinterval() * 1000.0, 6),
-            "log_level": logging.getLevelName(level).lower()}
+            "log_level": logging.getLevelName(level).lower(),
+            "frozen_objects": gc.get_freeze_count()}

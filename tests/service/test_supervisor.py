@@ -86,6 +86,32 @@ def test_a_dead_engine_ends_the_server_non_zero(tiny_repo: Path) -> None:
         assert not server.children()
 
 
+def test_a_killed_supervisor_leaves_no_process_behind(tiny_repo: Path) -> None:
+    """`kill -9` of the supervisor (or the OOM killer): its API processes and engine stop too
+    (they drain and exit), so nothing serves unsupervised and the port is free again."""
+    with serve(tiny_repo, "--api-workers", "2") as server:
+        children = server.children()
+        assert sorted(children.values()) == ["api", "api", "engine"], children
+        server.proc.kill()
+        server.proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while (alive := [pid for pid in children if _running(pid)]) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive, f"still running after the supervisor died: {alive}"
+        with pytest.raises(httpx.ConnectError):  # nobody listens on the port any more
+            httpx.get(f"{server.url}/v2/health/live", timeout=2)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_killed_engine_under_load_answers_every_request_503(tiny_repo: Path) -> None:
     """SIGKILL of the engine under load: every request in flight or sent after it is answered
     (503 + Retry-After, engine unavailable; 2xx for what was done already; refused once the

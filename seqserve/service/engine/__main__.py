@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from seqserve.service.core.metrics import Metrics
-from seqserve.service.core.process import freeze_heap, observed
+from seqserve.service.core.process import freeze_heap, observed, stop_with_parent
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV, EngineOptions
 from seqserve.service.engine.server import EngineServer
 
@@ -40,6 +40,7 @@ async def run(options: EngineOptions, address: str) -> int:
 
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stop_with_parent()  # SIGTERM (drain, exit) when the supervisor dies
     options = EngineOptions.from_json(os.environ[OPTIONS_ENV])
     options.process.apply()  # the batch threads run here: the same switch interval
     log.info("engine process started: options %s; process %s", options.to_json(), observed())

@@ -16,12 +16,14 @@ LISTEN_FD_ENV = "SEQSERVE_LISTEN_FD"
 
 
 def main() -> int:
+    from seqserve.service.core.process import stop_with_parent
     from seqserve.service.engine.client import EngineClient
     from seqserve.service.engine.options import ADDRESS_ENV
     from seqserve.service.server.app import create_app
     from seqserve.service.server.shutdown import build_server
     from seqserve.service.web.settings import Settings
 
+    stop_with_parent()  # SIGTERM (drain, exit) when the supervisor dies
     settings = Settings()
     process = settings.process_settings()
     process.apply()  # the same as the engine process applies from its options

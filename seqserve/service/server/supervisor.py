@@ -35,6 +35,7 @@ from types import FrameType
 from pydantic import SecretStr
 
 from seqserve.service.core.metrics import MULTIPROC_ENV
+from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
 from seqserve.service.server.api_process import LISTEN_FD_ENV
 from seqserve.service.web.settings import Settings
@@ -104,6 +105,7 @@ class Supervisor:
         env = {**os.environ, **settings_env(self.settings)}
         env[MULTIPROC_ENV] = str(self.metrics_dir)
         env[ADDRESS_ENV] = self.address
+        env[SUPERVISOR_ENV] = str(os.getpid())  # children stop when this process dies
         return env
 
     def _start_engine(self) -> Child:

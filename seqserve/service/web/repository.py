@@ -240,7 +240,9 @@ class ModelRepository:
     def ready(self, name: str, version: int | str | None = None
               ) -> tuple[ModelEntry, ModelWorker]:
         """The ready worker of `name`, any task, or ModelNotFound / ModelNotReady saying why."""
-        entry = self.entry(name, version)
+        return self._ready(name, self.entry(name, version))
+
+    def _ready(self, name: str, entry: ModelEntry) -> tuple[ModelEntry, ModelWorker]:
         if entry.state != "ready" or entry.worker is None:
             why = f": {entry.reason}" if entry.reason else ""
             # a failed version stays failed until the server is redeployed: no Retry-After
@@ -257,7 +259,7 @@ class ModelRepository:
         entry = self.entry(name, version)
         if entry.task is not None and entry.task != kind.task:
             raise ModelNotFound(f"model {name!r} is a {entry.task}, not a {kind.task}")
-        entry, worker = self.ready(name, version)
+        entry, worker = self._ready(name, entry)  # the entry looked up once per request
         if not isinstance(worker, kind):
             raise ModelNotFound(f"model {name!r} is a {worker.task}, not a {kind.task}")
         return entry, worker

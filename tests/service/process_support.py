@@ -33,15 +33,28 @@ class Server:
             if not entry.name.isdigit():
                 continue
             with contextlib.suppress(OSError):
-                stat = (entry / "stat").read_text()
-                ppid = int(stat.rsplit(")", 1)[1].split()[1])
-                if ppid == self.proc.pid and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                state, ppid = _stat(int(entry.name))
+                if ppid == self.proc.pid and state != "Z":
                     cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
                     out[int(entry.name)] = "engine" if "seqserve.service.engine" in cmd else "api"
         return out
 
     def output(self) -> str:
         return self.proc.stdout.read().decode()[-4000:] if self.proc.stdout else ""  # type: ignore[union-attr]
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """(state, parent pid) of `pid` from /proc (OSError when there is no such process)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return fields[0], int(fields[1])
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        return _stat(pid)[0] != "Z"
+    except OSError:
+        return False
 
 
 def wait_ready(server: Server, timeout: float = 90) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import load_support
 import pytest
-from process_support import counts, in_flight, serve, wait_ready
+from process_support import counts, in_flight, running, serve, wait_ready
 from server_support import RawConnection
 
 
@@ -95,21 +95,12 @@ def test_a_killed_supervisor_leaves_no_process_behind(tiny_repo: Path) -> None:
         server.proc.kill()
         server.proc.wait(timeout=10)
         deadline = time.monotonic() + 30
-        while (alive := [pid for pid in children if _running(pid)]) and \
+        while (alive := [pid for pid in children if running(pid)]) and \
                 time.monotonic() < deadline:
             time.sleep(0.1)
         assert not alive, f"still running after the supervisor died: {alive}"
         with pytest.raises(httpx.ConnectError):  # nobody listens on the port any more
             httpx.get(f"{server.url}/v2/health/live", timeout=2)
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` is a process that has not exited (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_killed_engine_under_load_answers_every_request_503(tiny_repo: Path) -> None:

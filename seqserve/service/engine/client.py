@@ -264,7 +264,7 @@ class EngineClient:
         for msg in p.api_decoder.decode(frames[-1]):
             self._on_message(msg)
 
-    def _on_message(self, msg: p.Reply) -> None:
+    def _on_message(self, msg: p.ToApi) -> None:
         try:
             self._deliver(msg)
         except Exception as exc:  # a bug here fails its own request, never leaves it waiting
@@ -281,7 +281,7 @@ class EngineClient:
             if found is not None:
                 found[0].put(failure)
 
-    def _deliver(self, msg: p.Reply) -> None:
+    def _deliver(self, msg: p.ToApi) -> None:
         if isinstance(msg, p.State):
             if self._state is not None and not self._state.done():
                 self._state.set_result(msg)

@@ -163,16 +163,15 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
 
 
 ToEngine = Hello | Submit | Cancel | Generate | StopSeq
-Reply = State | Rows | Decodes | Failure | Tokens
-ToApi = Reply
+ToApi = State | Rows | Decodes | Failure | Tokens
 
 encoder = msgspec.msgpack.Encoder()
 engine_decoder = msgspec.msgpack.Decoder(list[ToEngine])
 api_decoder = msgspec.msgpack.Decoder(list[ToApi])
 """Every ZeroMQ message (after the ROUTER's identity frame) is one frame holding a list of
 messages: what one process's loop turn sent the other, in order (`encoder.encode(list)`).
-Measured under load: a send per message, or a frame per message (pyzmq sends each frame of a
-multipart message with its own call), cost the engine loop a fifth of its busy time."""
+Measured under load: a ZeroMQ send per message cost the engine loop a fifth of its busy time
+(and a frame per message would still be a pyzmq send call per frame)."""
 
 
 INT32 = next(code for code in "ilh" if array.array(code).itemsize == 4)

@@ -284,7 +284,7 @@ class EngineServer:
         return list(model.submit(rows, msg.deadline))
 
     def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool,
-              model: ServedModel, single: bool = False) -> None:
+              model: ServedModel, single: bool) -> None:
         if self.inflight.pop(key, None) is None or gathered.cancelled():
             if not gathered.cancelled():
                 gathered.exception()  # retrieved: a cancelled gather holds CancelledError

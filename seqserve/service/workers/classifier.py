@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -29,6 +30,26 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     z -= np.maximum.reduce(z)
     e = np.exp(z)
     return e / np.add.reduce(e)  # (C,)
+
+
+PYTHON_SOFTMAX_LABELS = 24
+"""Up to this many labels `probabilities` computes in Python floats: four numpy calls on a
+few labels cost more than the arithmetic (measured, best of 5 x 50k calls: 2.0 vs 6.1 us for
+5 labels, 5.6 vs 7.6 for 16, 4.6 vs 7.2 for 24; even at 32, 6.4 vs 6.2)."""
+
+
+def probabilities(logits: np.ndarray) -> list[float]:
+    """`softmax(logits).tolist()`, in Python floats for a few labels (the same float64
+    arithmetic: max-shifted exp over its sum; NaN logits give NaN everywhere as numpy does)."""
+    if logits.shape[0] > PYTHON_SOFTMAX_LABELS:
+        return softmax(logits).tolist()  # type: ignore[no-any-return]
+    values = logits.tolist()
+    top = max(values)
+    if top != top:  # a NaN first: numpy's max is NaN, so is every probability
+        return [math.nan] * len(values)
+    e = [math.exp(v - top) for v in values]
+    total = sum(e)
+    return [x / total for x in e]
 
 
 class ClassifierWorker:
@@ -65,12 +86,12 @@ class ClassifierWorker:
 
     def _result(self, e: Encoded, logits: np.ndarray, att: np.ndarray, top_k: int,
                 with_att: bool) -> dict[str, Any]:
-        probs = softmax(logits)  # (C,)
-        values = probs.tolist()  # Python floats, once (not one numpy scalar per label)
+        values = probabilities(logits)  # (C,) Python floats (not one numpy scalar per label)
         if top_k == 1:  # the first highest, as the stable sort below would give
             order = [values.index(max(values))]
         else:
-            order = np.argsort(-probs, kind="stable")[: min(top_k, len(self.labels))].tolist()
+            order = np.argsort(-np.asarray(values), kind="stable")[
+                : min(top_k, len(self.labels))].tolist()
         top = [{"label": self.labels[j], "probability": values[j]} for j in order]
         out: dict[str, Any] = {
             "label": top[0]["label"], "score": top[0]["probability"], "top_k": top,

@@ -41,7 +41,7 @@ class EngineOptions:
     max_batch_tokens: int
     """Padded-token budget per batch."""
     max_wait_s: float
-    """Longest a batch waits to fill."""
+    """Longest a batch waits to fill while another instance is busy."""
     batch_overhead_tokens: float
     """Fixed cost of a batch in padded tokens (length grouping)."""
     queue_size: int

@@ -1,8 +1,10 @@
 """Dynamic batcher: one per model, model-free, one asyncio task owns the queue.
 
 Callers `submit` rows (payload + token length) and await futures. The loop task waits for the
-first row, lets more arrive until the batch is full (max rows, or rows x longest row at the
-token budget) or the oldest row has waited `max_wait_s`, then takes the oldest row plus its
+first row and, while another instance is busy, lets more arrive until the batch is full (max
+rows, or rows x longest row at the token budget) or the oldest row has waited `max_wait_s`
+(with every instance idle it does not wait: a lone request at low load pays no `max_wait_s`,
+and under load rows gather while the instances are busy), then takes the oldest row plus its
 nearest neighbours by length (a contiguous window of the length-sorted queue, so padding stays
 small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
 An exception fails that batch's rows only; the loop goes on.
@@ -78,7 +80,7 @@ class BatcherConfig:
     max_batch_tokens: int
     """Padded-token budget per batch: rows x longest row."""
     max_wait_s: float
-    """Longest the oldest row waits for the batch to fill."""
+    """Longest the oldest row waits for the batch to fill while another instance is busy."""
     queue_size: int
     """Most rows waiting; a submit that would exceed it raises QueueFull."""
     retry_after_s: float
@@ -258,7 +260,10 @@ class Batcher(Generic[P, R]):
                 self._launch(batch, self._free.popleft())
 
     async def _fill(self) -> None:
-        """Wait until the batch is full or the oldest row has waited max_wait_s."""
+        """Wait until the batch is full or the oldest row has waited max_wait_s; with every
+        instance idle, not at all."""
+        if len(self._free) == len(self.computes):
+            return
         close_at = self._pending[0].enqueued + self.config.max_wait_s
         while not self._closing and not self._full():
             left = close_at - time.monotonic()

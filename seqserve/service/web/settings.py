@@ -58,8 +58,9 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(default=4096, ge=1)
     """Padded-token budget of one batch: rows x longest row."""
     max_wait_ms: float = Field(default=2.0, ge=0)
-    """Longest a batch waits for more rows after its first arrived (2: 0.5 and 5 were no
-    better; docs/performance.md, section 11)."""
+    """Longest a batch waits for more rows after its first arrived, while another instance
+    of the model is busy (with every instance idle a batch starts at once; 2: 0.5 and 5
+    were no better; docs/performance.md, sections 11 and 14)."""
     batch_overhead_tokens: float = Field(default=64.0, ge=0)
     """Cost of starting a batch, in padded tokens: how much padding length grouping accepts
     to run fewer, larger batches (0 = only equal lengths share a batch)."""

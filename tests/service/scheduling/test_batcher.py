@@ -7,10 +7,10 @@ import threading
 import time
 
 import pytest
-from service_fakes import make_batcher
+from service_fakes import batcher_config, make_batcher
 
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
-from seqserve.service.scheduling.batcher import plan_batch
+from seqserve.service.scheduling.batcher import Batcher, plan_batch
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -53,6 +53,48 @@ def test_batches_close_at_max_size_and_group_by_length() -> None:
     out = run(main())
     assert out == [n * 10 for n in [1, 50, 2, 51, 3, 52, 4, 53]]
     assert sorted(map(sorted, seen)) == [[1, 2, 3, 4], [50, 51, 52, 53]]
+
+
+def test_a_row_arriving_with_every_instance_idle_does_not_wait_for_company() -> None:
+    """Waiting for the batch to fill only pays while an instance is busy: an idle batcher
+    runs a lone row at once (max_wait_s of a minute would fail the 30 s limit of `run`)."""
+    async def main() -> list[int]:
+        b = make_batcher(max_batch_size=8, max_wait_s=60.0)
+        b.start()
+        out = [t.value for t in await asyncio.gather(*b.submit([(7, 3)], time.monotonic() + 90))]
+        await b.close(5)
+        return out
+
+    assert run(main()) == [7]
+
+
+def test_with_an_instance_busy_the_next_batch_waits_to_fill() -> None:
+    seen: list[list[int]] = []
+    gate = threading.Event()
+
+    def compute(rows: list[int]) -> list[int]:
+        seen.append(list(rows))
+        if rows == [0]:
+            gate.wait(10)  # instance of the first batch stays busy
+        return rows
+
+    async def main() -> None:
+        b = Batcher([compute, compute], batcher_config(max_batch_size=8, max_wait_s=0.3),
+                    name="test")
+        b.start()
+        first = b.submit([(0, 1)], time.monotonic() + 10)
+        await asyncio.sleep(0.05)  # running on one instance; the other is idle
+        later = []
+        for i in (1, 2, 3):  # separate loop turns, well inside max_wait_s
+            later += b.submit([(i, 1)], time.monotonic() + 10)
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*later)
+        gate.set()
+        await asyncio.gather(*first)
+        await b.close(5)
+
+    run(main())
+    assert seen == [[0], [1, 2, 3]]
 
 
 def test_token_budget_limits_rows() -> None:

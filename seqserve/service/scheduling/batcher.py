@@ -257,7 +257,7 @@ class Batcher(Generic[P, R]):
             self._drop_dead()
             batch = self._take_batch()
             if batch:
-                self._launch(batch, self._free.popleft())
+                self._launch(batch, self._free.pop())
 
     async def _fill(self) -> None:
         """Wait until the batch is full or the oldest row has waited max_wait_s; with every

@@ -58,6 +58,52 @@ def test_every_task_through_the_engine_and_metrics_of_every_process(
     assert ready == {"tiny-clf": 1.0, "tiny-mt": 1.0, "tiny-tag": 1.0}
 
 
+def test_the_replicated_layout_serves_every_task_with_no_engine_process(
+        tiny_full_repo: Path) -> None:
+    """`--layout replicated`: API processes only, each with its own models; every task is
+    answered, /metrics of any of them reports all (batches included: recorded in each), and
+    SIGTERM stops them all with status 0."""
+    with serve(tiny_full_repo, "--layout", "replicated", "--api-workers", "2") as server:
+        roles = sorted(server.children().values())
+        assert roles == ["api", "api"], roles
+        url = server.url
+        n = 24
+        for i in range(n):  # a new connection each: both API processes get some
+            r = httpx.post(f"{url}/v1/models/tiny-clf/classify",
+                           json={"texts": [f"one two {i}"], "top_k": 2}, timeout=30)
+            assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
+        tr = httpx.post(f"{url}/v1/models/tiny-mt/translate",
+                        json={"texts": ["one two three"], "n_best": 2}, timeout=30)
+        assert tr.status_code == 200 and len(tr.json()["results"][0]["hypotheses"]) == 2
+        tag = httpx.post(f"{url}/v1/models/tiny-tag/tag",
+                         json={"texts": ["one hundred and five"]}, timeout=30)
+        assert tag.status_code == 200
+        metrics = httpx.get(f"{url}/metrics").text
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+    requests = counts(metrics, "seqserve_requests_total", "endpoint")
+    assert requests["classify"] == n and requests["translate"] == 1 and requests["tag"] == 1
+    batches = counts(metrics, "seqserve_batch_size_count", "model")
+    assert batches["tiny-clf"] >= 1 and batches["tiny-tag"] >= 1
+    ready = counts(metrics, "seqserve_model_ready", "model")
+    assert ready == {"tiny-clf": 1.0, "tiny-mt": 1.0, "tiny-tag": 1.0}
+
+
+def test_the_replicated_layout_refuses_sessions_it_cannot_keep(tiny_series_repo: Path) -> None:
+    """With several API processes each holding its own models, a session's state would live
+    in one of them: session requests get a 400 that says so; whole series are served."""
+    step = [0.1, 0.2, 0.3]
+    with serve(tiny_series_repo, "--layout", "replicated", "--api-workers", "2") as server:
+        url = f"{server.url}/v1/models/tiny-series/predict"
+        whole = httpx.post(url, json={"series": [[step, step]]}, timeout=30)
+        assert whole.status_code == 200, whole.text
+        chunk = httpx.post(url, json={"series": [[step]], "session": "s1", "start": True},
+                           timeout=30)
+        assert chunk.status_code == 400
+        assert "replicated layout" in chunk.json()["error"]
+        assert "--layout engine" in chunk.json()["error"]
+
+
 def test_a_killed_api_process_is_replaced(tiny_repo: Path) -> None:
     with serve(tiny_repo, "--api-workers", "2") as server:
         before = {pid for pid, role in server.children().items() if role == "api"}

@@ -31,6 +31,18 @@ def test_auto_layout_on_a_gpu_node() -> None:
     assert (s.api_workers, s.instances, s.intra_op_threads) == (14, 2, 0)
 
 
+def test_auto_replicated_layout_is_one_process_per_core_with_one_instance_each() -> None:
+    s = resolve(Settings(layout="replicated"), available=2)
+    assert (s.api_workers, s.instances, s.intra_op_threads) == (2, 1, 1)
+    assert "2 API process(es), each with its own models (replicated)" in describe(s)
+    assert "engine" not in describe(s)
+    assert resolve(Settings(layout="replicated"), available=8).api_workers == 8
+    given = resolve(Settings(layout="replicated", api_workers=3, instances=2), available=8)
+    assert (given.api_workers, given.instances) == (3, 2)
+    gpu = resolve(Settings(layout="replicated", device="cuda"), available=16)
+    assert (gpu.api_workers, gpu.instances) == (1, 1)
+
+
 def test_given_values_are_kept() -> None:
     s = resolve(Settings(api_workers=3, instances=2, intra_op_threads=4), available=2)
     assert (s.api_workers, s.instances, s.intra_op_threads) == (3, 2, 4)
@@ -61,8 +73,9 @@ def test_each_setting_says_where_it_came_from() -> None:
     assert final["intra_op_threads"] == "default"  # instances given: threads stay 0
     block = speed_block(after, final).splitlines()
     assert block[0].startswith("serving settings (1 API process(es) + 1 engine process, 3 ")
-    assert block[3].split() == ["intra_op_threads", "0", "(runtime", "default)", "default"]
-    assert block[4].split() == ["max_batch_size", "8", "cli", "--max-batch-size"]
+    assert block[1].split() == ["layout", "engine", "default"]
+    assert block[4].split() == ["intra_op_threads", "0", "(runtime", "default)", "default"]
+    assert block[5].split() == ["max_batch_size", "8", "cli", "--max-batch-size"]
 
 
 def test_the_start_up_block_in_json_logs(capsys: pytest.CaptureFixture[str]) -> None:

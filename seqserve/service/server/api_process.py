@@ -1,8 +1,9 @@
 """`python -m seqserve.service.server.api_process`: one API process (started by the supervisor).
 
 Serves HTTP on the listening socket the supervisor bound and passed down (its descriptor in
-SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS). The
-settings come from the SEQSERVE_* variables the supervisor set.
+SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS), or, in
+the replicated layout, in this process. The settings come from the SEQSERVE_* variables the
+supervisor set.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def main() -> int:
     process = settings.process_settings()
     process.apply()  # the same as the engine process applies from its options
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
-    app = create_app(settings, engine=EngineClient(os.environ[ADDRESS_ENV],
-                                                      settings.retry_after_s), freeze=True)
+    engine = None if settings.layout == "replicated" else EngineClient(
+        os.environ[ADDRESS_ENV], settings.retry_after_s)
+    app = create_app(settings, engine=engine, freeze=True)
     server = build_server(app, app.state.seqserve, supervised=True)
     process.apply()  # again after uvicorn's Config, which set up its own loggers
     logging.getLogger("seqserve").debug("API process %d started", os.getpid())

@@ -7,6 +7,9 @@ one instance, short texts 0.9x; two API processes were slower on both). On CUDA 
 does the compute; API processes take every core but two (the engine's loop and the
 system's share), and two instances keep two batches in flight on the device.
 
+`--layout replicated` (no engine process, every API process with its own models): one API
+process per core, one instance each with one thread (on CUDA one process: one device context).
+
 `sources` and `speed_block`: the block `seqserve serve` prints at start, each speed setting in
 force with where it came from (docs/performance.md, section 11, says what chose each default).
 """
@@ -54,6 +57,14 @@ def resolve(settings: Settings, available: int | None = None) -> Settings:
     update: dict[str, Any] = {}
     gpu = settings.device == "cuda"
     api = settings.api_workers
+    if settings.layout == "replicated":  # every process the whole server: one per core
+        if api == "auto":
+            update["api_workers"] = 1 if gpu else n
+        if settings.instances == "auto":
+            update["instances"] = 1
+        if settings.intra_op_threads == 0 and settings.instances == "auto" and not gpu:
+            update["intra_op_threads"] = 1
+        return settings.model_copy(update=update)
     if api == "auto":
         api = update["api_workers"] = max(1, n - 2) if gpu else max(1, n // 2)
     if settings.instances == "auto":
@@ -70,12 +81,16 @@ def describe(settings: Settings) -> str:
     if settings.api_workers == 0:
         return (f"one process (API and engine), {settings.instances} instance(s) per model, "
                 f"{threads} intra-op thread(s) each; {cores()} cores")
+    if settings.layout == "replicated":
+        return (f"{settings.api_workers} API process(es), each with its own models "
+                f"(replicated), {settings.instances} instance(s) per model, {threads} "
+                f"intra-op thread(s) each; {cores()} cores")
     return (f"{settings.api_workers} API process(es) + 1 engine process, "
             f"{settings.instances} instance(s) per model, {threads} intra-op thread(s) each; "
             f"{cores()} cores")
 
 
-SPEED_SETTINGS = ("api_workers", "instances", "intra_op_threads", "max_batch_size",
+SPEED_SETTINGS = ("layout", "api_workers", "instances", "intra_op_threads", "max_batch_size",
                   "max_batch_tokens", "max_wait_ms", "max_queue_wait_s")
 """The settings that decide how fast the server serves: the start-up block shows these."""
 

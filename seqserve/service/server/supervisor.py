@@ -1,5 +1,9 @@
 """The supervisor of `seqserve serve`: one engine process, N API processes, one port.
 
+With `layout = "replicated"` there is no engine process: each API process loads its own
+copy of every model (the one-process server, N times over the one port); everything below
+holds without the engine's part.
+
 It binds the listening socket once (every API process inherits it and accepts on it), starts
 the engine (`python -m seqserve.service.engine`) and the API processes (`python -m
 seqserve.service.server.api_process`), and watches them:
@@ -133,7 +137,11 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.engine = self._start_engine()
+            if s.layout == "replicated":
+                log.info("replicated layout: %d API processes, each with its own models, "
+                         "no engine process", int(s.api_workers))
+            else:
+                self.engine = self._start_engine()
             self.api = [self._start_api() for _ in range(int(s.api_workers))]
             return self._watch()
         finally:
@@ -146,9 +154,8 @@ class Supervisor:
         self.signals += 1
 
     def _watch(self) -> int:
-        assert self.engine is not None
         while not self.signals:
-            code = self.engine.proc.poll()
+            code = self.engine.proc.poll() if self.engine is not None else None
             if code is not None:
                 log.error("the engine process exited (status %s): stopping the server", code)
                 self._stop_api(timeout=5.0)
@@ -182,7 +189,9 @@ class Supervisor:
         """API processes first (they still need the engine), then the engine; one budget."""
         budget = self.settings.drain_timeout_s + self.settings.shutdown_delay_s
         deadline = time.monotonic() + budget
-        log.info("draining: API processes first, then the engine (%.0f s budget)", budget)
+        log.info("draining: API processes first, then the engine (%.0f s budget)"
+                 if self.engine is not None else "draining the API processes (%.0f s budget)",
+                 budget)
         if self.sock is not None:
             self.sock.close()  # the API processes hold their own copies until they stop
         self._stop_api(timeout=max(1.0, deadline - time.monotonic()))

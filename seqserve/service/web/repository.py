@@ -177,9 +177,15 @@ class ModelRepository:
     def _series_worker(self, entry: ModelEntry, manifest: Manifest, model: Any,
                        max_steps: int) -> ModelWorker:
         """A feature-sequence model's worker: no tokenizer, series limits."""
-        limits = SeriesLimits(self.settings.max_texts, max_steps)
+        s = self.settings
+        limits = SeriesLimits(s.max_texts, max_steps)
+        refused = None
+        if s.layout == "replicated" and s.api_workers not in (0, 1) and manifest.state_dim:
+            refused = (f"the replicated layout runs {s.api_workers} API processes, each with "
+                       "its own models, and a session's state would live in one of them "
+                       "(serve sessions with --layout engine)")
         return SERIES_WORKERS[manifest.task](SeriesContext(entry.name, entry.version, manifest,
-                                                           limits, model))
+                                                           limits, model, refused))
 
     def _context(self, entry: ModelEntry, manifest: Manifest, model: Any,
                  max_tokens: int) -> WorkerContext[Any]:

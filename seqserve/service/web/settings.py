@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     """API processes (HTTP, validation, tokenization) in front of one engine process that
     runs the models; 0 = one process does everything; auto = chosen for this machine's cores
     (printed at start)."""
+    layout: Literal["engine", "replicated"] = "engine"
+    """engine: the API processes share one engine process that batches every request;
+    replicated: no engine, each API process runs its own copy of every model (the
+    one-process server, api_workers times over one port: no hop between processes, batches
+    per process; api_workers auto = one per core, one on CUDA). Stateful sessions need the
+    engine layout (a session's state would live in one process of several)."""
     instances: int | Literal["auto"] = "auto"
     """Runtime instances per classifier/tagger in the engine: batches in flight at once, each
     with its own session and intra_op_threads threads; auto = chosen for this machine."""

@@ -51,6 +51,9 @@ class SeriesContext:
     manifest: Manifest
     limits: SeriesLimits
     model: SeriesModel
+    sessions_refused: str | None = None
+    """Why this server serves no sessions even for a stateful bundle (the replicated layout
+    with several API processes: a session's state would live in one of them), else None."""
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
@@ -144,6 +147,10 @@ class SeriesWorker:
             raise BadRequest(f"model {self.ctx.name!r} serves no sessions: its graph has no "
                              "state input and output (a bundle packed without --state); send "
                              "each whole series without a session")
+        if self.ctx.sessions_refused is not None:
+            raise BadRequest(f"model {self.ctx.name!r} serves no sessions here: "
+                             f"{self.ctx.sessions_refused}; send each whole series without a "
+                             "session")
         return session
 
     async def predict_session(self, series: Sequence[Any], session: str, start: bool,

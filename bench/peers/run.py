@@ -11,7 +11,8 @@ Runtime beam-search server and TorchServe with a batch handler running beam sear
     python bench/peers/run.py --servers seqserve \
         --seqserve-cmd "new=/work/main/.venv/bin/seqserve serve --api-workers 2"
 
-Every peer runs at each of its settings (--mosec-settings, --torchserve-settings,
+seqserve runs in both of its layouts (the default and `--layout replicated`), every peer at
+each of its settings (--mosec-settings, --torchserve-settings,
 --fastapi-settings, --translate-settings: WORKERSxTHREADS lists) in the same run; the table
 shows each peer at its best setting per workload, with CPU per request (user + system time of
 all the server's processes over the measured window, from /proc, divided by the requests),
@@ -66,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seqserve-cmd", action="append", default=None, metavar="[LABEL=]CMD",
                    help="seqserve command line up to the flags the harness adds (--repo, "
                    "--host, --port, --truncate, --log-level); repeat to compare variants. "
-                   "Default: this checkout's `python -m seqserve.service.cli serve`")
+                   "Default: this checkout's `python -m seqserve.service.cli serve`, as "
+                   "`defaults` and with `--layout replicated` (seqserve's two layouts)")
     p.add_argument("--duration", type=float, default=20.0, help="seconds measured per run")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every server this many times, order reversed every other "
@@ -150,7 +152,9 @@ def seqserve_servers(args: argparse.Namespace, bundle: Path, model: str, workdir
                      task: str) -> list[sv.Server]:
     repo = single_model_repo(bundle, model, workdir / model)
     out = []
-    for spec in args.seqserve_cmd or [f"{sys.executable} -m seqserve.service.cli serve"]:
+    serve = f"{sys.executable} -m seqserve.service.cli serve"
+    for spec in args.seqserve_cmd or [f"defaults={serve}",
+                                      f"replicated={serve} --layout replicated"]:
         label, cmd = spec.split("=", 1) if "=" in spec.split()[0] else ("seqserve", spec)
         out.append(sv.seqserve(label, shlex.split(cmd), repo, model, task))
     return out

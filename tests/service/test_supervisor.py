@@ -270,7 +270,7 @@ def test_api_and_engine_processes_report_the_same_effective_values(
 def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path, flags: tuple[str, str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """...and both print the speed settings at start, each with where it came from."""
-    from seqserve.service.server.layout import cores
+    from seqserve.service.server.layout import SPEED_SETTINGS, cores
 
     monkeypatch.setenv("SEQSERVE_MAX_WAIT_MS", "3")
     body = {"texts": ["one two three", "vingt et un"], "top_k": 3}
@@ -286,7 +286,10 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path, flags: tu
     assert len(scores) == 6 and all(0 <= s <= 1 for s in scores)
     printed = server.output()
     block = printed[printed.index("serving settings ("):].splitlines()
-    rows = {line.split()[0]: line.split(maxsplit=2)[1:] for line in block[1:8]}
+    rows = {line.split()[0]: line.split(maxsplit=2)[1:]
+            for line in block[1:1 + len(SPEED_SETTINGS)]}
+    assert list(rows) == list(SPEED_SETTINGS)
+    assert rows["layout"] == ["engine", "default"]
     assert rows["api_workers"] == [flags[1], "cli --api-workers"]
     assert rows["instances"][1].startswith(f"auto: {cores()} cores")
     assert rows["intra_op_threads"] == ["1", "cli --intra-op-threads"]  # process_support's

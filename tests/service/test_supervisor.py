@@ -104,8 +104,10 @@ def test_the_replicated_layout_refuses_sessions_it_cannot_keep(tiny_series_repo:
         assert "--layout engine" in chunk.json()["error"]
 
 
-def test_a_killed_api_process_is_replaced(tiny_repo: Path) -> None:
-    with serve(tiny_repo, "--api-workers", "2") as server:
+@pytest.mark.parametrize("layout", ["engine", "replicated"])
+def test_a_killed_api_process_is_replaced(tiny_repo: Path, layout: str) -> None:
+    """In the replicated layout the new process loads its own models, then serves."""
+    with serve(tiny_repo, "--layout", layout, "--api-workers", "2") as server:
         before = {pid for pid, role in server.children().items() if role == "api"}
         victim = min(before)
         os.kill(victim, signal.SIGKILL)
@@ -164,12 +166,14 @@ def test_a_killed_engine_under_load_answers_every_request_503(tiny_repo: Path) -
     assert result["exit"] not in (0, None), result
 
 
-def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path) -> None:
+@pytest.mark.parametrize("layout", ["engine", "replicated"])
+def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path, layout: str) -> None:
     """Requests written on open connections before SIGTERM: every one gets its 200 (the
-    shutdown delay serves new work as usual); none is reset or left unanswered."""
+    shutdown delay serves new work as usual); none is reset or left unanswered. In both
+    layouts (replicated: each API process drains its own models)."""
     total = 300
     body = json.dumps({"texts": ["one two three"] * 4}).encode()
-    with serve(tiny_repo, "--api-workers", "2", "--max-batch-size", "1",
+    with serve(tiny_repo, "--layout", layout, "--api-workers", "2", "--max-batch-size", "1",
                "--queue-size", "2048", "--shutdown-delay-s", "0.5",
                "--max-queue-wait-s", "60") as server:  # drain, not admission, here
         conns = [RawConnection(server.url) for _ in range(total)]
@@ -199,13 +203,15 @@ def test_sigterm_under_load_loses_nothing_admitted(tiny_repo: Path) -> None:
     assert rc == 0
 
 
-def test_a_rolling_update_under_load_sees_no_error(tiny_repo: Path) -> None:
+@pytest.mark.parametrize("layout", ["engine", "replicated"])
+def test_a_rolling_update_under_load_sees_no_error(tiny_repo: Path, layout: str) -> None:
     """SIGTERM under load (keep-alive clients and new connections): during the shutdown
     delay every request, on a kept or a new connection, gets its 2xx (no 503, no reset, no
     hang), readiness is 503; after the delay new connections are refused (not left to hang
-    in a listen queue nobody accepts from); the server exits 0."""
+    in a listen queue nobody accepts from); the server exits 0. In both layouts."""
     delay = 2.0
-    with serve(tiny_repo, "--api-workers", "2", "--shutdown-delay-s", str(delay)) as server:
+    with serve(tiny_repo, "--layout", layout, "--api-workers", "2", "--shutdown-delay-s",
+               str(delay)) as server:
         result = asyncio.run(load_support.sigterm(server, delay))
     assert set(result["before"]) == {"2xx"}, result
     assert set(result["delay"]) == {"2xx"}, result

@@ -23,6 +23,15 @@ from process_support import counts, in_flight, running, serve, wait_ready
 from server_support import RawConnection
 
 
+def classify_on_new_connections(url: str, n: int) -> None:
+    """`n` classify requests, a new connection each (so every API process gets some), each a
+    200 with its top 2."""
+    for i in range(n):
+        r = httpx.post(f"{url}/v1/models/tiny-clf/classify",
+                       json={"texts": [f"one two {i}"], "top_k": 2}, timeout=30)
+        assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
+
+
 def test_every_task_through_the_engine_and_metrics_of_every_process(
         tiny_full_repo: Path) -> None:
     with serve(tiny_full_repo, "--api-workers", "2") as server:
@@ -30,10 +39,7 @@ def test_every_task_through_the_engine_and_metrics_of_every_process(
         assert roles == ["api", "api", "engine"], roles
         url = server.url
         n = 24
-        for i in range(n):  # a new connection each: both API processes get some
-            r = httpx.post(f"{url}/v1/models/tiny-clf/classify",
-                           json={"texts": [f"one two {i}"], "top_k": 2}, timeout=30)
-            assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
+        classify_on_new_connections(url, n)
         tr = httpx.post(f"{url}/v1/models/tiny-mt/translate",
                         json={"texts": ["one two three"], "n_best": 2,
                               "return_attention": True}, timeout=30).json()["results"][0]
@@ -68,10 +74,7 @@ def test_the_replicated_layout_serves_every_task_with_no_engine_process(
         assert roles == ["api", "api"], roles
         url = server.url
         n = 24
-        for i in range(n):  # a new connection each: both API processes get some
-            r = httpx.post(f"{url}/v1/models/tiny-clf/classify",
-                           json={"texts": [f"one two {i}"], "top_k": 2}, timeout=30)
-            assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
+        classify_on_new_connections(url, n)
         tr = httpx.post(f"{url}/v1/models/tiny-mt/translate",
                         json={"texts": ["one two three"], "n_best": 2}, timeout=30)
         assert tr.status_code == 200 and len(tr.json()["results"][0]["hypotheses"]) == 2

@@ -255,7 +255,7 @@ def test_served_through_the_engine_process(packed: dict[str, Any]) -> None:
 
     rng = np.random.default_rng(4)
     series = [raw_series(rng, n) for n in (6, 24, 1)]
-    with serve(packed["repo"], "--api-workers", "1") as server:
+    with serve(packed["repo"], "--layout", "engine", "--api-workers", "1") as server:
         r = httpx.post(f"{server.url}/v1/models/forecast-cli/predict",
                        json={"series": [s.tolist() for s in series]}, timeout=30)
         assert r.status_code == 200, r.text

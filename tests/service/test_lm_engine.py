@@ -1,7 +1,7 @@
-"""Language models through the engine process (`seqserve serve --api-workers 1`): generate
-(JSON and streamed token events over the ZeroMQ frames), score, stop strings, a client that
-hangs up freeing its rows in the engine, and the real `openai` client listing models and
-streaming completions from /v1/completions."""
+"""Language models through the engine process (`seqserve serve --layout engine --api-workers
+1`): generate (JSON and streamed token events over the ZeroMQ frames), score, stop strings, a
+client that hangs up freeing its rows in the engine, and the real `openai` client listing
+models and streaming completions from /v1/completions."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_lm_repo: Path,
     repo = tmp_path_factory.mktemp("lm-engine") / "repo"
     shutil.copytree(tiny_lm_repo, repo)
     shutil.copytree(endless_lm_repo / "endless-lm", repo / "endless-lm")
-    with serve(repo, "--api-workers", "1", "--max-new-tokens", "4000") as s:
+    with serve(repo, "--layout", "engine", "--api-workers", "1", "--max-new-tokens",
+               "4000") as s:
         yield s
 
 

@@ -1,4 +1,5 @@
-"""`seqserve serve` as users run it: a supervisor, API processes and one engine process.
+"""`seqserve serve` as users run it: a supervisor, API processes and (in the engine layout, or
+the hybrid one with bundles that keep sessions) one engine process.
 
 Real processes on 127.0.0.1 with the tiny bundles: every task answers through the engine;
 /metrics of any API process reports every process; a killed API process is replaced; a dead
@@ -34,7 +35,7 @@ def classify_on_new_connections(url: str, n: int) -> None:
 
 def test_every_task_through_the_engine_and_metrics_of_every_process(
         tiny_full_repo: Path) -> None:
-    with serve(tiny_full_repo, "--api-workers", "2") as server:
+    with serve(tiny_full_repo, "--layout", "engine", "--api-workers", "2") as server:
         roles = sorted(server.children().values())
         assert roles == ["api", "api", "engine"], roles
         url = server.url
@@ -107,6 +108,63 @@ def test_the_replicated_layout_refuses_sessions_it_cannot_keep(tiny_series_repo:
         assert "--layout engine" in chunk.json()["error"]
 
 
+@pytest.fixture(scope="module")
+def mixed_repo(tmp_path_factory: pytest.TempPathFactory, tiny_repo: Path,
+               tiny_series_repo: Path) -> Path:
+    """tiny_repo's classifier and translator plus the stateful tiny-series bundle."""
+    import shutil
+
+    repo = tmp_path_factory.mktemp("mixed") / "repo"
+    shutil.copytree(tiny_repo, repo)
+    shutil.copytree(tiny_series_repo / "tiny-series", repo / "tiny-series")
+    return repo
+
+
+def test_the_default_layout_keeps_sessions_in_an_engine_and_the_rest_in_each_process(
+        mixed_repo: Path) -> None:
+    """The auto layout on a CPU is hybrid: two API processes, each with its own classifier
+    and translator, and one engine process with the bundle that keeps sessions. A session's
+    chunks, each on a new connection (so both API processes get some), continue one state;
+    every model is ready in /metrics; SIGTERM stops everything with status 0."""
+    step = [0.1, 0.2, 0.3]
+    with serve(mixed_repo, "--api-workers", "2") as server:
+        roles = sorted(server.children().values())
+        assert roles == ["api", "api", "engine"], roles
+        url = f"{server.url}/v1/models/tiny-series/predict"
+        first = httpx.post(url, json={"series": [[step]], "session": "s", "start": True},
+                           timeout=30)
+        assert first.status_code == 200, first.text
+        for i in range(2, 9):
+            r = httpx.post(url, json={"series": [[step]], "session": "s"}, timeout=30)
+            assert r.status_code == 200 and r.json()["steps"] == i, r.text
+        classify_on_new_connections(server.url, 8)
+        tr = httpx.post(f"{server.url}/v1/models/tiny-mt/translate",
+                        json={"texts": ["one two three"]}, timeout=30)
+        assert tr.status_code == 200, tr.text
+        config = httpx.get(f"{server.url}/v1/admin/config", timeout=30).json()
+        metrics = httpx.get(f"{server.url}/metrics").text
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+    engine = config["engine"]
+    assert engine["mode"].startswith("hybrid") and engine["options"]["bundles"] == "sessions"
+    assert set(engine["models"]) == {"tiny-clf/1", "tiny-mt/1", "tiny-series/1"}
+    assert config["api"]["settings"]["layout"] == "hybrid"
+    ready = counts(metrics, "seqserve_model_ready", "model")
+    assert ready == {"tiny-clf": 1.0, "tiny-mt": 1.0, "tiny-series": 1.0}
+    batches = counts(metrics, "seqserve_batch_size_count", "model")
+    assert batches["tiny-clf"] >= 1 and batches["tiny-series"] >= 1
+    printed = server.output()
+    assert "layout            hybrid" in printed, printed
+
+
+def test_the_hybrid_layout_starts_no_engine_without_sessions(tiny_repo: Path) -> None:
+    with serve(tiny_repo, "--layout", "hybrid", "--api-workers", "2") as server:
+        assert sorted(server.children().values()) == ["api", "api"]
+        classify_on_new_connections(server.url, 6)
+        config = httpx.get(f"{server.url}/v1/admin/config", timeout=30).json()
+    assert config["engine"]["mode"] == "in process"
+
+
 @pytest.mark.parametrize("layout", ["engine", "replicated"])
 def test_a_killed_api_process_is_replaced(tiny_repo: Path, layout: str) -> None:
     """In the replicated layout the new process loads its own models, then serves."""
@@ -129,7 +187,7 @@ def test_a_killed_api_process_is_replaced(tiny_repo: Path, layout: str) -> None:
 
 
 def test_a_dead_engine_ends_the_server_non_zero(tiny_repo: Path) -> None:
-    with serve(tiny_repo, "--api-workers", "1") as server:
+    with serve(tiny_repo, "--layout", "engine", "--api-workers", "1") as server:
         engine = next(pid for pid, role in server.children().items() if role == "engine")
         os.kill(engine, signal.SIGKILL)
         code = server.proc.wait(timeout=30)
@@ -140,7 +198,7 @@ def test_a_dead_engine_ends_the_server_non_zero(tiny_repo: Path) -> None:
 def test_a_killed_supervisor_leaves_no_process_behind(tiny_repo: Path) -> None:
     """`kill -9` of the supervisor (or the OOM killer): its API processes and engine stop too
     (they drain and exit), so nothing serves unsupervised and the port is free again."""
-    with serve(tiny_repo, "--api-workers", "2") as server:
+    with serve(tiny_repo, "--layout", "engine", "--api-workers", "2") as server:
         children = server.children()
         assert sorted(children.values()) == ["api", "api", "engine"], children
         server.proc.kill()
@@ -161,7 +219,8 @@ def test_a_killed_engine_under_load_answers_every_request_503(tiny_repo: Path) -
     non-zero."""
     # the API processes then serve their shutdown delay (answering 503 at once) and stop; the
     # load ends before that (new connections to a closed listener would be refused or reset)
-    with serve(tiny_repo, "--api-workers", "2", "--shutdown-delay-s", "3") as server:
+    with serve(tiny_repo, "--layout", "engine", "--api-workers", "2", "--shutdown-delay-s",
+               "3") as server:
         result = asyncio.run(load_support.sigkill_engine(server, after_s=2.0))
     assert set(result["at_or_after_kill"]) <= {"2xx", "503", "refused"}, result
     assert result["at_or_after_kill"].get("503", 0) >= 10, result
@@ -257,12 +316,13 @@ def _check_same_values(config: dict[str, Any]) -> None:
 
 def test_api_and_engine_processes_report_the_same_effective_values(
         tiny_full_repo: Path) -> None:
-    """A server started with the defaults: GET /v1/admin/config shows the API process's
-    settings and the engine process's options, which agree value for value, and both
-    processes run with the same switch interval (the engine's batch threads too)."""
+    """A server in the engine layout, the other settings at their defaults: GET
+    /v1/admin/config shows the API process's settings and the engine process's options,
+    which agree value for value, and both processes run with the same switch interval (the
+    engine's batch threads too)."""
     from seqserve.service.web.settings import Settings
 
-    with serve(tiny_full_repo) as server:
+    with serve(tiny_full_repo, "--layout", "engine") as server:
         config = httpx.get(f"{server.url}/v1/admin/config", timeout=30).json()
         engine_pid = next(p for p, role in server.children().items() if role == "engine")
     api, engine = config["api"], config["engine"]
@@ -278,17 +338,19 @@ def test_api_and_engine_processes_report_the_same_effective_values(
 @pytest.mark.parametrize("flags", [("--api-workers", "0"), ("--api-workers", "1")])
 def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path, flags: tuple[str, str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """...and both print the speed settings at start, each with where it came from."""
+    """...and both print the speed settings at start, each with where it came from. With
+    the auto layout: the one-process server is the engine layout in one process, one API
+    process the hybrid layout with no engine (no bundle keeps sessions)."""
     from seqserve.service.server.layout import SPEED_SETTINGS, cores
 
     monkeypatch.setenv("SEQSERVE_MAX_WAIT_MS", "3")
     body = {"texts": ["one two three", "vingt et un"], "top_k": 3}
     with serve(tiny_repo, *flags) as server:
         r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify", json=body, timeout=30)
-        expected_children = 0 if flags[1] == "0" else 2
+        expected_children = 0 if flags[1] == "0" else 1
         assert len(server.children()) == expected_children
         config = httpx.get(f"{server.url}/v1/admin/config", timeout=30).json()
-    assert config["engine"]["mode"] == ("in process" if flags[1] == "0" else "engine process")
+    assert config["engine"]["mode"] == "in process"
     _check_same_values(config)
     assert r.status_code == 200
     scores = [t["probability"] for res in r.json()["results"] for t in res["top_k"]]
@@ -298,7 +360,8 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path, flags: tu
     rows = {line.split()[0]: line.split(maxsplit=2)[1:]
             for line in block[1:1 + len(SPEED_SETTINGS)]}
     assert list(rows) == list(SPEED_SETTINGS)
-    assert rows["layout"] == ["engine", "default"]
+    assert rows["layout"][0] == ("engine" if flags[1] == "0" else "hybrid")
+    assert rows["layout"][1].startswith(f"auto: {cores()} cores")
     assert rows["api_workers"] == [flags[1], "cli --api-workers"]
     assert rows["instances"][1].startswith(f"auto: {cores()} cores")
     assert rows["intra_op_threads"] == ["1", "cli --intra-op-threads"]  # process_support's

@@ -1,4 +1,5 @@
-"""`--api-workers auto`, `--instances auto`: the layout chosen for a machine, and its cores."""
+"""`--layout auto`, `--api-workers auto`, `--instances auto`: the layout chosen for a machine,
+and its cores."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 from seqserve.service.server.layout import (
     cgroup_cpu_limit,
     describe,
+    memory_bytes,
+    repository_bytes,
     resolve,
     resolved_sources,
     sources,
@@ -18,17 +21,52 @@ from seqserve.service.server.layout import (
 from seqserve.service.web.settings import Settings
 
 
-def test_auto_layout_on_a_two_core_cpu() -> None:
+def test_auto_layout_on_a_two_core_cpu_is_hybrid() -> None:
+    """auto on a CPU: the hybrid layout, one API process per core with its own models."""
     s = resolve(Settings(), available=2)
+    assert (s.layout, s.api_workers, s.instances, s.intra_op_threads) == ("hybrid", 2, 1, 1)
+    assert "2 API process(es), each with its own models (hybrid)" in describe(s)
+    assert "sessions: in 1 engine process" in describe(s)
+    assert resolve(Settings(), available=8).api_workers == 8
+
+
+def test_the_engine_layout_on_a_cpu() -> None:
+    s = resolve(Settings(layout="engine"), available=2)
     assert (s.api_workers, s.instances, s.intra_op_threads) == (1, 2, 1)
     assert "1 API process(es) + 1 engine process" in describe(s)
-    eight = resolve(Settings(), available=8)
+    eight = resolve(Settings(layout="engine"), available=8)
     assert (eight.api_workers, eight.instances, eight.intra_op_threads) == (4, 4, 1)
 
 
-def test_auto_layout_on_a_gpu_node() -> None:
+def test_auto_layout_on_a_gpu_node_is_the_engine() -> None:
     s = resolve(Settings(device="cuda"), available=16)
-    assert (s.api_workers, s.instances, s.intra_op_threads) == (14, 2, 0)
+    assert (s.layout, s.api_workers, s.instances, s.intra_op_threads) == ("engine", 14, 2, 0)
+
+
+def test_auto_layout_keeps_one_copy_when_copies_per_core_would_not_fit(tmp_path: Path) -> None:
+    """A copy of the repository per core must fit in a quarter of the memory, else auto
+    picks the engine layout (one copy)."""
+    bundle = tmp_path / "big" / "1"
+    bundle.mkdir(parents=True)
+    (bundle / "manifest.json").write_text("{}")
+    (bundle / "model.onnx").write_bytes(b"x" * 1000)
+    size = repository_bytes(tmp_path)
+    assert size == 1002
+    roomy = resolve(Settings(repo=tmp_path), available=4, memory=4 * 4 * size)
+    assert roomy.layout == "hybrid"
+    tight = resolve(Settings(repo=tmp_path), available=4, memory=4 * 4 * size - 1)
+    assert (tight.layout, tight.api_workers, tight.instances) == ("engine", 2, 2)
+    assert resolve(Settings(repo=tmp_path, layout="hybrid"), available=4,
+                   memory=1).layout == "hybrid"  # a given layout is kept
+
+
+def test_memory_reads_the_container_limit(tmp_path: Path) -> None:
+    machine = memory_bytes(tmp_path)
+    assert machine is not None and machine > 0
+    (tmp_path / "memory.max").write_text("1048576\n")
+    assert memory_bytes(tmp_path) == 1048576
+    (tmp_path / "memory.max").write_text("max\n")
+    assert memory_bytes(tmp_path) == machine
 
 
 def test_auto_replicated_layout_is_one_process_per_core_with_one_instance_each() -> None:
@@ -44,7 +82,8 @@ def test_auto_replicated_layout_is_one_process_per_core_with_one_instance_each()
 
 
 def test_given_values_are_kept() -> None:
-    s = resolve(Settings(api_workers=3, instances=2, intra_op_threads=4), available=2)
+    s = resolve(Settings(layout="engine", api_workers=3, instances=2, intra_op_threads=4),
+                available=2)
     assert (s.api_workers, s.instances, s.intra_op_threads) == (3, 2, 4)
     one = resolve(Settings(api_workers=0), available=8)
     assert one.api_workers == 0 and one.instances == 4 and "one process" in describe(one)
@@ -59,7 +98,7 @@ def test_container_cpu_limit(tmp_path: Path) -> None:
 
 
 def test_each_setting_says_where_it_came_from() -> None:
-    given = Settings(max_batch_size=8, max_wait_ms=5.0, instances=3)
+    given = Settings(max_batch_size=8, max_wait_ms=5.0, instances=3, layout="engine")
     env = {"SEQSERVE_MAX_WAIT_MS": "5", "seqserve_instances": "3"}  # any case, as pydantic
     origin = sources(given, cli={"max_batch_size"}, env=env)
     assert origin["max_batch_size"] == "cli --max-batch-size"
@@ -67,13 +106,14 @@ def test_each_setting_says_where_it_came_from() -> None:
     assert origin["instances"] == "env SEQSERVE_INSTANCES"
     assert origin["max_queue_wait_s"] == "default"
     assert sources(Settings(max_texts=7), env={})["max_texts"] == "set by the caller"
+    assert origin["layout"] == "set by the caller"
     after = resolve(given, available=2)
     final = resolved_sources(given, after, origin, available=2)
     assert final["api_workers"] == "auto: 2 cores, cpu (default was 'auto')"
     assert final["intra_op_threads"] == "default"  # instances given: threads stay 0
     block = speed_block(after, final).splitlines()
     assert block[0].startswith("serving settings (1 API process(es) + 1 engine process, 3 ")
-    assert block[1].split() == ["layout", "engine", "default"]
+    assert block[1].split() == ["layout", "engine", "set", "by", "the", "caller"]
     assert block[4].split() == ["intra_op_threads", "0", "(runtime", "default)", "default"]
     assert block[5].split() == ["max_batch_size", "8", "cli", "--max-batch-size"]
 
@@ -81,7 +121,7 @@ def test_each_setting_says_where_it_came_from() -> None:
 def test_the_start_up_block_in_json_logs(capsys: pytest.CaptureFixture[str]) -> None:
     from seqserve.service.cli.serve import print_speed_settings
 
-    s = resolve(Settings(log_format="json"), available=2)
+    s = resolve(Settings(log_format="json", layout="engine"), available=2)
     print_speed_settings(s, resolved_sources(Settings(), s, sources(Settings(), env={}), 2))
     (line,) = capsys.readouterr().err.splitlines()
     doc = json.loads(line)

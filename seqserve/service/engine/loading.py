@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from seqserve.export.manifest import Manifest, load_bundle
+from seqserve.export.manifest import BundleError, Manifest, list_bundles, load_bundle, read_manifest
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.runtimes import load_runtime
 from seqserve.service.runtimes.base import Runtime, RuntimeSpec
@@ -20,6 +20,26 @@ from seqserve.service.scheduling.models import ServedModel, build_model
 RuntimeFactory = Callable[[RuntimeSpec, Path, Manifest], Runtime]
 """Builds a bundle's runtime (tests inject fakes); default
 `seqserve.service.runtimes.load_runtime`."""
+
+
+def keeps_sessions(path: Path) -> bool:
+    """Whether a bundle version keeps per-session state (a feature-sequence model with a
+    `state_dim`): its sessions must live in one process, the engine, when several API
+    processes serve. A manifest that cannot be read is not (whoever loads it reports why)."""
+    try:
+        manifest = read_manifest(path)
+    except (BundleError, OSError, ValueError):
+        return False
+    return not manifest.has_tokenizer and bool(manifest.state_dim)
+
+
+def engine_bundles(options: EngineOptions) -> list[tuple[str, int, Path]]:
+    """The bundle versions an engine process loads: every one, or (hybrid layout) only those
+    that keep sessions; the API processes load the others themselves."""
+    found = list_bundles(Path(options.repo))
+    if options.bundles == "all":
+        return found
+    return [b for b in found if keeps_sessions(b[2])]
 
 
 def max_tokens_of(manifest: Manifest, limit: int) -> int:

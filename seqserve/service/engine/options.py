@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from seqserve.service.core.process import ProcessSettings
 from seqserve.service.runtimes.base import RuntimeSpec
@@ -31,6 +31,9 @@ class EngineOptions:
 
     repo: str
     """Model repository folder."""
+    bundles: Literal["all", "sessions"]
+    """Which of its bundle versions the engine loads: all, or (the hybrid layout) only those
+    that keep sessions (`loading.keeps_sessions`); the API processes load the others."""
     runtime: RuntimeSpec
     """Which runtime runs the graphs, and its threads (per instance)."""
     instances: int

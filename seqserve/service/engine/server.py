@@ -1,9 +1,10 @@
 """The engine process: every model of one device behind one ZeroMQ ROUTER socket.
 
-`EngineServer.load()` loads and verifies every bundle of the repository once (a failed one is
-reported, the others serve); `serve(address)` answers `Hello` with the models' states (each
-with its verified manifest and limits: the API processes load nothing themselves) and the
-engine's effective options, and turns each
+`EngineServer.load()` loads and verifies every bundle of the repository once (in the hybrid
+layout only those that keep sessions; a failed one is reported, the others serve);
+`serve(address)` answers `Hello` with the models' states (each with its verified manifest and
+limits: the API processes load nothing of these themselves) and the engine's effective
+options, and turns each
 `Submit` into one `submit` on the model's batcher or decode scheduler, so rows from every API
 process share the same batches. A request's reply goes out when all its rows are done; a
 `Cancel` cancels its futures, which the schedulers drop before they cost compute.
@@ -30,12 +31,11 @@ from typing import Any, TypeVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from seqserve.export.manifest import list_bundles
 from seqserve.service.core.errors import BadRequest, ModelNotReady, ServiceError, ShuttingDown
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
 from seqserve.service.engine import protocol as p
-from seqserve.service.engine.loading import RuntimeFactory, build_served
+from seqserve.service.engine.loading import RuntimeFactory, build_served, engine_bundles
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed
@@ -73,8 +73,8 @@ class EngineServer:
     # -- loading ----------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Load, warm up and start every bundle version, one after another."""
-        found = list_bundles(Path(self.options.repo))
+        """Load, warm up and start every bundle version it serves, one after another."""
+        found = engine_bundles(self.options)
         for name, version, _ in found:  # every series exists from the start, at 0
             self.metrics.model_ready.labels(name, str(version)).set(0)
             self.metrics.load_failures.labels(name, str(version))

@@ -1,9 +1,10 @@
 """`python -m seqserve.service.server.api_process`: one API process (started by the supervisor).
 
 Serves HTTP on the listening socket the supervisor bound and passed down (its descriptor in
-SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS), or, in
-the replicated layout, in this process. The settings come from the SEQSERVE_* variables the
-supervisor set.
+SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS, set when
+there is one) or in this process (the replicated layout; in the hybrid layout those that keep
+no sessions, or all when there is no engine). The settings come from the SEQSERVE_* variables
+the supervisor set.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def main() -> int:
     process = settings.process_settings()
     process.apply()  # the same as the engine process applies from its options
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
-    engine = None if settings.layout == "replicated" else EngineClient(
-        os.environ[ADDRESS_ENV], settings.retry_after_s)
+    address = os.environ.get(ADDRESS_ENV)
+    engine = EngineClient(address, settings.retry_after_s) if address else None
     app = create_app(settings, engine=engine, freeze=True)
     server = build_server(app, app.state.seqserve, supervised=True)
     process.apply()  # again after uvicorn's Config, which set up its own loggers

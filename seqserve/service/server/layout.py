@@ -9,6 +9,9 @@ system's share), and two instances keep two batches in flight on the device.
 
 `--layout replicated` (no engine process, every API process with its own models): one API
 process per core, one instance each with one thread (on CUDA one process: one device context).
+`--layout hybrid`: the same, with the bundles that keep sessions in one engine process.
+`--layout auto` (the default): hybrid on a CPU, engine on CUDA or when a copy of the
+repository per core would not fit in a quarter of the memory (`auto_layout`).
 
 `sources` and `speed_block`: the block `seqserve serve` prints at start, each speed setting in
 force with where it came from (docs/performance.md, section 11, says what chose each default).
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from seqserve.export.manifest import list_bundles
 from seqserve.service.web.settings import Settings
 
 
@@ -51,13 +55,18 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
         return None
 
 
-def resolve(settings: Settings, available: int | None = None) -> Settings:
-    """`settings` with every "auto" replaced by a count (threads too, when left at 0)."""
+def resolve(settings: Settings, available: int | None = None,
+            memory: int | None = None) -> Settings:
+    """`settings` with every "auto" replaced by a count (threads too, when left at 0) and
+    the auto layout by the one chosen for this machine (`auto_layout`)."""
     n = available or cores()
     update: dict[str, Any] = {}
     gpu = settings.device == "cuda"
     api = settings.api_workers
-    if settings.layout == "replicated":  # every process the whole server: one per core
+    layout: str = settings.layout
+    if layout == "auto":
+        layout = update["layout"] = auto_layout(settings, n, memory)
+    if layout in ("replicated", "hybrid"):  # every process the whole server: one per core
         if api == "auto":
             update["api_workers"] = 1 if gpu else n
         if settings.instances == "auto":
@@ -75,16 +84,62 @@ def resolve(settings: Settings, available: int | None = None) -> Settings:
     return settings.model_copy(update=update)
 
 
+MEMORY_SHARE = 4
+"""The auto layout copies the models into every API process only while a copy per core of
+the repository's files fits in 1/MEMORY_SHARE of the memory."""
+
+
+def auto_layout(settings: Settings, n: int, memory: int | None = None) -> str:
+    """`layout = "auto"`: hybrid on a CPU (measured on the 2-core box, docs/performance.md
+    section 15), engine on CUDA (one device context), in the one-process server (api_workers
+    0), or when `n` copies of the repository would not fit in a quarter of the memory."""
+    if settings.device == "cuda" or settings.api_workers == 0:  # 0: one process, no copies
+        return "engine"
+    limit = memory if memory is not None else memory_bytes()
+    if limit and n * repository_bytes(settings.repo) * MEMORY_SHARE > limit:
+        return "engine"
+    return "hybrid"
+
+
+def repository_bytes(repo: Path) -> int:
+    """Size of every bundle version's files (what each API process would load)."""
+    total = 0
+    for _, _, path in list_bundles(repo):
+        for f in path.iterdir():
+            if f.is_file():
+                total += f.stat().st_size
+    return total
+
+
+def memory_bytes(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Physical memory, capped by a container's limit (cgroup v2 `memory.max`, v1
+    `memory.limit_in_bytes`); None when unknown."""
+    try:
+        total: int | None = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        total = None
+    for name in ("memory.max", "memory/memory.limit_in_bytes"):
+        try:
+            text = (root / name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total or int(text), int(text))
+    return total
+
+
 def describe(settings: Settings) -> str:
     """One line for the start-up log: the layout in force."""
     threads = settings.intra_op_threads or "runtime default"
     if settings.api_workers == 0:
         return (f"one process (API and engine), {settings.instances} instance(s) per model, "
                 f"{threads} intra-op thread(s) each; {cores()} cores")
-    if settings.layout == "replicated":
+    if settings.layout in ("replicated", "hybrid"):
+        engine = (" (bundles that keep sessions: in 1 engine process, when there are any)"
+                  if settings.layout == "hybrid" else "")
         return (f"{settings.api_workers} API process(es), each with its own models "
-                f"(replicated), {settings.instances} instance(s) per model, {threads} "
-                f"intra-op thread(s) each; {cores()} cores")
+                f"({settings.layout}){engine}, {settings.instances} instance(s) per model, "
+                f"{threads} intra-op thread(s) each; {cores()} cores")
     return (f"{settings.api_workers} API process(es) + 1 engine process, "
             f"{settings.instances} instance(s) per model, {threads} intra-op thread(s) each; "
             f"{cores()} cores")

@@ -2,7 +2,10 @@
 
 With `layout = "replicated"` there is no engine process: each API process loads its own
 copy of every model (the one-process server, N times over the one port); everything below
-holds without the engine's part.
+holds without the engine's part. With `layout = "hybrid"` (what `auto` picks on a CPU) the
+same, except that the bundles that keep sessions run in one engine process, started only
+when the repository has such bundles and there is more than one API process
+(`needs_engine`).
 
 It binds the listening socket once (every API process inherits it and accepts on it), starts
 the engine (`python -m seqserve.service.engine`) and the API processes (`python -m
@@ -40,6 +43,7 @@ from pydantic import SecretStr
 
 from seqserve.service.core.metrics import MULTIPROC_ENV
 from seqserve.service.core.process import SUPERVISOR_ENV
+from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
 from seqserve.service.server.api_process import LISTEN_FD_ENV
 from seqserve.service.web.settings import Settings
@@ -81,6 +85,16 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def needs_engine(settings: Settings) -> bool:
+    """Whether the server runs an engine process: always in the engine layout; in the hybrid
+    one when several API processes serve a repository with bundles that keep sessions."""
+    if settings.layout == "engine":
+        return True
+    if settings.layout != "hybrid" or int(settings.api_workers) <= 1:
+        return False
+    return bool(engine_bundles(settings.engine_options()))
+
+
 @dataclass
 class Child:
     role: str
@@ -102,13 +116,16 @@ class Supervisor:
         self.api: list[Child] = []
         self.deaths: list[float] = []
         self.signals = 0
+        self.with_engine = needs_engine(settings)
 
     # -- processes --------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, **settings_env(self.settings)}
         env[MULTIPROC_ENV] = str(self.metrics_dir)
-        env[ADDRESS_ENV] = self.address
+        env.pop(ADDRESS_ENV, None)
+        if self.with_engine:  # an API process uses the engine iff it gets its address
+            env[ADDRESS_ENV] = self.address
         env[SUPERVISOR_ENV] = str(os.getpid())  # children stop when this process dies
         return env
 
@@ -137,11 +154,11 @@ class Supervisor:
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            if s.layout == "replicated":
-                log.info("replicated layout: %d API processes, each with its own models, "
-                         "no engine process", int(s.api_workers))
-            else:
+            if self.with_engine:
                 self.engine = self._start_engine()
+            else:
+                log.info("%s layout: %d API processes, each with its own models, no engine "
+                         "process", s.layout, int(s.api_workers))
             self.api = [self._start_api() for _ in range(int(s.api_workers))]
             return self._watch()
         finally:

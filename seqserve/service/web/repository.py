@@ -2,8 +2,9 @@
 
 Each bundle is loaded and verified once, by whoever runs its model: in this process
 (`engine.loading.build_served`: manifest hashes, runtime, batcher or decode scheduler, warm-up)
-or by the engine process, which hands this process the verified manifest and limits of each
-version in its `Hello` answer; then only the tokenizer file is read here (no hashing) and the
+or by the engine process (all of them; in the hybrid layout those that keep sessions), which
+hands this process the verified manifest and limits of each version in its `Hello` answer;
+then only the tokenizer file is read here (no hashing) and the
 task's worker built. A version that fails any step is recorded as "failed"
 with the reason (log, metrics, /v1/models) and skipped; the others serve. The highest ready
 version is the default.
@@ -91,12 +92,16 @@ class ModelRepository:
     async def load_all(self, only: str | None = None) -> None:
         """Load every version (one after another: warm-ups compete for CPU), or every
         version of model `only`."""
+        remote: dict[tuple[str, int], ModelState] = {}
         if self.engine is not None:
             hello = await self.engine.hello(self.settings.startup_timeout_s)
             self.engine_state = {"options": hello.options, "process": hello.process}
             _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
-            states = list(hello.models)
-            found = [(m.name, m.version, Path(m.path)) for m in states]
+            remote = {(m.name, m.version): m for m in hello.models}
+            found = [(m.name, m.version, Path(m.path)) for m in hello.models]
+            if self.settings.layout == "hybrid":  # the engine has those that keep sessions
+                found += [b for b in list_bundles(self.settings.repo)
+                          if (b[0], b[1]) not in remote]
         else:
             found = list_bundles(self.settings.repo)
         found = [b for b in found if only in (None, b[0])]
@@ -104,16 +109,16 @@ class ModelRepository:
             log.warning("no bundles found under %s", self.settings.repo)
         for name, version, path in found:
             self.entries.setdefault(name, {})[version] = ModelEntry(name, version, path)
-            if self.engine is None:  # every series exists from the start, at 0
+            if (name, version) not in remote:  # every series exists from the start, at 0
                 self.metrics.model_ready.labels(name, str(version)).set(0)
                 self.metrics.load_failures.labels(name, str(version))
-        remote = {(m.name, m.version): m for m in states} if self.engine is not None else {}
         for name, version, _ in found:
             await self._load(self.entries[name][version], remote.get((name, version)))
 
     async def _load(self, entry: ModelEntry, remote: ModelState | None) -> None:
+        """Open a version: the engine's (`remote`), or load it in this process."""
         try:
-            if self.engine is not None and remote is not None:
+            if remote is not None:
                 worker = await asyncio.to_thread(self._open_remote, entry, remote)
             else:
                 worker = await asyncio.to_thread(self._open_local, entry)
@@ -121,15 +126,17 @@ class ModelRepository:
                 await entry.model.start()
         except Exception as exc:  # any failure skips this version only
             entry.state, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
-            if self.engine is None:
+            if remote is None:  # the engine counts its own
                 self.metrics.load_failures.labels(entry.name, str(entry.version)).inc()
             log.error("model %s version %d not served: %s", entry.name, entry.version,
                       entry.reason)
             return
         entry.worker, entry.state = worker, "ready"
-        if self.engine is None:
+        if remote is None:
             self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
-        log.info("model %s version %d ready (%s)", entry.name, entry.version, entry.task)
+        log.info("model %s version %d ready (%s%s)", entry.name, entry.version, entry.task,
+                 "" if self.engine is None else
+                 ", in the engine process" if remote is not None else ", in this process")
 
     def _open_local(self, entry: ModelEntry) -> ModelWorker:
         """Verify, open the runtime(s), schedule them, build the worker (blocking)."""
@@ -140,7 +147,8 @@ class ModelRepository:
         entry.model = model
         entry.scheduling = dataclasses.asdict(model.config)
         if not entry.manifest.has_tokenizer:
-            return self._series_worker(entry, entry.manifest, model, model.config.max_tokens)
+            return self._series_worker(entry, entry.manifest, model, model.config.max_tokens,
+                                       local=True)
         context = self._context(entry, entry.manifest, model, model.config.max_tokens)
         if isinstance(model, LMModel):
             return LMWorker(context, self.settings.max_new_tokens)
@@ -158,7 +166,7 @@ class ModelRepository:
         entry.scheduling = state.scheduling
         if not manifest.has_tokenizer:
             entry.model = series = RemoteSeriesModel(self.engine, state)
-            return self._series_worker(entry, manifest, series, state.max_tokens)
+            return self._series_worker(entry, manifest, series, state.max_tokens, local=False)
         model: RemoteDecodeModel | RemoteRowModel | RemoteLMModel
         if manifest.task == "lm":
             model = RemoteLMModel(self.engine, state)
@@ -175,15 +183,18 @@ class ModelRepository:
         return ROW_WORKERS[manifest.task](context)
 
     def _series_worker(self, entry: ModelEntry, manifest: Manifest, model: Any,
-                       max_steps: int) -> ModelWorker:
-        """A feature-sequence model's worker: no tokenizer, series limits."""
+                       max_steps: int, local: bool) -> ModelWorker:
+        """A feature-sequence model's worker: no tokenizer, series limits. A model with
+        sessions in this process of several (`local`) refuses them: a session's state
+        would live in one process of several."""
         s = self.settings
         limits = SeriesLimits(s.max_texts, max_steps)
         refused = None
-        if s.layout == "replicated" and s.api_workers not in (0, 1) and manifest.state_dim:
-            refused = (f"the replicated layout runs {s.api_workers} API processes, each with "
-                       "its own models, and a session's state would live in one of them "
-                       "(serve sessions with --layout engine)")
+        several = isinstance(s.api_workers, int) and s.api_workers > 1
+        if local and several and manifest.state_dim:
+            refused = (f"the {s.layout} layout runs {s.api_workers} API processes, each with "
+                       "its own copy of this model, and a session's state would live in one "
+                       "of them (serve sessions with --layout engine or hybrid)")
         return SERIES_WORKERS[manifest.task](SeriesContext(entry.name, entry.version, manifest,
                                                            limits, model, refused))
 
@@ -205,7 +216,10 @@ class ModelRepository:
         models = {f"{e.name}/{e.version}": e.scheduling
                   for v in self.entries.values() for e in v.values() if e.scheduling}
         if self.engine is not None:
-            return {"mode": "engine process", **self.engine_state, "models": models}
+            mode = ("hybrid: the bundles that keep sessions in the engine process, the others "
+                    "in each API process" if self.settings.layout == "hybrid"
+                    else "engine process")
+            return {"mode": mode, **self.engine_state, "models": models}
         return {"mode": "in process", "options": self.settings.engine_options().to_dict(),
                 "process": observed(), "models": models}
 

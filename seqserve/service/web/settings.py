@@ -42,12 +42,15 @@ class Settings(BaseSettings):
     """API processes (HTTP, validation, tokenization) in front of one engine process that
     runs the models; 0 = one process does everything; auto = chosen for this machine's cores
     (printed at start)."""
-    layout: Literal["engine", "replicated"] = "engine"
-    """engine: the API processes share one engine process that batches every request;
-    replicated: no engine, each API process runs its own copy of every model (the
-    one-process server, api_workers times over one port: no hop between processes, batches
-    per process; api_workers auto = one per core, one on CUDA). Stateful sessions need the
-    engine layout (a session's state would live in one process of several)."""
+    layout: Literal["auto", "engine", "replicated", "hybrid"] = "auto"
+    """Where the models run. engine: the API processes share one engine process that batches
+    every request; replicated: no engine, each API process runs its own copy of every model
+    (the one-process server, api_workers times over one port: no hop between processes,
+    batches per process; api_workers auto = one per core, one on CUDA; sessions refused
+    with several processes); hybrid: replicated, except that the bundles that keep sessions
+    run in one engine process (started only when there are such bundles); auto: hybrid on
+    a CPU, engine on CUDA or when a copy of the repository per core would not fit in a
+    quarter of the memory (chosen by measurement, printed at start)."""
     instances: int | Literal["auto"] = "auto"
     """Runtime instances per classifier/tagger in the engine: batches in flight at once, each
     with its own session and intra_op_threads threads; auto = chosen for this machine."""
@@ -187,7 +190,8 @@ class Settings(BaseSettings):
         """What the engine (a process of its own, or this one) loads and schedules with: the
         composition root of every engine-side config (none has defaults of its own)."""
         return EngineOptions(
-            repo=str(self.repo), runtime=self.runtime_spec(),
+            repo=str(self.repo), bundles="sessions" if self.layout == "hybrid" else "all",
+            runtime=self.runtime_spec(),
             instances=self.instances if isinstance(self.instances, int) else 1,
             max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
             max_wait_s=self.max_wait_ms / 1000.0,

@@ -345,7 +345,7 @@ def test_sessions_live_in_the_engine_and_survive_an_api_restart(packed: dict[str
     from process_support import serve, wait_ready
 
     series = raw_series(np.random.default_rng(11), 20)
-    with serve(packed["repo"], "--api-workers", "1") as server:
+    with serve(packed["repo"], "--layout", "engine", "--api-workers", "1") as server:
         first = _chunk(server.url, "gru", series[:8], "engine", start=True)
         assert first.status_code == 200, first.text
         victim = next(pid for pid, role in server.children().items() if role == "api")

@@ -11,7 +11,8 @@ Runtime beam-search server and TorchServe with a batch handler running beam sear
     python bench/peers/run.py --servers seqserve \
         --seqserve-cmd "new=/work/main/.venv/bin/seqserve serve --api-workers 2"
 
-seqserve runs in both of its layouts (the default and `--layout replicated`), every peer at
+seqserve runs in its default layout (on a CPU the hybrid one: each API process with its own
+models) and in the engine layout (`--layout engine`: one engine process), every peer at
 each of its settings (--mosec-settings, --torchserve-settings,
 --fastapi-settings, --translate-settings: WORKERSxTHREADS lists) in the same run; the table
 shows each peer at its best setting per workload, with CPU per request (user + system time of
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="seqserve command line up to the flags the harness adds (--repo, "
                    "--host, --port, --truncate, --log-level); repeat to compare variants. "
                    "Default: this checkout's `python -m seqserve.service.cli serve`, as "
-                   "`defaults` and with `--layout replicated` (seqserve's two layouts)")
+                   "`defaults` (on a CPU the hybrid layout) and with `--layout engine`")
     p.add_argument("--duration", type=float, default=20.0, help="seconds measured per run")
     p.add_argument("--rounds", type=int, default=1,
                    help="measure every server this many times, order reversed every other "
@@ -154,7 +155,7 @@ def seqserve_servers(args: argparse.Namespace, bundle: Path, model: str, workdir
     out = []
     serve = f"{sys.executable} -m seqserve.service.cli serve"
     for spec in args.seqserve_cmd or [f"defaults={serve}",
-                                      f"replicated={serve} --layout replicated"]:
+                                      f"engine={serve} --layout engine"]:
         label, cmd = spec.split("=", 1) if "=" in spec.split()[0] else ("seqserve", spec)
         out.append(sv.seqserve(label, shlex.split(cmd), repo, model, task))
     return out

@@ -39,18 +39,19 @@ class Settings(BaseSettings):
     providers: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Ordered ONNX Runtime providers (comma-separated in env); empty = from `device`."""
     api_workers: int | Literal["auto"] = "auto"
-    """API processes (HTTP, validation, tokenization) in front of one engine process that
-    runs the models; 0 = one process does everything; auto = chosen for this machine's cores
-    (printed at start)."""
+    """API processes (HTTP, validation, tokenization; the models too, but in the engine
+    layout); 0 = one process does everything; auto = chosen for this machine's cores and the
+    layout (printed at start)."""
     layout: Literal["auto", "engine", "replicated", "hybrid"] = "auto"
     """Where the models run. engine: the API processes share one engine process that batches
     every request; replicated: no engine, each API process runs its own copy of every model
     (the one-process server, api_workers times over one port: no hop between processes,
     batches per process; api_workers auto = one per core, one on CUDA; sessions refused
     with several processes); hybrid: replicated, except that the bundles that keep sessions
-    run in one engine process (started only when there are such bundles); auto: hybrid on
-    a CPU, engine on CUDA or when a copy of the repository per core would not fit in a
-    quarter of the memory (chosen by measurement, printed at start)."""
+    run in one engine process (started only when there are such bundles and more than one
+    API process; with one, it keeps them itself); auto: hybrid on a CPU, engine on CUDA, in
+    one process, or when a copy of the repository per core would not fit in a quarter of
+    the memory (chosen by measurement, printed at start)."""
     instances: int | Literal["auto"] = "auto"
     """Runtime instances per classifier/tagger in the engine: batches in flight at once, each
     with its own session and intra_op_threads threads; auto = chosen for this machine."""

@@ -124,8 +124,9 @@ def test_the_default_layout_keeps_sessions_in_an_engine_and_the_rest_in_each_pro
         mixed_repo: Path) -> None:
     """The auto layout on a CPU is hybrid: two API processes, each with its own classifier
     and translator, and one engine process with the bundle that keeps sessions. A session's
-    chunks, each on a new connection (so both API processes get some), continue one state;
-    every model is ready in /metrics; SIGTERM stops everything with status 0."""
+    chunks, each on a new connection (so both API processes get some), continue one state,
+    also after an API process was killed and replaced; every model is ready in /metrics;
+    SIGTERM stops everything with status 0."""
     step = [0.1, 0.2, 0.3]
     with serve(mixed_repo, "--api-workers", "2") as server:
         roles = sorted(server.children().values())
@@ -135,6 +136,19 @@ def test_the_default_layout_keeps_sessions_in_an_engine_and_the_rest_in_each_pro
                            timeout=30)
         assert first.status_code == 200, first.text
         for i in range(2, 9):
+            r = httpx.post(url, json={"series": [[step]], "session": "s"}, timeout=30)
+            assert r.status_code == 200 and r.json()["steps"] == i, r.text
+        victim = min(pid for pid, role in server.children().items() if role == "api")
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            api = {pid for pid, role in server.children().items() if role == "api"}
+            if len(api) == 2 and victim not in api:
+                break
+            time.sleep(0.1)
+        assert len(api) == 2 and victim not in api, api
+        wait_ready(server)
+        for i in range(9, 13):  # the state lives in the engine: no API process holds it
             r = httpx.post(url, json={"series": [[step]], "session": "s"}, timeout=30)
             assert r.status_code == 200 and r.json()["steps"] == i, r.text
         classify_on_new_connections(server.url, 8)

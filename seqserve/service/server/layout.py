@@ -10,8 +10,8 @@ system's share), and two instances keep two batches in flight on the device.
 `--layout replicated` (no engine process, every API process with its own models): one API
 process per core, one instance each with one thread (on CUDA one process: one device context).
 `--layout hybrid`: the same, with the bundles that keep sessions in one engine process.
-`--layout auto` (the default): hybrid on a CPU, engine on CUDA or when a copy of the
-repository per core would not fit in a quarter of the memory (`auto_layout`).
+`--layout auto` (the default): hybrid on a CPU, engine on CUDA, in one process, or when a copy
+of the repository per core would not fit in a quarter of the memory (`auto_layout`).
 
 `sources` and `speed_block`: the block `seqserve serve` prints at start, each speed setting in
 force with where it came from (docs/performance.md, section 11, says what chose each default).

@@ -100,8 +100,8 @@ class ModelRepository:
             remote = {(m.name, m.version): m for m in hello.models}
             found = [(m.name, m.version, Path(m.path)) for m in hello.models]
             if self.settings.layout == "hybrid":  # the engine has those that keep sessions
-                found += [b for b in list_bundles(self.settings.repo)
-                          if (b[0], b[1]) not in remote]
+                found = sorted(found + [b for b in list_bundles(self.settings.repo)
+                                        if (b[0], b[1]) not in remote])
         else:
             found = list_bundles(self.settings.repo)
         found = [b for b in found if only in (None, b[0])]

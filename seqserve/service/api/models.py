@@ -20,7 +20,8 @@ class ModelVersionInfo(BaseModel):
     task: str | None = None
     default: bool = False
     details: dict[str, Any] = Field(
-        default_factory=dict, description="labels, limits, runtime, providers, metrics"
+        default_factory=dict, description="labels, limits, runtime, providers, metrics; "
+        "runs_in: where the model runs, the engine process or each API process (`api`)"
     )
 
 
@@ -46,6 +47,8 @@ class ModelList(BaseModel):
 
 def version_info(entry: ModelEntry, default: int | None) -> ModelVersionInfo:
     details = entry.worker.describe() if entry.worker is not None else {}
+    if entry.runs_in is not None:
+        details = {**details, "runs_in": entry.runs_in}
     return ModelVersionInfo(
         version=entry.version, state=entry.state, reason=entry.reason,  # type: ignore[arg-type]
         task=entry.task, default=entry.version == default, details=details,

@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles
 from seqserve.models.tokenizer_files import TextTokenizer, load_tokenizer
@@ -67,6 +67,8 @@ class ModelEntry:
     worker: ModelWorker | None = None
     scheduling: dict[str, Any] | None = None
     """Its effective scheduling config (`ModelConfig` as plain data), once built."""
+    runs_in: Literal["engine", "api"] | None = None
+    """Where its model runs once opened: the engine process, or each API process (this one)."""
 
     @property
     def task(self) -> str | None:
@@ -132,6 +134,7 @@ class ModelRepository:
                       entry.reason)
             return
         entry.worker, entry.state = worker, "ready"
+        entry.runs_in = "api" if remote is None else "engine"
         if remote is None:
             self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
         log.info("model %s version %d ready (%s%s)", entry.name, entry.version, entry.task,

@@ -349,8 +349,9 @@ def test_api_and_engine_processes_report_the_same_effective_values(
     assert api["process"]["pid"] != engine_pid
     _check_same_values(config)
     for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "queue_size",
-                 "max_tokens", "max_live_hypotheses", "decode_groups", "switch_interval_ms"):
+                 "max_tokens", "max_live_hypotheses", "switch_interval_ms"):
         assert api["settings"][name] == Settings.model_fields[name].default, name
+    assert api["settings"]["decode_groups"] == 2  # auto in the engine layout
     assert set(engine["models"]) == {"tiny-clf/1", "tiny-mt/1", "tiny-tag/1"}
 
 

@@ -28,6 +28,7 @@ def test_auto_layout_on_a_two_core_cpu_is_hybrid() -> None:
     assert "2 API process(es), each with its own models (hybrid)" in describe(s)
     assert "sessions: in 1 engine process" in describe(s)
     assert resolve(Settings(), available=8).api_workers == 8
+    assert s.decode_groups == 1  # a translator per process: one decoder group each
 
 
 def test_the_engine_layout_on_a_cpu() -> None:
@@ -36,6 +37,8 @@ def test_the_engine_layout_on_a_cpu() -> None:
     assert "1 API process(es) + 1 engine process" in describe(s)
     eight = resolve(Settings(layout="engine"), available=8)
     assert (eight.api_workers, eight.instances, eight.intra_op_threads) == (4, 4, 1)
+    assert s.decode_groups == 2 and resolve(Settings(layout="engine", decode_groups=3),
+                                            available=2).decode_groups == 3
 
 
 def test_auto_layout_on_a_gpu_node_is_the_engine() -> None:

@@ -66,6 +66,8 @@ def resolve(settings: Settings, available: int | None = None,
     layout: str = settings.layout
     if layout == "auto":
         layout = update["layout"] = auto_layout(settings, n, memory)
+    if settings.decode_groups == "auto":  # one translator per process: one group measured best
+        update["decode_groups"] = 1 if layout in ("replicated", "hybrid") else 2
     if layout in ("replicated", "hybrid"):  # every process the whole server: one per core
         if api == "auto":
             update["api_workers"] = 1 if gpu else n
@@ -146,7 +148,7 @@ def describe(settings: Settings) -> str:
 
 
 SPEED_SETTINGS = ("layout", "api_workers", "instances", "intra_op_threads", "max_batch_size",
-                  "max_batch_tokens", "max_wait_ms", "max_queue_wait_s")
+                  "max_batch_tokens", "max_wait_ms", "max_queue_wait_s", "decode_groups")
 """The settings that decide how fast the server serves: the start-up block shows these."""
 
 

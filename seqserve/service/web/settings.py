@@ -130,9 +130,11 @@ class Settings(BaseSettings):
     OpenAI's `max_tokens`); more is a 400."""
     max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
     """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
-    decode_groups: int = Field(default=2, ge=1, le=8)
-    """Translators: live requests split into this many groups whose decoder steps take turns,
-    so one group's beam bookkeeping overlaps the other's step (1 = one call per step)."""
+    decode_groups: int | Literal["auto"] = "auto"
+    """Translators: live requests split into this many groups (1 to 8) whose decoder steps
+    take turns, so one group's beam bookkeeping overlaps the other's step (1 = one call per
+    step); auto = 2 in the engine layout, 1 where each API process runs its own translator
+    (hybrid, replicated: measured, docs/performance.md section 15)."""
     readiness: Literal["all", "any"] = "all"
     """When /v2/health/ready says ready: every model version loaded (all: strict, Triton's
     default; a failed bundle keeps the instance out of the load balancer) or at least one
@@ -165,12 +167,14 @@ class Settings(BaseSettings):
             return [p.strip() for p in v.split(",") if p.strip()]
         return v
 
-    @field_validator("api_workers", "instances")
+    @field_validator("api_workers", "instances", "decode_groups")
     @classmethod
     def _auto_or_count(cls, v: int | str, info: ValidationInfo) -> int | str:
         low = 0 if info.field_name == "api_workers" else 1
         if isinstance(v, int) and v < low:
             raise ValueError(f"must be 'auto' or an integer >= {low}")
+        if info.field_name == "decode_groups" and isinstance(v, int) and v > 8:
+            raise ValueError("must be 'auto' or an integer from 1 to 8")
         return v
 
     @model_validator(mode="after")
@@ -198,7 +202,8 @@ class Settings(BaseSettings):
             max_wait_s=self.max_wait_ms / 1000.0,
             batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
-            max_live_hypotheses=self.max_live_hypotheses, decode_groups=self.decode_groups,
+            max_live_hypotheses=self.max_live_hypotheses,
+            decode_groups=self.decode_groups if isinstance(self.decode_groups, int) else 2,
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
             drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
             session_idle_timeout_s=self.session_idle_timeout_s,

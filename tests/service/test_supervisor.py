@@ -33,6 +33,21 @@ def classify_on_new_connections(url: str, n: int) -> None:
         assert r.status_code == 200 and len(r.json()["results"][0]["top_k"]) == 2
 
 
+def kill_and_replace_an_api_process(server: Any) -> None:
+    """SIGKILL one of the two API processes; wait until the supervisor has replaced it and
+    the server is ready."""
+    victim = min(pid for pid, role in server.children().items() if role == "api")
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        api = {pid for pid, role in server.children().items() if role == "api"}
+        if len(api) == 2 and victim not in api:
+            break
+        time.sleep(0.1)
+    assert len(api) == 2 and victim not in api, api
+    wait_ready(server)
+
+
 def test_every_task_through_the_engine_and_metrics_of_every_process(
         tiny_full_repo: Path) -> None:
     with serve(tiny_full_repo, "--layout", "engine", "--api-workers", "2") as server:
@@ -138,16 +153,7 @@ def test_the_default_layout_keeps_sessions_in_an_engine_and_the_rest_in_each_pro
         for i in range(2, 9):
             r = httpx.post(url, json={"series": [[step]], "session": "s"}, timeout=30)
             assert r.status_code == 200 and r.json()["steps"] == i, r.text
-        victim = min(pid for pid, role in server.children().items() if role == "api")
-        os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            api = {pid for pid, role in server.children().items() if role == "api"}
-            if len(api) == 2 and victim not in api:
-                break
-            time.sleep(0.1)
-        assert len(api) == 2 and victim not in api, api
-        wait_ready(server)
+        kill_and_replace_an_api_process(server)
         for i in range(9, 13):  # the state lives in the engine: no API process holds it
             r = httpx.post(url, json={"series": [[step]], "session": "s"}, timeout=30)
             assert r.status_code == 200 and r.json()["steps"] == i, r.text
@@ -186,17 +192,7 @@ def test_the_hybrid_layout_starts_no_engine_without_sessions(tiny_repo: Path) ->
 def test_a_killed_api_process_is_replaced(tiny_repo: Path, layout: str) -> None:
     """In the replicated layout the new process loads its own models, then serves."""
     with serve(tiny_repo, "--layout", layout, "--api-workers", "2") as server:
-        before = {pid for pid, role in server.children().items() if role == "api"}
-        victim = min(before)
-        os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            now = {pid for pid, role in server.children().items() if role == "api"}
-            if len(now) == 2 and victim not in now:
-                break
-            time.sleep(0.1)
-        assert len(now) == 2 and victim not in now, now
-        wait_ready(server)
+        kill_and_replace_an_api_process(server)
         for _ in range(8):
             r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify",
                            json={"texts": ["one"]}, timeout=30)

@@ -49,7 +49,12 @@ from seqserve.export.runners import Arrays, Runner
 BATCH_SIZES = (1, 3, 16)
 LENGTHS = (1, 7, 64)
 PARITY_TOL = 1e-4
-INVARIANCE_TOL = 1e-5
+INVARIANCE_TOL = 1e-4
+"""Bound on a row's relative change between running alone and in a padded batch. Float32
+kernels pick their blocking by batch size, so a row moves by rounding even where nothing
+leaks: torch's oneDNN kernels on an AVX-512 machine move the demo classifier's logits by
+1.9e-5 (5.8e-6 with oneDNN off, 1.8e-6 in ONNX Runtime), which a 1e-5 bound refused. A
+padding leak moves rows by orders of magnitude more (the leak tests' models: 0.48 to 2)."""
 BEAMS = 2  # decoder-step hypothesis rows per request
 SCALED_GRAPHS = ("prefill", "lm_step")
 """Graphs whose state is compared relative above magnitude 1 (`max_scaled`): a language

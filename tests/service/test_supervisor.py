@@ -188,6 +188,64 @@ def test_the_hybrid_layout_starts_no_engine_without_sessions(tiny_repo: Path) ->
     assert config["engine"]["mode"] == "in process"
 
 
+def _link(fd: Path) -> str:
+    try:
+        return os.readlink(fd)
+    except OSError:  # closed meanwhile
+        return ""
+
+
+def connections_held(server: Any) -> dict[int, int]:
+    """How many established connections to the server's port each API process holds: the
+    socket inodes of /proc/net/tcp, matched to each process's file descriptors."""
+    port = int(server.url.rsplit(":", 1)[1])
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "01":  # ESTABLISHED
+            inodes.add(fields[9])
+    held = {}
+    for pid, role in server.children().items():
+        if role == "api":
+            held[pid] = sum(_link(fd).removeprefix("socket:[").rstrip("]") in inodes
+                            for fd in Path(f"/proc/{pid}/fd").iterdir())
+    return held
+
+
+def wait_until_both_accept(server: Any, body: bytes) -> None:
+    """Readiness answers once one API process is up: wait until each has taken a connection
+    (one at a time, both idle: either may take it)."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 2 and time.monotonic() < deadline:
+        c = RawConnection(server.url)
+        assert c.request("POST", "/v1/models/tiny-clf/classify", body)[0] == 200
+        seen |= {pid for pid, n in connections_held(server).items() if n}
+        c.close()
+    assert len(seen) == 2, seen
+
+
+def test_new_connections_are_shared_evenly_by_the_api_processes(tiny_repo: Path) -> None:
+    """A burst of keep-alive connections, opened before any is served, splits evenly over
+    the two API processes (each takes a connection only while it holds no more than the
+    other), also after an API process was replaced; every one is answered."""
+    body = json.dumps({"texts": ["one two"]}).encode()
+    with serve(tiny_repo, "--layout", "hybrid", "--api-workers", "2") as server:
+        for burst in range(2):
+            wait_until_both_accept(server, body)
+            conns = [RawConnection(server.url) for _ in range(40)]
+            for c in conns:
+                c.send("POST", "/v1/models/tiny-clf/classify", body)
+            assert all(c.read_response()[0] == 200 for c in conns)
+            held = connections_held(server)
+            assert len(held) == 2 and sum(held.values()) == 40, held
+            assert max(held.values()) - min(held.values()) <= 2, held
+            for c in conns:
+                c.close()
+            if burst == 0:
+                kill_and_replace_an_api_process(server)
+
+
 @pytest.mark.parametrize("layout", ["engine", "replicated"])
 def test_a_killed_api_process_is_replaced(tiny_repo: Path, layout: str) -> None:
     """In the replicated layout the new process loads its own models, then serves."""

@@ -4,7 +4,8 @@ Serves HTTP on the listening socket the supervisor bound and passed down (its de
 SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS, set when
 there is one) or in this process (the replicated layout; in the hybrid layout those that keep
 no sessions, or all when there is no engine). The settings come from the SEQSERVE_* variables
-the supervisor set.
+the supervisor set; with several API processes, the shared connection counters that balance
+the accepting (accept.py: SEQSERVE_CONNECTION_SLOTS, SEQSERVE_API_SLOT).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ def main() -> int:
     from seqserve.service.core.process import stop_with_parent
     from seqserve.service.engine.client import EngineClient
     from seqserve.service.engine.options import ADDRESS_ENV
+    from seqserve.service.server.accept import slots_from_env
     from seqserve.service.server.app import create_app
     from seqserve.service.server.shutdown import build_server
     from seqserve.service.web.settings import Settings
@@ -33,7 +35,7 @@ def main() -> int:
     address = os.environ.get(ADDRESS_ENV)
     engine = EngineClient(address, settings.retry_after_s) if address else None
     app = create_app(settings, engine=engine, freeze=True)
-    server = build_server(app, app.state.seqserve, supervised=True)
+    server = build_server(app, app.state.seqserve, supervised=True, balance=slots_from_env())
     process.apply()  # again after uvicorn's Config, which set up its own loggers
     logging.getLogger("seqserve").debug("API process %d started", os.getpid())
     server.run(sockets=[sock])

@@ -8,16 +8,24 @@ move on. Then uvicorn closes the listener (under the supervisor every API proces
 copy at the same moment; the supervisor closed its own at the signal), waits up to
 `drain_timeout_s` for admitted requests, then runs the lifespan shutdown, which drains the
 batchers. A second signal exits at once.
+
+Under the supervisor with several API processes, the shared listening socket is accepted on
+by a `BalancedListener` (accept.py: the least loaded process takes each new connection)
+instead of uvicorn's own asyncio server.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
+import socket
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
+from seqserve.service.server.accept import BalancedListener, Slots
 from seqserve.service.web.http_protocol import guarded_protocol
 from seqserve.service.web.state import AppState
 
@@ -26,8 +34,12 @@ class DrainingServer(uvicorn.Server):
     """uvicorn.Server that drains before it exits."""
 
     def __init__(self, config: uvicorn.Config, state: AppState, delay_s: float = 0.0,
-                 supervised: bool = False) -> None:
+                 supervised: bool = False, balance: tuple[Slots, int] | None = None) -> None:
         super().__init__(config)
+        self.balance = balance
+        """The shared connection counters and this process's slot (accept.py), or None:
+        uvicorn accepts as usual."""
+        self.listeners: list[BalancedListener] = []
         self.state = state
         self.delay_s = delay_s
         self.supervised = supervised
@@ -47,14 +59,35 @@ class DrainingServer(uvicorn.Server):
         if self.delay_s <= 0:
             self.should_exit = True
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.balance is None or not sockets:
+            await super().startup(sockets)
+            return
+        await super().startup([])  # the lifespan, and no asyncio server: ours accept
+        config = self.config
+        protocol: Any = config.http_protocol_class  # uvicorn's own call (Server.startup)
+        factory = functools.partial(protocol, config=config, server_state=self.server_state,
+                                    app_state=self.lifespan.state)
+        slots, index = self.balance
+        connections = self.server_state.connections
+        self.listeners = [BalancedListener(sock, factory, slots, index,
+                                           lambda: len(connections)) for sock in sockets]
+        for listener in self.listeners:
+            listener.start()
+        self.servers = self.listeners  # type: ignore[assignment]  # uvicorn close()s them
+
     async def on_tick(self, counter: int) -> bool:
+        for listener in self.listeners:
+            listener.publish()
         if self.drain_since is not None and time.monotonic() - self.drain_since >= self.delay_s:
             self.should_exit = True
         return await super().on_tick(counter)
 
 
-def build_server(app: object, state: AppState, supervised: bool = False) -> DrainingServer:
-    """The uvicorn server for `app` with the settings' host, port and drain timeout."""
+def build_server(app: object, state: AppState, supervised: bool = False,
+                 balance: tuple[Slots, int] | None = None) -> DrainingServer:
+    """The uvicorn server for `app` with the settings' host, port and drain timeout (and,
+    under the supervisor, balanced accepting: `balance`)."""
     s = state.settings
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
@@ -67,4 +100,4 @@ def build_server(app: object, state: AppState, supervised: bool = False) -> Drai
         lifespan="on",
         access_log=False,
     )
-    return DrainingServer(config, state, s.shutdown_delay_s, supervised)
+    return DrainingServer(config, state, s.shutdown_delay_s, supervised, balance)

@@ -7,7 +7,8 @@ same, except that the bundles that keep sessions run in one engine process, star
 when the repository has such bundles and there is more than one API process
 (`needs_engine`).
 
-It binds the listening socket once (every API process inherits it and accepts on it), starts
+It binds the listening socket once (every API process inherits it and accepts on it, the
+least loaded process taking each new connection: accept.py's shared counters), starts
 the engine (`python -m seqserve.service.engine`) and the API processes (`python -m
 seqserve.service.server.api_process`), and watches them:
 
@@ -45,6 +46,7 @@ from seqserve.service.core.metrics import MULTIPROC_ENV
 from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
+from seqserve.service.server.accept import GONE, SLOT_ENV, SLOTS_ENV, Slots
 from seqserve.service.server.api_process import LISTEN_FD_ENV
 from seqserve.service.web.settings import Settings
 
@@ -117,6 +119,11 @@ class Supervisor:
         self.deaths: list[float] = []
         self.signals = 0
         self.with_engine = needs_engine(settings)
+        self.slots: Slots | None = None
+        """Each API process's open connections (accept.py), with more than one."""
+        if int(settings.api_workers) > 1:
+            self.slots = Slots(Slots.create(self.workdir / "connections",
+                                            int(settings.api_workers)))
 
     # -- processes --------------------------------------------------------------------
 
@@ -135,10 +142,13 @@ class Supervisor:
         proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.engine"], env=env)
         return Child("engine", proc)
 
-    def _start_api(self) -> Child:
+    def _start_api(self, slot: int) -> Child:
         assert self.sock is not None
         env = self._env()
         env[LISTEN_FD_ENV] = str(self.sock.fileno())
+        if self.slots is not None:
+            self.slots[slot] = GONE  # until it accepts (a dead one's count must not stay)
+            env[SLOTS_ENV], env[SLOT_ENV] = str(self.workdir / "connections"), str(slot)
         proc = subprocess.Popen(
             [sys.executable, "-m", "seqserve.service.server.api_process"], env=env,
             pass_fds=(self.sock.fileno(),))
@@ -159,7 +169,7 @@ class Supervisor:
             else:
                 log.info("%s layout: %d API processes, each with its own models, no engine "
                          "process", s.layout, int(s.api_workers))
-            self.api = [self._start_api() for _ in range(int(s.api_workers))]
+            self.api = [self._start_api(i) for i in range(int(s.api_workers))]
             return self._watch()
         finally:
             for sig, handler in previous.items():
@@ -197,7 +207,7 @@ class Supervisor:
             self._stop_api(timeout=5.0)
             self._stop(self.engine, timeout=5.0)
             return False
-        self.api[i] = self._start_api()
+        self.api[i] = self._start_api(i)
         return True
 
     # -- drain ----------------------------------------------------------------------------

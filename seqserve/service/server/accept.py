@@ -1,0 +1,205 @@
+"""Balanced accepting: the API processes share one listening socket and its connections.
+
+Every API process inherits the supervisor's one listening socket. Left to uvicorn, each
+process's loop accepts every connection waiting when it wakes, so whichever wakes first takes
+a burst: 64 keep-alive connections opened at once split 13/51, 24/40, 29/35 over two processes
+(`ss -tnp` under `wrk -c64`), and the connections of the fuller process waited longer for
+every answer for as long as they lived (the p99 of the whole server).
+
+Here each process publishes how many connections it holds in a shared file of counters, one
+slot per API process (`Slots`, created by the supervisor), and takes the next connection only
+while it holds no more than the least loaded live process (`may_accept`); otherwise it stops
+watching the socket for `RECHECK_S` and looks again, leaving the connection to a process
+with fewer. A connection waits no longer than `MAX_DEFER_S` for that: a process that is
+wedged (or slow to wake) with a low count cannot hold connections back, the others then take
+them. A slot reads `GONE` while its process does not accept (not started yet, stopped,
+dead: the supervisor resets a dead process's slot before it starts the replacement).
+
+Accepted sockets go to uvicorn's protocol through `loop.connect_accepted_socket`, so every
+connection is served exactly as uvicorn serves the ones it accepts itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger("seqserve.accept")
+
+SLOTS_ENV = "SEQSERVE_CONNECTION_SLOTS"
+"""Path of the shared counters file (set by the supervisor when it runs several API
+processes)."""
+SLOT_ENV = "SEQSERVE_API_SLOT"
+"""This API process's slot in that file."""
+GONE = 1 << 62
+"""A slot's value while its process accepts nothing."""
+RECHECK_S = 0.002
+"""How long a process that is not the least loaded leaves a waiting connection to the others
+before it looks again."""
+MAX_DEFER_S = 0.02
+"""The longest a connection is left waiting for a less loaded process (then this one takes
+it)."""
+BACKOFF_S = 0.1
+"""Pause before accepting again after accept() failed (out of file descriptors)."""
+
+
+class Slots:
+    """The shared counters: one signed 64-bit integer per API process, in a file every
+    process maps (aligned 8-byte stores and loads: a reader sees an old or a new count,
+    never a torn one)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), 0)
+        self._counts = memoryview(self._map).cast("q")
+
+    @staticmethod
+    def create(path: str | os.PathLike[str], n: int) -> Path:
+        """A file of `n` slots, every one GONE."""
+        Path(path).write_bytes(GONE.to_bytes(8, "little", signed=True) * n)
+        return Path(path)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self._counts[i])
+
+    def __setitem__(self, i: int, value: int) -> None:
+        self._counts[i] = value
+
+    def values(self) -> list[int]:
+        return self._counts.tolist()
+
+
+def may_accept(me: int, counts: list[int]) -> bool:
+    """Whether slot `me` may take the next connection: it holds no more than any other live
+    process (ties accept: equal processes take turns as their counts move)."""
+    mine = counts[me]
+    return all(c >= mine for i, c in enumerate(counts) if i != me and c < GONE)
+
+
+class BalancedListener:
+    """Accepts on `sock` for `protocol_factory` while this process is the least loaded (see
+    the module doc). `connections()` is how many connections this process holds; it stands in
+    for the asyncio server uvicorn would have made (`close()`)."""
+
+    def __init__(self, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol],
+                 slots: Slots, index: int, connections: Callable[[], int]) -> None:
+        self.sock = sock
+        self.factory = protocol_factory
+        self.slots = slots
+        self.index = index
+        self.connections = connections
+        self.loop = asyncio.get_running_loop()
+        self._starting = 0  # accepted, not yet handed to a protocol
+        self._deferred = 0  # looks in a row that left a waiting connection to the others
+        self._last_defer = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._watching = False
+        self._closed = False
+        self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
+        self.accepted = 0
+        self.deferrals = 0
+
+    def start(self) -> None:
+        self.sock.setblocking(False)
+        self.publish()
+        self._watch()
+
+    def publish(self) -> int:
+        """Write this process's count to its slot (also on uvicorn's ticks: closed
+        connections leave without telling the listener); returns it."""
+        count = self.connections() + self._starting
+        if not self._closed:
+            self.slots[self.index] = count
+        return count
+
+    def _watch(self) -> None:
+        self._timer = None
+        if not self._closed and not self._watching:
+            self.loop.add_reader(self.sock.fileno(), self._ready)
+            self._watching = True
+
+    def _pause(self, seconds: float) -> None:
+        if self._watching:
+            self.loop.remove_reader(self.sock.fileno())
+            self._watching = False
+        self._timer = self.loop.call_later(seconds, self._watch)
+
+    def _ready(self) -> None:
+        """The socket has a connection waiting: take it (and the next ones) while this
+        process is the least loaded, else leave them to the others for a moment."""
+        while not self._closed:
+            self.publish()
+            if not may_accept(self.index, self.slots.values()) and self._defer():
+                return
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return  # another process took it
+            except OSError as exc:  # EMFILE and the like: the connections wait, we retry
+                log.warning("accept failed (%s): retrying in %.1f s", exc, BACKOFF_S)
+                self._pause(BACKOFF_S)
+                return
+            self._deferred = 0
+            self.accepted += 1
+            self._starting += 1
+            self.loop.create_task(self._connect(conn))
+
+    def _defer(self) -> bool:
+        """True: leave the waiting connection to the others for RECHECK_S; False: it has
+        waited MAX_DEFER_S already, take it."""
+        now = time.monotonic()
+        if now - self._last_defer > 3 * RECHECK_S:  # a new wait, not the same one again
+            self._deferred = 0
+        self._last_defer = now
+        if self._deferred * RECHECK_S >= MAX_DEFER_S:
+            return False
+        self._deferred += 1
+        self.deferrals += 1
+        self._pause(RECHECK_S)
+        return True
+
+    async def _connect(self, conn: socket.socket) -> None:
+        try:
+            conn.setblocking(False)
+            if self._tcp:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await self.loop.connect_accepted_socket(self.factory, conn)
+        except Exception as exc:  # the client left at once, or a socket option failed
+            log.debug("accepted connection dropped: %s", exc)
+            conn.close()
+        finally:
+            self._starting -= 1
+            self.publish()
+
+    def close(self) -> None:
+        """Stop accepting (uvicorn's shutdown); the slot reads GONE from now on."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._watching:
+            self.loop.remove_reader(self.sock.fileno())
+            self._watching = False
+        self.slots[self.index] = GONE
+        self.sock.close()
+
+    async def wait_closed(self) -> None:
+        return None
+
+
+def slots_from_env() -> tuple[Slots, int] | None:
+    """This API process's counters and slot, when the supervisor set them."""
+    path, index = os.environ.get(SLOTS_ENV), os.environ.get(SLOT_ENV)
+    if not path or index is None:
+        return None
+    return Slots(path), int(index)

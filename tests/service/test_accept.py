@@ -1,0 +1,83 @@
+"""Balanced accepting (seqserve.service.server.accept): the rule, the shared counters, and a
+listener on a real socket that leaves connections to a less loaded process but never holds
+them back from clients when that process does not take them."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+
+from seqserve.service.server.accept import (
+    GONE,
+    MAX_DEFER_S,
+    RECHECK_S,
+    BalancedListener,
+    Slots,
+    may_accept,
+)
+
+
+def test_the_least_loaded_live_process_accepts() -> None:
+    assert may_accept(0, [3, 3])  # ties take turns
+    assert may_accept(0, [2, 3, 4])
+    assert not may_accept(0, [4, 3])
+    assert may_accept(0, [4, GONE])  # the other accepts nothing (starting, stopped, dead)
+    assert may_accept(1, [GONE, 9, GONE])
+    assert not may_accept(2, [GONE, 1, 2])
+
+
+def test_slots_are_shared_between_mappings(tmp_path: Path) -> None:
+    path = Slots.create(tmp_path / "connections", 3)
+    a, b = Slots(path), Slots(path)
+    assert len(a) == 3 and a.values() == [GONE] * 3
+    a[1] = 7
+    assert b[1] == 7 and b.values() == [GONE, 7, GONE]
+
+
+class _Held(asyncio.Protocol):
+    made: list[float] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made.append(time.monotonic())
+        self.transport = transport
+
+
+async def _accepts(folder: Path, others: int, mine: int,
+                   ) -> tuple[float, BalancedListener, list[int]]:
+    """Seconds until a listener holding `mine` connections, next to a process whose slot
+    reads `others` and never accepts, takes a new connection; the listener; the counts."""
+    slots = Slots(Slots.create(folder / f"c-{others}-{mine}", 2))
+    slots[1] = others
+    server = socket.create_server(("127.0.0.1", 0))
+    _Held.made = []
+    listener = BalancedListener(server, _Held, slots, 0, lambda: mine + len(_Held.made))
+    listener.start()
+    client = socket.socket()
+    client.setblocking(False)
+    begin = time.monotonic()
+    try:
+        client.connect_ex(server.getsockname())
+        while not _Held.made and time.monotonic() - begin < 5:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)  # the hand-over publishes the count
+        counts = slots.values()
+    finally:
+        listener.close()
+        client.close()
+    assert _Held.made, "never accepted"
+    return _Held.made[0] - begin, listener, counts
+
+
+def test_a_listener_leaves_a_connection_to_a_less_loaded_process_only_for_a_moment(
+        tmp_path: Path) -> None:
+    waited, listener, counts = asyncio.run(_accepts(tmp_path, others=0, mine=5))
+    # it left the connection to the other for MAX_DEFER_S (in RECHECK_S looks), then took it
+    assert listener.accepted == 1 and listener.deferrals >= round(MAX_DEFER_S / RECHECK_S)
+    assert waited >= MAX_DEFER_S * 0.9, waited
+    assert counts[0] == 6  # its count includes the new connection
+    assert listener.slots[0] == GONE  # closed: accepts nothing any more
+    waited, listener, _ = asyncio.run(_accepts(tmp_path, others=5, mine=5))
+    # as loaded as the other: it takes it at once (then holds one more: the next one waits)
+    assert listener.accepted == 1 and listener.deferrals <= 1

@@ -7,9 +7,9 @@ in beams.py. This module only feeds it and drains it:
 - `submit` adds sources to the core and hands back one future per source; a cancelled future
   tells the core, whose next schedule or update drops the request and frees its rows;
 - one task loops: take the core's work (an encoder batch, one decoder step per idle group),
-  run each item in an executor (the encoder on a thread of its own, the decoder steps on
-  another, so an admission batch encodes while a step runs), hand each finished item back to
-  the core, and resolve the futures of the requests that left.
+  run each item on a work lane (lanes.py: the encoder on a thread of its own, the decoder
+  steps on another, so an admission batch encodes while a step runs), hand each finished
+  item back to the core, and resolve the futures of the requests that left.
 
 With `DecodeConfig.groups` G > 1 the core splits the requests into G groups whose steps take
 turns on the decoder thread: while one group's step computes, the loop updates another
@@ -24,11 +24,11 @@ import contextlib
 import functools
 import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from seqserve.service.core.errors import QueueFull
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import NullObserver, Observer
+from seqserve.service.scheduling.lanes import Lanes
 from seqserve.service.scheduling.scheduler import DecodeScheduler, Outcome
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 from seqserve.service.scheduling.work import (
@@ -59,8 +59,8 @@ class DecodeLoop:
         self._futures: dict[int, asyncio.Future[Decoded]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
-        self._encoder_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self._lanes: Lanes[Work, EncodeResult | StepResult] = Lanes(
+            self.core.execute, ["encode", "decode"])
 
     @property
     def stats(self) -> StepStats:
@@ -74,6 +74,7 @@ class DecodeLoop:
 
     def start(self) -> None:
         if self._task is None:
+            self._lanes.start()
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -83,8 +84,7 @@ class DecodeLoop:
         if self._task is not None:
             await self._task
             self._task = None
-        self._executor.shutdown(wait=True)
-        self._encoder_pool.shutdown(wait=True)
+        self._lanes.stop()
 
     def abort(self, error: Exception) -> None:
         """Fail every queued and admitted request with `error` (shutdown past its grace)."""
@@ -152,28 +152,25 @@ class DecodeLoop:
 
     async def _loop(self) -> None:
         """Launch the core's work, apply each item as it finishes, until closed and idle."""
-        loop = asyncio.get_running_loop()
-        pending: dict[asyncio.Future[EncodeResult | StepResult], Work] = {}
         while True:
             try:
                 for work in self.core.schedule():
-                    pool = self._encoder_pool if isinstance(work, EncodeWork) else self._executor
-                    pending[loop.run_in_executor(pool, self.core.execute, work)] = work
+                    self._lanes.put(0 if isinstance(work, EncodeWork) else 1, work)
             except Exception as exc:  # a bug here must not hang every waiting client
                 log.exception("decode scheduler schedule failed")
                 self._resolve(self.core.fail_all(exc))
-            if not pending:
+            if not self._lanes.in_flight:
                 if self.core.closing and not self.core.has_work():
                     return
                 self._report_depth()  # idle: cancelled requests no longer count
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                work = pending.pop(future)
+            for work, result in await self._lanes.completed():
                 try:
-                    outcomes = self.core.update(work, future.result())
+                    if isinstance(result, Exception):
+                        raise result
+                    outcomes = self.core.update(work, result)
                 except Exception as exc:
                     log.exception("decode scheduler update failed")
                     outcomes = self.core.fail_all(exc)

@@ -39,7 +39,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +56,7 @@ from seqserve.service.scheduling.base import (
     admit_by_wait,
     pad_rows,
 )
+from seqserve.service.scheduling.lanes import Lanes
 from seqserve.service.scheduling.sampling import (
     sample,
     sequence_keys,
@@ -683,11 +683,11 @@ class LMLoop:
         self.config = config
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._prefill_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefill")
-        self._step_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lm-step")
+        self._lanes: Lanes[Work, _Done] = Lanes(self.core.execute, ["prefill", "lm-step"])
 
     def start(self) -> None:
         if self._task is None:
+            self._lanes.start()
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:
@@ -696,8 +696,7 @@ class LMLoop:
         if self._task is not None:
             await self._task
             self._task = None
-        self._prefill_pool.shutdown(wait=True)
-        self._step_pool.shutdown(wait=True)
+        self._lanes.stop()
 
     def abort(self, error: Exception) -> None:
         self.core.closing = True
@@ -761,29 +760,25 @@ class LMLoop:
         self.observer.on_live_sequences(self.core.live_rows)
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        pending: dict[asyncio.Future[_Done], Work] = {}
         while True:
             try:
                 for work in self.core.schedule():
-                    pool = self._prefill_pool if isinstance(work, PrefillWork) \
-                        else self._step_pool
-                    pending[loop.run_in_executor(pool, self.core.execute, work)] = work
+                    self._lanes.put(0 if isinstance(work, PrefillWork) else 1, work)
             except Exception as exc:
                 log.exception("language model schedule failed")
                 self.core.fail_all(exc)
-            if not pending:
+            if not self._lanes.in_flight:
                 if self.core.closing and not self.core.has_work():
                     return
                 self._report()
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for future in done:
-                work = pending.pop(future)
+            for work, done in await self._lanes.completed():
                 try:
-                    self.core.update(work, future.result())
+                    if isinstance(done, Exception):
+                        raise done
+                    self.core.update(work, done)
                 except Exception as exc:
                     log.exception("language model update failed")
                     self.core.fail_all(exc)

@@ -1,5 +1,6 @@
 """Tagger export and the LSTM-variant export grid: ONNX + TorchScript, dynamic axes, parity
-against eager and batch invariance within the export's bounds (parity.py), `rnn_form` in the manifest."""
+against eager and batch invariance within the export's bounds (parity.py), `rnn_form` in
+the manifest."""
 
 from __future__ import annotations
 

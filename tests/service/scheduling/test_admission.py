@@ -25,6 +25,9 @@ def test_refusal_rules() -> None:
     assert admission_refusal(0.2, 0.01, now + 1, 0.5, now) is None
     assert "queue wait" in (admission_refusal(0.6, 0.01, now + 10, 0.5, now) or "")
     assert "left" in (admission_refusal(0.1, 0.2, now + 0.25, 0.5, now) or "")
+    # a deadline the means would just meet: refused (met about half the time, else a 504)
+    assert "left" in (admission_refusal(0.0, 0.3, now + 0.5, 0.5, now) or "")
+    assert admission_refusal(0.0, 0.3, now + 0.61, 0.5, now) is None
 
 
 def test_cost_estimate_follows_recent_batches() -> None:

@@ -20,12 +20,13 @@ from seqserve.service.server.accept import (
 
 
 def test_the_least_loaded_live_process_accepts() -> None:
-    assert may_accept(0, [3, 3])  # ties take turns
+    assert may_accept(0, [3, 3])  # equal processes all accept
     assert may_accept(0, [2, 3, 4])
-    assert not may_accept(0, [4, 3])
-    assert may_accept(0, [4, GONE])  # the other accepts nothing (starting, stopped, dead)
+    assert may_accept(0, [4, 3])  # one above the least loaded (SLACK): still
+    assert not may_accept(0, [5, 3])
+    assert may_accept(0, [9, GONE])  # the other accepts nothing (starting, stopped, dead)
     assert may_accept(1, [GONE, 9, GONE])
-    assert not may_accept(2, [GONE, 1, 2])
+    assert not may_accept(2, [GONE, 1, 3])
 
 
 def test_slots_are_shared_between_mappings(tmp_path: Path) -> None:

@@ -9,12 +9,16 @@ to `--repo REPO --truncate --log-level warning` (a `--log-level` in FLAGS wins).
 serves every variant once (the order reversed every other round), loads it with wrk and
 bench/peers/compose.lua at --connections for --warmup then --duration seconds with the peers
 run's texts (bench/peers/texts.py), and reads the CPU of every server process from /proc;
-it prints each run, then each variant's medians. Needs wrk.
+it prints each run, then each variant's medians. Needs wrk, except with `--new-connections`:
+then an asyncio client in this process opens a new connection for every request
+(`Connection: close`), as clients without keep-alive do.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import shlex
 import socket
 import statistics
@@ -47,7 +51,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=4.0)
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--port", type=int, default=0, help="0: a free one")
+    p.add_argument("--new-connections", action="store_true",
+                   help="a new connection per request (Connection: close), asyncio client")
     return p.parse_args(argv)
+
+
+def new_connections(load: ld.Load) -> ld.LoadResult:
+    """`load` with one new connection per request (`Connection: close`)."""
+    return asyncio.run(_new_connections(load))
+
+
+async def _new_connections(load: ld.Load) -> ld.LoadResult:
+    host, port = load.url.removeprefix("http://").split(":")
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    stop_at = time.perf_counter() + load.seconds
+
+    async def client(c: int) -> None:
+        k = 0
+        while time.perf_counter() < stop_at:
+            text = load.workload.text(load.start + k * load.connections + c)
+            k += 1
+            body = json.dumps({"texts": [text]}).encode()
+            head = (f"POST {load.path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                    f"Connection: close\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n")
+            t0 = time.perf_counter()
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(head.encode() + body)
+                answer = await reader.read()
+                writer.close()
+            except OSError:
+                errors["connect"] = errors.get("connect", 0) + 1
+                continue
+            lat.append(time.perf_counter() - t0)
+            if answer[9:12] != b"200":
+                errors["status"] = errors.get("status", 0) + 1
+
+    begin = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(load.connections)))
+    elapsed = time.perf_counter() - begin
+    ms = sorted(x * 1e3 for x in lat) or [0.0]
+    p = [ms[min(len(ms) - 1, int(q * len(ms)))] for q in (0.5, 0.9, 0.99)]
+    return ld.LoadResult(len(lat), elapsed, p[0], p[1], p[2], ms[-1], errors)
 
 
 def variant(text: str) -> tuple[str, Path, list[str]]:
@@ -73,8 +120,9 @@ def wait_port_free(port: int, timeout_s: float = 60.0) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if ld.wrk_path() is None:
-        raise SystemExit("wrk is not installed (apt-get install wrk)")
+    if ld.wrk_path() is None and not args.new_connections:
+        raise SystemExit("wrk is not installed (apt-get install wrk), or --new-connections")
+    run_load = new_connections if args.new_connections else ld.run_wrk
     variants = [variant(v) for v in args.variants]
     model = args.model or ("numbers-en-fr" if args.workload == "translate" else "langid")
     path = PATHS[args.workload].format(model=model)
@@ -99,11 +147,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 sv.wait_ready(proc, port, path, probe, 300)
                 url = f"http://127.0.0.1:{port}"
-                ld.run_wrk(ld.Load(url, path, wl, data, start, args.warmup, args.connections))
+                run_load(ld.Load(url, path, wl, data, start, args.warmup, args.connections))
                 start += 1_000_000
                 cpu0 = sv.session_cpu_s(proc.pid)
-                out = ld.run_wrk(ld.Load(url, path, wl, data, start, args.duration,
-                                         args.connections))
+                out = run_load(ld.Load(url, path, wl, data, start, args.duration,
+                                       args.connections))
                 cpu = sv.session_cpu_s(proc.pid) - cpu0
                 start += 1_000_000
             finally:
@@ -112,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             results[label].append(row)
             print(f"round {r} {label:12s} {row[0]:8.0f} req/s  p99 {row[1]:6.1f} ms  "
                   f"CPU {row[2]:.3f} ms/request  errors {out.errors or 0}", flush=True)
-    print(f"\n{args.workload}, {args.connections} connections, {args.duration:g} s after "
+    how = "clients, a new connection per request" if args.new_connections else "connections"
+    print(f"\n{args.workload}, {args.connections} {how}, {args.duration:g} s after "
           f"{args.warmup:g} s of warm-up, medians of {args.rounds} round(s):")
     for label, rows in results.items():
         print(f"  {label:12s} {statistics.median(x[0] for x in rows):8.0f} req/s  p99 "

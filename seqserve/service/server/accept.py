@@ -81,10 +81,10 @@ class Slots:
 
 SLACK = 1
 """Connections a process may hold above the least loaded live one and still accept: with 0,
-clients that open a connection per request (counts moving by one all the time) made the
-processes sit out 2 ms after nearly every connection, 2,843-2,888 req/s against 3,036
-without balancing; with 1, 3,091-3,190 (32 concurrent clients, two API processes); a burst of
-keep-alive connections still splits within 2."""
+clients that open a connection per request (counts moving by one all the time) can make the
+processes sit out 2 ms after nearly every connection (a fixed-text client: 2,843-2,888
+req/s against 3,036 without balancing, 3,091-3,190 with 1; docs/performance.md, section 16);
+a burst of keep-alive connections still splits within 2."""
 
 
 def may_accept(me: int, counts: list[int]) -> bool:

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import shlex
-import socket
 import statistics
 import sys
 import tempfile
@@ -50,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=12.0)
     p.add_argument("--warmup", type=float, default=4.0)
     p.add_argument("--connections", type=int, default=64)
-    p.add_argument("--port", type=int, default=0, help="0: a free one")
+    p.add_argument("--port", type=int, default=0, help="0: a free one per run")
     p.add_argument("--new-connections", action="store_true",
                    help="a new connection per request (Connection: close), asyncio client")
     return p.parse_args(argv)
@@ -105,19 +104,6 @@ def variant(text: str) -> tuple[str, Path, list[str]]:
     return label, Path(checkout).resolve(), shlex.split(flags)
 
 
-def wait_port_free(port: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind(("127.0.0.1", port))
-                return
-            except OSError:
-                time.sleep(0.5)
-    raise RuntimeError(f"port {port} still busy")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if ld.wrk_path() is None and not args.new_connections:
@@ -131,18 +117,18 @@ def main(argv: list[str] | None = None) -> int:
     wl = (translate_workload() if args.workload == "translate"
           else workloads(langid_rows())[args.workload])
     data = wl.data_file(work / f"texts-{args.workload}")
-    port = args.port or sv.free_port()
     results: dict[str, list[tuple[float, float, float]]] = {v[0]: [] for v in variants}
     start = 0
     for r in range(args.rounds):
         for label, checkout, flags in (variants if r % 2 == 0 else variants[::-1]):
             log_flags = [] if "--log-level" in flags else ["--log-level", "warning"]
             cmd = [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo",
-                   str(args.repo.resolve()), "--host", "127.0.0.1", "--port", str(port),
-                   "--truncate", *log_flags, *flags]
-            server = sv.Server(label, path, " ".join(cmd), lambda _p, c=cmd, k=checkout:
-                               sv.Launch(c, env={"PYTHONPATH": str(k)}, cwd=work))
-            wait_port_free(port)
+                   str(args.repo.resolve()), "--host", "127.0.0.1", "--truncate",
+                   *log_flags, *flags]
+            server = sv.Server(label, path, " ".join(cmd), lambda p, c=cmd, k=checkout:
+                               sv.Launch([*c, "--port", str(p)], env={"PYTHONPATH": str(k)},
+                                         cwd=work))
+            port = args.port or sv.free_port()
             proc = sv.start(server, port, work / f"log-{label}-{r}.txt")
             try:
                 sv.wait_ready(proc, port, path, probe, 300)

@@ -119,11 +119,11 @@ class Supervisor:
         self.deaths: list[float] = []
         self.signals = 0
         self.with_engine = needs_engine(settings)
+        self.slots_path = self.workdir / "connections"
         self.slots: Slots | None = None
         """Each API process's open connections (accept.py), with more than one."""
         if int(settings.api_workers) > 1:
-            self.slots = Slots(Slots.create(self.workdir / "connections",
-                                            int(settings.api_workers)))
+            self.slots = Slots(Slots.create(self.slots_path, int(settings.api_workers)))
 
     # -- processes --------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class Supervisor:
         env[LISTEN_FD_ENV] = str(self.sock.fileno())
         if self.slots is not None:
             self.slots[slot] = GONE  # until it accepts (a dead one's count must not stay)
-            env[SLOTS_ENV], env[SLOT_ENV] = str(self.workdir / "connections"), str(slot)
+            env[SLOTS_ENV], env[SLOT_ENV] = str(self.slots_path), str(slot)
         proc = subprocess.Popen(
             [sys.executable, "-m", "seqserve.service.server.api_process"], env=env,
             pass_fds=(self.sock.fileno(),))

@@ -23,6 +23,8 @@ import pytest
 from process_support import counts, in_flight, running, serve, wait_ready
 from server_support import RawConnection
 
+from seqserve.service.core.process import YOUNG_COLLECTION_THRESHOLD
+
 
 def classify_on_new_connections(url: str, n: int) -> None:
     """`n` classify requests, a new connection each (so every API process gets some), each a
@@ -377,6 +379,8 @@ def _check_same_values(config: dict[str, Any]) -> None:
     assert options["process"]["switch_interval_ms"] == settings["switch_interval_ms"]
     # both processes froze their start-up heap once loaded (no full-heap collection pauses)
     assert api["process"]["frozen_objects"] > 10_000 < engine["process"]["frozen_objects"]
+    for process in (api["process"], engine["process"]):  # and collect the young less often
+        assert process["gc_threshold"][0] == YOUNG_COLLECTION_THRESHOLD
     for name, model in engine["models"].items():  # each model's effective scheduling
         batcher, decode = model["batcher"], model["decode"]
         assert batcher["max_batch_size"] == settings["max_batch_size"], name

@@ -39,8 +39,9 @@ def cached_pid() -> int:
 
 
 os.register_at_fork(after_in_child=_after_fork)
-if MULTIPROC_ENV in os.environ or MULTIPROC_ENV.lower() in os.environ:
-    # the same multiprocess values, with the pid from `cached_pid` (metrics made from here on)
+if prometheus_values.ValueClass is not prometheus_values.MutexValue:
+    # prometheus-client chose multiprocess values (from its environment variable at import):
+    # the same values, with the pid from `cached_pid` (for the metrics made from here on)
     prometheus_values.ValueClass = prometheus_values.MultiProcessValue(cached_pid)
 
 LATENCY_BUCKETS = (

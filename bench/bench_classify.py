@@ -168,7 +168,7 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def serve_cmd(args: argparse.Namespace, port: int, max_batch: int) -> list[str]:
-    return [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(args.repo),
+    return [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(args.repo),
             "--port", str(port), "--max-batch-size", str(max_batch),
             "--max-wait-ms", str(args.max_wait_ms), "--intra-op-threads", str(args.threads),
             "--queue-size", "1024", "--log-level", "warning",

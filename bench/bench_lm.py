@@ -283,7 +283,7 @@ def start_servers(bundle: Path, args: argparse.Namespace) -> tuple[dict[str, str
     py = sys.executable
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     ss_port, peer_port = free_port(), free_port()
-    seqserve_cmd = [py, "-m", "seqserve.service.cli", "serve", "--repo", str(bundle.parents[1]),
+    seqserve_cmd = [py, "-m", "seqserve.cli", "serve", "--repo", str(bundle.parents[1]),
                     "--intra-op-threads", str(args.threads), "--log-level", "warning",
                     "--port", str(ss_port)]
     peer_cmd = [py, str(ROOT / "bench" / "lm_peer.py"), str(peer_port)]
@@ -306,7 +306,7 @@ def shlex_join(cmd: list[str]) -> str:
 
 
 def loadtest(url: str, model: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "seqserve.service.cli", "loadtest", url, "--model", model,
+    cmd = [sys.executable, "-m", "seqserve.cli", "loadtest", url, "--model", model,
            "--task", "generate", "--stream", "--concurrency", str(args.peer_clients),
            "--duration", f"{args.peer_duration:g}", "--max-new-tokens",
            str(args.max_new_tokens), "--temperature", f"{args.temperature:g}",

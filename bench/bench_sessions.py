@@ -90,7 +90,7 @@ def start_server(repo: Path, max_steps: int,
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(repo),
+    cmd = [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo),
            "--port", str(port), "--log-level", "warning", "--max-tokens", str(max_steps),
            "--max-sessions", "4096", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path("bench_results/overhead")
     workdir.mkdir(parents=True, exist_ok=True)
     data_file = work.data_file(workdir / f"{a.workload}.txt")
-    cmd = [a.python, "-m", "seqserve.service.cli", "serve", *a.serve_arg]
+    cmd = [a.python, "-m", "seqserve.cli", "serve", *a.serve_arg]
     server = sv.seqserve("seqserve", cmd, a.repo, a.model)
     path = server.path
     port = sv.free_port()

@@ -52,13 +52,13 @@ def loadavg() -> str:
 
 
 def serve_cmd(name: str) -> list[str]:
-    return [PY, "-m", "seqserve.service.cli", "serve", *COMMON, "--port", str(PORTS[name]),
+    return [PY, "-m", "seqserve.cli", "serve", *COMMON, "--port", str(PORTS[name]),
             *SERVER_ARGS[name]]
 
 
 def shell(cmd: list[str]) -> str:
     """The command as a user types it (`seqserve` for the CLI, relative script paths)."""
-    words = ["seqserve" if w == "seqserve.service.cli" else w for w in cmd]
+    words = ["seqserve" if w == "seqserve.cli" else w for w in cmd]
     if words[:2] == [PY, "-m"]:
         words = words[2:]
     elif words[0] == PY:
@@ -68,7 +68,7 @@ def shell(cmd: list[str]) -> str:
 
 def loadtest_cmd(name: str, model: str, task: str, rate: float, duration: float,
                  slo: float, out: Path) -> list[str]:
-    cmd = [PY, "-m", "seqserve.service.cli", "loadtest", f"http://127.0.0.1:{PORTS[name]}",
+    cmd = [PY, "-m", "seqserve.cli", "loadtest", f"http://127.0.0.1:{PORTS[name]}",
            "--model", model, "--task", task, "--rate", str(rate), "--duration", str(duration),
            "--slo-p99", str(slo), "--timeout", "15", "--label", name, "--out", str(out),
            "--quiet", "--no-plots"]

@@ -26,7 +26,7 @@ echo "== translator: decoding engine with TorchScript on CUDA"
 echo "== HTTP under load: seqserve serve (TorchScript on CUDA) and seqserve loadtest as separate processes"
 DEVICE="${DEVICE:-cuda}"
 PORT="${PORT:-8431}"
-"$PY" -m seqserve.service.cli serve --repo model_repository --runtime torchscript --device "$DEVICE" \
+"$PY" -m seqserve.cli serve --repo model_repository --runtime torchscript --device "$DEVICE" \
     --port "$PORT" --max-batch-size 64 --log-level warning > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
@@ -39,7 +39,7 @@ for spec in "langid classify data/langid/test.jsonl 1" \
             "langid classify data/langid/test.jsonl 32" \
             "numbers-en-fr translate data/numbers-en-fr/test.jsonl 1"; do
     set -- $spec
-    "$PY" -m seqserve.service.cli loadtest "http://127.0.0.1:$PORT" --model "$1" --task "$2" \
+    "$PY" -m seqserve.cli loadtest "http://127.0.0.1:$PORT" --model "$1" --task "$2" \
         --texts "$3" --texts-per-request "$4" --concurrency 64 --duration 10 \
         --out "$OUT/load_$1_$4" --no-plots --quiet 2>&1 | tee "$OUT/load_$1_$4.log"
 done

@@ -3,8 +3,9 @@
     python bench/peers/ab.py --repo REPO --workload short --rounds 3 \\
         base=/tmp/base-checkout new=.@"--layout engine"
 
-A variant is LABEL=CHECKOUT[@FLAGS]: `python -m seqserve.service.cli serve` run with
-PYTHONPATH=CHECKOUT (another worktree: `git worktree add /tmp/base HEAD~1`) and FLAGS added
+A variant is LABEL=CHECKOUT[@FLAGS]: `python -m seqserve.cli serve` (in an older checkout,
+`seqserve.service.cli`) run with PYTHONPATH=CHECKOUT (another worktree: `git worktree add
+/tmp/base HEAD~1`) and FLAGS added
 to `--repo REPO --truncate --log-level warning` (a `--log-level` in FLAGS wins). Each round
 serves every variant once (the order reversed every other round), loads it with wrk and
 bench/peers/compose.lua at --connections for --warmup then --duration seconds with the peers
@@ -104,6 +105,12 @@ def variant(text: str) -> tuple[str, Path, list[str]]:
     return label, Path(checkout).resolve(), shlex.split(flags)
 
 
+def entry_point(checkout: Path) -> str:
+    """The module that runs `seqserve` in `checkout`: `seqserve.cli`, or
+    `seqserve.service.cli` in a checkout from before the CLI moved (issue 33)."""
+    return "seqserve.cli" if (checkout / "seqserve" / "cli").is_dir() else "seqserve.service.cli"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if ld.wrk_path() is None and not args.new_connections:
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for label, checkout, flags in (variants if r % 2 == 0 else variants[::-1]):
             log_flags = [] if "--log-level" in flags else ["--log-level", "warning"]
-            cmd = [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo",
+            cmd = [sys.executable, "-m", entry_point(checkout), "serve", "--repo",
                    str(args.repo.resolve()), "--host", "127.0.0.1", "--truncate",
                    *log_flags, *flags]
             server = sv.Server(label, path, " ".join(cmd), lambda p, c=cmd, k=checkout:

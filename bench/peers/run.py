@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seqserve-cmd", action="append", default=None, metavar="[LABEL=]CMD",
                    help="seqserve command line up to the flags the harness adds (--repo, "
                    "--host, --port, --truncate, --log-level); repeat to compare variants. "
-                   "Default: this checkout's `python -m seqserve.service.cli serve`, as "
+                   "Default: this checkout's `python -m seqserve.cli serve`, as "
                    "`defaults` (on a CPU the hybrid layout) and with `--layout engine`")
     p.add_argument("--duration", type=float, default=20.0, help="seconds measured per run")
     p.add_argument("--rounds", type=int, default=1,
@@ -153,7 +153,7 @@ def seqserve_servers(args: argparse.Namespace, bundle: Path, model: str, workdir
                      task: str) -> list[sv.Server]:
     repo = single_model_repo(bundle, model, workdir / model)
     out = []
-    serve = f"{sys.executable} -m seqserve.service.cli serve"
+    serve = f"{sys.executable} -m seqserve.cli serve"
     for spec in args.seqserve_cmd or [f"defaults={serve}",
                                       f"engine={serve} --layout engine"]:
         label, cmd = spec.split("=", 1) if "=" in spec.split()[0] else ("seqserve", spec)

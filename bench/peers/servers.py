@@ -65,7 +65,7 @@ def free_port() -> int:
 
 def seqserve(label: str, cmd: list[str], repo: Path, model: str,
              task: str = "classify") -> Server:
-    """`seqserve serve` from `cmd` (e.g. this checkout's `python -m seqserve.service.cli serve`, or
+    """`seqserve serve` from `cmd` (e.g. this checkout's `python -m seqserve.cli serve`, or
     another checkout's venv with new flags), with the repository, port and --truncate added."""
     def launch(port: int) -> Launch:
         return Launch([*cmd, "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port),

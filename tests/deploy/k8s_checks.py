@@ -159,7 +159,7 @@ def environ(values: dict[str, str]) -> Iterator[None]:
 
 def parse_container_cli(docs: list[dict[str, Any]]) -> argparse.Namespace:
     """The container's command + args through the real `seqserve` parser."""
-    from seqserve.service.cli import build_parser
+    from seqserve.cli import build_parser
 
     c = container(docs)
     command = c.get("command", [])
@@ -169,7 +169,7 @@ def parse_container_cli(docs: list[dict[str, Any]]) -> argparse.Namespace:
 
 def effective_settings(docs: list[dict[str, Any]]) -> Any:
     """Settings as the pod's server computes them: ConfigMap env, CLI flags on top."""
-    from seqserve.service.cli.serve import settings_from_args
+    from seqserve.cli.serve import settings_from_args
 
     args = parse_container_cli(docs)
     assert args.command == "serve"

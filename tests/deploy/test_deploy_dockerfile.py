@@ -55,7 +55,7 @@ def test_hadolint_is_live(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_runtime_stage_contract(target: str) -> None:
-    from seqserve.service.cli import build_parser
+    from seqserve.cli import build_parser
 
     stage = parse_dockerfile(DOCKERFILE.read_text()).stage(target)
     user, entry, cmd = stage.last("USER"), stage.last("ENTRYPOINT"), stage.last("CMD")

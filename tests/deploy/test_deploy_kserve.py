@@ -48,8 +48,8 @@ def server_container(docs: Docs) -> dict[str, Any]:
 
 def runtime_settings(docs: Docs) -> Any:
     """Settings as the runtime's server computes them: its env, then its flags."""
-    from seqserve.service.cli import build_parser
-    from seqserve.service.cli.serve import settings_from_args
+    from seqserve.cli import build_parser
+    from seqserve.cli.serve import settings_from_args
 
     c = server_container(docs)
     assert c["command"][:1] == ["seqserve"]

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
+from seqserve.cli import main
 from seqserve.export.bundle import export_run
 from seqserve.export.manifest import Manifest, sha256_file, write_manifest
 from seqserve.export.verify import verify_bundle
 from seqserve.models.errors import BundleError, UserError
-from seqserve.service.cli import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 

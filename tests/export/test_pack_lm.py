@@ -20,9 +20,9 @@ import torch
 from foreign_models import CharGRULM, RNNModel, char_tokenizer, lm_greedy, lm_log_probs
 
 import seqserve.pack
+from seqserve.cli import main
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.tokenizer_files import load_tokenizer
-from seqserve.service.cli import main
 
 SPECIALS = ("<pad>", "<unk>", "<eos>")  # the tutorial's corpus marks line ends with <eos>
 VOCAB = len(SPECIALS) + 28

@@ -32,8 +32,8 @@ from series_support import (
 )
 
 import seqserve.pack
+from seqserve.cli import main
 from seqserve.models.errors import BundleError
-from seqserve.service.cli import main
 
 LABELS = ["idle", "walk", "run"]
 GRID = {"batch_sizes": (1, 3), "lengths": (1, 7)}

@@ -31,7 +31,7 @@ import torch
 from process_support import Server, wait_ready
 from service_fakes import free_port
 
-from seqserve.service.cli import main
+from seqserve.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "## Serve your own model"
@@ -62,7 +62,7 @@ def _load(name: str) -> ModuleType:
 @contextlib.contextmanager
 def _serving(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[Server]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.cli", *argv[1:],
+    proc = subprocess.Popen([sys.executable, "-m", "seqserve.cli", *argv[1:],
                              "--port", str(port)], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     server = Server(proc, f"http://127.0.0.1:{port}")

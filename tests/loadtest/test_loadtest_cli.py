@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from seqserve.cli import loadtest as command
 from seqserve.models.errors import UserError
-from seqserve.service.cli import loadtest as command
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[2]

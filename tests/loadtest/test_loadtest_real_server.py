@@ -92,7 +92,7 @@ def test_generate_json_counts_tokens_and_cli_writes_token_plot(
     import csv
     import json
 
-    from seqserve.service.cli import loadtest as command
+    from seqserve.cli import loadtest as command
 
     cfg = LoadConfig(lm_server, "endless-lm", "generate", concurrency=2, requests=4,
                      duration_s=None, max_new_tokens=5, temperature=0.0)

@@ -162,7 +162,7 @@ def test_summary_counts_and_slo() -> None:
 def test_tool_imports_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import seqserve.loadtest, seqserve.service.cli.loadtest\n"
+        "import seqserve.loadtest, seqserve.cli.loadtest\n"
         "from seqserve.loadtest import run_load, run_sweep, write_results\n"
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
         "assert 'httpx' not in sys.modules and 'matplotlib' not in sys.modules\n"

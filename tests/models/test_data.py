@@ -9,12 +9,12 @@ from collections import Counter, defaultdict
 import pytest
 from num2words import num2words
 
+from seqserve.cli import main
 from seqserve.models.data import langid, numbers, surface, wording
 from seqserve.models.data.dataset import Dataset
 from seqserve.models.data.registry import BUILTIN, generate, load_dataset, write_dataset
 from seqserve.models.data.sampling import SHARED_BELOW
 from seqserve.models.errors import DataError
-from seqserve.service.cli import main
 
 
 @pytest.fixture(scope="module")

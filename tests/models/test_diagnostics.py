@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from seqserve.cli import main
 from seqserve.models.diagnostics import (
     cell_view,
     fit_decay_rate,
@@ -31,7 +32,6 @@ from seqserve.models.diagnostics_task import (
     measure_copy,
     run_cell,
 )
-from seqserve.service.cli import main
 
 LAYERS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 

@@ -212,7 +212,7 @@ def test_baselines_are_what_they_say() -> None:
 
 
 def test_cli_trains_a_forecaster(tmp_path: Path) -> None:
-    from seqserve.service.cli import main
+    from seqserve.cli import main
 
     out = tmp_path / "run"
     assert main(["train", "forecast", "--data", "co2", "--out", str(out), "--hidden", "4",

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from seqserve.cli import main
+from seqserve.cli.demo import _format_metrics, _print_forms
 from seqserve.models.data.surface import FORMS, SMALL
 from seqserve.models.forms_eval import (
     SEARCH_NAME,
@@ -19,8 +21,6 @@ from seqserve.models.forms_eval import (
 )
 from seqserve.models.normalization import PUNCT_AS_SPACE
 from seqserve.models.train import run_training
-from seqserve.service.cli import main
-from seqserve.service.cli.demo import _format_metrics, _print_forms
 
 torch.set_num_threads(1)
 

@@ -86,7 +86,7 @@ def test_training_run_stores_perplexity_and_learns(tiny_lm_run: Path) -> None:
 
 
 def test_cli_train_lm_on_text_files(tmp_path: Path) -> None:
-    from seqserve.service.cli import main
+    from seqserve.cli import main
 
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from seqserve.cli import main
 from seqserve.models.data.dataset import Dataset
 from seqserve.models.train import run_training
-from seqserve.service.cli import main
 
 torch.set_num_threads(1)
 

@@ -40,7 +40,7 @@ def test_wheel_holds_only_the_seqserve_namespace(wheel: Path) -> None:
         assert f"seqserve/{pkg}/__init__.py" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     with zipfile.ZipFile(wheel) as zf:
-        assert "seqserve = seqserve.service.cli:main" in zf.read(entry).decode()
+        assert "seqserve = seqserve.cli:main" in zf.read(entry).decode()
 
 
 def test_fresh_venv_imports_seqserve_and_no_old_top_level_names(wheel: Path,

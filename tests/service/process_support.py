@@ -74,7 +74,7 @@ def serve(repo: Path, *flags: str) -> Iterator[Server]:
     port = free_port()
     env = {**os.environ, "SEQSERVE_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(repo), "--port",
+        [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo), "--port",
          str(port), "--no-warmup", "--intra-op-threads", "1",
          *(() if "--shutdown-delay-s" in flags else ("--shutdown-delay-s", "0")), *flags],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -109,7 +109,7 @@ def test_serve_writes_json_lines(tiny_repo: Path) -> None:
     """`seqserve serve --log-format json`: every line on stderr is JSON, uvicorn's too."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(tiny_repo), "--port",
+        [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(tiny_repo), "--port",
          str(port), "--no-warmup", "--log-format", "json", "--intra-op-threads", "1"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -140,7 +140,7 @@ def test_serve_logs_one_access_line_per_request(tiny_repo: Path, api_workers: st
     uvicorn's access logger writes nothing."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(tiny_repo), "--port",
+        [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(tiny_repo), "--port",
          str(port), "--no-warmup", "--intra-op-threads", "1", "--api-workers", api_workers],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

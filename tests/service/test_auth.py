@@ -11,8 +11,8 @@ import pytest
 from server_support import serve_app
 from service_fakes import settings
 
-from seqserve.service.cli import build_parser
-from seqserve.service.cli.serve import settings_from_args
+from seqserve.cli import build_parser
+from seqserve.cli.serve import settings_from_args
 from seqserve.service.server.app import create_app
 from seqserve.service.web.auth import ApiKeyError, key_matches, load_keys
 

@@ -133,7 +133,7 @@ def test_onnx_serving_path_runs_without_torch(tiny_repo: Path, tmp_path: Path) -
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqserve.service.cli", "serve", "--repo", str(tiny_repo),
+        [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(tiny_repo),
          "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:

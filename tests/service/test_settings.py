@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from seqserve.cli import build_parser, main
+from seqserve.cli.serve import settings_from_args
 from seqserve.models.errors import UserError
-from seqserve.service.cli import build_parser, main
-from seqserve.service.cli.serve import settings_from_args
 from seqserve.service.web.settings import Settings
 
 

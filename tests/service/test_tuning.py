@@ -122,7 +122,7 @@ def test_each_setting_says_where_it_came_from() -> None:
 
 
 def test_the_start_up_block_in_json_logs(capsys: pytest.CaptureFixture[str]) -> None:
-    from seqserve.service.cli.serve import print_speed_settings
+    from seqserve.cli.serve import print_speed_settings
 
     s = resolve(Settings(log_format="json", layout="engine"), available=2)
     print_speed_settings(s, resolved_sources(Settings(), s, sources(Settings(), env={}), 2))

@@ -3,7 +3,7 @@
 Nothing is read at import time: `Settings()` reads the environment when called, and
 `create_app(settings)` takes the object it is given (tests pass their own). Each field's
 docstring is its description, which `seqserve serve --help` shows with the field's flag
-(`seqserve.service.cli.serve` generates the flags from these fields).
+(`seqserve.cli.serve` generates the flags from these fields).
 """
 
 from __future__ import annotations

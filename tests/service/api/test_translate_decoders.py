@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from service_fakes import run_bounded, serve_asgi, settings
 
+from seqserve.cli import main
 from seqserve.export.bundle import export_run
-from seqserve.service.cli import main
 from seqserve.service.server.app import create_app
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load

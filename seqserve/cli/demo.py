@@ -359,7 +359,7 @@ def _export(run_dir: Path, repo: Path, name: str) -> Path:
 
 
 def _serve(repo: Path, host: str, port: int, started: float | None = None) -> int:
-    from seqserve.service.cli.serve import serve
+    from seqserve.cli.serve import serve
     from seqserve.service.web.settings import Settings
 
     settings = Settings(repo=repo, host=host, port=port)

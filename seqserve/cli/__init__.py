@@ -12,8 +12,7 @@ import argparse
 import os
 import sys
 
-from seqserve.models.errors import UserError
-from seqserve.service.cli import (
+from seqserve.cli import (
     data,
     demo,
     diagnose,
@@ -25,6 +24,7 @@ from seqserve.service.cli import (
     translate,
     verify,
 )
+from seqserve.models.errors import UserError
 
 COMMANDS = (data, train, export, pack, verify, demo, serve, translate, loadtest, diagnose)
 EXIT_BROKEN_PIPE = 128 + 13

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from reference_search import onnx_reference
 
-from seqserve.service.cli import main
+from seqserve.cli import main
 from seqserve.service.scheduling.search import SearchOptions
 
 
@@ -56,7 +56,7 @@ def test_translate_json_into_a_closed_pipe_exits_quietly(tiny_repo: Path) -> Non
     one page, so the answer (64 texts, 5 hypotheses each) cannot fit in it."""
     texts = [f"one two three four {i}" for i in range(64)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "seqserve.service.cli", "translate", "--repo", str(tiny_repo),
+        [sys.executable, "-m", "seqserve.cli", "translate", "--repo", str(tiny_repo),
          "--model", "tiny-mt", *texts, "--n-best", "5", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None

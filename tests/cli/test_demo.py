@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
+from seqserve.cli import demo
 from seqserve.export.bundle import export_run
 from seqserve.export.manifest import list_bundles
 from seqserve.models.errors import UserError
-from seqserve.service.cli import demo
 
 TINY = {"model": {"hidden_size": 8},
         "train": {"budget_s": 20.0, "max_epochs": 2, "steps_per_epoch": 5, "batch_size": 8,

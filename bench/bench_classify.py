@@ -240,7 +240,7 @@ def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, A
 
 def run(args: argparse.Namespace) -> None:
     from seqserve.export.manifest import list_bundles, load_bundle
-    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.models.text.tokenizer import Tokenizer
 
     path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
     tok = Tokenizer.load(path / load_bundle(path).tokenizer.file)
@@ -313,7 +313,7 @@ def make_bundle(args: argparse.Namespace) -> None:
     from seqserve.models.checkpoint import build_model, save_checkpoint
     from seqserve.models.config import TrainConfig
     from seqserve.models.data.registry import generate
-    from seqserve.models.tokenizer import train_tokenizer
+    from seqserve.models.text.tokenizer import train_tokenizer
 
     torch.set_num_threads(1)
     ds = generate("langid", size=4000, seed=0)
@@ -338,7 +338,7 @@ def gpu_check(args: argparse.Namespace) -> None:
     import numpy as np
 
     from seqserve.export.manifest import list_bundles, load_bundle
-    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.models.text.tokenizer import Tokenizer
     from seqserve.service.runtimes import graph_files
     from seqserve.service.runtimes.torchscript import TorchScriptRuntime
 

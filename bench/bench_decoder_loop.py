@@ -32,10 +32,10 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seqserve.models import decoders  # noqa: E402
 from seqserve.models.config import TranslatorConfig  # noqa: E402
-from seqserve.models.decoders import Memory, StepOut  # noqa: E402
-from seqserve.models.translator import Translator  # noqa: E402
+from seqserve.models.nn import decoders  # noqa: E402
+from seqserve.models.nn.decoders import Memory, StepOut  # noqa: E402
+from seqserve.models.nn.translator import Translator  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seqserve.export.manifest import load_bundle  # noqa: E402
-from seqserve.models.tokenizer import Tokenizer  # noqa: E402
+from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

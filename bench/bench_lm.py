@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
 from seqserve.loadtest.texts import load_corpus_prompts  # noqa: E402
-from seqserve.models.tokenizer import Tokenizer  # noqa: E402
+from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.runtimes.onnx import OnnxRuntime  # noqa: E402
 from seqserve.service.scheduling.lm import GenerateOptions, LMLoop  # noqa: E402
 from seqserve.service.scheduling.sampling import sample, sequence_keys, uniforms  # noqa: E402
@@ -101,7 +101,7 @@ def prepare_bundle(args: argparse.Namespace) -> Path:
             sys.exit(f"{args.repo}: no bundle named {args.model!r}")
         return Path(versions[max(versions)])
     from seqserve.export.bundle import export_run
-    from seqserve.models.train_lm import DEMO_LM, run_lm_training
+    from seqserve.models.train.lm import DEMO_LM, run_lm_training
 
     run, repo = OUT / f"run-{args.shape}", OUT / f"repo-{args.shape}"
     if not (run / "DONE").is_file():

@@ -3,7 +3,8 @@
 N concurrent clients each send one test-split sentence at a time (beam 5 by default) to
 (a) the decode scheduler with step-level continuous batching, (b) the same engine with
 request-level batching (an admitted batch runs to completion before the next is admitted),
-(c) per-request eager PyTorch beam search (`seqserve.models.decoding.beam_search`, one at a time).
+(c) per-request eager PyTorch beam search (`seqserve.models.nn.decoding.beam_search`, one at
+a time).
 Prints generated tokens/s, p50/p99 latency, the process CPU time per 1000 generated tokens
 (all threads: less sensitive than wall time to other work on a shared machine), the ratios,
 and the engine's decoder-step time per row at the batch sizes it actually ran.
@@ -43,7 +44,7 @@ def _tree() -> str:
 sys.path.insert(0, _tree())
 
 from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
-from seqserve.models.tokenizer import Tokenizer  # noqa: E402
+from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop, StepStats  # noqa: E402
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions  # noqa: E402
 
@@ -205,7 +206,7 @@ async def eager_mode(manifest: Manifest, items: list[list[int]],
     import torch
 
     from seqserve.models.checkpoint import load_run
-    from seqserve.models.decoding import beam_search
+    from seqserve.models.nn.decoding import beam_search
 
     torch.set_num_threads(args.threads)
     model, _, _ = load_run(args.run_dir or manifest.source_run["path"])

@@ -1,7 +1,7 @@
 """Benchmark (not a test): translator runs compared by source length on their test split.
 
 For each finished run directory, greedy decoding of the run's own test split (the eager
-model, `seqserve.models.decoding.greedy_decode`), exact match per source-length bucket (in words)
+model, `seqserve.models.nn.decoding.greedy_decode`), exact match per source-length bucket (in words)
 and
 overall, as a markdown table. The fixed-context decoder's bottleneck shows as exact match that
 falls with source length while the attention decoders stay flat.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from seqserve.models.checkpoint import load_run  # noqa: E402
 from seqserve.models.data.registry import load_dataset  # noqa: E402
-from seqserve.models.decoding import greedy_decode  # noqa: E402
+from seqserve.models.nn.decoding import greedy_decode  # noqa: E402
 
 BUCKETS = ((1, 4), (5, 6), (7, 8), (9, 10), (11, 10_000))
 

@@ -168,7 +168,7 @@ def measure_peak(threads: int, n: int = 2048, seconds: float = 3.0) -> dict[str,
 def mean_tokens(bundle: Path, jsonl: Path, field: str) -> float:
     """Mean tokenizer length of `field` over a JSONL split, with the bundle's tokenizer."""
     from seqserve.export.manifest import load_bundle
-    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.models.text.tokenizer import Tokenizer
 
     tok = Tokenizer.load(bundle / load_bundle(bundle).tokenizer.file)
     rows = [json.loads(line) for line in jsonl.open(encoding="utf-8") if line.strip()]

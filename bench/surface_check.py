@@ -147,7 +147,7 @@ class Eager:
     def translate(self, texts: list[str]) -> list[str]:
         import torch
 
-        from seqserve.models.decoding import beam_search
+        from seqserve.models.nn.decoding import beam_search
 
         assert self.translator is not None
         model, _, tok = self.translator
@@ -164,7 +164,7 @@ class Eager:
     def tag(self, texts: list[str]) -> list[list[str | None]]:
         import torch
 
-        from seqserve.models.word_align import align
+        from seqserve.models.text.word_align import align
 
         assert self.tagger is not None
         model, config, tok = self.tagger

@@ -74,7 +74,7 @@ def length_aware(rnn: Any) -> Any:
     """A drop-in wrapper around a unidirectional nn.LSTM / nn.GRU / nn.RNN that keeps its
     weights and returns each row's state after its own last valid step: `rnn(x, lengths,
     hx=None)` -> (output, h_n) (an LSTM: (output, (h_n, c_n))), exportable."""
-    from seqserve.models.length_aware import LengthAwareRNN
+    from seqserve.models.nn.length_aware import LengthAwareRNN
 
     return LengthAwareRNN(rnn)
 
@@ -82,7 +82,7 @@ def length_aware(rnn: Any) -> Any:
 def bidirectional(rnn: Any) -> Any:
     """A drop-in wrapper around a bidirectional nn.LSTM / nn.GRU that keeps its weights and
     runs the backward direction within each row's length: call it as `rnn(x, lengths)`."""
-    from seqserve.models.bidirectional import LengthAwareBidirectional
+    from seqserve.models.nn.bidirectional import LengthAwareBidirectional
 
     return LengthAwareBidirectional(rnn)
 

@@ -5,9 +5,10 @@
   tiny model, without training (well under a second). Parameters are scaled by `gain` so that
   the untrained model's outputs depend visibly on its input (at gain 1 a random translator
   repeats one token whatever the source).
-- `tiny_classifier_run`, `tiny_translator_run`: real runs of `seqserve.models.train.run_training` on
-  small built-in data, a few seconds each: LSTM language-ID classifier (16 labels, max 80
-  tokens) and word-level GRU en->fr numbers translator (max 72 tokens; it emits eos).
+- `tiny_classifier_run`, `tiny_translator_run`: real runs of
+  `seqserve.models.train.run.run_training` on small built-in data, a few seconds each: LSTM
+  language-ID classifier (16 labels, max 80 tokens) and word-level GRU en->fr
+  numbers translator (max 72 tokens; it emits eos).
 - `tiny_repo`: a model_repository with "tiny-clf" v1 and "tiny-mt" v1 exported from them
   (ONNX + TorchScript, parity checked). Shared: copy it before changing anything in it.
 
@@ -61,7 +62,7 @@ def write_tiny_run(out: Path, task: str, seed: int = 0, gain: float = 3.0,
 
     from seqserve.models.checkpoint import build_model, save_checkpoint
     from seqserve.models.config import TrainConfig
-    from seqserve.models.tokenizer import train_tokenizer
+    from seqserve.models.text.tokenizer import train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(tiny_texts(), out / "tokenizer.model", vocab_size=64)
@@ -103,7 +104,7 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 
 
 def _train_tiny(out: Path, task: str) -> Path:
-    from seqserve.models.train import run_training
+    from seqserve.models.train.run import run_training
 
     common = {"batch_size": 16, "num_threads": 1, "warmup_steps": 10, "lr": 1e-2}
     if task == "classifier":
@@ -177,7 +178,7 @@ def tiny_series_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def train_tiny_lm(out: Path, **model: Any) -> Path:
     """A real language-model run on tiny_texts (one document per line), about 2 s: a GRU of
     32 over a 64-piece vocabulary, max 48 tokens."""
-    from seqserve.models.train_lm import run_lm_training
+    from seqserve.models.train.lm import run_lm_training
 
     data = out.parent / f"{out.name}-docs.txt"
     data.write_text("\n".join(tiny_texts(240)) + "\n", encoding="utf-8")

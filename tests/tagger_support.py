@@ -12,7 +12,7 @@ TAGGER_MODEL = {"vocab_size": 300, "embed_size": 24, "hidden_size": 24, "num_lay
 
 def train_tiny_tagger(out: Path, **model_overrides: Any) -> Path:
     """A real short training run on numbers-tags (a few seconds on one thread)."""
-    from seqserve.models.train import run_training
+    from seqserve.models.train.run import run_training
 
     run_training("tagger", "numbers-tags", out, {**TAGGER_MODEL, **model_overrides},
                  {"epochs": 2, "batch_size": 32, "lr": 1e-2, "warmup_steps": 10,
@@ -30,7 +30,7 @@ def write_untrained_tagger(out: Path, seed: int = 0, gain: float = 2.0,
     from seqserve.models.config import TrainConfig
     from seqserve.models.data.registry import generate
     from seqserve.models.data.tags import TAGS
-    from seqserve.models.tokenizer import train_tokenizer
+    from seqserve.models.text.tokenizer import train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(generate("numbers-tags", size=300).texts(), out / "tokenizer.model",

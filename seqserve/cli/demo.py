@@ -245,18 +245,18 @@ _DATASET_TASKS = ("classifier", "translator", "tagger")
 def _job_cap(job: Job) -> float:
     """A job's own training budget in seconds (its demo config's)."""
     if job.kind == "forecast":
-        from seqserve.models.train_forecast import DEMO_FORECAST
+        from seqserve.models.train.forecast import DEMO_FORECAST
 
         return float(DEMO_FORECAST["train"]["budget_s"])
     if job.kind == "lm":
-        from seqserve.models.train_lm import DEMO_LM
+        from seqserve.models.train.lm import DEMO_LM
 
         return float(DEMO_LM["train"]["max_minutes"]) * 60
     return float(_demo_config(job.kind)["train"]["max_minutes"]) * 60
 
 
 def _demo_config(task: str) -> dict[str, Any]:
-    from seqserve.models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR
+    from seqserve.models.train.run import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR
 
     return {"classifier": DEMO_CLASSIFIER, "translator": DEMO_TRANSLATOR,
             "tagger": DEMO_TAGGER}[task]
@@ -276,7 +276,7 @@ def _train(task: str, dataset: str, work: Path, retrain: bool,
            budget_s: float | None = None) -> Path:
     """The demo run of `task` on `dataset` (its DEMO_* config; `budget_s` replaces its
     `max_minutes`)."""
-    from seqserve.models.train import run_training
+    from seqserve.models.train.run import run_training
 
     data_dir = _write_data(dataset, work)
     run_dir = work / "runs" / dataset
@@ -302,7 +302,7 @@ def _train(task: str, dataset: str, work: Path, retrain: bool,
 
 def _train_lm(work: Path, retrain: bool, budget_s: float | None = None) -> Path:
     """The demo language model on CPython's own Language Reference text (no download)."""
-    from seqserve.models.train_lm import DEMO_LM, run_lm_training
+    from seqserve.models.train.lm import DEMO_LM, run_lm_training
 
     run_dir = work / "runs" / LM[1]
     if (run_dir / "DONE").exists() and not retrain:
@@ -322,7 +322,7 @@ def _train_forecast(work: Path, retrain: bool, model_overrides: dict[str, Any] |
                     ) -> Path:
     """The demo forecaster on the weekly CO2 series (statsmodels ships it; no download);
     overrides go over `DEMO_FORECAST` (tests train a tiny one)."""
-    from seqserve.models.train_forecast import DEMO_FORECAST, train_forecaster
+    from seqserve.models.train.forecast import DEMO_FORECAST, train_forecaster
 
     run_dir = work / "runs" / FORECASTER[1]
     if (run_dir / "DONE").exists() and not retrain:
@@ -434,7 +434,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _print_forms(model: str, metrics: dict[str, Any]) -> None:
     """The per-surface-form table of a run whose test rows name their form."""
-    from seqserve.models.forms_eval import format_table
+    from seqserve.models.diagnostics.forms import format_table
 
     if metrics.get("forms"):
         search = f"; translations: {metrics['search']}" if "search" in metrics else ""

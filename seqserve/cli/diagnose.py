@@ -2,7 +2,7 @@
 
 Measures ||dL_T/dh_k|| against T-k on the copy-first-token task at initialisation and after a
 short training run, and writes gradient_flow.json, gradient_flow.png and spectral_vs_decay.png
-to --out (see models/diagnostics_report.py). `--forget-bias 1 2` adds LSTM entries with the
+to --out (see models/diagnostics/report.py). `--forget-bias 1 2` adds LSTM entries with the
 forget-gate bias set to 1 and 2 at init (otherwise the same weights), showing its effect on
 gradient flow.
 """
@@ -60,8 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from seqserve.models.diagnostics_report import run_gradient_diagnostics
-    from seqserve.models.diagnostics_task import GradientDiagnosticsConfig
+    from seqserve.models.diagnostics.report import run_gradient_diagnostics
+    from seqserve.models.diagnostics.task import GradientDiagnosticsConfig
 
     cells = tuple(dict.fromkeys(c for group in args.cell for c in group))
     try:

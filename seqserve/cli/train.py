@@ -1,8 +1,8 @@
 """`seqserve train classifier|translator|tagger|lm|forecast --data SPEC --out RUN_DIR [options]`.
 
-`lm` trains a language model (models/train_lm.py) on the built-in `pydoc-topics` corpus or on
+`lm` trains a language model (models/train/lm.py) on the built-in `pydoc-topics` corpus or on
 text files (`--data a.txt b.txt`, or a folder of .txt files). `forecast` trains the GRU/LSTM
-forecaster (models/train_forecast.py) on a built-in series (`--data co2`: weekly Mauna Loa
+forecaster (models/train/forecast.py) on a built-in series (`--data co2`: weekly Mauna Loa
 CO2); `--max-minutes` is its time budget (default 30 s)."""
 
 from __future__ import annotations
@@ -131,7 +131,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"seqserve train {args.task}: --data takes one dataset", file=sys.stderr)
         return 2
     args.data = args.data[0]
-    from seqserve.models.train import DEMO_CLASSIFIER, DEMO_TAGGER, DEMO_TRANSLATOR, run_training
+    from seqserve.models.train.run import (
+        DEMO_CLASSIFIER,
+        DEMO_TAGGER,
+        DEMO_TRANSLATOR,
+        run_training,
+    )
 
     model_overrides: dict[str, object] = {}
     train_overrides: dict[str, object] = {}
@@ -149,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                            progress=not args.quiet, data_size=args.size)
     print(json.dumps({"run_dir": args.out, "test": metrics}, indent=2))
     if metrics.get("forms"):
-        from seqserve.models.forms_eval import format_table
+        from seqserve.models.diagnostics.forms import format_table
 
         search = f" (translations: {metrics['search']})" if "search" in metrics else ""
         print(f"test split per surface form{search}:", file=sys.stderr)
@@ -158,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_lm(args: argparse.Namespace) -> int:
-    from seqserve.models.train_lm import DEMO_LM, run_lm_training
+    from seqserve.models.train.lm import DEMO_LM, run_lm_training
 
     model_overrides: dict[str, object] = {}
     train_overrides: dict[str, object] = {}
@@ -188,7 +193,7 @@ _FORECAST_UNUSED = ("embed", "attention", "decoder", "input_feeding", "vocab_siz
 
 
 def _run_forecast(args: argparse.Namespace) -> int:
-    from seqserve.models.train_forecast import DEMO_FORECAST, SERIES, train_forecaster
+    from seqserve.models.train.forecast import DEMO_FORECAST, SERIES, train_forecaster
 
     if len(args.data) != 1 or args.data[0] not in SERIES:
         print(f"seqserve train forecast: --data takes one built-in series ({', '.join(SERIES)})",

@@ -116,7 +116,7 @@ def _export_forecast(run: Path, repo: Path, name: str, version: int | None,
                      grid: dict[str, Any]) -> Path:
     """A forecaster run -> a stateful sequence-tagger bundle (module doc)."""
     from seqserve.export.pack.api import sequence_tagger
-    from seqserve.models.train_forecast import load_forecast_run
+    from seqserve.models.train.forecast import load_forecast_run
 
     if "onnx" not in formats:
         raise UserError("a forecaster bundle needs the onnx format (torchscript is optional)")

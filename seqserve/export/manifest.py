@@ -35,7 +35,7 @@ GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "deco
                   "sequence-classifier": ("sequence_classifier",),
                   "sequence-tagger": ("sequence_tagger",)}
 DECODERS = ("none", "bahdanau", "luong")
-"""Translator decoders (models/decoders.py); a translator manifest without one is luong."""
+"""Translator decoders (models/nn/decoders.py); a translator manifest without one is luong."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Graph `tagger`: `Tagger.tag` (docs/contracts.md): input_ids int64 [batch, seq], 
 machinery's padded-tail check applies as for the classifier's attention).
 
 `rnn_form(graph, model)` names the form of a graph's recurrent layers for the manifest:
-"native" (ONNX LSTM/GRU/RNN operators), "loop" (the LSTM variants of models/lstm_variants.py
+"native" (ONNX LSTM/GRU/RNN operators), "loop" (the LSTM variants of models/nn/lstm_variants.py
 and the language model's prefill: an ONNX Loop of standard operators; TorchScript keeps the
 scripted loop) or "cell" (the language model's lm_step: one step of the cell equations).
 """
@@ -36,7 +36,7 @@ def rnn_form(graph: str, model: nn.Module) -> str:
     native decoder cell only; every other graph runs the model's padding-safe encoder)."""
     if graph == "decoder_step":
         return "native"
-    if graph == "lm_step":  # the LM's cell equations once, as standard ops (models/lm.py)
+    if graph == "lm_step":  # the LM's cell equations once, as standard ops (models/nn/lm.py)
         return "cell"
     for module in model.modules():
         form = getattr(module, "rnn_form", None)

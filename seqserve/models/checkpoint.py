@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from seqserve.models.classifier import Classifier
 from seqserve.models.config import ClassifierConfig, TaggerConfig, TranslatorConfig
 from seqserve.models.errors import UserError
-from seqserve.models.lm import LanguageModel, LMConfig
-from seqserve.models.tagger import Tagger
-from seqserve.models.translator import Translator
+from seqserve.models.nn.classifier import Classifier
+from seqserve.models.nn.lm import LanguageModel, LMConfig
+from seqserve.models.nn.tagger import Tagger
+from seqserve.models.nn.translator import Translator
 
 if TYPE_CHECKING:
-    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.models.text.tokenizer import Tokenizer
 
 TASKS = ("classifier", "translator", "tagger", "lm")
 CHECKPOINT = "model.safetensors"
@@ -65,7 +65,7 @@ def read_run_config(run_dir: str | Path) -> dict[str, Any]:
 
 def load_run(run_dir: str | Path) -> tuple[Model, dict[str, Any], Tokenizer]:
     """Rebuild a run's best eager model (eval mode), its resolved config and its tokenizer."""
-    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.models.text.tokenizer import Tokenizer
 
     run = Path(run_dir)
     config = read_run_config(run)

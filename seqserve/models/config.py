@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Self
 
-from seqserve.models.normalization import RULES
+from seqserve.models.text.normalization import RULES
 
 CELLS = ("rnn", "lstm", "gru")
 ATTENTIONS = ("additive", "dot", "general")
@@ -44,7 +44,7 @@ def _check_common(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> No
 
 
 def _check_variant(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> None:
-    """proj_size / peephole / cifg are LSTM variants (models/lstm_variants.py)."""
+    """proj_size / peephole / cifg are LSTM variants (models/nn/lstm_variants.py)."""
     if (cfg.proj_size or cfg.peephole or cfg.cifg) and cfg.cell != "lstm":
         raise ValueError(f"proj_size/peephole/cifg need cell='lstm' (got cell={cfg.cell!r}): "
                          "set cell='lstm' or turn the variant off")
@@ -328,7 +328,7 @@ class TrainConfig(_DictMixin):
     tokenizer_type: str = "unigram"
     """sentencepiece model type: unigram | bpe | word | char."""
     tokenizer_normalization: str = ""
-    """Tokenizer normalization (models/normalization.py RULES); "" = the dataset's own
+    """Tokenizer normalization (models/text/normalization.py RULES); "" = the dataset's own
     (`Dataset.normalization`: "nmt_nfkc_cf_punct" for the number datasets), else nmt_nfkc_cf."""
     max_train_examples: int = 0
     """Use at most this many training examples (0 = all)."""
@@ -337,8 +337,8 @@ class TrainConfig(_DictMixin):
     tbptt: int = 0
     """Truncated BPTT chunk length K in steps (0 = full BPTT); classifier and tagger only."""
     gradient_flow_every: int = 0
-    """Measure gradient flow (models/diagnostics.py) every N steps into gradient_flow.jsonl
-    (0 = off)."""
+    """Measure gradient flow (models/diagnostics/gradient_flow.py) every N steps into
+    gradient_flow.jsonl (0 = off)."""
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size", "num_threads", "bucket_chunk"):

@@ -81,7 +81,7 @@ def test_served_beside_the_text_models_the_printed_example_forecasts(
         demo_repo: dict[str, Path]) -> None:
     from service_fakes import serve_in_thread, settings
 
-    from seqserve.models.train_forecast import load_forecast_run
+    from seqserve.models.train.forecast import load_forecast_run
     from seqserve.service.server.app import create_app
 
     model, config = load_forecast_run(demo_repo["run"])

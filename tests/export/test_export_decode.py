@@ -1,5 +1,5 @@
 """Greedy decoding through the exported encoder + decoder_step graphs (a numpy host loop, as
-the server runs it) equals the eager reference `seqserve.models.decoding.greedy_decode` token for
+the server runs it) equals the eager reference `seqserve.models.nn.decoding.greedy_decode` token for
 token, for every cell type, through ONNX Runtime and TorchScript."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from seqserve.export.bundle import export_run
 from seqserve.models.checkpoint import load_run
-from seqserve.models.decoding import greedy_decode, max_decode_length
+from seqserve.models.nn.decoding import greedy_decode, max_decode_length
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit.load
 

@@ -27,7 +27,7 @@ from foreign_models import (
 import seqserve.pack
 from seqserve.cli import build_parser, main
 from seqserve.models.errors import BundleError
-from seqserve.models.tokenizer_files import load_tokenizer
+from seqserve.models.text.tokenizer_files import load_tokenizer
 
 LABELS = ["en", "fr", "de"]
 NAMES = ["anna", "jean pierre", "muller", "o'brien", "zoe", "x", "maximilian von", "li"]

@@ -22,7 +22,7 @@ from foreign_models import CharGRULM, RNNModel, char_tokenizer, lm_greedy, lm_lo
 import seqserve.pack
 from seqserve.cli import main
 from seqserve.models.errors import BundleError, UserError
-from seqserve.models.tokenizer_files import load_tokenizer
+from seqserve.models.text.tokenizer_files import load_tokenizer
 
 SPECIALS = ("<pad>", "<unk>", "<eos>")  # the tutorial's corpus marks line ends with <eos>
 VOCAB = len(SPECIALS) + 28

@@ -239,7 +239,7 @@ def test_walkthrough_language_models_answer_as_the_eager_model(walkthrough: dict
                                                                ) -> None:
     from foreign_models import lm_greedy, lm_log_probs
 
-    from seqserve.models.tokenizer_files import load_tokenizer
+    from seqserve.models.text.tokenizer_files import load_tokenizer
 
     work = walkthrough["work"]
     ex = _load("zen_lm")

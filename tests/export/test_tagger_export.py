@@ -18,7 +18,7 @@ from seqserve.export.bundle import export_run
 from seqserve.export.manifest import load_bundle
 from seqserve.export.parity import INVARIANCE_TOL, PARITY_TOL
 from seqserve.models.checkpoint import load_run
-from seqserve.models.tagger import Tagger
+from seqserve.models.nn.tagger import Tagger
 
 GRID = {"batch_sizes": (1, 3, 8), "lengths": (1, 7, 24)}
 VARIANTS: list[dict[str, Any]] = [

@@ -10,11 +10,11 @@ import torch
 from safetensors import safe_open
 
 from seqserve.models.checkpoint import build_model, load_checkpoint, load_run, save_checkpoint
-from seqserve.models.classifier import Classifier
 from seqserve.models.config import ClassifierConfig, TranslatorConfig
 from seqserve.models.errors import UserError
-from seqserve.models.tokenizer import train_tokenizer
-from seqserve.models.translator import Translator
+from seqserve.models.nn.classifier import Classifier
+from seqserve.models.nn.translator import Translator
+from seqserve.models.text.tokenizer import train_tokenizer
 
 torch.set_num_threads(1)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqserve.models.classifier import Classifier
 from seqserve.models.config import ClassifierConfig
-from seqserve.models.rnn import length_mask
+from seqserve.models.nn.classifier import Classifier
+from seqserve.models.nn.rnn import length_mask
 
 torch.set_num_threads(1)
 

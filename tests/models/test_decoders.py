@@ -1,4 +1,4 @@
-"""The three translator decoders (models/decoders.py): the order of operations pinned by a
+"""The three translator decoders (models/nn/decoders.py): the order of operations pinned by a
 hand-written two-step reference per decoder, decode_step stepped over a target equal to the
 teacher-forced forward for every decoder x score x cell, scheduled sampling, and the config
 checks that pair decoders with scores."""
@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from seqserve.models.config import TranslatorConfig, translator_overrides
-from seqserve.models.rnn import length_mask
-from seqserve.models.translator import Translator
+from seqserve.models.nn.rnn import length_mask
+from seqserve.models.nn.translator import Translator
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from seqserve.cli import main
-from seqserve.models.diagnostics import (
+from seqserve.models.diagnostics.gradient_flow import (
     cell_view,
     fit_decay_rate,
     gradient_flow_callback,
@@ -19,13 +19,13 @@ from seqserve.models.diagnostics import (
     spectral_norms,
     unroll,
 )
-from seqserve.models.diagnostics_report import (
+from seqserve.models.diagnostics.report import (
     FLOW_PNG,
     JSON_NAME,
     SPECTRAL_PNG,
     run_gradient_diagnostics,
 )
-from seqserve.models.diagnostics_task import (
+from seqserve.models.diagnostics.task import (
     CopyModel,
     GradientDiagnosticsConfig,
     copy_batch,

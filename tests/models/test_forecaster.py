@@ -13,8 +13,8 @@ import torch
 
 from seqserve.models.data.co2 import interpolate_gaps, load_co2, split_series
 from seqserve.models.errors import DataError
-from seqserve.models.forecaster import Forecaster, ForecasterConfig
-from seqserve.models.train_forecast import (
+from seqserve.models.nn.forecaster import Forecaster, ForecasterConfig
+from seqserve.models.train.forecast import (
     ForecastResult,
     evaluate,
     load_forecast_run,

@@ -12,15 +12,15 @@ import torch
 from seqserve.cli import main
 from seqserve.cli.demo import _format_metrics, _print_forms
 from seqserve.models.data.surface import FORMS, SMALL
-from seqserve.models.forms_eval import (
+from seqserve.models.diagnostics.forms import (
     SEARCH_NAME,
     format_table,
     tagging_forms,
     translation_forms,
     worst,
 )
-from seqserve.models.normalization import PUNCT_AS_SPACE
-from seqserve.models.train import run_training
+from seqserve.models.text.normalization import PUNCT_AS_SPACE
+from seqserve.models.train.run import run_training
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from seqserve.models.train import run_training
+from seqserve.models.train.run import run_training
 
 torch.set_num_threads(1)
 

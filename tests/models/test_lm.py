@@ -12,7 +12,7 @@ import torch
 
 from seqserve.models.data.pydoc_corpus import load_text_corpus, pydoc_topics
 from seqserve.models.errors import DataError
-from seqserve.models.lm import LanguageModel, LMConfig
+from seqserve.models.nn.lm import LanguageModel, LMConfig
 
 VARIANTS = [dict(cell="lstm"), dict(cell="gru", num_layers=2), dict(cell="rnn", num_layers=3),
             dict(cell="lstm", proj_size=8, peephole=True, num_layers=2, tie_weights=True),

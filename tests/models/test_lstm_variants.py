@@ -6,12 +6,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from seqserve.models.classifier import Classifier
 from seqserve.models.config import ClassifierConfig, TaggerConfig, TranslatorConfig
-from seqserve.models.lstm_variants import VariantLSTM
-from seqserve.models.rnn import PaddingSafeRNN, length_mask
-from seqserve.models.tagger import Tagger
-from seqserve.models.translator import Translator
+from seqserve.models.nn.classifier import Classifier
+from seqserve.models.nn.lstm_variants import VariantLSTM
+from seqserve.models.nn.rnn import PaddingSafeRNN, length_mask
+from seqserve.models.nn.tagger import Tagger
+from seqserve.models.nn.translator import Translator
 
 torch.set_num_threads(1)
 

@@ -10,12 +10,12 @@ import pytest
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-from seqserve.models import normalization
 from seqserve.models.data.registry import generate
 from seqserve.models.errors import UserError
-from seqserve.models.normalization import PUNCT_AS_SPACE
-from seqserve.models.tokenizer import Tokenizer, train_tokenizer
-from seqserve.models.word_align import align
+from seqserve.models.text import normalization
+from seqserve.models.text.normalization import PUNCT_AS_SPACE
+from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
+from seqserve.models.text.word_align import align
 
 PLAIN = "one thousand five hundred and ninety-three"
 MESSY = [

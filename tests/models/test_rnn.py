@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from seqserve.models.rnn import PaddingSafeRNN, length_mask, reverse_index
+from seqserve.models.nn.rnn import PaddingSafeRNN, length_mask, reverse_index
 
 torch.set_num_threads(1)
 
@@ -82,8 +82,8 @@ def _forget_slices(module: nn.Module, gate: int) -> list[tuple[torch.Tensor, tor
 
 @pytest.mark.parametrize("variant", [{}, {"peephole": True}, {"cifg": True}])
 def test_forget_bias_sets_every_lstm_layers_forget_gate(variant: dict[str, bool]) -> None:
-    from seqserve.models.lstm_variants import VariantLSTM
-    from seqserve.models.rnn import init_forget_bias
+    from seqserve.models.nn.lstm_variants import VariantLSTM
+    from seqserve.models.nn.rnn import init_forget_bias
 
     torch.manual_seed(0)
     rnn = PaddingSafeRNN("lstm", 4, 6, num_layers=2, bidirectional=True, **variant)

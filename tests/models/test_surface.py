@@ -17,7 +17,7 @@ from seqserve.models.data.registry import generate
 from seqserve.models.data.sampling import split_for
 from seqserve.models.data.surface import FORMS, SMALL, Style
 from seqserve.models.data.values import KINDS
-from seqserve.models.normalization import PUNCT_AS_SPACE
+from seqserve.models.text.normalization import PUNCT_AS_SPACE
 
 MONTHS = {"january", "february", "march", "april", "may", "june", "july", "august",
           "september", "october", "november", "december"}

@@ -13,11 +13,11 @@ from seqserve.models.config import TaggerConfig
 from seqserve.models.data import tags as tagdata
 from seqserve.models.data.registry import generate, load_dataset, save_dataset
 from seqserve.models.errors import DataError
-from seqserve.models.tagger import IGNORE_INDEX, Tagger
-from seqserve.models.tokenizer import train_tokenizer
-from seqserve.models.train import run_training
-from seqserve.models.train_tagger import encode_tagging, label_scores
-from seqserve.models.word_align import align, piece_labels
+from seqserve.models.nn.tagger import IGNORE_INDEX, Tagger
+from seqserve.models.text.tokenizer import train_tokenizer
+from seqserve.models.text.word_align import align, piece_labels
+from seqserve.models.train.run import run_training
+from seqserve.models.train.tagger import encode_tagging, label_scores
 
 torch.set_num_threads(1)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from seqserve.models.data.dataset import Dataset
-from seqserve.models.rnn import PaddingSafeRNN
-from seqserve.models.train import run_training
+from seqserve.models.nn.rnn import PaddingSafeRNN
+from seqserve.models.train.run import run_training
 
 torch.set_num_threads(1)
 

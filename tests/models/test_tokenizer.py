@@ -9,7 +9,7 @@ import pytest
 
 from seqserve.models.data.registry import generate
 from seqserve.models.errors import DataError, UserError
-from seqserve.models.tokenizer import ModelType, Tokenizer, train_tokenizer
+from seqserve.models.text.tokenizer import ModelType, Tokenizer, train_tokenizer
 
 CORPUS = list(generate("numbers-en-fr", size=300, seed=0).texts()) + list(
     generate("langid", size=320, seed=0).texts()

@@ -12,7 +12,7 @@ import torch
 
 from seqserve.cli import main
 from seqserve.models.data.dataset import Dataset
-from seqserve.models.train import run_training
+from seqserve.models.train.run import run_training
 
 torch.set_num_threads(1)
 
@@ -160,7 +160,7 @@ def test_cli_decoder_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_metrics_on_hand_checked_cases() -> None:
-    from seqserve.models.metrics import accuracy, macro_f1, translation_metrics
+    from seqserve.models.train.metrics import accuracy, macro_f1, translation_metrics
 
     predictions, labels = [0, 0, 1, 2, 2, 2], [0, 1, 1, 2, 2, 0]
     assert accuracy(predictions, labels) == pytest.approx(4 / 6)

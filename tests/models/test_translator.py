@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from seqserve.models.config import TranslatorConfig
-from seqserve.models.decoding import beam_search, greedy_decode
-from seqserve.models.rnn import length_mask
-from seqserve.models.translator import Translator
+from seqserve.models.nn.decoding import beam_search, greedy_decode
+from seqserve.models.nn.rnn import length_mask
+from seqserve.models.nn.translator import Translator
 
 torch.set_num_threads(1)
 

@@ -96,7 +96,7 @@ def reference_beam_search(step: StepFn, memory: np.ndarray, state: np.ndarray, *
 
 def onnx_reference(repo: Path, text: str, options: SearchOptions) -> list[Any]:
     """Reference beam search over the bundle's ONNX graphs, one row, full vocabulary."""
-    from seqserve.models.tokenizer import Tokenizer
+    from seqserve.models.text.tokenizer import Tokenizer
 
     path = repo / "tiny-mt" / "1"
     manifest = load_bundle(path)

@@ -50,7 +50,7 @@ from seqserve.export.pack.torch_wrap import (
     step_has_attention,
 )
 from seqserve.models.errors import BundleError, UserError
-from seqserve.models.tokenizer_files import special_ids
+from seqserve.models.text.tokenizer_files import special_ids
 
 PathLike = str | os.PathLike[str]
 

@@ -31,7 +31,7 @@ from seqserve.export.manifest import (
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
 from seqserve.models.errors import BundleError, UserError
-from seqserve.models.tokenizer_files import special_ids, tokenizer_kind
+from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind
 
 BIDIRECTIONAL_FIX = "seqserve.pack.bidirectional(your_rnn)"
 

@@ -165,7 +165,7 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
     """Pack files as bundle `repo/name/version` (see module doc and `seqserve pack --help`).
     `specials` name the special tokens of `tokenizer` / `source_tokenizer`, `target_specials`
     those of `target_tokenizer` (a translator with separate vocabularies only)."""
-    from seqserve.models.tokenizer_files import special_ids
+    from seqserve.models.text.tokenizer_files import special_ids
 
     common: dict[str, Any] = {"version": version, "max_tokens": max_tokens,
                               "progress": progress}

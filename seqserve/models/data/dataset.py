@@ -41,7 +41,7 @@ class Dataset:
     size: int | None = None
     """Requested train size of a built-in dataset (None for user data)."""
     normalization: str | None = None
-    """Tokenizer normalization the data asks for (models/normalization.py), e.g.
+    """Tokenizer normalization the data asks for (models/text/normalization.py), e.g.
     "nmt_nfkc_cf_punct" where punctuation carries no meaning; None: the trainer's default."""
 
     @property

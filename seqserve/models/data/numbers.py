@@ -18,7 +18,7 @@ from seqserve.models.data import surface, wording
 from seqserve.models.data.dataset import Dataset, Example
 from seqserve.models.data.sampling import Draw, Drawer, fill_splits, split_for, split_quotas
 from seqserve.models.data.values import KIND_WEIGHTS, KINDS
-from seqserve.models.normalization import PUNCT_AS_SPACE
+from seqserve.models.text.normalization import PUNCT_AS_SPACE
 
 __all__ = ["KINDS", "KIND_WEIGHTS", "generate", "word"]
 TARGETS = ("fr", "de")

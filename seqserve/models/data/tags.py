@@ -25,7 +25,7 @@ from seqserve.models.data.dataset import SPLITS, Dataset, Example
 from seqserve.models.data.english import Words, number_tags
 from seqserve.models.data.sampling import Draw, Drawer, fill_splits, split_for, split_quotas
 from seqserve.models.errors import DataError
-from seqserve.models.normalization import PUNCT_AS_SPACE
+from seqserve.models.text.normalization import PUNCT_AS_SPACE
 
 __all__ = ["TAGS", "generate", "number_tags", "tagged"]
 

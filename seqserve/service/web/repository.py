@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles
-from seqserve.models.tokenizer_files import TextTokenizer, load_tokenizer
+from seqserve.models.text.tokenizer_files import TextTokenizer, load_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed

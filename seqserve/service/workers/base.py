@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from seqserve.export.manifest import Manifest
-from seqserve.models.tokenizer import Piece
-from seqserve.models.tokenizer_files import TextTokenizer
+from seqserve.models.text.tokenizer import Piece
+from seqserve.models.text.tokenizer_files import TextTokenizer
 from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
 from seqserve.service.scheduling.base import Timing
 from seqserve.service.scheduling.models import DecodeModel, RowModel

@@ -1,5 +1,5 @@
 """Tagger worker: texts -> token rows -> one label per whitespace word, with character spans
-(models/word_align.py: a word's label is read at its first piece)."""
+(models/text/word_align.py: a word's label is read at its first piece)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from seqserve.models.word_align import align
+from seqserve.models.text.word_align import align
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import RowModel
 from seqserve.service.workers.base import (

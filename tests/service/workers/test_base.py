@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seqserve.models.tokenizer import Tokenizer
+from seqserve.models.text.tokenizer import Tokenizer
 from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
 from seqserve.service.scheduling.base import Timed, Timing
 from seqserve.service.workers.base import RequestContext, TextLimits, encode_texts

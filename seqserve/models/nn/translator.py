@@ -3,7 +3,7 @@
 Encoder: shared embedding -> padding-safe (bi)RNN (each direction H/2 when bidirectional) ->
 memory (B, S, D) zeroed on padding. Bridge: tanh(Linear) from the encoder's per-layer final
 states to the decoder's initial h (and c for LSTM). Decoder (`config.decoder`, the order of
-operations in models/decoders.py): `none`, the fixed-context decoder conditioned on the
+operations in models/nn/decoders.py): `none`, the fixed-context decoder conditioned on the
 encoder's final states at every step; `bahdanau`, which aligns from the previous state and
 feeds the context into the RNN step; `luong`, which steps the RNN and then aligns from the new
 state (additive, dot or general score; optional input feeding). Then o_t -> vocabulary logits.
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models import decoders
-from seqserve.models.attention import DecoderAttention
 from seqserve.models.config import TranslatorConfig
-from seqserve.models.decoders import Memory
-from seqserve.models.rnn import PaddingSafeRNN, RNNState, init_forget_bias, length_mask, make_rnn
+from seqserve.models.nn import decoders
+from seqserve.models.nn.attention import DecoderAttention
+from seqserve.models.nn.decoders import Memory
+from seqserve.models.nn.rnn import PaddingSafeRNN, RNNState, init_forget_bias, length_mask, make_rnn
 
 
 class Translator(nn.Module):
@@ -141,7 +141,7 @@ class Translator(nn.Module):
                  src_mask (N, S) bool, memory_index (R,) int64 (row -> request), k int or
                  0-d / 1-element int64 tensor.
         Outputs: new_state (R, state_dim), topk_logprobs (R, k), topk_ids (R, k) int64,
-                 attention (R, S): a_t of models/decoders.py (zeros for decoder 'none').
+                 attention (R, S): a_t of models/nn/decoders.py (zeros for decoder 'none').
         """
         logits, attention, new_state = self._step(
             prev_ids, state, self._memory(memory, src_mask, memory_index))

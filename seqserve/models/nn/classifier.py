@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.attention import AttentionPooling
 from seqserve.models.config import ClassifierConfig
-from seqserve.models.rnn import PaddingSafeRNN, init_forget_bias, length_mask
+from seqserve.models.nn.attention import AttentionPooling
+from seqserve.models.nn.rnn import PaddingSafeRNN, init_forget_bias, length_mask
 
 
 class Classifier(nn.Module):

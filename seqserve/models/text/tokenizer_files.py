@@ -1,7 +1,7 @@
 """Every tokenizer file a bundle may carry, behind one interface (torch-free: the server
 imports it).
 
-- SentencePiece `.model` (`seqserve.models.tokenizer.Tokenizer`): seqserve's own training
+- SentencePiece `.model` (`seqserve.models.text.tokenizer.Tokenizer`): seqserve's own training
   writes these (special ids pad 0, unk 1, bos 2, eos 3), and a model trained elsewhere loads
   with the ids its manifest declares.
 - Hugging Face `tokenizers` `tokenizer.json` (`JsonTokenizer`): character, word, BPE,
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from seqserve.models.errors import UserError
-from seqserve.models.tokenizer import Piece, Tokenizer
+from seqserve.models.text.tokenizer import Piece, Tokenizer
 
 KINDS = ("sentencepiece", "tokenizers")
 """Tokenizer kinds of a bundle: SentencePiece .model, Hugging Face tokenizer.json."""

@@ -1,6 +1,6 @@
 """Tagger training pieces: encoding tagged texts to piece-level targets, batches, evaluation.
 
-A word's tag sits on its first piece (models/word_align.py); other pieces and padding carry
+A word's tag sits on its first piece (models/text/word_align.py); other pieces and padding carry
 IGNORE_INDEX. Metrics are per word (= per first piece): token accuracy, per-label F1 and macro
 F1 over the labels that occur in gold or predictions.
 """
@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from seqserve.models.forms_eval import tagging_forms
-from seqserve.models.tagger import IGNORE_INDEX, Tagger
-from seqserve.models.tokenizer import Tokenizer
-from seqserve.models.train_data import Encoded, pad, sorted_batches
-from seqserve.models.word_align import piece_labels
+from seqserve.models.diagnostics.forms import tagging_forms
+from seqserve.models.nn.tagger import IGNORE_INDEX, Tagger
+from seqserve.models.text.tokenizer import Tokenizer
+from seqserve.models.text.word_align import piece_labels
+from seqserve.models.train.batches import Encoded, pad, sorted_batches
 
 
 def encode_tagging(rows: Sequence[dict[str, Any]], tok: Tokenizer, labels: list[str],
@@ -65,7 +65,7 @@ def label_scores(predictions: list[int], gold: list[int],
 def evaluate_tagger(model: Tagger, data: Sequence[Encoded], batch_size: int,
                     labels: Sequence[str], forms: Sequence[str] | None = None) -> dict[str, Any]:
     """Mean loss per labelled word, token (word) accuracy, per-label F1 and macro F1; with
-    `forms` (one per row) also token accuracy per form ("forms": models/forms_eval.py)."""
+    `forms` (one per row) also token accuracy per form ("forms": models/diagnostics/forms.py)."""
     model.eval()
     predictions: list[int] = []
     gold: list[int] = []

@@ -9,7 +9,7 @@ not after the batch's padding. That is what a stateful feature-sequence graph mu
 layer cannot give it (it returns the state after the last position, padding included, and
 `pack_padded_sequence` does not export), so this runs the cell equations as the language
 model's prefill does: a scripted loop over time that keeps a row's state once it ended
-(`seqserve.models.lm`), exported as an ONNX Loop with a dynamic trip count and kept as a
+(`seqserve.models.nn.lm`), exported as an ONNX Loop with a dynamic trip count and kept as a
 scripted call by TorchScript. The equations are PyTorch's, so the wrapped layer and the
 original agree to float rounding on unpadded rows.
 """
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.lm import _gru_loop, _lstm_loop, _rnn_loop
-from seqserve.models.rnn import length_mask
+from seqserve.models.nn.lm import _gru_loop, _lstm_loop, _rnn_loop
+from seqserve.models.nn.rnn import length_mask
 
 
 class LengthAwareRNN(nn.Module):

@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from seqserve.models.metrics import translation_metrics
+from seqserve.models.train.metrics import translation_metrics
 
 SERVER_BEAM_SIZE = 5
 """The server's default beam size (service/schemas_translate.py TranslateOptions)."""

@@ -41,10 +41,10 @@ from seqserve.models.checkpoint import (
 from seqserve.models.config import TrainConfig
 from seqserve.models.data.pydoc_corpus import TextCorpus, load_text_corpus
 from seqserve.models.errors import DataError, UserError
-from seqserve.models.lm import LanguageModel, LMConfig, perplexity
-from seqserve.models.metrics import grad_norms
-from seqserve.models.tokenizer import Tokenizer, train_tokenizer
-from seqserve.models.train_loop import LRSchedule
+from seqserve.models.nn.lm import LanguageModel, LMConfig, perplexity
+from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
+from seqserve.models.train.loop import LRSchedule
+from seqserve.models.train.metrics import grad_norms
 
 DEFAULT_TBPTT = 64
 """Chunk length when the run does not set --tbptt."""

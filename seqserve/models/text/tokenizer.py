@@ -21,7 +21,7 @@ from typing import Literal
 import sentencepiece as spm
 
 from seqserve.models.errors import DataError, UserError
-from seqserve.models.normalization import RULES, rule_tsv
+from seqserve.models.text.normalization import RULES, rule_tsv
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 ModelType = Literal["unigram", "bpe", "word", "char"]
@@ -62,7 +62,7 @@ class Tokenizer:
             raise UserError(
                 f"tokenizer special ids are {specials} (pad, unk, bos, eos); expected "
                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}: train it with "
-                "seqserve.models.tokenizer.train_tokenizer"
+                "seqserve.models.text.tokenizer.train_tokenizer"
             )
 
     @classmethod
@@ -170,7 +170,7 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train a SentencePiece model in-process, deterministically, and save it to `out_path`.
 
-    `normalization` is a rule of models/normalization.py: "nmt_nfkc_cf" (default: NFKC +
+    `normalization` is a rule of models/text/normalization.py: "nmt_nfkc_cf" (default: NFKC +
     lowercase, the built-in datasets are lowercase), "nmt_nfkc" (keeps case), "identity", or
     "nmt_nfkc_cf_punct" (nmt_nfkc_cf with punctuation read as a space). The rule is compiled
     into the model, so loading it needs nothing else.

@@ -7,7 +7,7 @@ the forward one over the padded batch as is (causal, so padding after a row cann
 valid positions) and the backward one over each row reversed *within its own length*
 (index[b, t] = len_b - 1 - t for t < len_b, else t), gathered back afterwards. Padded output
 positions are zeroed. Both directions export as native ONNX LSTM/GRU/RNN ops, or, for the
-LSTM variants (projection, peepholes, CIFG: models/lstm_variants.py), as an ONNX Loop of
+LSTM variants (projection, peepholes, CIFG: models/nn/lstm_variants.py), as an ONNX Loop of
 standard ops; `rnn_form` says which ("native" | "loop").
 
 Truncated BPTT (`tbptt = K > 0`, training only): each direction of each layer runs in chunks of
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seqserve.models.lstm_variants import VariantLSTM
+from seqserve.models.nn.lstm_variants import VariantLSTM
 
 RNNState = Tensor | tuple[Tensor, Tensor]
 _CELL_MODULES: dict[str, type[nn.RNN] | type[nn.LSTM] | type[nn.GRU]] = {

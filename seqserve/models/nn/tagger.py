@@ -1,7 +1,7 @@
 """Sequence tagger: embedding -> padding-safe stacked (bi)RNN -> per-token linear softmax head.
 
 One label per token (subword piece). Training targets carry the ignore index -100 on padding
-and on pieces that do not start a word (models/word_align.py), so only first pieces count.
+and on pieces that do not start a word (models/text/word_align.py), so only first pieces count.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqserve.models.config import TaggerConfig
-from seqserve.models.rnn import PaddingSafeRNN, init_forget_bias, length_mask
+from seqserve.models.nn.rnn import PaddingSafeRNN, init_forget_bias, length_mask
 
 IGNORE_INDEX = -100
 """Target value of positions without a label (padding, non-first pieces)."""

@@ -1,6 +1,6 @@
 """Training the demo forecaster on the weekly Mauna Loa CO2 series (models/data/co2.py).
 
-`train_forecaster(out_dir, budget_s=..., seed=...)` trains a `Forecaster` (models/forecaster.py)
+`train_forecaster(out_dir, budget_s=..., seed=...)` trains a `Forecaster` (models/nn/forecaster.py)
 and returns a `ForecastResult`: the eval-mode module (best validation checkpoint), the
 `normalization` and `output_scale` blocks a bundle manifest takes (the training span's mean
 and std), and the test metrics. It writes the run directory: config.json (task "forecast"),
@@ -46,8 +46,8 @@ from seqserve.models.checkpoint import CHECKPOINT, CONFIG, load_checkpoint, save
 from seqserve.models.config import TrainConfig, _DictMixin
 from seqserve.models.data.co2 import SEASON, SeriesSplit, load_co2
 from seqserve.models.errors import UserError
-from seqserve.models.forecaster import Forecaster, ForecasterConfig
-from seqserve.models.train_loop import LRSchedule
+from seqserve.models.nn.forecaster import Forecaster, ForecasterConfig
+from seqserve.models.train.loop import LRSchedule
 
 TASK = "forecast"
 FORECAST_PNG = "forecast.png"

@@ -21,9 +21,9 @@ from tqdm import tqdm
 
 from seqserve.models.checkpoint import CHECKPOINT, save_checkpoint
 from seqserve.models.config import TrainConfig
-from seqserve.models.metrics import RunningMean, grad_norms
-from seqserve.models.plots import plot_curves
-from seqserve.models.train_data import Encoded, bucketed_batches, collate
+from seqserve.models.train.batches import Encoded, bucketed_batches, collate
+from seqserve.models.train.metrics import RunningMean, grad_norms
+from seqserve.models.train.plots import plot_curves
 
 
 @dataclass
@@ -185,12 +185,12 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
 def gradient_monitor(model: nn.Module, cfg: TrainConfig, out_dir: Path,
                      progress: bool) -> Callable[[int], object] | None:
     """With cfg.gradient_flow_every = N > 0: a `step -> None` hook measuring the gradient flow
-    (models/diagnostics.py) of the first forward RNN layer every N optimizer steps into
-    out_dir/gradient_flow.jsonl. None when off, or (with a note) for an LSTM variant layer,
+    (models/diagnostics/gradient_flow.py) of the first forward RNN layer every N optimizer steps
+    into out_dir/gradient_flow.jsonl. None when off, or (with a note) for an LSTM variant layer,
     which the measurement's cell view cannot unroll."""
     if cfg.gradient_flow_every <= 0:
         return None
-    from seqserve.models.diagnostics import gradient_flow_callback
+    from seqserve.models.diagnostics.gradient_flow import gradient_flow_callback
 
     rnn = getattr(model, "rnn", None) or getattr(model, "encoder", None)
     layer = rnn.forward_layers[0] if rnn is not None else None

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.diagnostics import CELL_TYPES, measure_gradient_flow
-from seqserve.models.rnn import init_forget_bias
+from seqserve.models.diagnostics.gradient_flow import CELL_TYPES, measure_gradient_flow
+from seqserve.models.nn.rnn import init_forget_bias
 
 DISTANCES_REPORTED = (1, 10, 25, 50, 100)
 """Distances whose norm is copied into `norm_at_distance` (those < T)."""

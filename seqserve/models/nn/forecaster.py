@@ -34,7 +34,7 @@ Two paths share one set of weights (a native nn.GRU / nn.LSTM):
   (fast; no padding);
 - `forward` serves: the same cell equations (PyTorch's gate orders) as a scripted loop over
   time that keeps a row's state once it has ended (`torch.where` on the length mask, the
-  language model's loops of models/lm.py): packed sequences do not export, and nn.LSTM would
+  language model's loops of models/nn/lm.py): packed sequences do not export, and nn.LSTM would
   return the last position's state, not each row's own. It exports as an ONNX Loop with a
   dynamic trip count. Both paths agree to float rounding (tested).
 """
@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin, check_recurrent
-from seqserve.models.lm import _gru_loop, _lstm_loop
-from seqserve.models.rnn import init_forget_bias, length_mask
+from seqserve.models.nn.lm import _gru_loop, _lstm_loop
+from seqserve.models.nn.rnn import init_forget_bias, length_mask
 
 CELLS = ("gru", "lstm")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seqserve.models.tokenizer import Tokenizer
+from seqserve.models.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

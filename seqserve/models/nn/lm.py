@@ -1,7 +1,7 @@
 """The language model: embedding -> 1-3 unidirectional RNN layers -> (tied) softmax over tokens.
 
 P(x_t | x_<t) with an Elman RNN (tanh), GRU or LSTM (the LSTM variants of
-models/lstm_variants.py included: projection, peepholes, CIFG), dropout on the embeddings,
+models/nn/lstm_variants.py included: projection, peepholes, CIFG), dropout on the embeddings,
 between layers and before the output, and optional weight tying (the output projection is the
 embedding matrix; a linear bridge maps the top layer to the embedding width when they differ).
 
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin, check_recurrent
-from seqserve.models.lstm_variants import VariantLSTM
-from seqserve.models.rnn import RNNState, detach_state, init_forget_bias, length_mask, make_layer
+from seqserve.models.nn.lstm_variants import VariantLSTM
+from seqserve.models.nn.rnn import RNNState, detach_state, init_forget_bias, length_mask, make_layer
 
 CELLS = ("rnn", "gru", "lstm")
 

@@ -33,9 +33,9 @@ from typing import NamedTuple, Protocol
 import torch
 from torch import Tensor, nn
 
-from seqserve.models.attention import DecoderAttention
 from seqserve.models.config import TranslatorConfig
-from seqserve.models.rnn import RNNState
+from seqserve.models.nn.attention import DecoderAttention
+from seqserve.models.nn.rnn import RNNState
 
 
 class Memory(NamedTuple):

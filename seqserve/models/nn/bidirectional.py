@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seqserve.models.rnn import gather_time, length_mask, reverse_index
+from seqserve.models.nn.rnn import gather_time, length_mask, reverse_index
 
 
 class LengthAwareBidirectional(nn.Module):

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqserve.models.checkpoint import CHECKPOINT, CONFIG, TASKS, TOKENIZER, load_checkpoint
-from seqserve.models.classifier import Classifier
 from seqserve.models.config import (
     ClassifierConfig,
     TaggerConfig,
@@ -33,15 +32,16 @@ from seqserve.models.config import (
 )
 from seqserve.models.data.dataset import Dataset
 from seqserve.models.data.registry import load_dataset
+from seqserve.models.diagnostics.forms import SEARCH_NAME, SERVER_BEAM_SIZE, SERVER_LENGTH_PENALTY
 from seqserve.models.errors import DataError, UserError
-from seqserve.models.forms_eval import SEARCH_NAME, SERVER_BEAM_SIZE, SERVER_LENGTH_PENALTY
-from seqserve.models.tagger import Tagger
-from seqserve.models.tokenizer import Tokenizer, train_tokenizer
-from seqserve.models.train_data import Encoded, encode_classification, encode_translation
-from seqserve.models.train_eval import evaluate_classifier, evaluate_translator
-from seqserve.models.train_loop import FitResult, TaskSpec, fit
-from seqserve.models.train_tagger import collate_tagging, encode_tagging, evaluate_tagger
-from seqserve.models.translator import Translator
+from seqserve.models.nn.classifier import Classifier
+from seqserve.models.nn.tagger import Tagger
+from seqserve.models.nn.translator import Translator
+from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
+from seqserve.models.train.batches import Encoded, encode_classification, encode_translation
+from seqserve.models.train.evaluate import evaluate_classifier, evaluate_translator
+from seqserve.models.train.loop import FitResult, TaskSpec, fit
+from seqserve.models.train.tagger import collate_tagging, encode_tagging, evaluate_tagger
 
 DEMO_CLASSIFIER: dict[str, Any] = {
     "task": "classifier",
@@ -97,7 +97,7 @@ def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
     if task not in TASKS:
         raise UserError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
     if task == "lm":  # its own loop: contiguous streams and truncated BPTT
-        from seqserve.models.train_lm import run_lm_training
+        from seqserve.models.train.lm import run_lm_training
 
         if isinstance(data, Dataset):
             raise DataError("a language model trains on a text corpus, not a labelled Dataset")

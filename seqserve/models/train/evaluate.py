@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from seqserve.models.classifier import Classifier
-from seqserve.models.decoding import beam_search, greedy_decode
-from seqserve.models.forms_eval import translation_forms
-from seqserve.models.metrics import accuracy, macro_f1, translation_metrics
-from seqserve.models.tokenizer import Tokenizer
-from seqserve.models.train_data import Encoded, collate, sorted_batches
-from seqserve.models.translator import Translator
+from seqserve.models.diagnostics.forms import translation_forms
+from seqserve.models.nn.classifier import Classifier
+from seqserve.models.nn.decoding import beam_search, greedy_decode
+from seqserve.models.nn.translator import Translator
+from seqserve.models.text.tokenizer import Tokenizer
+from seqserve.models.train.batches import Encoded, collate, sorted_batches
+from seqserve.models.train.metrics import accuracy, macro_f1, translation_metrics
 
 
 @torch.no_grad()
@@ -43,7 +43,7 @@ def evaluate_translator(model: Translator, data: Sequence[Encoded], references: 
                         forms: Sequence[str] | None = None) -> dict[str, Any]:
     """Teacher-forced loss and token accuracy, then decoding (greedy, or beam search when
     beam_size > 1) scored by exact match, chrF and BLEU against the raw reference strings;
-    with `forms` (one per row) also per form ("forms": models/forms_eval.py)."""
+    with `forms` (one per row) also per form ("forms": models/diagnostics/forms.py)."""
     model.eval()
     cfg = model.config
     hypotheses = [""] * len(data)

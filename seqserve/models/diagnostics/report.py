@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from seqserve.models.diagnostics_task import GradientDiagnosticsConfig, run_cell
+from seqserve.models.diagnostics.task import GradientDiagnosticsConfig, run_cell
 
 SCHEMA_VERSION = 1
 JSON_NAME = "gradient_flow.json"

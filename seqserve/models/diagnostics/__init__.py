@@ -1,0 +1,1 @@
+"""Diagnostics: gradient flow per cell and scores per surface form (torch)."""

@@ -1,0 +1,1 @@
+"""PyTorch modules: the recurrent layers, attention, decoders and the task models (torch)."""

@@ -1,0 +1,1 @@
+"""Tokenizers, normalization and word alignment: torch-free, the server imports them."""

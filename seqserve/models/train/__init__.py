@@ -1,0 +1,1 @@
+"""Training: one fit loop for every task, its batches, evaluation, metrics and plots (torch)."""

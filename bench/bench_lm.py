@@ -48,7 +48,8 @@ from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa
 from seqserve.loadtest.texts import load_corpus_prompts  # noqa: E402
 from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.runtimes.onnx import OnnxRuntime  # noqa: E402
-from seqserve.service.scheduling.lm import GenerateOptions, LMLoop  # noqa: E402
+from seqserve.service.scheduling.generation import GenerateOptions  # noqa: E402
+from seqserve.service.scheduling.lm import LMLoop  # noqa: E402
 from seqserve.service.scheduling.sampling import sample, sequence_keys, uniforms  # noqa: E402
 from seqserve.service.scheduling.work import DecodeConfig  # noqa: E402
 

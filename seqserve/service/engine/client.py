@@ -35,7 +35,7 @@ from seqserve.service.engine import protocol as p
 from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed, Timing
 from seqserve.service.scheduling.decoding import Decoded
-from seqserve.service.scheduling.lm import GenerateOptions, TokenEvent, TokenStream
+from seqserve.service.scheduling.generation import GenerateOptions, TokenEvent, TokenStream
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 
 log = logging.getLogger("seqserve.engine.client")

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from seqserve.service.core.process import ProcessSettings
 from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.batcher import BatcherConfig
+from seqserve.service.scheduling.config import ModelConfig
 from seqserve.service.scheduling.decoding import DecodeConfig
-from seqserve.service.scheduling.models import ModelConfig
 from seqserve.service.scheduling.sessions import SessionConfig
 
 OPTIONS_ENV = "SEQSERVE_ENGINE_OPTIONS"

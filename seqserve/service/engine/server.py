@@ -40,7 +40,8 @@ from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.decoding import Decoded
-from seqserve.service.scheduling.lm import GenerateOptions, LMModel, TokenEvent
+from seqserve.service.scheduling.generation import GenerateOptions, TokenEvent
+from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.models import BatchedModel, DecodedModel, ServedModel
 from seqserve.service.scheduling.search import SearchOptions
 

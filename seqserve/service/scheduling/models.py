@@ -22,31 +22,15 @@ from seqserve.export.manifest import FEATURE_TASKS, GRAPHS_BY_TASK, Manifest
 from seqserve.service.core.errors import BadRequest, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
-from seqserve.service.scheduling.batcher import Batcher, BatcherConfig
-from seqserve.service.scheduling.decoding import DecodeConfig, Decoded, DecodeLoop
+from seqserve.service.scheduling.batcher import Batcher
+from seqserve.service.scheduling.config import ModelConfig
+from seqserve.service.scheduling.decoding import Decoded, DecodeLoop
 from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
-from seqserve.service.scheduling.sessions import Session, SessionConfig, SessionStore
+from seqserve.service.scheduling.sessions import Session, SessionStore
 
 RowCompute = Callable[[list[list[int]]], list[Any]]
 """Token rows -> one result per row (runs on the batcher's thread)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """How one model is scheduled (`EngineOptions.model_config` derives it from the
-    settings)."""
-
-    batcher: BatcherConfig
-    """Classifier and tagger batching."""
-    decode: DecodeConfig
-    """Translator decoding (its `pad_id` is replaced by the bundle's)."""
-    max_tokens: int
-    """Longest token row a request may bring (warm-up covers up to it)."""
-    warmup: bool
-    """Run the model over its length buckets before it serves."""
-    sessions: SessionConfig
-    """Stateful feature-sequence models: bounds of their sessions."""
 
 
 class RowModel(Protocol):

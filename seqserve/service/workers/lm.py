@@ -27,7 +27,12 @@ from typing import Any, ClassVar, Protocol
 
 from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
 from seqserve.service.scheduling.base import Timed
-from seqserve.service.scheduling.lm import FINISH_STOP, GenerateOptions, TokenEvent, TokenStream
+from seqserve.service.scheduling.generation import (
+    FINISH_STOP,
+    GenerateOptions,
+    TokenEvent,
+    TokenStream,
+)
 from seqserve.service.workers.base import (
     RequestContext,
     WorkerContext,

@@ -16,7 +16,8 @@ import pytest
 from service_fakes import decode_config
 
 from seqserve.service.core.errors import QueueFull
-from seqserve.service.scheduling.lm import GenerateOptions, LMScheduler, TokenEvent
+from seqserve.service.scheduling.generation import GenerateOptions, TokenEvent
+from seqserve.service.scheduling.lm_scheduler import LMScheduler
 from seqserve.service.scheduling.sampling import (
     NUCLEUS_CANDIDATES,
     sample,

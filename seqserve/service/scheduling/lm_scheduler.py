@@ -1,0 +1,532 @@
+"""The language models' model-free scheduler: `LMScheduler` (schedule, execute, update; one
+table of requests), driven by `scheduling.lm.LMLoop`. See `scheduling.lm` for the design."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
+from seqserve.service.runtimes.base import Runtime
+from seqserve.service.scheduling.base import (
+    CostEstimate,
+    NullObserver,
+    Observer,
+    Timed,
+    Timing,
+    admit_by_wait,
+    pad_rows,
+)
+from seqserve.service.scheduling.generation import (
+    FINISH_EOS,
+    FINISH_LENGTH,
+    GenerateOptions,
+    Sink,
+    TokenEvent,
+)
+from seqserve.service.scheduling.sampling import (
+    sample,
+    sequence_keys,
+    top_alternatives,
+    uniforms,
+)
+from seqserve.service.scheduling.work import DecodeConfig
+
+log = logging.getLogger("seqserve.lm")
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: int
+    rows: list[list[int]]
+    """Token rows to prefill: prompts (bos first) or texts to score (bos first)."""
+    options: GenerateOptions | None
+    """None: a score request."""
+    sink: Sink | None
+    submitted: float
+    futures: list[Any] = field(default_factory=list)
+    live: int = 0
+    """Sequences not finished yet."""
+    admitted: float = 0.0
+    status: str = "waiting"  # waiting | prefilling | live | done
+
+    @property
+    def sequences(self) -> int:
+        return 0 if self.options is None else len(self.rows) * self.options.n
+
+
+@dataclass
+class _Rows:
+    """Live sequences as parallel arrays, one entry per row of the scheduler's `state`. A
+    request's sequences are contiguous (they join together and only ever leave)."""
+
+    rid: np.ndarray  # (N,) int64
+    index: np.ndarray  # (N,) int64: the sequence's index in its request
+    left: np.ndarray  # (N,) int64: tokens it may still generate
+    temperature: np.ndarray  # (N,) float32
+    top_k: np.ndarray  # (N,) int64
+    top_p: np.ndarray  # (N,) float32
+    top_logprobs: np.ndarray  # (N,) int64
+    key: np.ndarray  # (N,) uint64: its random stream (sampling.uniforms)
+    drawn: np.ndarray  # (N,) int64: tokens it drew so far
+
+    @classmethod
+    def empty(cls) -> _Rows:
+        return cls(*(np.zeros(0, dtype=f.type) for f in _ROW_FIELDS))
+
+    @classmethod
+    def of(cls, rid: int, options: GenerateOptions, keys: np.ndarray) -> _Rows:
+        """A request's `len(keys)` sequences (indices 0..n-1), none drawn yet."""
+        n = len(keys)
+        o = options
+        return cls(np.full(n, rid, dtype=np.int64), np.arange(n, dtype=np.int64),
+                   np.full(n, o.max_new_tokens, dtype=np.int64),
+                   np.full(n, o.temperature, dtype=np.float32),
+                   np.full(n, o.top_k, dtype=np.int64), np.full(n, o.top_p, dtype=np.float32),
+                   np.full(n, o.top_logprobs, dtype=np.int64), keys,
+                   np.zeros(n, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.rid)
+
+    def take(self, which: np.ndarray) -> _Rows:
+        return _Rows(*(getattr(self, f.name)[which] for f in _ROW_FIELDS))
+
+    @staticmethod
+    def concat(parts: Sequence[_Rows]) -> _Rows:
+        if len(parts) == 1:
+            return parts[0]
+        return _Rows(*(np.concatenate([getattr(p, f.name) for p in parts])
+                       for f in _ROW_FIELDS))
+
+
+@dataclass(frozen=True)
+class _RowField:
+    name: str
+    type: type
+
+
+_ROW_FIELDS = tuple(_RowField(n, t) for n, t in (
+    ("rid", np.int64), ("index", np.int64), ("left", np.int64), ("temperature", np.float32),
+    ("top_k", np.int64), ("top_p", np.float32), ("top_logprobs", np.int64),
+    ("key", np.uint64), ("drawn", np.int64)))
+
+
+@dataclass(frozen=True)
+class PrefillWork:
+    requests: list[_Request]
+    rows: list[list[int]]
+    pad_id: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class StepWork:
+    prev_ids: np.ndarray  # (R,)
+    state: np.ndarray  # (R, S)
+    epoch: int
+
+
+@dataclass
+class _Done:
+    """A finished work item's outputs, or its failure."""
+
+    out: dict[str, np.ndarray]
+    seconds: float
+    error: Exception | None = None
+
+
+Work = PrefillWork | StepWork
+
+
+class LMScheduler:
+    """See module doc."""
+
+    def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
+                 observer: Observer | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.runtime = runtime
+        self.eos_id = eos_id
+        self.vocab_size = vocab_size
+        self.config = config
+        self.observer: Observer = observer or NullObserver()
+        self.clock = clock
+        self.closing = False
+        self.table: dict[int, _Request] = {}
+        self._ids = itertools.count()
+        self._queue: deque[_Request] = deque()
+        self._waiting = 0
+        self._epoch = 0
+        self.admit_cost = CostEstimate()
+        """Seconds per admitted request while others waited: the admission rate."""
+        self.service_cost = CostEstimate()
+        """Seconds from admission to the last token (or the scores) per request."""
+        self._backlog_since: float | None = None
+        self._entropy = np.random.default_rng()
+        """Keys of the sequences of unseeded requests."""
+        self.steps = 0
+        self.generated = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows = _Rows.empty()
+        self.state: np.ndarray | None = None  # (N, S)
+        self.last = np.zeros(0, dtype=np.int64)  # (N,)
+        self._joining: list[tuple[_Rows, np.ndarray, np.ndarray]] = []
+        self._gone: set[tuple[int, int]] = set()  # (rid, index) to evict; index -1: all
+        self._prefilling = False
+        self._stepping = False
+        self._epoch += 1
+
+    # -- requests in ----------------------------------------------------------------------
+
+    def add(self, rows: Sequence[list[int]], options: GenerateOptions | None, sink: Sink | None,
+            deadline: float | None = None) -> _Request:
+        """Queue one request (prompts with `options`, or texts to score with None):
+        ShuttingDown while closing, QueueFull when the queue cannot take it or it would wait
+        past its budget (`deadline`, a time.monotonic() value, capped by
+        `max_queue_wait_s`). An idle model whose estimate is stale still refuses by it, and
+        runs the refused request for no one to measure again (base.admit_by_wait)."""
+        cfg = self.config
+        if self.closing:
+            raise ShuttingDown("the language model is shutting down",
+                               retry_after=cfg.retry_after_s)
+        if self._waiting + len(rows) > cfg.max_queue:
+            raise QueueFull(f"language model queue full ({self._waiting} of {cfg.max_queue} "
+                            "waiting)", retry_after=cfg.retry_after_s)
+        if deadline is not None:
+            admit_by_wait("language model", self.expected_wait(), self.service_cost.per_unit,
+                          deadline, cfg.max_queue_wait_s, cfg.retry_after_s,
+                          not self.table and self.service_cost.stale(),
+                          lambda: self._queue_request(rows, options, None))
+        return self._queue_request(rows, options, sink)
+
+    def _queue_request(self, rows: Sequence[list[int]], options: GenerateOptions | None,
+                       sink: Sink | None) -> _Request:
+        r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock())
+        self.table[r.rid] = r
+        self._queue.append(r)
+        self._waiting += len(rows)
+        return r
+
+    def expected_wait(self) -> float | None:
+        return self.admit_cost.seconds(self._waiting)
+
+    def cancel(self, rid: int) -> None:
+        """The caller left: the request's rows go at the next schedule."""
+        r = self.table.pop(rid, None)
+        if r is None:
+            return
+        if r.status == "waiting":
+            self._waiting -= len(r.rows)
+        r.status = "done"
+        self._gone.add((rid, -1))
+
+    def stop(self, rid: int, index: int) -> None:
+        """One sequence of a request is done (a stop string): its row goes at the next
+        schedule; the request ends when its last sequence does (no event is sent for it)."""
+        r = self.table.get(rid)
+        if r is None or (rid, index) in self._gone:
+            return
+        self._gone.add((rid, index))
+        r.live -= 1
+        if r.live <= 0 and r.status == "live":
+            r.status = "done"
+            self.table.pop(rid, None)
+
+    def abort(self) -> list[_Request]:
+        out = list(self.table.values())
+        for r in out:
+            self.cancel(r.rid)
+        return out
+
+    @property
+    def queued(self) -> int:
+        return self._waiting
+
+    @property
+    def live_rows(self) -> int:
+        return len(self.rows) + sum(len(j[0]) for j in self._joining)
+
+    def has_work(self) -> bool:
+        return bool(self.table) or self._prefilling or self._stepping
+
+    # -- schedule -------------------------------------------------------------------------
+
+    def schedule(self) -> list[Work]:
+        work: list[Work] = []
+        if not self._stepping:
+            self._evict()
+            self._join()
+        admitted = self._admit()
+        if admitted:
+            self._prefilling = True
+            rows = [row for r in admitted for row in r.rows]
+            work.append(PrefillWork(admitted, rows, self.config.pad_id, self._epoch))
+        if not self._stepping and len(self.rows):
+            assert self.state is not None
+            self._stepping = True
+            work.append(StepWork(self.last, self.state, self._epoch))
+        return work
+
+    def _alive(self, rows: _Rows) -> np.ndarray:
+        """Which of `rows` were neither cancelled nor stopped (N,) bool."""
+        gone = self._gone
+        return np.array([(rid, -1) not in gone and (rid, i) not in gone
+                         for rid, i in zip(rows.rid.tolist(), rows.index.tolist(),
+                                           strict=True)], dtype=bool)
+
+    def _evict(self) -> None:
+        if not self._gone:
+            return
+        if len(self.rows):
+            keep = self._alive(self.rows)
+            if not keep.all():
+                self._keep(keep)
+        joining = []
+        for rows, state, last in self._joining:
+            keep = self._alive(rows)
+            if keep.any():
+                joining.append((rows.take(keep), state[keep], last[keep]))
+        self._joining = joining
+        live = set(self.rows.rid.tolist()).union(*(j[0].rid.tolist() for j in self._joining))
+        self._gone = {g for g in self._gone if g[0] in live or g[0] in self.table}
+
+    def _keep(self, keep: np.ndarray) -> None:
+        assert self.state is not None
+        self.rows = self.rows.take(keep)
+        self.state, self.last = self.state[keep], self.last[keep]
+
+    def _join(self) -> None:
+        if not self._joining:
+            return
+        old = [] if self.state is None or not len(self.rows) else [
+            (self.rows, self.state, self.last)]
+        parts = old + self._joining
+        self.rows = _Rows.concat([j[0] for j in parts])
+        self.state = np.concatenate([j[1] for j in parts], axis=0)
+        self.last = np.concatenate([j[2] for j in parts])
+        self._joining = []
+
+    def _admit(self) -> list[_Request]:
+        cfg = self.config
+        if self._prefilling:
+            return []
+        if not cfg.continuous and (len(self.rows) or self._joining or self._stepping):
+            return []
+        budget = cfg.max_live_hypotheses - self.live_rows
+        admitted: list[_Request] = []
+        count = 0
+        now = self.clock()
+        while self._queue and count < cfg.max_admit:
+            head = self._queue[0]
+            if head.status != "waiting":
+                self._queue.popleft()
+                continue
+            if admitted and (head.sequences > budget or count + len(head.rows) > cfg.max_admit):
+                break
+            if head.sequences > budget and self.live_rows:
+                break  # wait for rows to free up (a lone request over the budget still runs)
+            budget -= head.sequences
+            count += len(head.rows)
+            head.status, head.admitted = "prefilling", now
+            self._waiting -= len(head.rows)
+            admitted.append(self._queue.popleft())
+        if admitted and self._backlog_since is not None:
+            self.admit_cost.observe(len(admitted), now - self._backlog_since)
+        if admitted or not self._waiting:
+            self._backlog_since = now if self._waiting else None
+        return admitted
+
+    # -- execute (any thread) -------------------------------------------------------------
+
+    def execute(self, work: Work) -> _Done:
+        start = time.perf_counter()
+        try:
+            if isinstance(work, PrefillWork):
+                ids, lengths = pad_rows(work.rows, work.pad_id)
+                out = self.runtime.run("prefill", {"input_ids": ids, "lengths": lengths})
+                out["lengths"] = lengths
+            else:
+                out = self.runtime.run("lm_step", {"prev_ids": work.prev_ids,
+                                                   "state": work.state})
+        except Exception as exc:  # the requests of this item fail, the engine goes on
+            return _Done({}, time.perf_counter() - start, exc)
+        return _Done(out, time.perf_counter() - start)
+
+    # -- update ---------------------------------------------------------------------------
+
+    def update(self, work: Work, done: _Done) -> list[_Request]:
+        """Apply a finished item; returns the requests that ended with it."""
+        if work.epoch != self._epoch:
+            return []
+        if isinstance(work, PrefillWork):
+            self._prefilling = False
+            return self._prefilled(work, done)
+        self._stepping = False
+        return self._stepped(done)
+
+    def _fail(self, r: _Request, exc: BaseException) -> None:
+        error = exc if isinstance(exc, InferenceFailed) else InferenceFailed(
+            f"language model failed: {exc}")
+        r.status = "done"
+        self.table.pop(r.rid, None)
+        self._gone.add((r.rid, -1))
+        if r.sink is not None:
+            r.sink(error)
+        for f in r.futures:
+            if not f.done():
+                f.set_exception(error)
+
+    def _keys(self, options: GenerateOptions, n: int) -> np.ndarray:
+        """The random streams of a request's n sequences: from (seed, index), or fresh."""
+        if options.seed is None:
+            return self._entropy.integers(0, 2**64 - 1, size=n, dtype=np.uint64,
+                                          endpoint=True)
+        return sequence_keys(options.seed, np.arange(n, dtype=np.int64))
+
+    def _prefilled(self, work: PrefillWork, done: _Done) -> list[_Request]:
+        self.observer.on_encode(done.seconds, len(work.rows))
+        longest = max(len(x) for x in work.rows)
+        self.observer.on_batch(len(work.rows), longest * len(work.rows),
+                               sum(len(x) for x in work.rows))
+        if done.error is not None:
+            for r in work.requests:
+                if r.status != "done":
+                    self._fail(r, done.error)
+            return list(work.requests)
+        state, log_probs, lengths = done.out["state"], done.out["log_probs"], done.out["lengths"]
+        ended: list[_Request] = []
+        at = 0
+        now = self.clock()
+        live: list[_Request] = []
+        parts: list[_Rows] = []
+        sources: list[np.ndarray] = []  # the prefill row of each sequence
+        for r in work.requests:
+            span = range(at, at + len(r.rows))
+            at += len(r.rows)
+            if r.status == "done":  # cancelled while its prefill ran
+                continue
+            if r.options is None:
+                self._answer_scores(r, log_probs, lengths, span, now)
+                ended.append(r)
+                continue
+            n = len(r.rows) * r.options.n
+            parts.append(_Rows.of(r.rid, r.options, self._keys(r.options, n)))
+            sources.append(np.repeat(np.arange(span.start, span.stop), r.options.n))
+            r.live, r.status = n, "live"
+            live.append(r)
+        if not live:
+            return ended
+        rows, src = _Rows.concat(parts), np.concatenate(sources)
+        first = log_probs[src, lengths[src] - 1]  # (N, V) each prompt's next-token
+        keep, tokens = self._advance(rows, first, live, ended)
+        if keep.any():
+            self._joining.append((rows.take(keep), state[src[keep]], tokens[keep]))
+        return ended
+
+    def _answer_scores(self, r: _Request, log_probs: np.ndarray, lengths: np.ndarray,
+                       span: range, now: float) -> None:
+        for f, i, row in zip(r.futures or [None] * len(r.rows), span, r.rows, strict=True):
+            if f is None:  # a probe: no one waits for it
+                continue
+            n = int(lengths[i])
+            targets = np.asarray(row[1:n], dtype=np.int64)  # the text's tokens after bos
+            lps = log_probs[i, np.arange(n - 1), targets].astype(np.float32)  # (n-1,)
+            if not f.done():
+                f.set_result(Timed((lps,), Timing(r.admitted - r.submitted, now - r.admitted,
+                                                  len(r.rows), 0)))
+        r.status = "done"
+        self.table.pop(r.rid, None)
+        self.service_cost.observe(1, now - r.admitted)
+
+    def _stepped(self, done: _Done) -> list[_Request]:
+        rows = self.rows
+        if done.error is not None:
+            for rid in set(rows.rid.tolist()):
+                if rid in self.table:
+                    self._fail(self.table[rid], done.error)
+            self.rows, self.state, self.last = _Rows.empty(), None, np.zeros(0, dtype=np.int64)
+            return []
+        self.steps += 1
+        self.observer.on_step(done.seconds, len(rows))
+        self.state = done.out["new_state"]
+        requests = []
+        for rid in _runs(rows.rid)[0]:
+            r = self.table.get(rid)
+            requests.append(r if r is not None and r.status == "live" else None)
+        ended: list[_Request] = []
+        keep, self.last = self._advance(rows, done.out["log_probs"], requests, ended)
+        if not keep.all():
+            self._keep(keep)
+        return ended
+
+    def _advance(self, rows: _Rows, log_probs: np.ndarray, requests: Sequence[_Request | None],
+                 ended: list[_Request]) -> tuple[np.ndarray, np.ndarray]:
+        """Every row draws its next token from its log_probs (N, V); each request of
+        `requests` (one per run of rows, None: cancelled) gets its events, finished
+        sequences leave (into `ended` when their request did). Returns which rows stay
+        live (N,) bool and the tokens (N,) int64."""
+        tokens = sample(log_probs, rows.temperature, rows.top_k, rows.top_p,
+                        uniforms(rows.key, rows.drawn))
+        rows.drawn += 1
+        rows.left -= 1
+        finished = (tokens == self.eos_id) | (rows.left <= 0)
+        keep = ~finished
+        chosen = log_probs[np.arange(len(tokens)), tokens].tolist()
+        want = int(rows.top_logprobs.max(initial=0))
+        tops = None
+        if want:
+            asks = np.flatnonzero(rows.top_logprobs > 0)
+            alts = top_alternatives(log_probs[asks], want)
+            tops = dict(zip(asks.tolist(), alts, strict=True))
+        eos, gone = self.eos_id, self._gone
+        token_list, index_list = tokens.tolist(), rows.index.tolist()
+        finished_list, want_list = finished.tolist(), rows.top_logprobs.tolist()
+        _, starts = _runs(rows.rid)
+        for r, s, e in zip(requests, starts, starts[1:] + [len(tokens)], strict=True):
+            if r is None:  # cancelled: its rows leave now
+                keep[s:e] = False
+                continue
+            out = []
+            for i in range(s, e):
+                token, index = token_list[i], index_list[i]
+                if gone and (r.rid, index) in gone:  # stopped meanwhile: nothing more
+                    keep[i] = False
+                    continue
+                finish = None
+                if finished_list[i]:
+                    finish = FINISH_EOS if token == eos else FINISH_LENGTH
+                    r.live -= 1
+                if token != eos:
+                    self.generated += 1
+                top = tops[i][: want_list[i]] if tops is not None and i in tops else ()
+                out.append(TokenEvent(index, token, chosen[i], top, finish))
+            if r.live <= 0:
+                r.status = "done"
+                self.table.pop(r.rid, None)
+                self.service_cost.observe(1, self.clock() - r.admitted)
+                ended.append(r)
+            if out and r.sink is not None:
+                r.sink(out)
+        return keep, tokens
+
+    def fail_all(self, error: Exception) -> None:
+        for r in list(self.table.values()):
+            self._fail(r, error)
+        self._reset()
+
+
+def _runs(rid: np.ndarray) -> tuple[list[int], list[int]]:
+    """The request ids of the runs of equal `rid` (N,) and where each run starts."""
+    if not len(rid):
+        return [], []
+    starts = [0, *(np.flatnonzero(rid[1:] != rid[:-1]) + 1).tolist()]
+    return rid[starts].tolist(), starts

@@ -34,7 +34,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     S + "runtimes": (S + "runtimes", S + "core", "seqserve.export.manifest",
                      "seqserve.export.contract", "seqserve.models.errors"),
     S + "scheduling": (S + "scheduling", S + "runtimes.base", S + "core",
-                       "seqserve.export.manifest"),
+                       "seqserve.export.manifest", "seqserve.export.contract"),
     S + "engine": (S + "engine", S + "scheduling", S + "runtimes", S + "core",
                    "seqserve.export.manifest"),
     S + "workers": (S + "workers", S + "scheduling", S + "core", "seqserve.export.manifest",

@@ -1,10 +1,9 @@
 """Training run -> artifact bundle `REPO/NAME/VERSION/` (docs/contracts.md, "Artifact bundle").
 
-`export_run` rebuilds the run's eager model, writes the graphs in every requested format into
-a hidden temporary folder beside the target, checks their signatures and their parity with the
-eager model, writes the manifest, verifies the hashes, and only then renames the folder to its
-version number: a half-written bundle never appears under a version name, and an existing
-version is never overwritten.
+`export_run` rebuilds the run's eager model, writes the graphs in every requested format,
+checks their signatures and their parity with the eager model, and writes the bundle with the
+one bundle writer (export/writer.py: a staged folder, the manifest last and read back
+verified, an atomic rename to the version number; a version is never overwritten).
 
 A forecaster run (`seqserve train forecast`: config.json task "forecast") is a feature-sequence
 model with no tokenizer: it is packed as a stateful `sequence-tagger` (pack/api.py, the same
@@ -14,37 +13,33 @@ test metrics in the manifest (`source_run`), longest series `FORECAST_MAX_STEPS`
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import platform
 import shutil
-import tempfile
 import time
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from seqserve.export.contract import GraphSpec
 from seqserve.export.formats import DEFAULT_OPSET, export_onnx, export_torchscript
 from seqserve.export.graphs import GraphDef, graph_defs
-from seqserve.export.manifest import (
-    GraphSpec,
-    Manifest,
-    TokenizerSpec,
-    hash_files,
-    load_bundle,
-    next_version,
-    write_manifest,
-)
+from seqserve.export.manifest import Manifest, TokenizerSpec, hash_files
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
-from seqserve.export.summary import format_summary
 from seqserve.export.tagger_graphs import rnn_form
+from seqserve.export.writer import (
+    FORMATS,
+    SUFFIX,
+    check_args,
+    created,
+    finish,
+    libraries,
+    say,
+    staged_version,
+    summary,
+)
 from seqserve.models.errors import BundleError, UserError
 
-FORMATS = ("onnx", "torchscript")
-SUFFIX = {"onnx": ".onnx", "torchscript": ".pt"}
 FORECAST_MAX_STEPS = 256
 """Longest series a forecaster bundle takes per request (weeks for the CO2 demo: ~5 years; the
 server's default `max_tokens` is 256 too)."""
@@ -64,7 +59,7 @@ def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], na
     """
     import torch
 
-    formats = _check_args(name, version, formats)
+    formats = check_args(name, version, formats)
     if threads < 1:
         raise UserError(f"threads={threads} must be >= 1")
     before = torch.get_num_threads()
@@ -89,7 +84,7 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
     started = time.perf_counter()
     model, config, tokenizer = load_run(run)
     with staged_version(repo, name, version) as (version, target, tmp):
-        _say(progress, f"exporting {run} -> {target}")
+        say(progress, f"exporting {run} -> {target}")
         shutil.copyfile(run / "tokenizer.model", tmp / "tokenizer.model")
         task = str(config["task"])
         defs = graph_defs(task, model, int(config["model"]["vocab_size"]))
@@ -97,10 +92,8 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
         parity = _parity(task, defs, graphs, tmp, config, progress, grid)
         manifest = _manifest(task, name, version, run, config, tokenizer, graphs, parity,
                              opset if "onnx" in formats else None, tmp)
-        write_manifest(tmp, manifest)
-        load_bundle(tmp, verify=True)
-    if progress:
-        print(format_summary(target, manifest, time.perf_counter() - started))
+        finish(tmp, manifest)
+    summary(progress, target, manifest, started)
     return target
 
 
@@ -125,7 +118,7 @@ def _export_forecast(run: Path, repo: Path, name: str, version: int | None,
     source_run = {"path": str(run.resolve()), "config": config,
                   "test_metrics": json.loads(test_metrics.read_text())
                   if test_metrics.is_file() else {}}
-    _say(progress, f"packing forecaster {run} as sequence-tagger {name}")
+    say(progress, f"packing forecaster {run} as sequence-tagger {name}")
     return sequence_tagger(model, features=model.config.features,
                            outputs=model.config.outputs,
                            normalization=config["normalization"],
@@ -133,24 +126,6 @@ def _export_forecast(run: Path, repo: Path, name: str, version: int | None,
                            version=version, torchscript="torchscript" in formats,
                            max_steps=FORECAST_MAX_STEPS, stateful=True, opset=opset,
                            progress=progress, grid=grid or None, source_run=source_run)
-
-
-def _check_args(name: str, version: int | None, formats: tuple[str, ...] | list[str]
-                ) -> tuple[str, ...]:
-    if not name or name.startswith(".") or "/" in name or "\\" in name or name != name.strip():
-        raise UserError(f"model name {name!r} is not a plain folder name")
-    if version is not None and version < 1:
-        raise UserError(f"--version {version} must be a positive integer")
-    chosen = tuple(dict.fromkeys(f.strip() for f in formats if f.strip()))
-    unknown = [f for f in chosen if f not in FORMATS]
-    if unknown or not chosen:
-        raise UserError(f"formats {list(formats)}: choose from {', '.join(FORMATS)}")
-    return chosen
-
-
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(f"== {text}", flush=True)
 
 
 def _write_graphs(defs: list[GraphDef], out: Path, formats: tuple[str, ...], opset: int,
@@ -166,7 +141,7 @@ def _write_graphs(defs: list[GraphDef], out: Path, formats: tuple[str, ...], ops
             else:
                 export_torchscript(gdef, out / file)
             files[fmt] = file
-            _say(progress, f"wrote {file} ({time.perf_counter() - t0:.1f} s)")
+            say(progress, f"wrote {file} ({time.perf_counter() - t0:.1f} s)")
         spec = gdef.spec
         graphs[gdef.name] = GraphSpec(spec.inputs, spec.outputs, files.get("onnx"),
                                       files.get("torchscript"), rnn_form(gdef.name, gdef.module))
@@ -188,7 +163,7 @@ def _parity(task: str, defs: list[GraphDef], graphs: dict[str, GraphSpec], out: 
     params = ParityGrid(max_length=int(model_cfg["max_length"]),
                         vocab_size=int(model_cfg["vocab_size"]),
                         pad_id=int(model_cfg.get("pad_id", 0)), **grid)
-    _say(progress, "checking parity and batch invariance against the eager model")
+    say(progress, "checking parity and batch invariance against the eager model")
     report = check_parity(task, runners, "eager", graphs, params, progress=progress)
     if not report["passed"]:
         raise BundleError("parity check failed, nothing was written:\n  "
@@ -206,7 +181,7 @@ def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, A
     test_metrics = run / "test_metrics.json"
     return Manifest(
         task=task, name=name, version=version,
-        created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        created=created(),
         source_run={"path": str(run.resolve()), "config": config,
                     "test_metrics": json.loads(test_metrics.read_text())
                     if test_metrics.is_file() else {}},
@@ -214,47 +189,6 @@ def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, A
                                 tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id),
         labels=[str(x) for x in config.get("labels") or []],
         limits=limits, graphs=graphs, opset=opset, parity=parity,
-        libraries=_libraries(), files=hash_files(out),
+        libraries=libraries(), files=hash_files(out),
         decoder=str(config["model"].get("decoder", "luong")) if task == "translator" else None,
     )
-
-
-def _libraries() -> dict[str, str]:
-    import onnx
-    import onnxruntime
-    import torch
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__}
-
-
-@contextlib.contextmanager
-def staged_version(repo: str | os.PathLike[str], name: str,
-                   version: int | None) -> Iterator[tuple[int, Path, Path]]:
-    """(version, target, tmp): the version to write (the next free one when None), its
-    folder and a fresh temporary folder beside it to write into. When the block ends the
-    temporary folder is renamed to the version atomically; when it raises it is removed.
-    A version that exists is refused: versions are never overwritten."""
-    model_dir = Path(repo) / name
-    version = version or next_version(repo, name)
-    target = model_dir / str(version)
-    if target.exists():
-        raise UserError(f"{target} already exists: versions are never overwritten; pass a new "
-                        "--version or leave it out for the next free one")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir))
-    try:
-        yield version, target, tmp
-        _publish(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    """Atomic rename of the finished folder to its version name (never over a bundle)."""
-    try:
-        os.rename(tmp, target)
-    except OSError as exc:
-        raise UserError(f"{target} appeared while exporting; not overwritten ({exc})") from exc
-    os.chmod(target, 0o755)

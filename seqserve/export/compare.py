@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqserve.export.manifest import TensorSpec
+from seqserve.export.contract import TensorSpec
 
 ROW_AXES = ("batch", "rows")
 TIME_AXES = ("seq", "src_len", "time")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from seqserve.export.contract import GraphSpec
 from seqserve.export.graphs import GraphDef
-from seqserve.export.manifest import GraphSpec
 from seqserve.models.errors import BundleError
 
 DEFAULT_OPSET = 17

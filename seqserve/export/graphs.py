@@ -21,9 +21,9 @@ from seqserve.export.contract import (
     ENCODER_SPEC,
     SPECS,
     TAGGER_SPEC,
+    GraphSpec,
 )
 from seqserve.export.lm_graphs import LMStepGraph, PrefillGraph, lm_examples
-from seqserve.export.manifest import GraphSpec
 from seqserve.export.tagger_graphs import TaggerGraph
 
 __all__ = ["CLASSIFIER_SPEC", "DECODER_STEP_SPEC", "ENCODER_SPEC", "SPECS", "TAGGER_SPEC",

@@ -16,98 +16,29 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from seqserve.export.contract import (
+    DECODERS,
+    FEATURE_TASKS,
+    GRAPHS_BY_TASK,
+    TASKS,
+    GraphSpec,
+    expected_spec,
+    names,
+    validate_schema,
+)
 from seqserve.models.errors import BundleError
 
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMAS = (1, 2)
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_KEY = "manifest_sha256"
-TASKS = ("classifier", "translator", "tagger", "lm", "sequence-classifier", "sequence-tagger")
-FEATURE_TASKS = ("sequence-classifier", "sequence-tagger")
-"""Tasks whose inputs are float feature vectors per time step, not texts: no tokenizer."""
-GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
-                  "tagger": ("tagger",), "lm": ("prefill", "lm_step"),
-                  "sequence-classifier": ("sequence_classifier",),
-                  "sequence-tagger": ("sequence_tagger",)}
-DECODERS = ("none", "bahdanau", "luong")
-"""Translator decoders (models/nn/decoders.py); a translator manifest without one is luong."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """One graph input or output as declared in the manifest."""
-
-    name: str
-    """Tensor name in the ONNX graph (and position in the TorchScript tuple)."""
-    dtype: str
-    """numpy-style dtype name: "int64", "float32" or "bool"."""
-    shape: tuple[str | int, ...]
-    """Symbolic dim names (strings); a fixed int only where the contract says so."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        return cls(name=str(d["name"]), dtype=str(d["dtype"]), shape=tuple(d["shape"]))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    """One exported graph: its files (per format) and its signature."""
-
-    inputs: tuple[TensorSpec, ...]
-    """Inputs in positional order (the TorchScript twin takes them in this order)."""
-    outputs: tuple[TensorSpec, ...]
-    """Outputs in order (the TorchScript twin returns them as a tuple in this order)."""
-    onnx: str | None = None
-    """File name of the ONNX graph inside the bundle, or None when not exported."""
-    torchscript: str | None = None
-    """File name of the TorchScript twin inside the bundle, or None when not exported."""
-    rnn_form: str | None = None
-    """How its recurrent layers are exported: "native" ONNX RNN ops or a "loop" of standard
-    ops (LSTM variants); None in older manifests."""
-    tensor_names: dict[str, str] = field(default_factory=dict)
-    """Contract tensor name -> the ONNX graph's own name, for graphs kept as their authors
-    exported them (`seqserve pack --input-names/--output-names`); empty: the same names."""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> GraphSpec:
-        return cls(
-            inputs=tuple(TensorSpec.from_dict(x) for x in d["inputs"]),
-            outputs=tuple(TensorSpec.from_dict(x) for x in d["outputs"]),
-            onnx=d.get("onnx"),
-            torchscript=d.get("torchscript"),
-            rnn_form=d.get("rnn_form"),
-            tensor_names={str(k): str(v) for k, v in (d.get("tensor_names") or {}).items()},
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.onnx is not None:
-            out["onnx"] = self.onnx
-        if self.torchscript is not None:
-            out["torchscript"] = self.torchscript
-        if self.rnn_form is not None:
-            out["rnn_form"] = self.rnn_form
-        if self.tensor_names:
-            out["tensor_names"] = dict(self.tensor_names)
-        out["inputs"] = [t.to_dict() for t in self.inputs]
-        out["outputs"] = [t.to_dict() for t in self.outputs]
-        return out
-
-    def file(self, fmt: str) -> str | None:
-        """The file for format "onnx" or "torchscript" (None when that format is absent)."""
-        if fmt not in ("onnx", "torchscript"):
-            raise ValueError(f"unknown format {fmt!r}; expected 'onnx' or 'torchscript'")
-        return self.onnx if fmt == "onnx" else self.torchscript
-
-
 @dataclass(frozen=True)
 class TokenizerSpec:
     """The tokenizer file and its special ids (-1: the tokenizer has none)."""
@@ -346,8 +277,6 @@ def read_manifest(bundle_dir: str | os.PathLike[str], require_checksum: bool = F
                               f"({CHECKSUM_KEY} does not match its content)")
     elif require_checksum:
         raise BundleError(f"{path}: manifest.json has no {CHECKSUM_KEY}")
-    from seqserve.export.contract import check_task_fields, validate_schema
-
     validate_schema(data, path=f"{path}: manifest")
     check_task_fields(data, f"{path}: manifest")
     return Manifest.from_dict(data)
@@ -417,8 +346,6 @@ def load_bundle(bundle_dir: str | os.PathLike[str], verify: bool = True,
     manifest = read_manifest(root, require_checksum)
     if verify:
         verify_files(root, manifest)
-        from seqserve.export.contract import check_declared
-
         check_declared(manifest, str(root / MANIFEST_FILE))
     return manifest
 
@@ -456,3 +383,112 @@ def next_version(repo: str | os.PathLike[str], name: str) -> int:
         if p.is_dir() and p.name.isdigit() and p.name.isascii()
     ]
     return max(versions, default=0) + 1
+
+
+def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
+    """The manifest's declared signatures, files, name maps and special ids must be the
+    contract's: what both `seqserve verify` and the server check before running anything."""
+    for name in GRAPHS_BY_TASK[manifest.task]:
+        got = manifest.graphs[name]
+        want = expected_spec(name, [t.name for t in got.outputs])
+        if (got.inputs, got.outputs) != (want.inputs, want.outputs):
+            raise BundleError(
+                f"{where}: graph {name} declares inputs {names(got.inputs)} -> outputs "
+                f"{names(got.outputs)}; the contract (docs/bundle-format.md) is "
+                f"{names(want.inputs)} -> {names(want.outputs)} with the dims and dtypes "
+                "listed there")
+        if got.onnx is None and got.torchscript is None:
+            raise BundleError(f"{where}: graph {name} has no file in any format")
+        known = {t.name for t in (*got.inputs, *got.outputs)}
+        unknown = sorted(set(got.tensor_names) - known)
+        if unknown:
+            raise BundleError(f"{where}: graph {name} maps tensors {unknown} that are not in "
+                              "its signature")
+    extra = sorted(set(manifest.graphs) - set(GRAPHS_BY_TASK[manifest.task]))
+    if extra:
+        raise BundleError(f"{where}: graphs {extra} are not part of a {manifest.task} bundle")
+    if manifest.has_tokenizer:
+        _check_specials(manifest, where)
+    else:
+        check_series(manifest, where)
+
+
+def _stats_block(block: Any, size: int | None, key: str, what: str, where: str) -> None:
+    if block is None:
+        return
+    for part in ("mean", "std"):
+        values = block.get(part) if isinstance(block, Mapping) else None
+        if not isinstance(values, list) or len(values) != size:
+            raise BundleError(f"{where}: {key}.{part} must list one number per {what} "
+                              f"({size}), got {values!r:.80}")
+        if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+            raise BundleError(f"{where}: {key}.{part} holds a value that is not a finite "
+                              "number")
+    if any(v <= 0 for v in block["std"]):
+        raise BundleError(f"{where}: {key}.std must be > 0 everywhere (a constant feature: "
+                          "give it std 1)")
+
+
+def check_series(manifest: Manifest, where: str = "manifest.json") -> None:
+    """A feature-sequence bundle's own fields: features, outputs (= the label count when it
+    has labels), normalization per feature, output_scale per output (regressions only),
+    state_dim exactly when its graph returns new_state."""
+    if not manifest.features or manifest.features < 1:
+        raise BundleError(f"{where}: a {manifest.task} needs features (the width of one "
+                          "step's feature vector, >= 1)")
+    if not manifest.outputs or manifest.outputs < 1:
+        raise BundleError(f"{where}: a {manifest.task} needs outputs (k, >= 1)")
+    if manifest.labels:
+        if len(manifest.labels) < 2 or len(manifest.labels) != manifest.outputs:
+            raise BundleError(f"{where}: {len(manifest.labels)} labels for {manifest.outputs} "
+                              "outputs: a classifying bundle names every output (at least two)")
+        if manifest.output_scale is not None:
+            raise BundleError(f"{where}: output_scale de-normalises regression outputs; a "
+                              "bundle with labels has class scores")
+    _stats_block(manifest.normalization, manifest.features, "normalization", "feature", where)
+    _stats_block(manifest.output_scale, manifest.outputs, "output_scale", "output", where)
+    graph = manifest.graphs[GRAPHS_BY_TASK[manifest.task][0]]
+    stateful = any(t.name == "new_state" for t in graph.outputs)
+    if stateful != (manifest.state_dim is not None) or (
+            manifest.state_dim is not None and manifest.state_dim < 1):
+        raise BundleError(f"{where}: state_dim {manifest.state_dim} but the graph "
+                          f"{'returns' if stateful else 'has no'} new_state: state_dim is "
+                          "the width of its state, given exactly when it has one")
+    limit = manifest.limits.get("max_steps")
+    if limit is None or limit < 1:
+        raise BundleError(f"{where}: limits.max_steps (the longest series, >= 1) is missing")
+
+
+def check_task_fields(data: Mapping[str, Any], where: str) -> None:
+    """What the schema cannot say: text tasks need a tokenizer; feature tasks none."""
+    task = data.get("task")
+    if task in FEATURE_TASKS:
+        if "tokenizer" in data:
+            raise BundleError(f"{where}: a {task} reads feature vectors, not texts: it has no "
+                              "tokenizer")
+        return
+    if "tokenizer" not in data:
+        raise BundleError(f"{where} lacks required field(s) ['tokenizer']")
+
+
+def _check_specials(manifest: Manifest, where: str) -> None:
+    specs = [("tokenizer", manifest.tokenizer)]
+    if manifest.target_tokenizer is not None:
+        specs.append(("target_tokenizer", manifest.target_tokenizer))
+    for key, tok in specs:
+        size = tok.vocab_size
+        for special in ("pad_id", "unk_id", "bos_id", "eos_id"):
+            value = getattr(tok, special)
+            if size and not -1 <= value < size:
+                raise BundleError(f"{where}: {key}.{special} {value} is outside the "
+                                  f"vocabulary [0, {size})")
+    target = manifest.target_tokenizer or manifest.tokenizer
+    if manifest.task == "translator" and (target.bos_id < 0 or target.eos_id < 0):
+        raise BundleError(f"{where}: a translator's target tokenizer needs bos_id and eos_id "
+                          "(the decoder's start and stop tokens); pack with --bos-token and "
+                          "--eos-token")
+    if manifest.task == "lm" and (manifest.tokenizer.bos_id < 0 or
+                                  manifest.tokenizer.eos_id < 0):
+        raise BundleError(f"{where}: a language model's tokenizer needs bos_id and eos_id "
+                          "(every prompt is read after bos; generation stops at eos); pack "
+                          "with --bos-token and --eos-token")

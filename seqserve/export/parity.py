@@ -43,7 +43,7 @@ from seqserve.export.compare import (
     row_view,
     topk_id_mismatches,
 )
-from seqserve.export.manifest import FEATURE_TASKS, GRAPHS_BY_TASK, GraphSpec
+from seqserve.export.contract import FEATURE_TASKS, GRAPHS_BY_TASK, GraphSpec
 from seqserve.export.runners import Arrays, Runner
 
 BATCH_SIZES = (1, 3, 16)

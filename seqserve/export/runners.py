@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqserve.export.manifest import GraphSpec
+from seqserve.export.contract import GraphSpec
 
 Arrays = dict[str, np.ndarray]
 Runner = Callable[[Arrays], Arrays]

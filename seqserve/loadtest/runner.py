@@ -25,6 +25,7 @@ from seqserve.loadtest.protocol import (
 )
 from seqserve.loadtest.records import RequestRecord
 from seqserve.loadtest.schedule import poisson_arrivals
+from seqserve.loadtest.stats import summarize
 from seqserve.loadtest.texts import TextSampler
 
 ERROR_PAUSE_S = 0.01
@@ -203,8 +204,6 @@ async def arun_load(
     cfg: LoadConfig, sampler: TextSampler, progress: ProgressFn | None = None, label: str = ""
 ) -> RunResult:
     """Run one load test (open or closed loop) and return its records and summary."""
-    from seqserve.loadtest.stats import summarize
-
     connections = cfg.max_in_flight if cfg.mode == "open" else (cfg.concurrency or 1)
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     client = make_client(cfg.http_client, cfg.url, connections, cfg.timeout_s)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from seqserve.loadtest.config import LoadConfig
 from seqserve.loadtest.records import RequestRecord
-
-if TYPE_CHECKING:
-    from seqserve.loadtest.runner import RunResult
 
 PERCENTILES = (50, 90, 99)
 
@@ -52,7 +50,15 @@ def count_outcomes(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
-def summarize(result: RunResult) -> dict[str, Any]:
+class Run(Protocol):
+    """What a summary reads of a run (`runner.RunResult` is one)."""
+
+    config: LoadConfig
+    records: list[RequestRecord]
+    wall_s: float
+
+
+def summarize(result: Run) -> dict[str, Any]:
     """The numbers reported for one run (milliseconds, seconds, per-second rates)."""
     cfg, records, wall = result.config, result.records, max(result.wall_s, 1e-9)
     ok = [r for r in records if r.outcome == "ok"]

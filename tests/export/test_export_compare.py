@@ -11,7 +11,7 @@ from seqserve.export.compare import (
     row_view,
     topk_id_mismatches,
 )
-from seqserve.export.manifest import TensorSpec
+from seqserve.export.contract import TensorSpec
 
 
 def test_padded_batch() -> None:

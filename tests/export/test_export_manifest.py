@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from seqserve.export.contract import GraphSpec, TensorSpec
 from seqserve.export.manifest import (
-    GraphSpec,
     Manifest,
-    TensorSpec,
     hash_files,
     list_bundles,
     load_bundle,

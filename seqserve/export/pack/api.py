@@ -23,9 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from seqserve.export.contract import SPECS, expected_spec
+from seqserve.export.contract import SPECS, GraphSpec, expected_spec
 from seqserve.export.formats import DEFAULT_OPSET, dynamic_axes
-from seqserve.export.manifest import GraphSpec
 from seqserve.export.pack.bundle import (
     BIDIRECTIONAL_FIX,
     PackedGraph,

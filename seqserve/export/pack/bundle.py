@@ -2,7 +2,8 @@
 `seqserve.pack`): graphs in the contract's form, tokenizer(s) with their special ids,
 labels, manifest with hashes; then the checks of `seqserve verify` (schema, signatures as
 ONNX Runtime sees them, parity with the TorchScript twin or the eager module, batch
-invariance) before the hidden folder is renamed to its version. A refusal names what to
+invariance), written by the one bundle writer (export/writer.py) before the hidden folder
+is renamed to its version. A refusal names what to
 change; nothing is left behind.
 """
 
@@ -12,24 +13,29 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqserve.export.contract import expected_spec
+from seqserve.export.contract import GRAPHS_BY_TASK, GraphSpec, expected_spec
 from seqserve.export.manifest import (
-    GRAPHS_BY_TASK,
-    GraphSpec,
     Manifest,
     TokenizerSpec,
     hash_files,
-    load_bundle,
-    write_manifest,
 )
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
+from seqserve.export.writer import (
+    check_args,
+    created,
+    finish,
+    libraries,
+    record_parity,
+    say,
+    staged_version,
+    summary,
+)
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind
 
@@ -72,9 +78,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                 attention: bool | None = None) -> Path:
     """Write `repo/name/version` from packed graphs and return its path (see module doc).
     `attention` False: a translator whose step has no attention (its graph returns zeros)."""
-    from seqserve.export.bundle import _check_args, _libraries, staged_version
 
-    _check_args(name, version, ["onnx"])
+    check_args(name, version, ["onnx"])
     missing = [g for g in GRAPHS_BY_TASK[task] if g not in graphs]
     if missing:
         raise UserError(f"a {task} needs graph(s) {missing}")
@@ -117,20 +122,19 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
             attention = True
         manifest = Manifest(
             task=task, name=name, version=version,
-            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), tokenizer=tok,
+            created=created(), tokenizer=tok,
             target_tokenizer=target_tok, labels=labels, limits=limits, graphs=specs,
-            opset=opset, libraries=_libraries(), files=hash_files(tmp),
+            opset=opset, libraries=libraries(), files=hash_files(tmp),
             attention=attention, source=dict(source or {"packed_by": "seqserve pack"}))
-        write_manifest(tmp, manifest)
-        manifest = load_bundle(tmp, verify=True, require_checksum=True)  # schema + declared
+        manifest = finish(tmp, manifest, require_checksum=True)  # schema + declared
         from seqserve.export.verify import check_graph_files
 
         check_graph_files(tmp, manifest)
         _check_sizes(task, tmp, manifest, graphs)
-        _say(progress, "checking parity and batch invariance on random padded batches")
+        say(progress, "checking parity and batch invariance on random padded batches")
         report = _parity(task, tmp, manifest, graphs, grid or {})
-        manifest = _record_parity(tmp, manifest, report)
-    _summary(progress, target, manifest, started)
+        manifest = record_parity(tmp, manifest, report, explain)
+    summary(progress, target, manifest, started)
     return target
 
 
@@ -186,11 +190,10 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
     sequence-tagger) from its one packed graph (see module doc); returns its path.
     `source_run`: the manifest's {"path", "config", "test_metrics"} of a seqserve training run
     (export_run of a forecaster run); none for a user's own model."""
-    from seqserve.export.bundle import _check_args, _libraries, staged_version
-    from seqserve.export.manifest import GRAPHS_BY_TASK
+    from seqserve.export.contract import GRAPHS_BY_TASK
     from seqserve.export.verify import check_graph_files, series_grid
 
-    _check_args(name, version, ["onnx"])
+    check_args(name, version, ["onnx"])
     labels = list(labels or [])
     if len(set(labels)) != len(labels):
         raise UserError(f"labels {labels} repeat a label")
@@ -214,18 +217,17 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
                         if o.domain in ("", "ai.onnx"))
         manifest = Manifest(
             task=task, name=name, version=version,
-            created=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), labels=labels,
+            created=created(), labels=labels,
             limits={"max_steps": int(max_steps)}, graphs=specs, opset=opset,
-            libraries=_libraries(), files=hash_files(tmp),
+            libraries=libraries(), files=hash_files(tmp),
             source=dict(source or {"packed_by": "seqserve pack"}), features=int(features),
             outputs=int(outputs), normalization=norm, output_scale=scale,
             state_dim=None if state_dim is None else int(state_dim),
             source_run=dict(source_run or {}))
-        write_manifest(tmp, manifest)
-        manifest = load_bundle(tmp, verify=True, require_checksum=True)  # schema + declared
+        manifest = finish(tmp, manifest, require_checksum=True)  # schema + declared
         check_graph_files(tmp, manifest)
         _check_series_sizes(tmp, manifest, graphs)
-        _say(progress, "checking parity, batch invariance and chunking on random padded "
+        say(progress, "checking parity, batch invariance and chunking on random padded "
              "series")
         runners = _runners(task, tmp, manifest, graphs)
         reference = next(r for r in ("eager", "torchscript", "onnx") if r in runners)
@@ -238,27 +240,9 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
                                   series_grid(manifest, grid or {}))
         finally:
             torch.set_num_threads(before)
-        manifest = _record_parity(tmp, manifest, report)
-    _summary(progress, target, manifest, started)
+        manifest = record_parity(tmp, manifest, report, explain)
+    summary(progress, target, manifest, started)
     return target
-
-
-def _record_parity(tmp: Path, manifest: Manifest, report: dict[str, Any]) -> Manifest:
-    """The manifest with its passed parity report, written and read back verified (a
-    failed report is a BundleError that explains it)."""
-    if not report["passed"]:
-        raise BundleError(explain(report))
-    manifest = Manifest.from_dict({**manifest.to_dict(), "parity": report})
-    write_manifest(tmp, manifest)
-    load_bundle(tmp, verify=True, require_checksum=True)
-    return manifest
-
-
-def _summary(progress: bool, target: Path, manifest: Manifest, started: float) -> None:
-    if progress:
-        from seqserve.export.summary import format_summary
-
-        print(format_summary(target, manifest, time.perf_counter() - started))
 
 
 def _check_series_sizes(root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
@@ -285,11 +269,6 @@ def _check_series_sizes(root: Path, manifest: Manifest, graphs: dict[str, Packed
             raise UserError(f"the graph gives {got} outputs per "
                             f"{'step' if manifest.task == 'sequence-tagger' else 'series'} but "
                             f"{what} was given")
-
-
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(f"== {text}", flush=True)
 
 
 def _tokenizer(out: Path, path: Path, stem: str, overrides: dict[str, Any] | None

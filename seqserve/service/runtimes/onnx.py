@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from seqserve.export.contract import check_signature, session_signature
-from seqserve.export.manifest import GraphSpec
+from seqserve.export.contract import GraphSpec, check_signature, session_signature
 from seqserve.models.errors import BundleError
 from seqserve.service.runtimes.base import RuntimeUnavailable
 

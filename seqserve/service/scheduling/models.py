@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from seqserve.export.manifest import FEATURE_TASKS, GRAPHS_BY_TASK, Manifest
+from seqserve.export.contract import FEATURE_TASKS, GRAPHS_BY_TASK
+from seqserve.export.manifest import Manifest
 from seqserve.service.core.errors import BadRequest, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows

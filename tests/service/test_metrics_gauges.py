@@ -58,7 +58,7 @@ def test_cancelled_queued_and_admitted_requests_leave_the_gauges_at_zero(
     with serve_app(app) as url:
         model = app.state.seqserve.repository.entry("tiny-mt").model
         assert isinstance(model, DecodedModel)
-        engine: DecodeLoop = model.engine
+        engine: DecodeLoop = model.loop
         body = json.dumps({"texts": ["one two three"] * 2, **LONG}).encode()
         clients = []
         for _ in range(4):  # 2 x 8 rows fill the budget; the other 6 sources wait

@@ -162,7 +162,7 @@ class EngineServer:
             pending.cancel()
         generation = self.generations.pop(key, None)
         if generation is not None:
-            generation[0].loop.cancel(generation[1])
+            generation[0].cancel(generation[1])
 
     def handle(self, identity: bytes, msg: p.ToEngine) -> None:
         if isinstance(msg, p.Submit):
@@ -172,7 +172,7 @@ class EngineServer:
         elif isinstance(msg, p.StopSeq):
             found = self.generations.get((identity, msg.id))
             if found is not None:
-                found[0].loop.stop_sequence(found[1], msg.index)
+                found[0].stop_sequence(found[1], msg.index)
         elif isinstance(msg, p.Cancel):
             self._cancel((identity, msg.id))
         else:
@@ -231,7 +231,7 @@ class EngineServer:
                     self.generations.pop(key, None)
 
             self.generations[key] = (model, -1)
-            rid = model.loop.submit(rows, options, msg.deadline, sink)
+            rid = model.submit(rows, options, msg.deadline, sink)
             self.generations[key] = (model, rid)
         except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
             self.generations.pop(key, None)

@@ -44,6 +44,7 @@ from seqserve.service.scheduling.base import (
     Timing,
     admit_by_wait,
 )
+from seqserve.service.scheduling.lanes import serve_jobs
 
 log = logging.getLogger("seqserve.batcher")
 
@@ -163,8 +164,11 @@ class Batcher(Generic[P, R]):
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name=self.name)
-            self._threads = [threading.Thread(target=_serve_instance,
-                                              args=(self.computes[i], self._queues[i], loop),
+            self._threads = [threading.Thread(target=serve_jobs,
+                                              args=(self._queues[i],
+                                                    functools.partial(_run_batch,
+                                                                      self.computes[i]),
+                                                    _finish_job, loop),
                                               name=f"batch-{self.name}_{i}", daemon=True)
                              for i in range(len(self.computes))]
             for thread in self._threads:
@@ -369,22 +373,16 @@ class Batcher(Generic[P, R]):
         self.observer.on_depth(depth)
 
 
-def _serve_instance(compute: Callable[[list[Any]], Sequence[Any]],
-                    jobs: queue.SimpleQueue[tuple[Any, ...] | None],
-                    loop: asyncio.AbstractEventLoop) -> None:
-    """One runtime instance's thread: run each batch, hand the outcome to the loop (the job's
-    own `_finish`; the thread holds no batcher, so one never closed can still be collected)."""
-    while (job := jobs.get()) is not None:
-        outcome: Sequence[Any] | Exception
-        try:
-            outcome = compute(job[1])
-        except Exception as exc:  # one batch fails, the loop goes on
-            outcome = exc
-        try:
-            loop.call_soon_threadsafe(job[-1], job, outcome)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            return
-        del job, outcome
+def _run_batch(compute: Callable[[list[Any]], Sequence[Any]], job: tuple[Any, ...]
+               ) -> Sequence[Any]:
+    """One batch job on its instance's thread: the compute of its payloads."""
+    return compute(job[1])
+
+
+def _finish_job(job: tuple[Any, ...], outcome: Sequence[Any] | Exception) -> None:
+    """On the loop: the job's own `_finish` (the thread holds no batcher, so one never
+    closed can still be collected)."""
+    job[-1](job, outcome)
 
 
 def _stop_threads(queues: list[queue.SimpleQueue[tuple[Any, ...] | None]]) -> None:

@@ -1,4 +1,5 @@
-"""Work lanes: the decode loops' runtime calls on dedicated threads, results back in one hop.
+"""Work lanes: the decode loops' runtime calls on dedicated threads, results back in one hop
+(`serve_jobs`, which the batcher's instance threads use too).
 
 A lane is one thread that runs the work items put on it in order (`Lanes.put`); each
 result (or the exception its run raised) comes back to the event loop with one
@@ -74,18 +75,29 @@ class Lanes(Generic[W, R]):
         self._threads = []
 
     def _serve(self, jobs: queue.SimpleQueue[W | None], loop: asyncio.AbstractEventLoop) -> None:
-        while (work := jobs.get()) is not None:
-            result: R | Exception
-            try:
-                result = self.run(work)
-            except Exception as exc:  # the loop decides what a failed item means
-                result = exc
-            try:
-                loop.call_soon_threadsafe(self._returned, work, result)
-            except RuntimeError:  # the loop is closed: nobody waits any more
-                return
-            del work, result
+        serve_jobs(jobs, self.run, self._returned, loop)
 
     def _returned(self, work: W, result: R | Exception) -> None:
         self._results.append((work, result))
         self._ready.set()
+
+
+J = TypeVar("J")
+
+
+def serve_jobs(jobs: queue.SimpleQueue[J | None], run: Callable[[J], R],
+               back: Callable[[J, R | Exception], None], loop: asyncio.AbstractEventLoop) -> None:
+    """The one hand-back from a runtime thread to the event loop (the lanes' threads and the
+    batcher's instance threads): run each job until a None, and hand (job, result or the
+    exception its run raised) to `back` on `loop` with one `call_soon_threadsafe`."""
+    while (job := jobs.get()) is not None:
+        result: R | Exception
+        try:
+            result = run(job)
+        except Exception as exc:  # the loop decides what a failed job means
+            result = exc
+        try:
+            loop.call_soon_threadsafe(back, job, result)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            return
+        del job, result

@@ -1,8 +1,9 @@
 """Language models on the decoding engine: continuous batching of generation, step by step.
 
-The design is the translator's (scheduler.py / decoding.py): a synchronous, model-free core
-(`LMScheduler`: schedule, execute, update; one table of requests) driven by an asyncio loop
-(`LMLoop`) that runs each work item off the event loop.
+The design is the translator's (scheduler.py / decoding.py): a synchronous, model-free
+scheduler (`LMScheduler`, lm_scheduler.py: schedule, execute, update; one table of requests)
+driven by the one loop driver (loop.py; `LMLoop` here) that runs each work item off the
+event loop.
 
 - schedule(): evict the rows of cancelled and stopped sequences; rows whose prompts were
   prefilled join the live set; admit waiting requests (prompts to generate from, texts to
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,62 +44,48 @@ from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import NullObserver, Observer, Timed
 from seqserve.service.scheduling.config import ModelConfig
 from seqserve.service.scheduling.generation import GenerateOptions, Sink, TokenStream
-from seqserve.service.scheduling.lanes import Lanes
-from seqserve.service.scheduling.lm_scheduler import LMScheduler, PrefillWork, Work, _Done
+from seqserve.service.scheduling.lm_scheduler import LMScheduler, Work, _Done
+from seqserve.service.scheduling.loop import LoopDriver
 from seqserve.service.scheduling.work import DecodeConfig
 
-log = logging.getLogger("seqserve.lm")
 
+class LMLoop(LoopDriver[Work, _Done]):
+    """The language models' loop: an `LMScheduler` on the one loop driver (loop.py), two
+    lanes (prefill, steps); requests are answered by the scheduler through their sinks."""
 
-class LMLoop:
-    """The asyncio driver of an `LMScheduler` (decoding.py's `DecodeLoop`, for LMs)."""
+    scheduler: LMScheduler
 
     def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
                  observer: Observer | None = None) -> None:
         self.observer: Observer = observer or NullObserver()
-        self.core = LMScheduler(runtime, eos_id, vocab_size, config, self.observer)
         self.config = config
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._lanes: Lanes[Work, _Done] = Lanes(self.core.execute, ["prefill", "lm-step"])
-
-    def start(self) -> None:
-        if self._task is None:
-            self._lanes.start()
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-
-    async def stop(self) -> None:
-        self.core.closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-        self._lanes.stop()
+        super().__init__(LMScheduler(runtime, eos_id, vocab_size, config, self.observer),
+                         ["prefill", "lm-step"])
 
     def abort(self, error: Exception) -> None:
-        self.core.closing = True
-        for r in self.core.abort():
+        self.scheduler.closing = True
+        for r in self.scheduler.abort():
             if r.sink is not None:
                 r.sink(error)
             for f in r.futures:
                 if not f.done():
                     f.set_exception(error)
-        self._wake.set()
+        self.kick()
 
     def submit(self, prompts: Sequence[list[int]], options: GenerateOptions,
                deadline: float | None, sink: Sink) -> int:
         """Queue prompts (bos first) for generation, their events to `sink`; the request id.
         QueueFull / ShuttingDown refuse them."""
-        r = self.core.add(prompts, options, sink, deadline)
+        r = self.scheduler.add(prompts, options, sink, deadline)
         self._kick()
         return r.rid
 
     def cancel(self, rid: int) -> None:
-        self.core.cancel(rid)
+        self.scheduler.cancel(rid)
         self._kick()
 
     def stop_sequence(self, rid: int, index: int) -> None:
-        self.core.stop(rid, index)
+        self.scheduler.stop(rid, index)
         self._kick()
 
     def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
@@ -115,14 +101,14 @@ class LMLoop:
               ) -> list[asyncio.Future[Timed[Any]]]:
         """Queue texts (bos first) for one batched prefill; a future per text resolving to
         Timed((log-probs of the text's tokens,),)."""
-        r = self.core.add(rows, None, None, deadline)
+        r = self.scheduler.add(rows, None, None, deadline)
         loop = asyncio.get_running_loop()
         r.futures = [loop.create_future() for _ in rows]
         rid = r.rid
 
         def on_done(f: asyncio.Future[Any]) -> None:
             if f.cancelled():
-                self.core.cancel(rid)
+                self.scheduler.cancel(rid)
 
         for f in r.futures:
             f.add_done_callback(on_done)
@@ -130,37 +116,12 @@ class LMLoop:
         return list(r.futures)
 
     def _kick(self) -> None:
-        self._wake.set()
-        self._report()
+        self.kick()
+        self.report()
 
-    def _report(self) -> None:
-        self.observer.on_depth(self.core.queued)
-        self.observer.on_live_sequences(self.core.live_rows)
-
-    async def _loop(self) -> None:
-        while True:
-            try:
-                for work in self.core.schedule():
-                    self._lanes.put(0 if isinstance(work, PrefillWork) else 1, work)
-            except Exception as exc:
-                log.exception("language model schedule failed")
-                self.core.fail_all(exc)
-            if not self._lanes.in_flight:
-                if self.core.closing and not self.core.has_work():
-                    return
-                self._report()
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            for work, done in await self._lanes.completed():
-                try:
-                    if isinstance(done, Exception):
-                        raise done
-                    self.core.update(work, done)
-                except Exception as exc:
-                    log.exception("language model update failed")
-                    self.core.fail_all(exc)
-            self._report()
+    def report(self) -> None:
+        self.observer.on_depth(self.scheduler.queued)
+        self.observer.on_live_sequences(self.scheduler.live_rows)
 
 
 class LMModel:
@@ -205,11 +166,27 @@ class LMModel:
 
     def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
                  deadline: float) -> TokenStream:
+        """Generate from prompts (bos first); the tokens come on the returned stream."""
         return self.loop.generate(prompts, options, deadline)
+
+    def submit(self, prompts: Sequence[list[int]], options: GenerateOptions,
+               deadline: float, sink: Sink) -> int:
+        """Generate from prompts, every update's events to `sink`; the request id (for
+        `cancel` and `stop_sequence`)."""
+        return self.loop.submit(prompts, options, deadline, sink)
+
+    def cancel(self, rid: int) -> None:
+        """Drop a generation (its caller left)."""
+        self.loop.cancel(rid)
+
+    def stop_sequence(self, rid: int, index: int) -> None:
+        """End one sequence of a generation (it hit a stop string)."""
+        self.loop.stop_sequence(rid, index)
 
     def score(self, rows: Sequence[list[int]], deadline: float
               ) -> list[asyncio.Future[Timed[Any]]]:
+        """Per-token log-probs of texts (bos first): one future per text."""
         return self.loop.score(rows, deadline)
 
     def expected_wait(self) -> float | None:
-        return self.loop.core.expected_wait()
+        return self.loop.scheduler.expected_wait()

@@ -31,6 +31,7 @@ from seqserve.service.scheduling.generation import (
     Sink,
     TokenEvent,
 )
+from seqserve.service.scheduling.loop import Outcome, Status
 from seqserve.service.scheduling.sampling import (
     sample,
     sequence_keys,
@@ -55,7 +56,7 @@ class _Request:
     live: int = 0
     """Sequences not finished yet."""
     admitted: float = 0.0
-    status: str = "waiting"  # waiting | prefilling | live | done
+    status: Status = Status.WAITING
 
     @property
     def sequences(self) -> int:
@@ -224,9 +225,9 @@ class LMScheduler:
         r = self.table.pop(rid, None)
         if r is None:
             return
-        if r.status == "waiting":
+        if r.status is Status.WAITING:
             self._waiting -= len(r.rows)
-        r.status = "done"
+        r.status = Status.FINISHED
         self._gone.add((rid, -1))
 
     def stop(self, rid: int, index: int) -> None:
@@ -237,8 +238,8 @@ class LMScheduler:
             return
         self._gone.add((rid, index))
         r.live -= 1
-        if r.live <= 0 and r.status == "live":
-            r.status = "done"
+        if r.live <= 0 and r.status is Status.DECODING:
+            r.status = Status.FINISHED
             self.table.pop(rid, None)
 
     def abort(self) -> list[_Request]:
@@ -327,7 +328,7 @@ class LMScheduler:
         now = self.clock()
         while self._queue and count < cfg.max_admit:
             head = self._queue[0]
-            if head.status != "waiting":
+            if head.status is not Status.WAITING:
                 self._queue.popleft()
                 continue
             if admitted and (head.sequences > budget or count + len(head.rows) > cfg.max_admit):
@@ -336,7 +337,7 @@ class LMScheduler:
                 break  # wait for rows to free up (a lone request over the budget still runs)
             budget -= head.sequences
             count += len(head.rows)
-            head.status, head.admitted = "prefilling", now
+            head.status, head.admitted = Status.ENCODING, now
             self._waiting -= len(head.rows)
             admitted.append(self._queue.popleft())
         if admitted and self._backlog_since is not None:
@@ -346,6 +347,10 @@ class LMScheduler:
         return admitted
 
     # -- execute (any thread) -------------------------------------------------------------
+
+    def lane(self, work: Work) -> int:
+        """The work lane of an item: prefills on one thread, steps on another."""
+        return 0 if isinstance(work, PrefillWork) else 1
 
     def execute(self, work: Work) -> _Done:
         start = time.perf_counter()
@@ -363,20 +368,23 @@ class LMScheduler:
 
     # -- update ---------------------------------------------------------------------------
 
-    def update(self, work: Work, done: _Done) -> list[_Request]:
-        """Apply a finished item; returns the requests that ended with it."""
+    def update(self, work: Work, done: _Done) -> list[Outcome]:
+        """Apply a finished item; the requests that ended with it (already answered: their
+        sinks and futures had every event)."""
         if work.epoch != self._epoch:
             return []
         if isinstance(work, PrefillWork):
             self._prefilling = False
-            return self._prefilled(work, done)
-        self._stepping = False
-        return self._stepped(done)
+            ended = self._prefilled(work, done)
+        else:
+            self._stepping = False
+            ended = self._stepped(done)
+        return [Outcome(r, None) for r in ended]
 
     def _fail(self, r: _Request, exc: BaseException) -> None:
         error = exc if isinstance(exc, InferenceFailed) else InferenceFailed(
             f"language model failed: {exc}")
-        r.status = "done"
+        r.status = Status.FINISHED
         self.table.pop(r.rid, None)
         self._gone.add((r.rid, -1))
         if r.sink is not None:
@@ -399,7 +407,7 @@ class LMScheduler:
                                sum(len(x) for x in work.rows))
         if done.error is not None:
             for r in work.requests:
-                if r.status != "done":
+                if r.status is not Status.FINISHED:
                     self._fail(r, done.error)
             return list(work.requests)
         state, log_probs, lengths = done.out["state"], done.out["log_probs"], done.out["lengths"]
@@ -412,7 +420,7 @@ class LMScheduler:
         for r in work.requests:
             span = range(at, at + len(r.rows))
             at += len(r.rows)
-            if r.status == "done":  # cancelled while its prefill ran
+            if r.status is Status.FINISHED:  # cancelled while its prefill ran
                 continue
             if r.options is None:
                 self._answer_scores(r, log_probs, lengths, span, now)
@@ -421,7 +429,7 @@ class LMScheduler:
             n = len(r.rows) * r.options.n
             parts.append(_Rows.of(r.rid, r.options, self._keys(r.options, n)))
             sources.append(np.repeat(np.arange(span.start, span.stop), r.options.n))
-            r.live, r.status = n, "live"
+            r.live, r.status = n, Status.DECODING
             live.append(r)
         if not live:
             return ended
@@ -443,7 +451,7 @@ class LMScheduler:
             if not f.done():
                 f.set_result(Timed((lps,), Timing(r.admitted - r.submitted, now - r.admitted,
                                                   len(r.rows), 0)))
-        r.status = "done"
+        r.status = Status.FINISHED
         self.table.pop(r.rid, None)
         self.service_cost.observe(1, now - r.admitted)
 
@@ -461,7 +469,7 @@ class LMScheduler:
         requests = []
         for rid in _runs(rows.rid)[0]:
             r = self.table.get(rid)
-            requests.append(r if r is not None and r.status == "live" else None)
+            requests.append(r if r is not None and r.status is Status.DECODING else None)
         ended: list[_Request] = []
         keep, self.last = self._advance(rows, done.out["log_probs"], requests, ended)
         if not keep.all():
@@ -510,7 +518,7 @@ class LMScheduler:
                 top = tops[i][: want_list[i]] if tops is not None and i in tops else ()
                 out.append(TokenEvent(index, token, chosen[i], top, finish))
             if r.live <= 0:
-                r.status = "done"
+                r.status = Status.FINISHED
                 self.table.pop(r.rid, None)
                 self.service_cost.observe(1, self.clock() - r.admitted)
                 ended.append(r)
@@ -518,10 +526,13 @@ class LMScheduler:
                 r.sink(out)
         return keep, tokens
 
-    def fail_all(self, error: Exception) -> None:
-        for r in list(self.table.values()):
+    def fail_all(self, error: Exception) -> list[Outcome]:
+        """Fail every live request (answered through their sinks and futures)."""
+        failed = list(self.table.values())
+        for r in failed:
             self._fail(r, error)
         self._reset()
+        return [Outcome(r, error) for r in failed]
 
 
 def _runs(rid: np.ndarray) -> tuple[list[int], list[int]]:

@@ -1,10 +1,11 @@
 """One served model on the scheduling side: its runtime behind a batcher or a decode scheduler.
 
 `build_model(task, runtime, manifest, config, observer)` gives a `BatchedModel` (classifier,
-tagger: rows through the dynamic batcher) or a `DecodedModel` (translator: the decoding
-engine). Both have `start()` (warm up, then serve), `stop(timeout)` (drain) and `submit(...)`,
-which returns one future per row or source. Workers hold such a model and nothing else of
-this layer, so the same workers can later talk to a model in another process.
+tagger, feature sequences: rows through the dynamic batcher), a `DecodedModel` (translator:
+the decode loop) or an `LMModel` (scheduling/lm.py). Each has `start()` (warm up, then
+serve), `stop(timeout)` (drain) and its typed calls (`submit(...)` returns one future per row
+or source). Workers hold such a model and nothing else of this layer, so the same workers
+talk to a model in another process alike.
 """
 
 from __future__ import annotations
@@ -308,42 +309,42 @@ class DecodedModel:
         self.runtime = runtime
         self.unk_id = unk_id
         self.config = config
-        self.engine = DecodeLoop(runtime, limits, config.decode, observer)
+        self.loop = DecodeLoop(runtime, limits, config.decode, observer)
 
     async def start(self) -> None:
-        self.engine.start()
+        self.loop.start()
         if self.config.warmup:  # one short decode per source length bucket
             n = self.config.max_tokens
             lengths = sorted({1, min(8, n), n})
-            await self.engine.translate([[self.unk_id] * k for k in lengths],
+            await self.loop.translate([[self.unk_id] * k for k in lengths],
                                         SearchOptions(beam_size=4, max_length=3))
 
     async def stop(self, timeout: float) -> bool:
         """Finish admitted and queued translations within `timeout`; then fail the rest."""
-        stopping = asyncio.ensure_future(self.engine.stop())
+        stopping = asyncio.ensure_future(self.loop.stop())
         done, _ = await asyncio.wait({stopping}, timeout=timeout)
         if done:
             return True
-        self.engine.abort(ShuttingDown("the server stopped before this translation finished"))
+        self.loop.abort(ShuttingDown("the server stopped before this translation finished"))
         await asyncio.wait({stopping}, timeout=5.0)
         return False
 
     def describe(self) -> dict[str, Any]:
         """What runs this model and its decoding limits (for GET /v1/models)."""
-        cfg = self.engine.config
+        cfg = self.loop.config
         return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
-                "limits": {"max_decode_length": self.engine.limits.max_decode_length,
+                "limits": {"max_decode_length": self.loop.limits.max_decode_length,
                            "max_live_hypotheses": cfg.max_live_hypotheses,
                            "queue_size": cfg.max_queue}}
 
     def submit(self, sources: Sequence[list[int]], options: SearchOptions,
                deadline: float) -> list[asyncio.Future[Decoded]]:
         """Queue sources for decoding (all or none); one future per source."""
-        return self.engine.submit(sources, options, deadline)
+        return self.loop.submit(sources, options, deadline)
 
     def expected_wait(self) -> float | None:
         """Seconds a source would wait for admission now (None: not measured yet)."""
-        return self.engine.core.expected_wait()
+        return self.loop.expected_wait()
 
 
 ServedModel = BatchedModel | DecodedModel | LMModel

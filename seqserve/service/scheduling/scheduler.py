@@ -42,6 +42,7 @@ from seqserve.service.scheduling.base import (
     admit_by_wait,
 )
 from seqserve.service.scheduling.group import DecodeGroup
+from seqserve.service.scheduling.loop import Outcome, Status
 from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions, max_steps
 from seqserve.service.scheduling.work import (
     DecodeConfig,
@@ -49,21 +50,12 @@ from seqserve.service.scheduling.work import (
     EncodeResult,
     EncodeWork,
     Request,
-    Status,
     StepResult,
     StepStats,
     StepWork,
     Work,
     execute,
 )
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A request that left the engine: its answer, or why it failed."""
-
-    request: Request
-    result: Decoded | Exception
 
 
 @dataclass(eq=False)
@@ -214,6 +206,10 @@ class DecodeScheduler:
         for work in self.schedule():
             outcomes += self.update(work, self.execute(work))
         return outcomes
+
+    def lane(self, work: Work) -> int:
+        """The work lane of an item: encoder batches on one thread, decoder steps on another."""
+        return 0 if isinstance(work, EncodeWork) else 1
 
     def execute(self, work: Work) -> EncodeResult | StepResult:
         """Run one work item on the runtime; reads only the item (safe on any thread)."""

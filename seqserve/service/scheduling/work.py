@@ -9,7 +9,6 @@ it fails only the requests that cause it.
 
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import numpy as np
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Timing, pad_rows
 from seqserve.service.scheduling.group import DecodeGroup
+from seqserve.service.scheduling.loop import Status
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 
 
@@ -84,16 +84,6 @@ class Decoded:
     @property
     def timing(self) -> Timing:
         return Timing(self.queue_s, self.decode_s, 0, self.steps)
-
-
-class Status(enum.Enum):
-    """Where a request is. The scheduler's table holds each live request with one status."""
-
-    WAITING = "waiting"  # queued for admission
-    ENCODING = "encoding"  # admitted, its encoder batch running
-    DECODING = "decoding"  # encoded: placed in a group (or about to be)
-    FINISHED = "finished"  # answered
-    ABORTED = "aborted"  # cancelled or failed
 
 
 @dataclass(eq=False)

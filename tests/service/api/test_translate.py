@@ -42,7 +42,7 @@ def worker_of(app: FastAPI, name: str = "tiny-mt") -> TranslatorWorker:
 def engine_of(app: FastAPI, name: str = "tiny-mt") -> DecodeLoop:
     model = app.state.seqserve.repository.entry(name).model
     assert isinstance(model, DecodedModel)
-    return model.engine
+    return model.loop
 
 
 OPTIONS: list[dict[str, Any]] = [
@@ -225,8 +225,8 @@ def test_disconnect_and_deadline_stop_decoding(tiny_repo: Path) -> None:
                 await task
             # admission now knows 30 steps cannot fit 50 ms (429); with its costs unknown it
             # cannot know, takes the request, and the deadline stops it (504)
-            engine.core.step_cost = BatchCost()
-            engine.core.decode_cost = CostEstimate()
+            engine.scheduler.step_cost = BatchCost()
+            engine.scheduler.decode_cost = CostEstimate()
             late = RequestContext(deadline=time.monotonic() + 0.05)
             with pytest.raises(DeadlineExceeded):
                 await worker.translate(TEXTS[:2], long, late)

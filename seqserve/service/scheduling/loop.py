@@ -1,0 +1,127 @@
+"""The one loop driver of every decoding scheduler: schedule -> execute -> update.
+
+A scheduler (`Scheduled`: the translator's `DecodeScheduler`, the language models'
+`LMScheduler`, anything later) is synchronous and model-free: `schedule()` says what to run
+next (an admission batch, one step per group), `execute(work)` runs one item (on a lane's
+thread: lanes.py), `update(work, result)` applies what came back and returns the `Outcome`s of
+the requests that left, `fail_all(error)` fails every request (a bug must not hang clients).
+`LoopDriver` is the asyncio task that feeds it: launch what it schedules on the item's lane,
+wait for any item to come back, update, resolve, report, and sleep when nothing runs until
+`kick()` wakes it; `stop()` ends it once the scheduler is closing and idle. Every request of
+every scheduler has one `Status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from seqserve.service.scheduling.lanes import Lanes
+
+W = TypeVar("W")
+R = TypeVar("R")
+
+log = logging.getLogger("seqserve.loop")
+
+
+class Status(enum.Enum):
+    """Where a request is. A scheduler's table holds each live request with one status."""
+
+    WAITING = "waiting"  # queued for admission
+    ENCODING = "encoding"  # admitted, its first batch (encoder, prefill) running
+    DECODING = "decoding"  # live: stepped with the others
+    FINISHED = "finished"  # answered
+    ABORTED = "aborted"  # cancelled or failed
+
+
+@dataclass(frozen=True, eq=False)
+class Outcome:
+    """A request that left the scheduler: its result, or the exception to raise."""
+
+    request: Any
+    result: Any
+
+
+class Scheduled(Protocol[W, R]):
+    """What the driver needs of a scheduler (see the module doc)."""
+
+    closing: bool
+
+    def schedule(self) -> Sequence[W]: ...
+
+    def lane(self, work: W) -> int: ...
+
+    def execute(self, work: W) -> R: ...
+
+    def update(self, work: W, result: R) -> list[Outcome]: ...
+
+    def fail_all(self, error: Exception) -> list[Outcome]: ...
+
+    def has_work(self) -> bool: ...
+
+
+class LoopDriver(Generic[W, R]):
+    """Drives `scheduler` on lanes named `lanes`; subclasses answer their requests
+    (`resolve`) and report their gauges (`report`)."""
+
+    def __init__(self, scheduler: Scheduled[W, R], lanes: Sequence[str]) -> None:
+        self.scheduler = scheduler
+        self._lanes: Lanes[W, R] = Lanes(scheduler.execute, lanes)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._lanes.start()
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        """Refuse new work, finish what was admitted or queued, then end the loop."""
+        self.scheduler.closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        self._lanes.stop()
+
+    def kick(self) -> None:
+        """New work or a cancellation: the loop looks again."""
+        self._wake.set()
+
+    def resolve(self, outcomes: list[Outcome]) -> None:
+        """Answer the requests that left (their futures or sinks)."""
+
+    def report(self) -> None:
+        """Publish the queue and live gauges."""
+
+    async def _loop(self) -> None:
+        """Launch the scheduler's work, apply each item as it finishes, until closed and idle."""
+        scheduler, lanes = self.scheduler, self._lanes
+        while True:
+            try:
+                for work in scheduler.schedule():
+                    lanes.put(scheduler.lane(work), work)
+            except Exception as exc:  # a bug here must not hang every waiting client
+                log.exception("%s schedule failed", type(scheduler).__name__)
+                self.resolve(scheduler.fail_all(exc))
+            if not lanes.in_flight:
+                if scheduler.closing and not scheduler.has_work():
+                    return
+                self.report()  # idle: cancelled requests no longer count
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            for work, result in await lanes.completed():
+                try:
+                    if isinstance(result, Exception):
+                        raise result
+                    outcomes = scheduler.update(work, result)
+                except Exception as exc:
+                    log.exception("%s update failed", type(scheduler).__name__)
+                    outcomes = scheduler.fail_all(exc)
+                self.resolve(outcomes)
+            self.report()

@@ -94,8 +94,9 @@ async def run(a: argparse.Namespace) -> int:
         def _send(self, msg: p.ToEngine) -> None:
             p.encoder.encode([msg])  # what the real send encodes (a turn's list; here one)
             if isinstance(msg, p.Hello):
-                reply: Any = p.State(engine.states, settings.engine_options().to_dict(), {})
-            elif isinstance(msg, p.Submit):
+                reply: Any = p.State(engine.engine.models(),
+                                     settings.engine_options().to_dict(), {})
+            elif isinstance(msg, p.SubmitRows):
                 lengths = memoryview(msg.lengths).cast("i").tolist()
                 logits = p.Array("float32", [classes[msg.model]], bytes(4 * classes[msg.model]))
                 reply = p.Rows(msg.id, [[logits, p.Array("float32", [n], bytes(4 * n))]

@@ -82,15 +82,16 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     from seqserve.models.errors import UserError
     from seqserve.service.core.errors import ServiceError
     from seqserve.service.core.metrics import Metrics
-    from seqserve.service.web.repository import ModelRepository
+    from seqserve.service.server.composition import Composition
     from seqserve.service.web.settings import Settings
     from seqserve.service.workers.base import RequestContext
     from seqserve.service.workers.translator import TranslatorWorker
 
     settings = Settings(repo=args.repo, runtime=args.runtime, device=args.device,
                         warmup=False, truncate=True)
-    repo = ModelRepository(settings, Metrics())
-    await repo.load_all(only=args.model)
+    composition = Composition(settings, Metrics())
+    await composition.start(only=args.model)
+    repo = composition.repository
     try:
         entry, worker = repo.worker(args.model, args.version, TranslatorWorker)
         m = entry.manifest
@@ -105,7 +106,7 @@ async def _translate(args: argparse.Namespace, options: Any) -> dict[str, Any]:
     except ServiceError as exc:
         raise UserError(f"{args.repo}: {exc.message}") from exc
     finally:
-        await repo.stop_all(60.0)
+        await composition.stop(60.0)
     decoder = entry.manifest.decoder if entry.manifest else None
     return {"model": args.model, "version": entry.version, "decoder": decoder or "luong",
             "seconds": round(seconds, 4), "results": results}

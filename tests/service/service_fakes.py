@@ -139,3 +139,10 @@ async def serve_asgi(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 def run_bounded(coro):  # type: ignore[no-untyped-def]
     """asyncio.run with a 90 s bound, so a hung scenario fails instead of hanging CI."""
     return asyncio.run(asyncio.wait_for(coro, timeout=90))
+
+
+def served(app: FastAPI, name: str) -> Any:
+    """The scheduled model (`scheduling.models`) of model `name`'s default version in an
+    app whose models run in its own process (its `LocalEngine`)."""
+    entry = app.state.seqserve.repository.entry(name)
+    return entry.model.engine.served[name, entry.version]

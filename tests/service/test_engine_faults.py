@@ -76,32 +76,32 @@ def test_runtime_faults_and_bugs_answer_their_request_alone(
         async with engine_and_client(tiny_repo, fake_factory(runtime),
                                      max_wait_ms=0) as (engine, client):
             runtime.fail_next = 1  # the runtime raises for this batch
-            (failed,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (failed,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert isinstance(failed, errors.InferenceFailed) and failed.status == 500
-            (ok,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (ok,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert ok.value[0].shape[-1] == 3  # the next request is served
 
-            model = engine.models[CLF]  # a bug before the batcher: not a ServiceError
+            model = engine.engine.served[CLF]  # a bug before the batcher: not a ServiceError
             monkeypatch.setattr(model, "submit", lambda rows, d: 1 / 0)
-            (bug,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (bug,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert isinstance(bug, errors.InferenceFailed) and "division" in str(bug), bug
             monkeypatch.undo()
 
             def broken_rows(*a: Any) -> Any:
                 raise RuntimeError("answer cannot be built")
             monkeypatch.setattr(server_module, "_rows", broken_rows)  # the answer's conversion
-            (unbuilt,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (unbuilt,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert isinstance(unbuilt, errors.InferenceFailed), unbuilt
             monkeypatch.undo()
 
             def unreadable(*a: Any) -> Any:
                 raise ValueError("answer cannot be read")
             monkeypatch.setattr(p, "from_array", unreadable)  # the client's side of it
-            (unread,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (unread,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert isinstance(unread, errors.InferenceFailed), unread
             monkeypatch.undo()
             assert not client._pending and not engine.inflight
-            (ok,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (ok,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert not isinstance(ok, BaseException)
 
     asyncio.run(scenario())
@@ -138,7 +138,7 @@ def test_a_decoder_that_raises_mid_decode_fails_its_request(tiny_repo: Path) -> 
     async def scenario() -> None:
         async with engine_and_client(tiny_repo, factory) as (engine, client):
             options = SearchOptions(beam_size=2, max_length=20, min_length=10)
-            (failed,) = await outcome(client.submit(*MT, ROW, deadline(), options))
+            (failed,) = await outcome(client.translate(*MT, ROW, options, deadline()))
             assert isinstance(failed, errors.InferenceFailed), failed
             assert made[0].steps >= 3  # it failed mid-decode, after some steps succeeded
             assert not client._pending and not engine.inflight
@@ -148,7 +148,7 @@ def test_a_decoder_that_raises_mid_decode_fails_its_request(tiny_repo: Path) -> 
             future = asyncio.get_running_loop().create_future()
             client._pending[rid] = entry = _Pending([future], True, MT)
             lengths, ids = p.pack_rows(ROW)
-            client._send(p.Submit(rid, *MT, deadline(), lengths, ids, {"bogus": 1}))
+            client._send(p.SubmitTranslate(rid, *MT, deadline(), lengths, ids, {"bogus": 1}))
             (bad,) = await outcome([future])
             assert isinstance(bad, errors.BadRequest) and bad.status == 400, bad
             assert entry.done and not client._pending
@@ -166,13 +166,13 @@ def test_a_failed_send_leaves_nothing_pending_and_answers_503(tiny_repo: Path) -
                 raise zmq.ZMQError(zmq.EAGAIN, "injected send failure")
             real, channel.send = channel.send, refuse  # type: ignore[method-assign]
             # two requests of one loop turn travel in one message: both fail with it
-            refused = await outcome([*client.submit(*CLF, ROW, deadline()),
-                                     *client.submit(*CLF, ROW, deadline())])
+            refused = await outcome([*client.rows(*CLF, ROW, deadline()),
+                                     *client.rows(*CLF, ROW, deadline())])
             assert all(isinstance(r, errors.EngineUnavailable) for r in refused), refused
             assert all(r.status == 503 and r.retry_after == 2.0 for r in refused)
             assert not client._pending
             channel.send = real  # type: ignore[method-assign]
-            (ok,) = await outcome(client.submit(*CLF, ROW, deadline()))
+            (ok,) = await outcome(client.rows(*CLF, ROW, deadline()))
             assert not isinstance(ok, BaseException)
 
     asyncio.run(scenario())
@@ -186,7 +186,7 @@ def test_the_engine_going_away_answers_every_pending_request_503(tiny_repo: Path
     async def scenario() -> None:
         async with engine_and_client(tiny_repo, fake_factory(runtime),
                                      max_wait_ms=0) as (engine, client):
-            pending = [f for _ in range(4) for f in client.submit(*CLF, ROW, deadline())]
+            pending = [f for _ in range(4) for f in client.rows(*CLF, ROW, deadline())]
             while len(engine.inflight) < 4:
                 await asyncio.sleep(0.01)
             assert engine.channel is not None
@@ -196,7 +196,7 @@ def test_the_engine_going_away_answers_every_pending_request_503(tiny_repo: Path
             assert all(a.retry_after == 2.0 for a in answers)
             assert client.lost and not client._pending
             with pytest.raises(errors.EngineUnavailable):
-                client.submit(*CLF, ROW, deadline())
+                client.rows(*CLF, ROW, deadline())
             runtime.delay_s = 0.0
 
     asyncio.run(scenario())
@@ -216,8 +216,8 @@ def test_the_work_of_a_dead_api_process_is_dropped(tiny_repo: Path) -> None:
                                      max_wait_ms=0, max_batch_size=1) as (engine, client):
             lengths, ids = p.pack_rows(ROW)
             for rid in range(1, 5):  # queued behind each other (batch size 1)
-                engine.handle(gone, p.Submit(rid, *CLF, deadline(), lengths, ids, None))
-            mine = client.submit(*CLF, ROW, deadline())
+                engine.handle(gone, p.SubmitRows(rid, *CLF, deadline(), lengths, ids))
+            mine = client.rows(*CLF, ROW, deadline())
             held = [engine.inflight[gone, rid] for rid in range(1, 5)]
             assert engine.drop_orphans() == 4
             assert not any(k[0] == gone for k in engine.inflight)

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from fake_translator import FakeTranslator
 from server_support import RawConnection, serve_app
-from service_fakes import settings
+from service_fakes import served, settings
 
 from seqserve.export.manifest import Manifest
 from seqserve.service.runtimes import load_runtime
@@ -56,7 +56,7 @@ def test_cancelled_queued_and_admitted_requests_leave_the_gauges_at_zero(
     app = create_app(settings(tiny_repo, max_live_hypotheses=16, queue_size=64),
                      _slow_translator)
     with serve_app(app) as url:
-        model = app.state.seqserve.repository.entry("tiny-mt").model
+        model = served(app, "tiny-mt")
         assert isinstance(model, DecodedModel)
         engine: DecodeLoop = model.loop
         body = json.dumps({"texts": ["one two three"] * 2, **LONG}).encode()

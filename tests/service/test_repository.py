@@ -19,7 +19,7 @@ from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.server import EngineServer
 from seqserve.service.server.app import create_app
-from seqserve.service.web.repository import ModelRepository
+from seqserve.service.server.composition import Composition
 from seqserve.service.web.settings import Settings
 from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
@@ -111,10 +111,10 @@ def test_with_an_engine_the_api_side_hashes_nothing(tiny_repo: Path, tmp_path: P
         serving = asyncio.create_task(engine.serve(address, stop))
         by_engine = len(hashed)
         client = EngineClient(address)
-        await client.start()
-        api = ModelRepository(settings, Metrics(), engine=client)
+        composition = Composition(settings, Metrics(), remote=client)
+        api = composition.repository
         try:
-            await api.load_all()
+            await composition.start()
             assert by_engine > 0 and len(hashed) == by_engine, hashed[by_engine:]
             good = api.entry(MODEL, 1)
             assert good.state == "ready" and good.manifest == load_bundle(repo / MODEL / "1")
@@ -133,7 +133,7 @@ def test_with_an_engine_the_api_side_hashes_nothing(tiny_repo: Path, tmp_path: P
             stop.set()
             await serving
             await engine.drain(5.0)
-            await client.close()
+            await composition.stop(5.0)
 
     asyncio.run(asyncio.wait_for(scenario(), timeout=120))
 
@@ -145,11 +145,11 @@ def test_in_process_the_bundle_is_verified_once(tiny_repo: Path,
     real_hash = manifest_module.sha256_file
     monkeypatch.setattr(manifest_module, "sha256_file",
                         lambda path, *a: hashed.append(str(path)) or real_hash(path, *a))
-    repo = ModelRepository(Settings(repo=tiny_repo, warmup=False), Metrics())
+    composition = Composition(Settings(repo=tiny_repo, warmup=False), Metrics())
 
     async def scenario() -> None:
-        await repo.load_all(only=MODEL)
-        await repo.stop_all(5.0)
+        await composition.start(only=MODEL)
+        await composition.stop(5.0)
 
     asyncio.run(scenario())
     files = load_bundle(tiny_repo / MODEL / "1", verify=False).files

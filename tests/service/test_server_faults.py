@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from server_support import RawConnection
-from service_fakes import FakeRuntime, fake_factory, serve_in_thread
+from service_fakes import FakeRuntime, fake_factory, serve_in_thread, served
 
 from seqserve.service.scheduling.batcher import Batcher
 from seqserve.service.server.app import create_app
@@ -27,8 +27,7 @@ def _app(tiny_repo: Path, runtime: FakeRuntime, **settings: Any) -> Any:
 
 
 def _batcher(app: Any) -> Batcher[Any, Any]:
-    model = app.state.seqserve.repository.entries[MODEL][1].model
-    batcher: Batcher[Any, Any] = model.batcher
+    batcher: Batcher[Any, Any] = served(app, MODEL).batcher
     return batcher
 
 

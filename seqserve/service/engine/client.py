@@ -1,10 +1,11 @@
 """The API-process side of the engine: one DEALER socket, requests matched to replies by id.
 
-`EngineClient.hello()` asks the engine which models it serves (each with the verified
-manifest and limits the engine loaded it with) and its effective options; `RemoteRowModel` and
-`RemoteDecodeModel` are those models as workers see them: the same `submit(...)` returning one
-future per row or source as the in-process `BatchedModel` / `DecodedModel`, so the workers do
-not know where their model runs. When a request's futures are cancelled (deadline, client
+`EngineClient` is the engine interface (engine/interface.py) over ZeroMQ: `hello()` asks the
+engine which models it serves (each with the verified manifest and limits the engine loaded
+it with) and its effective options; each typed call (rows, series, chunk, translate, score,
+generate) is one typed message (engine/protocol.py) and returns what the in-process
+`LocalEngine` returns, so workers (through their `ModelHandle`) do not know where their model
+runs. When a request's futures are cancelled (deadline, client
 gone) the engine is told, and drops the work.
 
 Faults are answered, never waited out: a socket monitor on the DEALER reports the engine's
@@ -24,7 +25,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
@@ -58,10 +59,15 @@ class _Pending:
 
 
 class EngineClient:
-    """One connection from this process to the engine at `address`."""
+    """One connection from this process to the engine at `address`: the engine interface
+    (engine/interface.py) over ZeroMQ."""
+
+    in_process = False
 
     def __init__(self, address: str, retry_after_s: float = 1.0) -> None:
         self.address = address
+        self.state: p.State | None = None
+        """The engine's models and options, from its answer to `hello`."""
         self.retry_after_s = retry_after_s
         self.lost: str | None = None
         """Why the engine is unavailable (its socket disconnected), else None."""
@@ -124,8 +130,17 @@ class EngineClient:
             self._state = loop.create_future()
             self._send(p.Hello())
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(asyncio.shield(self._state), 1.0)
+                self.state = await asyncio.wait_for(asyncio.shield(self._state), 1.0)
+                return self.state
         raise EngineUnavailable(f"the engine at {self.address} did not answer in {timeout} s")
+
+    def models(self) -> list[p.ModelState]:
+        """The engine's model versions (as its answer to `hello` listed them)."""
+        return [] if self.state is None else list(self.state.models)
+
+    async def stop(self, timeout: float) -> bool:
+        """Nothing to drain here: the engine drains after every API process stopped."""
+        return True
 
     def expected_wait(self, model: str, version: int) -> float | None:
         """The engine's last report of the model's queue wait, if recent (< WAIT_TTL_S)."""
@@ -134,40 +149,60 @@ class EngineClient:
             return None
         return found[0]
 
-    def submit(self, model: str, version: int, rows: Sequence[list[int]], deadline: float,
-               options: SearchOptions | None = None) -> list[asyncio.Future[Any]]:
-        """Send one request's rows; one future per row (Timed, or Decoded with options)."""
+    def rows(self, model: str, version: int, rows: Sequence[list[int]],
+             deadline: float) -> list[asyncio.Future[Any]]:
+        """Token rows for a classifier or tagger; one future per row (Timed)."""
+        lengths, ids = p.pack_rows(rows if isinstance(rows, list) else list(rows))
+        return self._call(lambda rid: p.SubmitRows(rid, model, version, deadline, lengths, ids),
+                          len(rows), False, (model, version))
+
+    def score(self, model: str, version: int, rows: Sequence[list[int]],
+              deadline: float) -> list[asyncio.Future[Any]]:
+        """Texts (bos first) a language model scores; one future per text (Timed)."""
+        lengths, ids = p.pack_rows(rows if isinstance(rows, list) else list(rows))
+        return self._call(lambda rid: p.SubmitScore(rid, model, version, deadline, lengths,
+                                                    ids), len(rows), False, (model, version))
+
+    def translate(self, model: str, version: int, sources: Sequence[list[int]],
+                  options: SearchOptions, deadline: float) -> list[asyncio.Future[Any]]:
+        """Sources to translate; one future per source (Decoded)."""
+        lengths, ids = p.pack_rows(sources if isinstance(sources, list) else list(sources))
+        opts = dataclasses.asdict(options)
+        return self._call(lambda rid: p.SubmitTranslate(rid, model, version, deadline, lengths,
+                                                        ids, opts),
+                          len(sources), True, (model, version))
+
+    def series(self, model: str, version: int, series: Sequence[Any],
+               deadline: float) -> list[asyncio.Future[Any]]:
+        """Float series (each (T_i, D) float32); one future per series (Timed)."""
+        lengths, features, width = p.pack_series(list(series))
+        return self._call(lambda rid: p.SubmitSeries(rid, model, version, deadline, lengths,
+                                                     features, width),
+                          len(series), False, (model, version))
+
+    def chunk(self, model: str, version: int, series: Any, session: str, start: bool,
+              end: bool, deadline: float) -> asyncio.Future[Any]:
+        """One series that is a chunk of `session`, whose state the engine keeps."""
+        lengths, features, width = p.pack_series([series])
+        (future,) = self._call(lambda rid: p.SubmitChunk(rid, model, version, deadline,
+                                                         lengths, features, width, session,
+                                                         start, end),
+                               1, False, (model, version))
+        return future
+
+    def _call(self, message: Callable[[int], p.ToEngine], n: int, decoding: bool,
+              model: tuple[str, int]) -> list[asyncio.Future[Any]]:
+        """Send one request (`message(request id)`); its n futures, answered by one reply."""
         if self.lost is not None:
             raise self._unavailable()
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
-        lengths, ids = p.pack_rows(rows if isinstance(rows, list) else list(rows))
-        opts = None if options is None else dataclasses.asdict(options)
-        self._send(p.Submit(rid, model, version, deadline, lengths, ids, opts))
-        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in rows]
-        self._pending[rid] = _Pending(futures, options is not None, (model, version))
+        self._send(message(rid))
+        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in range(n)]
+        self._pending[rid] = _Pending(futures, decoding, model)
         on_done = functools.partial(self._on_done, rid)
         for f in futures:
             f.add_done_callback(on_done)
-        return futures
-
-    def submit_series(self, model: str, version: int, series: Sequence[Any], deadline: float,
-                      session: tuple[str, bool, bool] | None = None
-                      ) -> list[asyncio.Future[Any]]:
-        """Send one request's float series (each (T_i, D) float32); one future per series.
-        With `session` (id, start, end) the one series is a chunk of that session."""
-        if self.lost is not None:
-            raise self._unavailable()
-        loop = asyncio.get_running_loop()
-        rid = next(self._ids)
-        lengths, features, width = p.pack_series(list(series))
-        sid, start, end = session if session is not None else (None, False, False)
-        self._send(p.Submit(rid, model, version, deadline, lengths, b"", None, features, width,
-                            sid, start, end))
-        futures: list[asyncio.Future[Any]] = [loop.create_future() for _ in series]
-        self._pending[rid] = _Pending(futures, False, (model, version))
-        for f in futures:
-            f.add_done_callback(functools.partial(self._on_done, rid))
         return futures
 
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
@@ -243,7 +278,7 @@ class EngineClient:
             failure = EngineUnavailable(f"engine unavailable: the request could not be sent "
                                         f"({exc})", retry_after=self.retry_after_s)
             for msg in messages:
-                if not isinstance(msg, p.Submit | p.Generate):
+                if not isinstance(msg, p.Call):
                     continue
                 entry = self._pending.pop(msg.id, None)
                 if entry is not None:
@@ -334,69 +369,3 @@ def _decoded(d: p.Decode) -> Decoded:
         hyps.append(Hypothesis(tuple(h.token_ids), h.logprob, h.score, h.ended,
                                attention=attention))
     return Decoded(hyps, d.queue_s, d.decode_s, d.steps)
-
-
-class _RemoteModel:
-    """A model in the engine as this process sees it: its state and description."""
-
-    def __init__(self, client: EngineClient, state: p.ModelState) -> None:
-        self.client, self.state = client, state
-
-    def describe(self) -> dict[str, Any]:
-        return dict(self.state.describe)
-
-    def expected_wait(self) -> float | None:
-        """The engine's recent report of this model's queue wait (None: none recent)."""
-        return self.client.expected_wait(self.state.name, self.state.version)
-
-    async def start(self) -> None:
-        """Nothing to start here: the engine warmed the model up."""
-
-    async def stop(self, timeout: float) -> bool:
-        """Nothing to drain here: the engine drains after every API process stopped."""
-        return True
-
-
-class RemoteRowModel(_RemoteModel):
-    """A classifier or tagger in the engine (implements `scheduling.models.RowModel`)."""
-
-    def submit(self, rows: Sequence[list[int]],
-               deadline: float) -> list[asyncio.Future[Timed[Any]]]:
-        return self.client.submit(self.state.name, self.state.version, rows, deadline)
-
-
-class RemoteSeriesModel(_RemoteModel):
-    """A feature-sequence model in the engine (implements `scheduling.models.SeriesModel`)."""
-
-    def submit(self, rows: Sequence[Any],
-               deadline: float) -> list[asyncio.Future[Timed[Any]]]:
-        return self.client.submit_series(self.state.name, self.state.version, rows, deadline)
-
-    def submit_session(self, series: Any, session: str, start: bool, end: bool,
-                       deadline: float) -> asyncio.Future[Timed[Any]]:
-        """One chunk of a session whose state the engine keeps."""
-        (future,) = self.client.submit_series(self.state.name, self.state.version, [series],
-                                              deadline, (session, start, end))
-        return future
-
-
-class RemoteDecodeModel(_RemoteModel):
-    """A translator in the engine (implements `scheduling.models.DecodeModel`)."""
-
-    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
-               deadline: float) -> list[asyncio.Future[Decoded]]:
-        return self.client.submit(self.state.name, self.state.version, sources, deadline,
-                                  options)
-
-
-class RemoteLMModel(_RemoteModel):
-    """A language model in the engine (what `workers.lm.LMWorker` needs of its model)."""
-
-    def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
-                 deadline: float) -> TokenStream:
-        return self.client.generate(self.state.name, self.state.version, prompts, options,
-                                    deadline)
-
-    def score(self, rows: Sequence[list[int]],
-              deadline: float) -> list[asyncio.Future[Timed[Any]]]:
-        return self.client.submit(self.state.name, self.state.version, rows, deadline)

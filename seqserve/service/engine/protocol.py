@@ -1,13 +1,13 @@
 """The frames between API processes (DEALER) and the engine (ROUTER): msgspec msgpack.
 
 API -> engine: `Hello` (which models, in what state, and the engine's effective options),
-`Submit` (token rows of one request for
-one model; translators add their search options), `Cancel` (the client left or its deadline
-passed). Engine -> API: `State`, `Rows` (per-row result arrays and timings), `Decodes` (per
-source hypotheses), `Tokens` (one step's news of a generation), `Failure` (a
-`seqserve.service.core.errors` class name, its message and Retry-After);
-each reply also carries the model's expected queue wait, which API processes use to shed
-load before they tokenize.
+one typed message per call of the engine interface (`SubmitRows`, `SubmitScore`,
+`SubmitTranslate`, `SubmitSeries`, `SubmitChunk`, `Generate`; engine/interface.py), `StopSeq`
+and `Cancel` (the client left or its deadline passed). Engine -> API: `State`, `Rows`
+(per-row result arrays and timings), `Decodes` (per source hypotheses), `Tokens` (one step's
+news of a generation), `Failure` (a `seqserve.service.core.errors` class name, its message
+and Retry-After); each reply also carries the model's expected queue wait, which API
+processes use to shed load before they tokenize.
 
 Token ids travel as one int32 buffer plus lengths; result arrays as (dtype, shape, bytes).
 Deadlines are `time.monotonic()` values: one clock for every process on the machine.
@@ -28,26 +28,52 @@ class Hello(msgspec.Struct, tag="hello", array_like=True):
     pass
 
 
-class Submit(msgspec.Struct, tag="submit", array_like=True):
+class Call(msgspec.Struct, array_like=True):
+    """What every call of the engine interface carries (engine/interface.py)."""
+
     id: int
     model: str
     version: int
     deadline: float
+
+
+class SubmitRows(Call, tag="submit-rows"):
+    """Token rows of one request for a classifier or tagger (`Engine.rows`)."""
+
     lengths: bytes
     """int32 (n,): tokens of each row."""
     ids: bytes
     """int32 (sum of lengths,): the rows' token ids, concatenated."""
-    options: dict[str, Any] | None = None
-    """Translators: `SearchOptions` fields."""
-    features: bytes | None = None
-    """Feature-sequence models: float32 (sum of lengths, width), the rows' steps
-    concatenated (`ids` is then empty)."""
-    width: int = 0
-    """Feature-sequence models: floats per step."""
-    session: str | None = None
-    """Stateful feature-sequence models: the one series is a chunk of this session (the
-    engine keeps its state; `scheduling.sessions`). Its row's results are then (outputs,
-    the session's steps so far as int64 (1,))."""
+
+
+class SubmitScore(SubmitRows, tag="submit-score"):
+    """Texts (bos first) a language model scores (`Engine.score`)."""
+
+
+class SubmitTranslate(SubmitRows, tag="submit-translate"):
+    """Sources to translate (`Engine.translate`)."""
+
+    options: dict[str, Any] = {}
+    """`SearchOptions` fields."""
+
+
+class SubmitSeries(Call, tag="submit-series"):
+    """Float series of one request for a feature-sequence model (`Engine.series`)."""
+
+    lengths: bytes
+    """int32 (n,): steps of each series."""
+    features: bytes
+    """float32 (sum of lengths, width): the series' steps concatenated."""
+    width: int
+    """Floats per step."""
+
+
+class SubmitChunk(SubmitSeries, tag="submit-chunk"):
+    """One series that is a chunk of a session whose state the engine keeps
+    (`Engine.chunk`, `scheduling.sessions`). Its row's results are (outputs, the session's
+    steps so far as int64 (1,))."""
+
+    session: str = ""
     start: bool = False
     """The chunk starts (or restarts) the session from zeros."""
     end: bool = False
@@ -58,17 +84,11 @@ class Cancel(msgspec.Struct, tag="cancel", array_like=True):
     id: int
 
 
-class Generate(msgspec.Struct, tag="generate", array_like=True):
+class Generate(SubmitRows, tag="generate"):
     """Language models: prompts (bos first) to generate from; `options` are the
     `GenerateOptions` fields. Answered by `Tokens` frames as tokens exist (or a `Failure`)."""
 
-    id: int
-    model: str
-    version: int
-    deadline: float
-    lengths: bytes
-    ids: bytes
-    options: dict[str, Any]
+    options: dict[str, Any] = {}
 
 
 class StopSeq(msgspec.Struct, tag="stopseq", array_like=True):
@@ -162,7 +182,8 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
     wait: float | None = None
 
 
-ToEngine = Hello | Submit | Cancel | Generate | StopSeq
+ToEngine = (Hello | SubmitRows | SubmitScore | SubmitTranslate | SubmitSeries | SubmitChunk
+            | Generate | Cancel | StopSeq)
 ToApi = State | Rows | Decodes | Failure | Tokens
 
 encoder = msgspec.msgpack.Encoder()

@@ -1,14 +1,14 @@
-"""The engine process: every model of one device behind one ZeroMQ ROUTER socket.
+"""The engine process's adapter: the engine interface behind one ZeroMQ ROUTER socket.
 
-`EngineServer.load()` loads and verifies every bundle of the repository once (in the hybrid
-layout only those that keep sessions; a failed one is reported, the others serve);
+The models are a `LocalEngine` (engine/local.py: every bundle of the repository, or in the
+hybrid layout those that keep sessions; a failed one is reported, the others serve);
 `serve(address)` answers `Hello` with the models' states (each with its verified manifest and
 limits: the API processes load nothing of these themselves) and the engine's effective
-options, and turns each
-`Submit` into one `submit` on the model's batcher or decode scheduler, so rows from every API
-process share the same batches. A request's reply goes out when all its rows are done; a
-`Cancel` cancels its futures, which the schedulers drop before they cost compute.
-`drain(timeout)` refuses new work and finishes what was admitted.
+options, and hands each typed message (engine/protocol.py) to the interface call it names,
+through one table (`handlers`), so rows from every API process share the same batches. A
+request's reply goes out when all its rows are done; a `Cancel` cancels its futures, which
+the schedulers drop before they cost compute. `drain(timeout)` refuses new work and finishes
+what was admitted.
 
 Every request gets an answer: an exception anywhere in its handling (not only a
 `ServiceError`) fails that request alone (`BadRequest` when the engine cannot read it,
@@ -21,28 +21,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from seqserve.service.core.errors import BadRequest, ModelNotReady, ServiceError, ShuttingDown
+from seqserve.service.core.errors import BadRequest, ServiceError
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
 from seqserve.service.engine import protocol as p
-from seqserve.service.engine.loading import RuntimeFactory, build_served, engine_bundles
+from seqserve.service.engine.loading import RuntimeFactory, engine_bundles
+from seqserve.service.engine.local import LocalEngine
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.transport import Channel, close_monitored
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.decoding import Decoded
 from seqserve.service.scheduling.generation import GenerateOptions, TokenEvent
 from seqserve.service.scheduling.lm import LMModel
-from seqserve.service.scheduling.models import BatchedModel, DecodedModel, ServedModel
 from seqserve.service.scheduling.search import SearchOptions
 
 log = logging.getLogger("seqserve.engine")
@@ -57,51 +55,29 @@ class EngineServer:
     def __init__(self, options: EngineOptions, metrics: Metrics,
                  runtime_factory: RuntimeFactory | None = None) -> None:
         self.options = options
-        self.metrics = metrics
-        self.runtime_factory = runtime_factory
-        self.models: dict[tuple[str, int], ServedModel] = {}
-        self.states: list[p.ModelState] = []
+        self.engine = LocalEngine(options, metrics, runtime_factory)
         self.inflight: dict[Key, asyncio.Future[Any]] = {}
         self.generations: dict[Key, tuple[LMModel, int]] = {}
         """Language-model generations in flight: their model and scheduler request id."""
-        self.closing = False
         self._outbox: dict[bytes, list[p.ToApi]] = {}
         """The replies of this loop turn per API process, sent together (`_flush`)."""
         self._flush_scheduled = False
         self.channel: Channel | None = None
         self.monitor: Channel | None = None
+        self.handlers: dict[type, Callable[[bytes, Any], None]] = {
+            p.Hello: self._hello, p.SubmitRows: self._rows, p.SubmitScore: self._score,
+            p.SubmitTranslate: self._translate, p.SubmitSeries: self._series,
+            p.SubmitChunk: self._chunk, p.Generate: self._generate, p.StopSeq: self._stop_seq,
+            p.Cancel: lambda identity, msg: self._cancel((identity, msg.id))}
+        """Each message type's handler: the one dispatch."""
 
-    # -- loading ----------------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        return self.engine.closing
 
     async def load(self) -> None:
         """Load, warm up and start every bundle version it serves, one after another."""
-        found = engine_bundles(self.options)
-        for name, version, _ in found:  # every series exists from the start, at 0
-            self.metrics.model_ready.labels(name, str(version)).set(0)
-            self.metrics.load_failures.labels(name, str(version))
-        for name, version, path in found:
-            await self._load_one(name, version, path)
-
-    async def _load_one(self, name: str, version: int, path: Path) -> None:
-        try:
-            manifest, model = await asyncio.to_thread(
-                build_served, name, path, self.options, self.metrics.observer(name),
-                self.runtime_factory)
-            await model.start()
-        except Exception as exc:  # this version only
-            reason = f"{type(exc).__name__}: {exc}"
-            log.error("model %s version %d not served: %s", name, version, reason)
-            self.metrics.load_failures.labels(name, str(version)).inc()
-            self.states.append(p.ModelState(name, version, str(path), "failed", reason,
-                                            None, {}))
-            return
-        self.models[name, version] = model
-        self.metrics.model_ready.labels(name, str(version)).set(1)
-        self.states.append(p.ModelState(
-            name, version, str(path), "ready", None, manifest.task, model.describe(),
-            manifest=manifest.to_dict(), max_tokens=model.config.max_tokens,
-            scheduling=dataclasses.asdict(model.config)))
-        log.info("model %s version %d ready (%s)", name, version, manifest.task)
+        await self.engine.load(engine_bundles(self.options))
 
     # -- serving ----------------------------------------------------------------------
 
@@ -114,18 +90,17 @@ class EngineServer:
         self.channel = Channel(sock, self._on_frames)
         self.monitor = Channel(monitor, self._on_event)
         await stop.wait()
-        self.closing = True
+        self.engine.closing = True
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new work, let admitted work finish within `timeout`; True when it did."""
-        self.closing = True
         deadline = time.monotonic() + timeout
-        results = await asyncio.gather(*(m.stop(timeout) for m in self.models.values()))
+        drained = await self.engine.stop(timeout)
         while (self.inflight or self.generations) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self._flush()
         close_monitored(self.channel, self.monitor)
-        return all(results) and not self.inflight and not self.generations
+        return drained and not self.inflight and not self.generations
 
     def _on_frames(self, frames: list[bytes]) -> None:
         """One message of an API process: its identity, then one frame with the list of
@@ -165,77 +140,106 @@ class EngineServer:
             generation[0].cancel(generation[1])
 
     def handle(self, identity: bytes, msg: p.ToEngine) -> None:
-        if isinstance(msg, p.Submit):
-            self._submit(identity, msg)
-        elif isinstance(msg, p.Generate):
-            self._generate(identity, msg)
-        elif isinstance(msg, p.StopSeq):
-            found = self.generations.get((identity, msg.id))
-            if found is not None:
-                found[0].stop_sequence(found[1], msg.index)
-        elif isinstance(msg, p.Cancel):
-            self._cancel((identity, msg.id))
-        else:
-            self._send(identity, p.State(self.states, self.options.to_dict(), observed()))
+        self.handlers[type(msg)](identity, msg)
 
-    def _submit(self, identity: bytes, msg: p.Submit) -> None:
-        model = self.models.get((msg.model, msg.version))
+    # -- the handlers -------------------------------------------------------------------
+
+    def _hello(self, identity: bytes, msg: p.Hello) -> None:
+        self._send(identity, p.State(self.engine.models(), self.options.to_dict(), observed()))
+
+    def _rows(self, identity: bytes, msg: p.SubmitRows) -> None:
+        self._submit(identity, msg, False, lambda: self.engine.rows(
+            msg.model, msg.version, _readable(lambda: p.unpack_rows(msg.lengths, msg.ids)),
+            msg.deadline))
+
+    def _score(self, identity: bytes, msg: p.SubmitScore) -> None:
+        self._submit(identity, msg, False, lambda: self.engine.score(
+            msg.model, msg.version, _readable(lambda: p.unpack_rows(msg.lengths, msg.ids)),
+            msg.deadline))
+
+    def _translate(self, identity: bytes, msg: p.SubmitTranslate) -> None:
+        def call() -> list[asyncio.Future[Any]]:
+            options, rows = _readable(lambda: (SearchOptions(**msg.options),
+                                               p.unpack_rows(msg.lengths, msg.ids)))
+            return list(self.engine.translate(msg.model, msg.version, rows, options,
+                                              msg.deadline))
+        self._submit(identity, msg, True, call)
+
+    def _series(self, identity: bytes, msg: p.SubmitSeries) -> None:
+        self._submit(identity, msg, False, lambda: self.engine.series(
+            msg.model, msg.version, _series(msg), msg.deadline))
+
+    def _chunk(self, identity: bytes, msg: p.SubmitChunk) -> None:
+        def call() -> list[asyncio.Future[Any]]:
+            series = _series(msg)
+            if len(series) != 1:
+                raise BadRequest(f"a session chunk is one series, not {len(series)}")
+            return [self.engine.chunk(msg.model, msg.version, series[0], msg.session,
+                                      msg.start, msg.end, msg.deadline)]
+        self._submit(identity, msg, False, call)
+
+    def _stop_seq(self, identity: bytes, msg: p.StopSeq) -> None:
+        found = self.generations.get((identity, msg.id))
+        if found is not None:
+            found[0].stop_sequence(found[1], msg.index)
+
+    def _submit(self, identity: bytes, msg: p.Call, decoding: bool,
+                call: Callable[[], list[asyncio.Future[Any]]]) -> None:
+        """Make the call's futures; its one reply goes out when all of them are done."""
         try:
-            futures = self._futures(msg, model)
+            futures = call()
         except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
-            self._send(identity, _failure(msg.id, exc, _wait(model)))
+            self._send(identity, _failure(msg.id, exc, self._wait(msg)))
             return
-        assert model is not None  # _futures refuses a missing one
         # one row (most requests): its own future, not a gather of one
         gathered = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
         key = (identity, msg.id)
         self.inflight[key] = gathered
-        single, decoding = len(futures) == 1, msg.options is not None
-        gathered.add_done_callback(lambda g: self._done(key, g, decoding, model, single))
+        single = len(futures) == 1
+        gathered.add_done_callback(lambda g: self._done(key, g, decoding, msg, single))
 
     def _generate(self, identity: bytes, msg: p.Generate) -> None:
         """A language model's generation: every step's events go out as one Tokens frame."""
-        model = self.models.get((msg.model, msg.version))
         key = (identity, msg.id)
         try:
-            if self.closing:
-                raise ShuttingDown("the engine is shutting down",
-                                   retry_after=self.options.retry_after_s)
-            if not isinstance(model, LMModel):
-                raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not a "
-                                    "loaded language model")
             options, rows = _readable(lambda: (GenerateOptions(**msg.options),
                                                p.unpack_rows(msg.lengths, msg.ids)))
             open_ = [len(rows) * options.n]
-            lm = model
 
             def sink(events: list[TokenEvent] | BaseException) -> None:
                 if key not in self.generations:
                     return  # cancelled
+                wait = self._wait(msg)
                 if isinstance(events, BaseException):
                     self.generations.pop(key, None)
-                    self._send(identity, _failure(msg.id, events, lm.expected_wait()))
+                    self._send(identity, _failure(msg.id, events, wait))
                     return
                 try:
                     tokens = p.Tokens(msg.id, [
                         (e.index, -1 if e.token is None else e.token, e.logprob,
                          e.top, e.finish)  # type: ignore[misc]
-                        for e in events], lm.expected_wait())
+                        for e in events], wait)
                 except Exception as exc:  # our bug: this generation fails, the others go on
                     self._cancel(key)
-                    self._send(identity, _failure(msg.id, exc, lm.expected_wait()))
+                    self._send(identity, _failure(msg.id, exc, wait))
                     return
                 open_[0] -= sum(1 for e in events if e.finish is not None)
                 self._send(identity, tokens)
                 if open_[0] <= 0:
                     self.generations.pop(key, None)
 
-            self.generations[key] = (model, -1)
-            rid = model.submit(rows, options, msg.deadline, sink)
-            self.generations[key] = (model, rid)
+            # the sink runs on a later loop turn (the scheduler's updates), after this entry
+            self.generations[key] = self.engine.stream(msg.model, msg.version, rows, options,
+                                                       msg.deadline, sink)
         except Exception as exc:  # refused, unreadable, or our bug: answered, never dropped
             self.generations.pop(key, None)
-            self._send(identity, _failure(msg.id, exc, _wait(model)))
+            self._send(identity, _failure(msg.id, exc, self._wait(msg)))
+
+    def _wait(self, msg: p.Call) -> float | None:
+        """The model's expected queue wait for an answer (None when unknown or it fails)."""
+        with contextlib.suppress(Exception):
+            return self.engine.expected_wait(msg.model, msg.version)
+        return None
 
     def _send(self, identity: bytes, msg: p.ToApi) -> None:
         """Queue `msg` for the API process `identity`: every reply of this loop turn goes out
@@ -259,39 +263,14 @@ class EngineServer:
         for identity, items in outbox.items():
             self.channel.send([identity, p.encoder.encode(items)])
 
-    def _futures(self, msg: p.Submit, model: ServedModel | None) -> list[asyncio.Future[Any]]:
-        if self.closing:
-            raise ShuttingDown("the engine is shutting down",
-                               retry_after=self.options.retry_after_s)
-        if model is None:
-            raise ModelNotReady(f"model {msg.model!r} version {msg.version} is not loaded")
-        if msg.features is not None:  # feature series for a feature-sequence model
-            features = msg.features
-            series = _readable(lambda: p.unpack_series(msg.lengths, features, msg.width))
-            if not isinstance(model, BatchedModel):
-                raise BadRequest(f"model {msg.model!r} does not take feature series")
-            if msg.session is not None:  # a chunk of a session: the state stays here
-                if len(series) != 1:
-                    raise BadRequest(f"a session chunk is one series, not {len(series)}")
-                return [model.submit_session(series[0], msg.session, msg.start, msg.end,
-                                             msg.deadline)]
-            return list(model.submit(series, msg.deadline))
-        rows = _readable(lambda: p.unpack_rows(msg.lengths, msg.ids))
-        if isinstance(model, LMModel):  # a Submit to a language model scores texts
-            return list(model.score(rows, msg.deadline))
-        if isinstance(model, DecodedModel):
-            options = _readable(lambda: SearchOptions(**(msg.options or {})))
-            return list(model.submit(rows, options, msg.deadline))
-        return list(model.submit(rows, msg.deadline))
-
-    def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool,
-              model: ServedModel, single: bool) -> None:
+    def _done(self, key: Key, gathered: asyncio.Future[Any], decoding: bool, msg: p.Call,
+              single: bool) -> None:
         if self.inflight.pop(key, None) is None or gathered.cancelled():
             if not gathered.cancelled():
                 gathered.exception()  # retrieved: a cancelled gather holds CancelledError
             return  # cancelled by its API process: nobody waits for an answer
         identity, rid = key
-        wait = _wait(model)
+        wait = self._wait(msg)
         exc = gathered.exception()
         answer: p.ToApi
         if exc is not None:
@@ -308,6 +287,10 @@ class EngineServer:
         self._send(identity, answer)
 
 
+def _series(msg: p.SubmitSeries) -> list[Any]:
+    return _readable(lambda: p.unpack_series(msg.lengths, msg.features, msg.width))
+
+
 T = TypeVar("T")
 
 
@@ -319,15 +302,6 @@ def _readable(read: Callable[[], T]) -> T:
     except (TypeError, ValueError, KeyError) as exc:
         raise BadRequest(f"the engine cannot read this request: {type(exc).__name__}: {exc}") \
             from exc
-
-
-def _wait(model: ServedModel | None) -> float | None:
-    """The model's expected queue wait for an answer (None when unknown or it fails)."""
-    if model is None:
-        return None
-    with contextlib.suppress(Exception):
-        return model.expected_wait()
-    return None
 
 
 def _alive(pid: int | None) -> bool:

@@ -42,11 +42,11 @@ from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import freeze_heap
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.loading import RuntimeFactory
+from seqserve.service.server.composition import Composition
 from seqserve.service.server.openapi import install as install_openapi
 from seqserve.service.web.access_log import with_access_log
 from seqserve.service.web.auth import with_api_keys
 from seqserve.service.web.middleware import ServingMiddleware
-from seqserve.service.web.repository import ModelRepository
 from seqserve.service.web.responses import JsonResponse, as_response, error_for, service_error_for
 from seqserve.service.web.settings import Settings
 from seqserve.service.web.state import AppState
@@ -61,14 +61,12 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     `freeze`: the app is its process's server (`seqserve serve`, an API process): once loaded,
     its start-up heap leaves the garbage collector's reach (`core.process.freeze_heap`)."""
     metrics = Metrics()
-    repository = ModelRepository(settings, metrics, runtime_factory, engine)
-    state = AppState(settings, metrics, repository)
+    composition = Composition(settings, metrics, runtime_factory, engine)
+    state = AppState(settings, metrics, composition.repository)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if engine is not None:
-            await engine.start()
-        await state.repository.load_all()
+        await composition.start()
         if freeze:
             log.debug("start-up heap frozen: %d objects", freeze_heap())
         state.started = True
@@ -76,9 +74,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         log.info("ready: %s", "yes" if state.ready else f"no ({pending})")
         yield
         state.begin_drain()
-        drained = await state.repository.stop_all(state.drain_left())
-        if engine is not None:
-            await engine.close()
+        drained = await composition.stop(state.drain_left())
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
     app = SeqserveApp(

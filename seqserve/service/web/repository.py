@@ -1,54 +1,46 @@
-"""Model repository: every bundle and version of `settings.repo`, each with a state.
+"""Model repository: every model version the app serves, each with its state and worker.
 
-Each bundle is loaded and verified once, by whoever runs its model: in this process
-(`engine.loading.build_served`: manifest hashes, runtime, batcher or decode scheduler, warm-up)
-or by the engine process (all of them; in the hybrid layout those that keep sessions), which
-hands this process the verified manifest and limits of each version in its `Hello` answer;
-then only the tokenizer file is read here (no hashing) and the
-task's worker built. A version that fails any step is recorded as "failed"
-with the reason (log, metrics, /v1/models) and skipped; the others serve. The highest ready
-version is the default.
+The models are loaded by engines (engine/interface.py): this process's `LocalEngine`, the
+engine process's (through `EngineClient`), or both in the hybrid layout; which bundle runs
+where is the composition root's choice (server/composition.py). `open(engines)` turns each
+engine's model table into entries: for a ready version the verified manifest and limits the
+engine reports, the tokenizer file read here (no hashing), and the task's worker over a
+`ModelHandle` of that engine; one path whichever engine serves it. A version that failed is
+recorded as "failed" with the reason (log, metrics, /v1/models) and skipped; the others
+serve. The highest ready version is the default.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from seqserve.export.manifest import Manifest, TokenizerSpec, list_bundles
+from seqserve.export.manifest import Manifest, TokenizerSpec
 from seqserve.models.text.tokenizer_files import TextTokenizer, load_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
-from seqserve.service.engine.client import (
-    EngineClient,
-    RemoteDecodeModel,
-    RemoteLMModel,
-    RemoteRowModel,
-    RemoteSeriesModel,
-)
-from seqserve.service.engine.loading import RuntimeFactory, build_served
+from seqserve.service.engine.interface import Engine, ModelHandle, handle
 from seqserve.service.engine.protocol import ModelState
-from seqserve.service.scheduling.lm import LMModel
-from seqserve.service.scheduling.models import DecodedModel, ServedModel
 from seqserve.service.web.settings import Settings
 from seqserve.service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.lm import LMWorker
-from seqserve.service.workers.series import SERIES_WORKERS, SeriesContext, SeriesLimits
+from seqserve.service.workers.series import (
+    SERIES_WORKERS,
+    SeriesContext,
+    SeriesLimits,
+    SeriesWorker,
+)
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
 
 log = logging.getLogger("seqserve.repository")
 
-W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker, LMWorker)
-
-Model = ServedModel | RemoteRowModel | RemoteDecodeModel | RemoteLMModel | RemoteSeriesModel
-"""A model in this process, or one in the engine process."""
+W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker, LMWorker, SeriesWorker)
 
 
 @dataclass
@@ -62,11 +54,11 @@ class ModelEntry:
     """"loading" | "ready" | "failed" | "stopped"."""
     reason: str | None = None
     manifest: Manifest | None = None
-    model: Model | None = None
-    """The scheduled model (here, or a remote one in the engine process), once built."""
+    model: ModelHandle | None = None
+    """Its model on the engine that serves it, once open."""
     worker: ModelWorker | None = None
     scheduling: dict[str, Any] | None = None
-    """Its effective scheduling config (`ModelConfig` as plain data), once built."""
+    """Its effective scheduling config (`ModelConfig` as plain data), once open."""
     runs_in: Literal["engine", "api"] | None = None
     """Where its model runs once opened: the engine process, or each API process (this one)."""
 
@@ -76,112 +68,60 @@ class ModelEntry:
 
 
 class ModelRepository:
-    """All model versions of one app: loaded here, or served by an engine process."""
+    """All model versions of one app, over the engines that serve them."""
 
-    def __init__(self, settings: Settings, metrics: Metrics,
-                 runtime_factory: RuntimeFactory | None = None,
-                 engine: EngineClient | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.runtime_factory = runtime_factory
-        self.engine = engine
-        """With an engine client the models run in the engine process (it records their
-        load metrics); without, they are loaded in this process."""
+        self.engines: list[Engine] = []
         self.entries: dict[str, dict[int, ModelEntry]] = {}
         self.engine_state: dict[str, Any] = {}
         """With an engine process: its effective options and process values (from Hello)."""
 
-    async def load_all(self, only: str | None = None) -> None:
-        """Load every version (one after another: warm-ups compete for CPU), or every
-        version of model `only`."""
-        remote: dict[tuple[str, int], ModelState] = {}
-        if self.engine is not None:
-            hello = await self.engine.hello(self.settings.startup_timeout_s)
-            self.engine_state = {"options": hello.options, "process": hello.process}
-            _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
-            remote = {(m.name, m.version): m for m in hello.models}
-            found = [(m.name, m.version, Path(m.path)) for m in hello.models]
-            if self.settings.layout == "hybrid":  # the engine has those that keep sessions
-                found = sorted(found + [b for b in list_bundles(self.settings.repo)
-                                        if (b[0], b[1]) not in remote])
-        else:
-            found = list_bundles(self.settings.repo)
-        found = [b for b in found if only in (None, b[0])]
+    async def open(self, engines: list[Engine]) -> None:
+        """An entry for every version each engine holds, in (name, version) order, and the
+        worker of each ready one (tokenizers are read in a thread)."""
+        self.engines = list(engines)
+        found = sorted(((m, e) for e in engines for m in e.models()),
+                       key=lambda found: (found[0].name, found[0].version))
         if not found:
             log.warning("no bundles found under %s", self.settings.repo)
-        for name, version, path in found:
-            self.entries.setdefault(name, {})[version] = ModelEntry(name, version, path)
-            if (name, version) not in remote:  # every series exists from the start, at 0
-                self.metrics.model_ready.labels(name, str(version)).set(0)
-                self.metrics.load_failures.labels(name, str(version))
-        for name, version, _ in found:
-            await self._load(self.entries[name][version], remote.get((name, version)))
+        for state, _ in found:
+            self.entries.setdefault(state.name, {})[state.version] = ModelEntry(
+                state.name, state.version, Path(state.path))
+        for state, engine in found:
+            await self._open(self.entries[state.name][state.version], state, engine)
 
-    async def _load(self, entry: ModelEntry, remote: ModelState | None) -> None:
-        """Open a version: the engine's (`remote`), or load it in this process."""
+    async def _open(self, entry: ModelEntry, state: ModelState, engine: Engine) -> None:
         try:
-            if remote is not None:
-                worker = await asyncio.to_thread(self._open_remote, entry, remote)
-            else:
-                worker = await asyncio.to_thread(self._open_local, entry)
-                assert entry.model is not None
-                await entry.model.start()
+            worker = await asyncio.to_thread(self._worker, entry, state, engine)
         except Exception as exc:  # any failure skips this version only
             entry.state, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
-            if remote is None:  # the engine counts its own
-                self.metrics.load_failures.labels(entry.name, str(entry.version)).inc()
             log.error("model %s version %d not served: %s", entry.name, entry.version,
                       entry.reason)
             return
         entry.worker, entry.state = worker, "ready"
-        entry.runs_in = "api" if remote is None else "engine"
-        if remote is None:
-            self.metrics.model_ready.labels(entry.name, str(entry.version)).set(1)
+        entry.runs_in = "api" if engine.in_process else "engine"
+        several = len(self.engines) > 1 or not engine.in_process
         log.info("model %s version %d ready (%s%s)", entry.name, entry.version, entry.task,
-                 "" if self.engine is None else
-                 ", in the engine process" if remote is not None else ", in this process")
+                 "" if not several else
+                 ", in this process" if engine.in_process else ", in the engine process")
 
-    def _open_local(self, entry: ModelEntry) -> ModelWorker:
-        """Verify, open the runtime(s), schedule them, build the worker (blocking)."""
-        options = self.settings.engine_options()
-        entry.manifest, model = build_served(entry.name, entry.path, options,
-                                             self.metrics.observer(entry.name),
-                                             self.runtime_factory)
-        entry.model = model
-        entry.scheduling = dataclasses.asdict(model.config)
-        if not entry.manifest.has_tokenizer:
-            return self._series_worker(entry, entry.manifest, model, model.config.max_tokens,
-                                       local=True)
-        context = self._context(entry, entry.manifest, model, model.config.max_tokens)
-        if isinstance(model, LMModel):
-            return LMWorker(context, self.settings.max_new_tokens)
-        if isinstance(model, DecodedModel):
-            return TranslatorWorker(context)
-        return ROW_WORKERS[entry.manifest.task](context)
-
-    def _open_remote(self, entry: ModelEntry, state: ModelState) -> ModelWorker:
-        """The engine's model of this version: the manifest and token limit the engine
-        verified and loads it with (nothing is hashed here) and a remote model (blocking)."""
+    def _worker(self, entry: ModelEntry, state: ModelState, engine: Engine) -> ModelWorker:
+        """The worker of a version its engine reports (blocking): the manifest and token
+        limit the engine verified and loads it with (nothing is hashed here)."""
         if state.state != "ready" or state.manifest is None or state.max_tokens is None:
             raise ModelNotReady(state.reason or f"the engine reports it {state.state}")
-        assert self.engine is not None
         entry.manifest = manifest = Manifest.from_dict(state.manifest)
         entry.scheduling = state.scheduling
+        entry.model = model = handle(engine, state, manifest.has_tokenizer)
         if not manifest.has_tokenizer:
-            entry.model = series = RemoteSeriesModel(self.engine, state)
-            return self._series_worker(entry, manifest, series, state.max_tokens, local=False)
-        model: RemoteDecodeModel | RemoteRowModel | RemoteLMModel
-        if manifest.task == "lm":
-            model = RemoteLMModel(self.engine, state)
-        elif manifest.task == "translator":
-            model = RemoteDecodeModel(self.engine, state)
-        else:
-            model = RemoteRowModel(self.engine, state)
-        entry.model = model
+            return self._series_worker(entry, manifest, model, state.max_tokens,
+                                       local=engine.in_process)
         context = self._context(entry, manifest, model, state.max_tokens)
-        if isinstance(model, RemoteLMModel):
+        if manifest.task == "lm":
             return LMWorker(context, self.settings.max_new_tokens)
-        if isinstance(model, RemoteDecodeModel):
+        if manifest.task == "translator":
             return TranslatorWorker(context)
         return ROW_WORKERS[manifest.task](context)
 
@@ -214,11 +154,10 @@ class ModelRepository:
 
     def engine_report(self) -> dict[str, Any]:
         """The engine's effective options, its process values and every model's effective
-        scheduling: as the engine process reported them, or this process's own in-process
-        engine."""
+        scheduling: as the engine process reported them, or this process's own."""
         models = {f"{e.name}/{e.version}": e.scheduling
                   for v in self.entries.values() for e in v.values() if e.scheduling}
-        if self.engine is not None:
+        if self.engine_state:
             mode = ("hybrid: the bundles that keep sessions in the engine process, the others "
                     "in each API process" if self.settings.layout == "hybrid"
                     else "engine process")
@@ -227,12 +166,14 @@ class ModelRepository:
                 "process": observed(), "models": models}
 
     async def stop_all(self, timeout: float) -> bool:
-        """Drain every ready worker concurrently within `timeout`; True when all drained."""
-        ready = [e for v in self.entries.values() for e in v.values() if e.worker is not None]
-        results = await asyncio.gather(*(e.model.stop(timeout) for e in ready if e.model))
-        for e in ready:
-            e.state = "stopped"
-            self.metrics.model_ready.labels(e.name, str(e.version)).set(0)
+        """Drain every engine of this process concurrently within `timeout` (the engine
+        process drains itself, after every API process stopped); True when all drained."""
+        results = await asyncio.gather(*(e.stop(timeout) for e in self.engines))
+        for versions in self.entries.values():
+            for e in versions.values():
+                if e.worker is not None:
+                    e.state = "stopped"
+                    self.metrics.model_ready.labels(e.name, str(e.version)).set(0)
         return all(results)
 
     # -- lookup ------------------------------------------------------------------------
@@ -278,8 +219,11 @@ class ModelRepository:
 
     def worker(self, name: str, version: int | str | None, kind: type[W]
                ) -> tuple[ModelEntry, W]:
-        """The ready worker of `name` when it is a `kind` (ModelNotFound when it is not)."""
+        """The ready worker of `name` when it is a `kind` (ModelNotFound when it is not);
+        `SeriesWorker`: any feature-sequence worker."""
         entry = self.entry(name, version)
+        if kind is SeriesWorker:
+            return self._series(name, entry)  # type: ignore[return-value]
         if entry.task is not None and entry.task != kind.task:
             raise ModelNotFound(f"model {name!r} is a {entry.task}, not a {kind.task}")
         entry, worker = self._ready(name, entry)  # the entry looked up once per request
@@ -287,11 +231,21 @@ class ModelRepository:
             raise ModelNotFound(f"model {name!r} is a {worker.task}, not a {kind.task}")
         return entry, worker
 
+    def _series(self, name: str, entry: ModelEntry) -> tuple[ModelEntry, SeriesWorker]:
+        if entry.task is not None and not entry.task.startswith("sequence-"):
+            raise ModelNotFound(f"model {name!r} is a {entry.task}, not a feature-sequence "
+                                "model (sequence-classifier or sequence-tagger)")
+        entry, worker = self._ready(name, entry)
+        if not isinstance(worker, SeriesWorker):
+            raise ModelNotFound(f"model {name!r} is a {worker.task}, not a feature-sequence "
+                                "model")
+        return entry, worker
+
     def serving(self, strict: bool) -> bool:
         """Whether the server may take traffic: every version ready (strict; Triton's
         default), or at least one (relaxed). An empty repository serves nothing, and nothing
         is served once the engine process is gone."""
-        if self.engine is not None and self.engine.lost is not None:
+        if any(e.lost is not None for e in self.engines):
             return False
         states = [e.state == "ready" for v in self.entries.values() for e in v.values()]
         return bool(states) and (all(states) if strict else any(states))
@@ -300,16 +254,6 @@ class ModelRepository:
         """"name/version: state (reason)" of every version that is not ready."""
         return [f"{e.name}/{e.version}: {e.state}" + (f" ({e.reason})" if e.reason else "")
                 for v in self.entries.values() for e in v.values() if e.state != "ready"]
-
-
-def _warn_on_difference(expected: dict[str, Any], reported: dict[str, Any]) -> None:
-    """Log the engine options that differ from what this process's settings make (a
-    supervisor and its children out of step: never expected, worth one loud line)."""
-    differ = {k: (expected.get(k), reported.get(k)) for k in expected.keys() | reported.keys()
-              if expected.get(k) != reported.get(k)}
-    if differ:
-        log.warning("the engine runs with options other than this process's settings make "
-                    "(setting: (here, engine)): %s", differ)
 
 
 def _tokenizer(path: Path, spec: TokenizerSpec) -> TextTokenizer:

@@ -19,7 +19,7 @@ import pytest
 from fake_translator import FakeTranslator
 from fastapi import FastAPI
 from reference_search import onnx_reference
-from service_fakes import run_bounded, serve_asgi, settings
+from service_fakes import run_bounded, serve_asgi, served, settings
 
 from seqserve.export.manifest import Manifest, load_bundle
 from seqserve.service.api.translate import TranslateOptions
@@ -40,7 +40,7 @@ def worker_of(app: FastAPI, name: str = "tiny-mt") -> TranslatorWorker:
 
 
 def engine_of(app: FastAPI, name: str = "tiny-mt") -> DecodeLoop:
-    model = app.state.seqserve.repository.entry(name).model
+    model = served(app, name)
     assert isinstance(model, DecodedModel)
     return model.loop
 

@@ -1,0 +1,82 @@
+"""The composition root of one server process: which bundle runs where, for each layout.
+
+- one process (`--api-workers 0`) and the replicated layout: every bundle in this process's
+  `LocalEngine` (in the replicated layout each API process has its own copy);
+- the engine layout: every bundle in the engine process (`EngineClient`), none here;
+- the hybrid layout: the bundles that keep sessions in the engine process (it reports which
+  in its `Hello` answer), every other one in this process's `LocalEngine`.
+
+`Composition.start()` connects to the engine process (when there is one) and loads this
+process's bundles, then opens the repository over those engines; `stop(timeout)` drains
+them and closes the connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from seqserve.export.manifest import list_bundles
+from seqserve.service.core.metrics import Metrics
+from seqserve.service.engine.client import EngineClient
+from seqserve.service.engine.interface import Engine
+from seqserve.service.engine.loading import RuntimeFactory
+from seqserve.service.engine.local import LocalEngine
+from seqserve.service.web.repository import ModelRepository
+from seqserve.service.web.settings import Settings
+
+log = logging.getLogger("seqserve.repository")
+
+
+class Composition:
+    """The engines of one process and the repository over them (see the module doc)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics,
+                 runtime_factory: RuntimeFactory | None = None,
+                 remote: EngineClient | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.runtime_factory = runtime_factory
+        self.remote = remote
+        """The engine process's client, when there is one."""
+        self.local: LocalEngine | None = None
+        """This process's own models, when it runs any."""
+        self.repository = ModelRepository(settings, metrics)
+
+    async def start(self, only: str | None = None) -> None:
+        """Connect, load and open every bundle version (or every version of model `only`)."""
+        engines: list[Engine] = []
+        remote: set[tuple[str, int]] = set()
+        if self.remote is not None:
+            await self.remote.start()
+            hello = await self.remote.hello(self.settings.startup_timeout_s)
+            self.repository.engine_state = {"options": hello.options, "process": hello.process}
+            _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
+            remote = {(m.name, m.version) for m in hello.models}
+            engines.append(self.remote)
+        if self.remote is None or self.settings.layout == "hybrid":
+            bundles = [b for b in list_bundles(self.settings.repo)
+                       if (b[0], b[1]) not in remote and only in (None, b[0])]
+            self.local = LocalEngine(self.settings.engine_options(), self.metrics,
+                                     self.runtime_factory)
+            await self.local.load(bundles)
+            engines.append(self.local)
+        await self.repository.open(engines)
+
+    async def stop(self, timeout: float) -> bool:
+        """Drain this process's models within `timeout`, then close the engine connection;
+        True when everything admitted was answered."""
+        drained = await self.repository.stop_all(timeout)
+        if self.remote is not None:
+            await self.remote.close()
+        return drained
+
+
+def _warn_on_difference(expected: dict[str, Any], reported: dict[str, Any]) -> None:
+    """Log the engine options that differ from what this process's settings make (a
+    supervisor and its children out of step: never expected, worth one loud line)."""
+    differ = {k: (expected.get(k), reported.get(k)) for k in expected.keys() | reported.keys()
+              if expected.get(k) != reported.get(k)}
+    if differ:
+        log.warning("the engine runs with options other than this process's settings make "
+                    "(setting: (here, engine)): %s", differ)

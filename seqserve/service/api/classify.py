@@ -13,10 +13,8 @@ from seqserve.service.api.common import (
     TextsRequest,
     WholeInt,
     app_state,
-    request_call,
-    request_timeout,
-    shed_early,
 )
+from seqserve.service.api.lifecycle import answer, asgi_call
 from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.classifier import ClassifierWorker
@@ -65,11 +63,9 @@ async def classify_answer(state: AppState, scope: Scope, receive: Receive, name:
                          version: str | None, body: ClassifyRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of ClassifyResponse) to a validated body: this route's
     and the hot path's (`seqserve.service.api.hot_path`)."""
-    entry, worker = state.repository.worker(name, version, ClassifierWorker)
-    timeout = request_timeout(state, scope)
-    shed_early(state, worker.ctx.model, timeout)  # before tokenizing
-    async with request_call(state, scope, receive, timeout) as call:
-        results = await worker.classify(body.texts, body.top_k, body.return_attention, call)
+    entry, results = await answer(state, asgi_call(scope, receive, name, version),
+                                  ClassifierWorker, lambda w, ctx: w.classify(
+                                      body.texts, body.top_k, body.return_attention, ctx))
     return {"model": name, "version": entry.version, "results": results}
 
 

@@ -3,8 +3,6 @@ the texts field and the one formatter of validation errors."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -18,12 +16,10 @@ from pydantic import (
     StrictStr,
     WithJsonSchema,
 )
-from starlette.types import Receive, Scope
+from starlette.types import Scope
 
-from seqserve.service.core.errors import BadRequest, QueueFull
-from seqserve.service.web.http_protocol import DISCONNECT
 from seqserve.service.web.state import AppState
-from seqserve.service.workers.base import RequestContext, text_pattern
+from seqserve.service.workers.base import text_pattern
 
 HARD_MAX_TEXTS = 4096
 """Schema ceiling of texts per request (settings.max_texts is the live limit)."""
@@ -113,113 +109,9 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-async def _watch_disconnect(receive: Receive, call: RequestContext) -> None:
-    """Set `call.disconnected` when the server reports the client gone (the body was read);
-    ends only then (it is the context's `gone`): a receive that fails says nothing about the
-    client, so the watcher then waits until it is cancelled."""
-    try:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                call.disconnected.set()
-                return
-    except Exception:
-        await asyncio.get_running_loop().create_future()
-
-
-def _quiet(task: asyncio.Future[Any]) -> None:
-    """Retrieve a finished watcher's exception (a receive that failed: nothing to report)."""
-    if not task.cancelled():
-        task.exception()
-
-
-TIMEOUT_HEADER = b"x-request-timeout"
-
-
 def header(scope: Scope, name: bytes) -> str | None:
     """The value of the request header `name` (lower case), or None."""
     for key, value in scope["headers"]:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
-
-
-def request_timeout(state: AppState, scope: Scope, asked_s: float | None = None) -> float:
-    """Seconds this request may take: `request_timeout_s`, or less when the client asks
-    (the X-Request-Timeout header in seconds, or `asked_s` from the OIP `timeout`)."""
-    limit = state.settings.request_timeout_s
-    given = header(scope, TIMEOUT_HEADER)
-    if given is not None:
-        try:
-            seconds = float(given)
-        except ValueError:
-            seconds = -1.0
-        if not 0 < seconds < float("inf"):
-            raise BadRequest("X-Request-Timeout must be a positive number of seconds")
-        limit = min(limit, seconds)
-    return limit if asked_s is None else min(limit, asked_s)
-
-
-def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
-    """429 before any work when the model's queue is already longer than this request may
-    wait (the engine's last report, or the in-process batcher's own estimate): the cheap
-    refusal; the model's own admission decides for the rest, with the request's size."""
-    wait = model.expected_wait()
-    budget = min(timeout_s, state.settings.max_queue_wait_s)
-    if wait is not None and wait > budget:
-        raise QueueFull(f"overloaded: expected queue wait {wait:.3f} s > {budget:.3f} s "
-                        "allowed", retry_after=max(state.settings.retry_after_s, wait))
-
-
-def request_call(state: AppState, scope: Scope, receive: Receive,
-                 timeout_s: float | None = None) -> RequestCall:
-    """A RequestContext with the request deadline, recorded in the ASGI scope (Server-Timing and the
-    request metrics read it) and counted in flight; watches for the client leaving: the
-    context's `gone` is the scope's disconnect future under our uvicorn protocol
-    (`seqserve.service.web.http_protocol.DISCONNECT`), else a watcher task that waits for
-    `http.disconnect`; `RequestContext.wait` waits on it directly. Use: `async with
-    request_call(...) as call`."""
-    return RequestCall(state, scope, receive, timeout_s)
-
-
-class RequestCall:
-    """`request_call`'s context manager (a class: a generator-based one cost twice as much)."""
-
-    __slots__ = ("state", "scope", "receive", "timeout_s", "call", "gauge", "gone", "watcher")
-
-    def __init__(self, state: AppState, scope: Scope, receive: Receive,
-                 timeout_s: float | None) -> None:
-        self.state, self.scope, self.receive, self.timeout_s = state, scope, receive, timeout_s
-        self.gauge: Any = None
-        self.gone: asyncio.Future[Any] | None = None
-        self.watcher: asyncio.Future[Any] | None = None
-
-    async def __aenter__(self) -> RequestContext:
-        state, scope = self.state, self.scope
-        seconds = request_timeout(state, scope) if self.timeout_s is None else self.timeout_s
-        call = self.call = RequestContext(deadline=time.monotonic() + seconds)
-        scope.setdefault("state", {})["call"] = call
-        name = scope.get("path_params", {}).get("name", "")
-        gauge = self.gauge = state.metrics.child(state.metrics.in_flight, name) \
-            if name in state.repository.entries else None
-        if gauge is not None:
-            gauge.inc()
-        gone = self.gone = scope.get("extensions", {}).get(DISCONNECT)  # our protocol's
-        if gone is not None:
-            call.gone = gone
-            gone.add_done_callback(call.client_left)
-        else:  # another server: a task waits for http.disconnect
-            watcher = self.watcher = call.gone = asyncio.ensure_future(
-                _watch_disconnect(self.receive, call))
-            watcher.add_done_callback(_quiet)
-        return call
-
-    async def __aexit__(self, *exc: object) -> None:
-        call = self.call
-        if self.gone is not None:
-            self.gone.remove_done_callback(call.client_left)  # no reference cycle left behind
-        elif self.watcher is not None:
-            self.watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
-            call.gone = None  # its CancelledError's frames hold `call`: no cycle through it
-        if self.gauge is not None:
-            self.gauge.dec()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
@@ -41,10 +42,17 @@ from seqserve.service.api.common import (
     TextsRequest,
     WholeInt,
     app_state,
-    request_call,
+    standard_bounds,
+)
+from seqserve.service.api.lifecycle import (
+    Call,
+    RequestCall,
+    answer,
+    asgi_call,
+    http_disconnect,
+    lookup,
     request_timeout,
     shed_early,
-    standard_bounds,
 )
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.core.answers import encode_json
@@ -181,31 +189,45 @@ def token_timer(state: AppState, name: str) -> Callable[[float, bool], None]:
     return observe
 
 
-def start_generation(state: AppState, scope: Scope, name: str, version: str | None,
-                     texts: list[str], params: GenerateParams, call: RequestContext
-                     ) -> tuple[int, Generation]:
-    """The ready LM worker's generation (refusals raise before anything is sent)."""
-    entry, worker = state.repository.worker(name, version, LMWorker)
-    shed_early(state, worker.ctx.model, call.remaining())
-    generation = worker.start(texts, params, call, token_timer(state, name))
-    return entry.version, generation
-
-
 def count_tokens(state: AppState, name: str, generation: Generation) -> None:
     state.metrics.generated_tokens.labels(name).inc(generation.usage()["completion_tokens"])
 
 
-async def generate_answer(state: AppState, scope: Scope, receive: Receive, name: str,
-                          version: str | None, body: GenerateRequest) -> dict[str, Any]:
-    async with request_call(state, scope, receive, request_timeout(state, scope)) as call:
-        v, generation = start_generation(state, scope, name, version, body.texts(),
-                                         body.params(), call)
+async def generated(state: AppState, call: Call, texts: list[str], params: GenerateParams
+                    ) -> tuple[int, Generation]:
+    """A generation answered whole (JSON): the one lifecycle (`lifecycle.answer`) around
+    running it to its end; its version and the finished generation."""
+    async def work(worker: LMWorker, context: RequestContext) -> Generation:
+        generation = worker.start(texts, params, context, token_timer(state, call.model))
         try:
             await generation.run()
         finally:
-            count_tokens(state, name, generation)
-    return {"model": name, "version": v, "results": generation.results(),
-            "usage": generation.usage()}
+            count_tokens(state, call.model, generation)
+        return generation
+
+    entry, generation = await answer(state, call, LMWorker, work)
+    return entry.version, generation
+
+
+def streamed(state: AppState, call: Call, texts: list[str], params: GenerateParams,
+             render: Callable[[Generation, int], AsyncIterator[bytes]]) -> EventStream:
+    """A streamed generation: the lookup, deadline and shedding of the one lifecycle now (a
+    refusal is a status), the generation started; `render(generation, version)` makes its
+    events, which the returned `EventStream` sends inside the request's one `RequestCall`."""
+    entry, worker = lookup(state, call, LMWorker)
+    timeout = request_timeout(state, call)
+    context = RequestContext(deadline=time.monotonic() + timeout)
+    shed_early(state, worker.ctx.model, timeout)
+    generation = worker.start(texts, params, context, token_timer(state, call.model))
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in render(generation, entry.version):
+                yield chunk
+        finally:
+            count_tokens(state, call.model, generation)
+
+    return EventStream(state, call, context, events())
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
@@ -216,33 +238,30 @@ def sse(data: Any, event: str | None = None) -> bytes:
 
 class EventStream(Response):
     """A `text/event-stream` answer fed by an async iterator of ready event bytes; the
-    request's context lives as long as the stream: its deadline, and a watcher that stops
-    the generation as soon as the client hangs up."""
+    request's context (`context`: its deadline) lives as long as the stream, inside the one
+    `RequestCall` of the lifecycle: counted in flight, and the generation stops as soon as
+    the client hangs up."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, state: AppState, name: str, call: RequestContext,
-                 events: Callable[[RequestContext], AsyncIterator[bytes]]) -> None:
+    def __init__(self, state: AppState, call: Call, context: RequestContext,
+                 events: AsyncIterator[bytes]) -> None:
         super().__init__(headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
-        self.state, self.name, self.call, self.events = state, name, call, events
+        self.state, self.call, self.context, self.events = state, call, context, events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        call = self.call
         self.scope = scope
-        scope.setdefault("state", {})["call"] = call
-        gauge = self.state.metrics.in_flight.labels(self.name) \
-            if self.name in self.state.repository.entries else None
-        if gauge is not None:
-            gauge.inc()
-        events = self.events(call).__aiter__()
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
+        call = dataclasses.replace(self.call, watch=lambda: http_disconnect(receive),
+                                   keep=scope.setdefault("state", {}))
+        async with RequestCall(self.state, call, context=self.context) as context:
+            gone = context.gone
+            assert gone is not None
             # The 200 waits for the first events (or the failure): a refusal by the engine
             # (429 by expected wait, 503 engine gone) is then a status, not an error event.
-            first = asyncio.ensure_future(anext(events, b""))
-            done, _ = await asyncio.wait({first, watcher}, return_when=asyncio.FIRST_COMPLETED)
-            if watcher in done and first not in done:  # gone before anything: cancel it
+            first = asyncio.ensure_future(anext(self.events, b""))
+            done, _ = await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if first not in done:  # gone before anything: cancel it
                 await self._hang_up(first)
                 return
             try:
@@ -252,22 +271,18 @@ class EventStream(Response):
                 return
             await send({"type": "http.response.start", "status": 200,
                         "headers": self.raw_headers})
-            producer = asyncio.ensure_future(self._produce(send, head, events))
-            done, _ = await asyncio.wait({producer, watcher},
+            producer = asyncio.ensure_future(self._produce(send, head, self.events))
+            done, _ = await asyncio.wait({producer, gone},
                                          return_when=asyncio.FIRST_COMPLETED)
             if producer not in done:  # the client left: the generation's finally cancels it
                 await self._hang_up(producer)
                 return
             producer.result()
-        finally:
-            watcher.cancel()
-            if gauge is not None:
-                gauge.dec()
         with contextlib.suppress(OSError):
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _hang_up(self, task: asyncio.Future[Any]) -> None:
-        self.call.disconnected.set()
+        self.context.disconnected.set()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
@@ -284,34 +299,21 @@ class EventStream(Response):
                         "more_body": True})
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def stream_context(state: AppState, scope: Scope) -> RequestContext:
-    return RequestContext(deadline=time.monotonic() + request_timeout(state, scope))
-
-
 async def _generate(request: Request, name: str, version: str | None,
                     body: GenerateRequest) -> Response:
     state = app_state(request)
+    call = asgi_call(request.scope, request.receive, name, version)
     if not body.stream:
-        return JsonResponse(await generate_answer(state, request.scope, request.receive, name,
-                                                  version, body))
-    call = stream_context(state, request.scope)
-    _, generation = start_generation(state, request.scope, name, version, body.texts(),
-                                     body.params(), call)
+        v, generation = await generated(state, call, body.texts(), body.params())
+        return JsonResponse({"model": name, "version": v, "results": generation.results(),
+                             "usage": generation.usage()})
 
-    async def events(call: RequestContext) -> AsyncIterator[bytes]:
-        try:
-            async for batch in generation.batches():  # events that exist together: one write
-                yield b"".join(sse(ev) for ev in batch)
-        finally:
-            count_tokens(state, name, generation)
+    async def render(generation: Generation, _: int) -> AsyncIterator[bytes]:
+        async for batch in generation.batches():  # events that exist together: one write
+            yield b"".join(sse(ev) for ev in batch)
         yield sse({"usage": generation.usage()}) + sse("[DONE]")
 
-    return EventStream(state, name, call, events)
+    return streamed(state, call, body.texts(), body.params(), render)
 
 
 @router.post("/models/{name}/generate", name="generate", response_model=GenerateResponse,
@@ -333,11 +335,8 @@ async def generate_version(name: str, version: str, body: GenerateRequest,
 
 async def score_answer(state: AppState, scope: Scope, receive: Receive, name: str,
                        version: str | None, body: ScoreRequest) -> dict[str, Any]:
-    entry, worker = state.repository.worker(name, version, LMWorker)
-    timeout = request_timeout(state, scope)
-    shed_early(state, worker.ctx.model, timeout)
-    async with request_call(state, scope, receive, timeout) as call:
-        results = await worker.score(body.texts, call)
+    entry, results = await answer(state, asgi_call(scope, receive, name, version), LMWorker,
+                                  lambda w, ctx: w.score(body.texts, ctx))
     return {"model": name, "version": entry.version, "results": results}
 
 

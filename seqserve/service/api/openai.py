@@ -25,28 +25,24 @@ from seqserve.service.api.common import (
     Text,
     WholeInt,
     app_state,
-    request_call,
-    request_timeout,
     standard_bounds,
 )
 from seqserve.service.api.generate import (
     HARD_MAX_NEW_TOKENS,
     MAX_N,
     MAX_TOP_LOGPROBS,
-    EventStream,
     StopList,
     StopText,
-    count_tokens,
+    generated,
     sse,
-    start_generation,
-    stream_context,
+    streamed,
 )
+from seqserve.service.api.lifecycle import asgi_call
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.core.answers import ErrorShape, error_answer
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.web.responses import JsonResponse, as_response, request_id_of
 from seqserve.service.web.state import AppState
-from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.lm import GenerateParams, Generation
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -123,30 +119,22 @@ def _head(name: str) -> dict[str, Any]:
             "created": int(time.time()), "model": name}
 
 
-async def _complete(state: AppState, request: Request, body: CompletionRequest,
-                    call: RequestContext) -> Response:
+async def _complete(state: AppState, request: Request, body: CompletionRequest) -> Response:
     name = body.model
-    _, generation = start_generation(state, request.scope, name, None, body.prompts(),
-                                     body.params(), call)
+    call = asgi_call(request.scope, request.receive, name, None)
     head = _head(name)
     n = body.n
     if body.stream:
-        async def events(call: RequestContext) -> AsyncIterator[bytes]:
-            try:
-                async for batch in generation.batches():  # one write per group
-                    yield b"".join(sse({**head, "choices": [{
-                        "text": ev.get("text", ""), "index": ev["prompt_index"] * n + ev["index"],
-                        "logprobs": None, "finish_reason": _finish(ev.get("finish_reason"))}]})
-                        for ev in batch)
-            finally:
-                count_tokens(state, name, generation)
+        async def render(generation: Generation, _: int) -> AsyncIterator[bytes]:
+            async for batch in generation.batches():  # one write per group
+                yield b"".join(sse({**head, "choices": [{
+                    "text": ev.get("text", ""), "index": ev["prompt_index"] * n + ev["index"],
+                    "logprobs": None, "finish_reason": _finish(ev.get("finish_reason"))}]})
+                    for ev in batch)
             yield sse("[DONE]")
 
-        return EventStream(state, name, call, events)
-    try:
-        await generation.run()
-    finally:
-        count_tokens(state, name, generation)
+        return streamed(state, call, body.prompts(), body.params(), render)
+    _, generation = await generated(state, call, body.prompts(), body.params())
     usage = generation.usage()
     choices = [{"text": s.text, "index": i, "logprobs": _logprobs(generation, i),
                 "finish_reason": _finish(s.finish or "length")}
@@ -190,10 +178,6 @@ async def completions(request: Request) -> Response:
         message, param = _validation_message(exc)
         return openai_error(request, 400, message, param)
     try:
-        if body.stream:
-            return await _complete(state, request, body, stream_context(state, request.scope))
-        async with request_call(state, request.scope, request.receive,
-                                request_timeout(state, request.scope)) as call:
-            return await _complete(state, request, body, call)
+        return await _complete(state, request, body)
     except ServiceError as exc:
         return openai_error(request, exc.status, exc.message, retry_after=exc.retry_after)

@@ -28,11 +28,9 @@ from seqserve.service.api.common import (
     HARD_MAX_TEXTS,
     app_state,
     header,
-    request_call,
-    request_timeout,
-    shed_early,
 )
-from seqserve.service.core.errors import BadRequest, ModelNotFound
+from seqserve.service.api.lifecycle import answer, asgi_call
+from seqserve.service.core.errors import BadRequest
 from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.series import F32_MAX, MAX_SESSION_ID, SeriesWorker
@@ -110,35 +108,20 @@ def session_of(scope: Scope, body: PredictRequest) -> str | None:
     return session
 
 
-def series_worker(state: AppState, name: str, version: str | None
-                  ) -> tuple[Any, SeriesWorker]:
-    """The ready feature-sequence worker of `name` (404 when it is a model of another task)."""
-    entry = state.repository.entry(name, version)
-    if entry.task is not None and not entry.task.startswith("sequence-"):
-        raise ModelNotFound(f"model {name!r} is a {entry.task}, not a feature-sequence model "
-                            "(sequence-classifier or sequence-tagger)")
-    entry, worker = state.repository.ready(name, version)
-    if not isinstance(worker, SeriesWorker):
-        raise ModelNotFound(f"model {name!r} is a {worker.task}, not a feature-sequence model")
-    return entry, worker
-
-
 async def predict_answer(state: AppState, scope: Scope, receive: Receive, name: str,
                          version: str | None, body: PredictRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of PredictResponse) to a validated body: this
     route's and the hot path's (`seqserve.service.api.hot_path`)."""
-    entry, worker = series_worker(state, name, version)
-    timeout = request_timeout(state, scope)
-    shed_early(state, worker.ctx.model, timeout)
+    call = asgi_call(scope, receive, name, version)
     session = session_of(scope, body)
-    if session is not None:
-        worker.check_session(session, body.start, body.end)  # 400s before any queueing
-    async with request_call(state, scope, receive, timeout) as call:
-        if session is None:
-            results = await worker.predict(body.series, call)
-            return {"model": name, "version": entry.version, "results": results}
-        result, steps = await worker.predict_session(body.series, session, body.start,
-                                                     body.end, call)
+    if session is None:
+        entry, results = await answer(state, call, SeriesWorker,
+                                      lambda w, ctx: w.predict(body.series, ctx))
+        return {"model": name, "version": entry.version, "results": results}
+    entry, (result, steps) = await answer(
+        state, call, SeriesWorker, lambda w, ctx: w.predict_session(
+            body.series, session, body.start, body.end, ctx),
+        check=lambda w: w.check_session(session, body.start, body.end))
     return {"model": name, "version": entry.version, "results": [result],
             "session": session, "steps": steps}
 

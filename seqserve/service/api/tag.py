@@ -16,10 +16,8 @@ from seqserve.service.api.common import (
     ERRORS,
     TextsRequest,
     app_state,
-    request_call,
-    request_timeout,
-    shed_early,
 )
+from seqserve.service.api.lifecycle import answer, asgi_call
 from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.tagger import TaggerWorker
@@ -55,11 +53,8 @@ async def tag_answer(state: AppState, scope: Scope, receive: Receive, name: str,
                     version: str | None, body: TagRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of TagResponse) to a validated body: this route's
     and the hot path's (`seqserve.service.api.hot_path`)."""
-    entry, worker = state.repository.worker(name, version, TaggerWorker)
-    timeout = request_timeout(state, scope)
-    shed_early(state, worker.ctx.model, timeout)  # before tokenizing
-    async with request_call(state, scope, receive, timeout) as call:
-        results = await worker.tag(body.texts, call)
+    entry, results = await answer(state, asgi_call(scope, receive, name, version),
+                                  TaggerWorker, lambda w, ctx: w.tag(body.texts, ctx))
     return {"model": name, "version": entry.version, "results": results}
 
 

@@ -29,11 +29,9 @@ from seqserve.service.api.common import (
     WholeInt,
     app_state,
     describe_errors,
-    request_call,
-    request_timeout,
-    shed_early,
     standard_bounds,
 )
+from seqserve.service.api.lifecycle import answer, asgi_call
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.scheduling.search import (
     DEFAULT_BEAM_SIZE,
@@ -215,11 +213,9 @@ async def translate_answer(state: AppState, scope: Scope, receive: Receive, name
                           version: str | None, body: TranslateRequest) -> dict[str, Any]:
     """The answer (as plain data, the shape of TranslateResponse) to a validated body: this route's
     and the hot path's (`seqserve.service.api.hot_path`)."""
-    entry, worker = state.repository.worker(name, version, TranslatorWorker)
-    timeout = request_timeout(state, scope)
-    shed_early(state, worker.ctx.model, timeout)  # before tokenizing
-    async with request_call(state, scope, receive, timeout) as call:
-        results = await worker.translate(body.texts, body.search_options(), call)
+    entry, results = await answer(state, asgi_call(scope, receive, name, version),
+                                  TranslatorWorker, lambda w, ctx: w.translate(
+                                      body.texts, body.search_options(), ctx))
     return {"model": name, "version": entry.version, "results": results}
 
 

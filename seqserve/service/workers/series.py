@@ -156,8 +156,8 @@ class SeriesWorker:
     async def predict_session(self, series: Sequence[Any], session: str, start: bool,
                               end: bool, call: RequestContext) -> tuple[dict[str, Any], int]:
         """One chunk of a session (exactly one series): its result and the session's steps
-        so far (`scheduling.sessions` for the rules and errors)."""
-        self.check_session(session, start, end)
+        so far (`scheduling.sessions` for the rules and errors). The caller checked the
+        session's id and flags first (`check_session`, before any queueing)."""
         if not isinstance(series, list | tuple) or len(series) != 1:
             n = len(series) if isinstance(series, list | tuple) else "no"
             raise BadRequest(f"a request with a session sends exactly one series (its next "

@@ -29,25 +29,21 @@ from seqserve.service.api.common import (
     Text,
     WholeInt,
     app_state,
-    request_call,
-    request_timeout,
     standard_bounds,
 )
 from seqserve.service.api.generate import (
     HARD_MAX_NEW_TOKENS,
     MAX_STOPS,
-    EventStream,
     StopList,
     StopText,
-    count_tokens,
+    generated,
     sse,
-    start_generation,
-    stream_context,
+    streamed,
 )
+from seqserve.service.api.lifecycle import asgi_call
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.web.responses import JsonResponse
-from seqserve.service.workers.base import RequestContext
-from seqserve.service.workers.lm import GenerateParams
+from seqserve.service.workers.lm import GenerateParams, Generation
 
 router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
 
@@ -122,15 +118,9 @@ def _head(name: str, version: int, body: V2GenerateRequest) -> dict[str, Any]:
 async def _generate(request: Request, name: str, version: str | None,
                     body: V2GenerateRequest) -> JsonResponse:
     state = app_state(request)
-    params = body.parameters.params()
-    async with request_call(state, request.scope, request.receive,
-                            request_timeout(state, request.scope)) as call:
-        v, generation = start_generation(state, request.scope, name, version,
-                                         [body.text_input], params, call)
-        try:
-            await generation.run()
-        finally:
-            count_tokens(state, name, generation)
+    v, generation = await generated(state, asgi_call(request.scope, request.receive, name,
+                                                     version),
+                                    [body.text_input], body.parameters.params())
     result = generation.results()[0]
     return JsonResponse({**_head(name, v, body), "text_output": result["text"],
                          "finish_reason": result["finish_reason"],
@@ -140,28 +130,22 @@ async def _generate(request: Request, name: str, version: str | None,
 async def _generate_stream(request: Request, name: str, version: str | None,
                            body: V2GenerateStreamRequest) -> Response:
     state = app_state(request)
-    params = body.parameters.params()
-    call = stream_context(state, request.scope)
-    v, generation = start_generation(state, request.scope, name, version, [body.text_input],
-                                     params, call)
-    head = _head(name, v, body)
 
-    async def events(call: RequestContext) -> AsyncIterator[bytes]:
+    async def render(generation: Generation, v: int) -> AsyncIterator[bytes]:
+        head = _head(name, v, body)
         finish = "length"
-        try:
-            async for batch in generation.batches():  # one write per group
-                chunk = b"".join(sse({**head, "text_output": ev["text"]})
-                                 for ev in batch if "text" in ev)
-                for ev in batch:
-                    finish = ev.get("finish_reason", finish)
-                if chunk:
-                    yield chunk
-        finally:
-            count_tokens(state, name, generation)
+        async for batch in generation.batches():  # one write per group
+            chunk = b"".join(sse({**head, "text_output": ev["text"]})
+                             for ev in batch if "text" in ev)
+            for ev in batch:
+                finish = ev.get("finish_reason", finish)
+            if chunk:
+                yield chunk
         yield sse({**head, "text_output": "", "finish_reason": finish,
                    "usage": generation.usage()})
 
-    return EventStream(state, name, call, events)
+    return streamed(state, asgi_call(request.scope, request.receive, name, version),
+                    [body.text_input], body.parameters.params(), render)
 
 
 STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {

@@ -12,10 +12,8 @@ from seqserve.service.api.common import (
     ERRORS,
     app_state,
     header,
-    request_call,
-    request_timeout,
-    shed_early,
 )
+from seqserve.service.api.lifecycle import Call, answer, asgi_call
 from seqserve.service.api.oip import codec, tasks
 from seqserve.service.api.oip.schemas import (
     V2InferRequest,
@@ -97,17 +95,25 @@ async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: st
                                                                   bytes, str]:
     """An infer request's extra headers, body and media type: this route's and the hot
     path's (`seqserve.service.api.hot_path`)."""
-    entry, worker = state.repository.ready(name, version)
-    req, tail = codec.parse_request(body, header(scope, codec.HEADER.encode()))
-    timeout = request_timeout(state, scope, codec.timeout_s(req))
-    shed_early(state, worker.ctx.model, timeout)  # before decoding and tokenizing
-    inputs = codec.decode_inputs(req, tail)
-    asked = codec.check_outputs(req, tasks.output_names(worker))
-    parameters = codec.request_parameters(req)
-    answer: dict[str, Any] = {}
-    async with request_call(state, scope, receive, timeout) as call:
-        outputs = await tasks.infer(worker, inputs, parameters, call, answer)
-    return response_parts(entry, req, outputs, asked, answer)
+    found: dict[str, Any] = {}
+
+    def read(call: Call) -> None:  # the body, once the model is known
+        found["req"], found["tail"] = codec.parse_request(
+            body, header(scope, codec.HEADER.encode()))
+        call.asked_s = codec.timeout_s(found["req"])
+
+    def check(worker: Any) -> None:  # after shedding, before the inputs' decoding
+        req = found["req"]
+        found["inputs"] = codec.decode_inputs(req, found["tail"])
+        found["asked"] = codec.check_outputs(req, tasks.output_names(worker))
+        found["parameters"] = codec.request_parameters(req)
+
+    extra: dict[str, Any] = {}
+    entry, outputs = await answer(
+        state, asgi_call(scope, receive, name, version), None,
+        lambda w, ctx: tasks.infer(w, found["inputs"], found["parameters"], ctx, extra),
+        check=check, read=read)
+    return response_parts(entry, found["req"], outputs, found["asked"], extra)
 
 
 async def _infer(request: Request, name: str, version: str | None) -> Response:

@@ -57,6 +57,7 @@ from seqserve.service.api.lifecycle import (
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import ServiceError
+from seqserve.service.scheduling.generation import GenerateOptions
 from seqserve.service.web.responses import JsonResponse, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext
@@ -71,6 +72,9 @@ MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 5
 StopText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=64)]
 StopList = Annotated[list[StopText], Field(max_length=MAX_STOPS)]
+DEFAULTS = GenerateOptions()
+"""The language-model request defaults (scheduling.generation.GenerateOptions, the one table
+of them): the v1, OIP and OpenAI schemas take theirs from it."""
 
 
 class SamplingOptions(BaseModel):
@@ -78,15 +82,15 @@ class SamplingOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
 
-    temperature: Number = Field(1.0, ge=0, le=100,
+    temperature: Number = Field(DEFAULTS.temperature, ge=0, le=100,
                                 description="Softmax temperature; 0 = greedy (argmax).")
-    top_k: WholeInt = Field(0, ge=0, le=100_000,
+    top_k: WholeInt = Field(DEFAULTS.top_k, ge=0, le=100_000,
                             description="Sample among the k most likely tokens; 0 = off.")
-    top_p: Number = Field(1.0, gt=0, le=1, description="Nucleus mass; 1 = off.")
-    seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED,
+    top_p: Number = Field(DEFAULTS.top_p, gt=0, le=1, description="Nucleus mass; 1 = off.")
+    seed: WholeInt | None = Field(DEFAULTS.seed, ge=0, le=MAX_SEED,
                                   description="Sampling seed: the same request with the same "
                                               "seed gives the same text; null = random.")
-    n: WholeInt = Field(1, ge=1, le=MAX_N, description="Sequences per prompt.")
+    n: WholeInt = Field(DEFAULTS.n, ge=1, le=MAX_N, description="Sequences per prompt.")
 
 
 def _one_of_prompts(schema: dict[str, Any]) -> None:
@@ -106,7 +110,7 @@ class GenerateRequest(SamplingOptions):
     prompt: Text | None = Field(None, description=f"One prompt. {TEXT_RULES}")
     prompts: list[Text] | None = Field(None, min_length=1, max_length=HARD_MAX_TEXTS,
                                        description="Several prompts (1 to max_texts).")
-    max_new_tokens: WholeInt = Field(64, ge=1, le=HARD_MAX_NEW_TOKENS,
+    max_new_tokens: WholeInt = Field(DEFAULTS.max_new_tokens, ge=1, le=HARD_MAX_NEW_TOKENS,
                                      description="Most tokens generated per sequence (also "
                                                  "bounded by the server's max_new_tokens).")
     stop: StopList | StopText | None = Field(
@@ -130,9 +134,11 @@ class GenerateRequest(SamplingOptions):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def params(self, top_logprobs: int = 0) -> GenerateParams:
-        return GenerateParams(self.max_new_tokens, float(self.temperature), self.top_k,
-                              float(self.top_p), self.seed, self.stops(), self.n,
-                              self.logprobs or top_logprobs > 0, top_logprobs)
+        return GenerateParams(max_new_tokens=self.max_new_tokens,
+                              temperature=float(self.temperature), top_k=self.top_k,
+                              top_p=float(self.top_p), seed=self.seed, n=self.n,
+                              top_logprobs=top_logprobs, stop=self.stops(),
+                              logprobs=self.logprobs or top_logprobs > 0)
 
 
 class GeneratedText(BaseModel):

@@ -28,6 +28,7 @@ from seqserve.service.api.common import (
     standard_bounds,
 )
 from seqserve.service.api.generate import (
+    DEFAULTS,
     HARD_MAX_NEW_TOKENS,
     MAX_N,
     MAX_TOP_LOGPROBS,
@@ -56,11 +57,11 @@ class CompletionRequest(BaseModel):
     model: StrictStr = Field(description="Model name (a language-model bundle).")
     prompt: Text | PromptList = Field(description="A prompt, or a list of prompts.")
     max_tokens: WholeInt = Field(16, ge=1, le=HARD_MAX_NEW_TOKENS)
-    temperature: Number = Field(1.0, ge=0, le=2)
-    top_p: Number = Field(1.0, gt=0, le=1)
-    n: WholeInt = Field(1, ge=1, le=MAX_N)
+    temperature: Number = Field(DEFAULTS.temperature, ge=0, le=2)
+    top_p: Number = Field(DEFAULTS.top_p, gt=0, le=1)
+    n: WholeInt = Field(DEFAULTS.n, ge=1, le=MAX_N)
     stop: StopText | StopList | None = None
-    seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED)
+    seed: WholeInt | None = Field(DEFAULTS.seed, ge=0, le=MAX_SEED)
     stream: StrictBool = False
     logprobs: WholeInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
@@ -71,8 +72,10 @@ class CompletionRequest(BaseModel):
         stops = () if self.stop is None else (self.stop,) if isinstance(self.stop, str) \
             else tuple(self.stop)
         top = self.logprobs or 0
-        return GenerateParams(self.max_tokens, float(self.temperature), 0, float(self.top_p),
-                              self.seed, stops, self.n, self.logprobs is not None, top)
+        return GenerateParams(max_new_tokens=self.max_tokens,
+                              temperature=float(self.temperature), top_p=float(self.top_p),
+                              seed=self.seed, n=self.n, top_logprobs=top, stop=stops,
+                              logprobs=self.logprobs is not None)
 
 
 def openai_error(request: Request, status: int, message: str, param: str | None = None,

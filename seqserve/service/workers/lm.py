@@ -19,6 +19,7 @@ after bos, and the text's perplexity.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -56,18 +57,20 @@ class LMServed(Protocol):
 
 
 @dataclass(frozen=True)
-class GenerateParams:
-    """One generate request's options (the HTTP schema checked types and ranges)."""
+class GenerateParams(GenerateOptions):
+    """One generate request's options (the HTTP schema checked types and ranges): how it
+    samples (`GenerateOptions`, whose defaults are the one table of them) and what only the
+    worker reads (stop strings, whether to return log-probs)."""
 
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
     stop: tuple[str, ...] = ()
-    n: int = 1
     logprobs: bool = False
-    top_logprobs: int = 0
+
+    def sampling(self) -> GenerateOptions:
+        """The options the scheduler needs (what travels to the engine)."""
+        return GenerateOptions(**{f.name: getattr(self, f.name) for f in SAMPLING_FIELDS})
+
+
+SAMPLING_FIELDS = dataclasses.fields(GenerateOptions)
 
 
 @dataclass
@@ -105,8 +108,7 @@ class LMWorker:
             raise BadRequest(f"{len(prompts)} prompts x n={params.n} sequences > max_texts "
                              f"{self.ctx.limits.max_texts}")
         encoded = encode_texts(self.ctx.tokenizer, prompts, self.ctx.limits)
-        options = GenerateOptions(params.max_new_tokens, params.temperature, params.top_k,
-                                  params.top_p, params.seed, params.n, params.top_logprobs)
+        options = params.sampling()
         rows = [[self._bos, *e.ids] for e in encoded]
         stream = self.ctx.model.generate(rows, options, call.deadline)
         return Generation(self, [e.ids for e in encoded], params, stream, call, on_token)

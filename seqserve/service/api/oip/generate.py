@@ -32,6 +32,7 @@ from seqserve.service.api.common import (
     standard_bounds,
 )
 from seqserve.service.api.generate import (
+    DEFAULTS,
     HARD_MAX_NEW_TOKENS,
     MAX_STOPS,
     StopList,
@@ -53,13 +54,13 @@ class GenerateParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
 
-    max_tokens: WholeInt = Field(64, ge=1, le=HARD_MAX_NEW_TOKENS,
+    max_tokens: WholeInt = Field(DEFAULTS.max_new_tokens, ge=1, le=HARD_MAX_NEW_TOKENS,
                                  description="Most tokens generated (also bounded by the "
                                              "server's max_new_tokens).")
-    temperature: Number = Field(1.0, ge=0, le=100, description="0 = greedy.")
-    top_k: WholeInt = Field(0, ge=0, le=100_000, description="0 = off.")
-    top_p: Number = Field(1.0, gt=0, le=1, description="1 = off.")
-    seed: WholeInt | None = Field(None, ge=0, le=MAX_SEED,
+    temperature: Number = Field(DEFAULTS.temperature, ge=0, le=100, description="0 = greedy.")
+    top_k: WholeInt = Field(DEFAULTS.top_k, ge=0, le=100_000, description="0 = off.")
+    top_p: Number = Field(DEFAULTS.top_p, gt=0, le=1, description="1 = off.")
+    seed: WholeInt | None = Field(DEFAULTS.seed, ge=0, le=MAX_SEED,
                                   description="Sampling seed (null = random).")
     stop: StopList | StopText | None = Field(
         None, description=f"Up to {MAX_STOPS} strings; the text ends before the first one.")
@@ -70,8 +71,8 @@ class GenerateParameters(BaseModel):
         p = self
         stops = () if p.stop is None else (p.stop,) if isinstance(p.stop, str) \
             else tuple(p.stop)
-        return GenerateParams(p.max_tokens, float(p.temperature), p.top_k, float(p.top_p),
-                              p.seed, stops, 1, False, 0)
+        return GenerateParams(max_new_tokens=p.max_tokens, temperature=float(p.temperature),
+                              top_k=p.top_k, top_p=float(p.top_p), seed=p.seed, stop=stops)
 
 
 class StreamParameters(GenerateParameters):

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from seqserve.models.config import ClassifierConfig
 from seqserve.models.nn.attention import AttentionPooling
-from seqserve.models.nn.rnn import PaddingSafeRNN, init_forget_bias, length_mask
+from seqserve.models.nn.rnn import init_forget_bias, length_mask, token_encoder
 
 
 class Classifier(nn.Module):
@@ -20,9 +20,7 @@ class Classifier(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.embedding = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_id)
-        self.rnn = PaddingSafeRNN(c.cell, c.embed_size, c.hidden_size, c.num_layers,
-                                  c.bidirectional, c.dropout, c.proj_size, c.peephole, c.cifg)
+        self.embedding, self.rnn = token_encoder(c)  # (B, T) -> (B, T, E) -> (B, T, D)
         size = self.rnn.output_size
         self.pool = AttentionPooling(c.attention, size, size // 2)
         self.head = nn.Sequential(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from seqserve.models.config import ClassifierConfig, TaggerConfig
 from seqserve.models.nn.lstm_variants import VariantLSTM
 
 RNNState = Tensor | tuple[Tensor, Tensor]
@@ -203,3 +204,12 @@ class PaddingSafeRNN(nn.Module):
             layer_in = out * mask  # (B, T, D*H) zero padded positions
             finals.append(final)
         return layer_in, torch.stack(finals, dim=0)  # (B, T, D*H), (L, B, D*H)
+
+
+def token_encoder(c: ClassifierConfig | TaggerConfig) -> tuple[nn.Embedding, PaddingSafeRNN]:
+    """The start of every model over token ids with one (bi)RNN stack (classifier, tagger:
+    their configs' embedding and recurrent fields): the embedding (its pad row kept at zero)
+    and the padding-safe RNN over it, made in that order."""
+    return (nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_id),
+            PaddingSafeRNN(c.cell, c.embed_size, c.hidden_size, c.num_layers, c.bidirectional,
+                           c.dropout, c.proj_size, c.peephole, c.cifg))

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqserve.models.config import TaggerConfig
-from seqserve.models.nn.rnn import PaddingSafeRNN, init_forget_bias, length_mask
+from seqserve.models.nn.rnn import init_forget_bias, length_mask, token_encoder
 
 IGNORE_INDEX = -100
 """Target value of positions without a label (padding, non-first pieces)."""
@@ -23,9 +23,7 @@ class Tagger(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.embedding = nn.Embedding(c.vocab_size, c.embed_size, padding_idx=c.pad_id)
-        self.rnn = PaddingSafeRNN(c.cell, c.embed_size, c.hidden_size, c.num_layers,
-                                  c.bidirectional, c.dropout, c.proj_size, c.peephole, c.cifg)
+        self.embedding, self.rnn = token_encoder(c)  # (B, T) -> (B, T, E) -> (B, T, D)
         self.dropout = nn.Dropout(c.dropout)
         self.head = nn.Linear(self.rnn.output_size, c.num_labels)
         init_forget_bias(self, c.forget_bias)

@@ -71,15 +71,15 @@ def serve(settings: typing.Any, cli: typing.Iterable[str] = ()) -> int:
     import logging
 
     from seqserve.models.errors import UserError
-    from seqserve.service.server import layout as tuning
+    from seqserve.service.server import layout
 
     if not settings.repo.is_dir():
         raise UserError(f"{settings.repo}: model repository folder does not exist")
     process = settings.process_settings()
     process.apply()  # every process of the server applies the same (the engine's: its options)
-    origin = tuning.sources(settings, cli)
-    before, settings = settings, tuning.resolve(settings)
-    print_speed_settings(settings, tuning.resolved_sources(before, settings, origin))
+    origin = layout.sources(settings, cli)
+    before, settings = settings, layout.resolve(settings)
+    print_speed_settings(settings, layout.resolved_sources(before, settings, origin))
     log = logging.getLogger("seqserve")
     log.info("settings: %s", json.dumps(settings.effective(), sort_keys=True))
     if settings.api_workers:
@@ -103,14 +103,14 @@ def print_speed_settings(settings: typing.Any, origin: typing.Mapping[str, str])
     import sys
 
     from seqserve.service.core.logs import JsonFormatter
-    from seqserve.service.server import layout as tuning
+    from seqserve.service.server import layout
 
     if settings.log_format == "json":
         record = logging.LogRecord("seqserve", logging.INFO, __file__, 0, "serving settings",
                                    None, None)
-        record.fields = {"layout": tuning.describe(settings),
+        record.fields = {"layout": layout.describe(settings),
                          "settings": {n: {"value": getattr(settings, n), "source": origin[n]}
-                                      for n in tuning.SPEED_SETTINGS}}
+                                      for n in layout.SPEED_SETTINGS}}
         print(JsonFormatter().format(record), file=sys.stderr, flush=True)
     else:
-        print(tuning.speed_block(settings, origin), file=sys.stderr, flush=True)
+        print(layout.speed_block(settings, origin), file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ requests at once:
 6. the candidates that stay live become the new rows: only their histories are copied, and
    a request that stopped keeps none.
 
-The rules are documented in beam.py. The only per-request Python in a step is the draw of a
+The rules are documented in search.py. The only per-request Python in a step is the draw of a
 sampling request (sampling.py); admission (`join`) and answers (`results`) are per request by
 nature.
 """
@@ -72,11 +72,11 @@ class Beams(BeamState):
         self._plan = None
         super()._membership_changed(joined)
 
-    # -- what the engine asks before a step ---------------------------------------------
+    # -- what the scheduler asks before a step -----------------------------------------
 
     def prepare(self) -> int:
         """Fix the next step's n-gram bans; the top-k it needs (every request's own k is
-        exact for it, and a larger k changes nothing for a beam request: see beam.py)."""
+        exact for it, and a larger k changes nothing for a beam request: see search.py)."""
         q = self.reqs
         bans: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         k_own = q.k_base

@@ -4,7 +4,7 @@ One entry per request (`Requests`, Q of them, in the group's order), one row per
 hypothesis (`Rows`, R of them, grouped by request in the same order), each request's finished
 n-best (`FinishedStore`), and the samplers of the sampling requests. Requests join at the end
 (one BOS row each) and leave by a mask; the history widths (tokens, coverage, attention)
-follow the members. The step itself is in beams.py.
+follow the members. The step itself is in beam_search.py.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ class BeamState:
                 self._lp = np.vstack([self._lp, table])  # (A, L + 1)
         return np.array([self._alphas[a] for a in alphas.tolist()], np.int64)
 
-    # -- what the engine asks -------------------------------------------------------------
+    # -- what the scheduler asks ----------------------------------------------------------
 
     @property
     def n_rows(self) -> int:

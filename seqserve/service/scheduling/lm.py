@@ -1,4 +1,4 @@
-"""Language models on the decoding engine: continuous batching of generation, step by step.
+"""Language models on the one loop driver: continuous batching of generation, step by step.
 
 The design is the translator's (scheduler.py / decoding.py): a synchronous, model-free
 scheduler (`LMScheduler`, lm_scheduler.py: schedule, execute, update; one table of requests)

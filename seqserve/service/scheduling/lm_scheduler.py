@@ -362,7 +362,7 @@ class LMScheduler:
             else:
                 out = self.runtime.run("lm_step", {"prev_ids": work.prev_ids,
                                                    "state": work.state})
-        except Exception as exc:  # the requests of this item fail, the engine goes on
+        except Exception as exc:  # the requests of this item fail, the loop goes on
             return _Done({}, time.perf_counter() - start, exc)
         return _Done(out, time.perf_counter() - start)
 

@@ -24,7 +24,7 @@ def sampling_k(options: SearchOptions) -> int:
 
 @dataclass
 class Sampler:
-    """One sampling request's draw (see beam.py for the rule)."""
+    """One sampling request's draw (see search.py for the rule)."""
 
     options: SearchOptions
     rng: np.random.Generator = field(init=False)

@@ -4,7 +4,7 @@
     result = core.execute(item)       # encoder or decoder_step calls (any thread)
     outcomes = core.update(item, result)   # beam bookkeeping, answers, failures
 
-`core.step()` does the three in a row; the asyncio engine (decoding.py) runs `execute` off
+`core.step()` does the three in a row; the asyncio decode loop (decoding.py) runs `execute` off
 the event loop and overlaps work items. Every live request is in one table with one status
 (work.Status): WAITING (in the admission queue), ENCODING (its encoder batch runs),
 DECODING (encoded: waiting for a group, or in one), then FINISHED or ABORTED as it leaves.
@@ -14,7 +14,7 @@ DECODING (encoded: waiting for a group, or in one), then FINISHED or ABORTED as 
   allows (each reserves `beam_size` rows) as one encoder batch, unless one is running; and
   launch a decoder step for every idle group with rows.
 - update(): an encoder batch's requests become DECODING (to be placed); a step's outputs go
-  through the group's vectorised beam search (beams.py), finished requests are answered and
+  through the group's vectorised beam search (beam_search.py), finished requests are answered and
   leave with their rows.
 
 With `DecodeConfig.groups` G > 1 the requests are split into G groups whose steps take turns
@@ -316,7 +316,7 @@ class DecodeScheduler:
 
     def _note_admission(self, count: int, now: float) -> None:
         """Learn the admission rate from admissions made while others were waiting (an idle
-        engine's pace says nothing about its capacity)."""
+        scheduler's pace says nothing about its capacity)."""
         if count and self._backlog_since is not None:
             self.admit_cost.observe(count, now - self._backlog_since)
         self._backlog_since = now if self._waiting else None

@@ -13,7 +13,7 @@ Conventions (the reference search in the tests follows the same ones):
 - Beam step (fairseq-style): from all candidates of all live rows of a request (after
   masking), take the 2B best by cumulative log-prob, ties to the lower (row, column); an EOS
   among the first B is finished; the first B non-EOS continue. `decoder_step` returns only
-  each row's top-k (best first), so the engine asks for k = 2B + 1 + (most tokens any row
+  each row's top-k (best first), so the scheduler asks for k = 2B + 1 + (most tokens any row
   has blocked), which contains every candidate that this rule can pick: the step is exact, as
   if the whole vocabulary had been scored.
 - Final score (GNMT): logp / ((5 + L) / 6) ** alpha + beta * sum_j log(min(coverage_j, 1)),

@@ -29,7 +29,7 @@ class StepModel(Protocol):
 
 
 @dataclass(frozen=True)
-class Hypothesis:
+class BeamHypothesis:
     """A finished beam hypothesis: tokens without bos/eos, summed log-prob, ranking score."""
 
     tokens: list[int]
@@ -40,6 +40,13 @@ class Hypothesis:
 def max_decode_length(src_length: int, cap: int, ratio: float = 2.0, extra: int = 10) -> int:
     """Per-request decode limit: ratio * source length + extra, at most cap."""
     return max(1, min(cap, int(ratio * src_length) + extra))
+
+
+GNMT_BEAM_SIZE, GNMT_ALPHA = 4, 0.6
+"""The eager reference search's defaults are GNMT's published setting (beam 4, alpha 0.6),
+for comparisons with the literature; they are named apart from the server's request defaults
+(service/scheduling/search.py: beam 5, alpha 0), what a request that asks for nothing gets,
+and training evaluates with the beam and penalty it is given."""
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -94,11 +101,11 @@ class _Beam:
     alpha: float
     tokens: list[list[int]]
     logprobs: list[float]
-    finished: list[Hypothesis]
+    finished: list[BeamHypothesis]
 
     def finish(self, tokens: list[int], logprob: float) -> None:
         score = logprob / gnmt_length_penalty(len(tokens), self.alpha)
-        self.finished.append(Hypothesis(tokens, logprob, score))
+        self.finished.append(BeamHypothesis(tokens, logprob, score))
 
     def done(self, beam_size: int) -> bool:
         """No live hypothesis can still enter the best beam_size finished ones: log-probs only
@@ -113,9 +120,10 @@ class _Beam:
 
 
 @torch.no_grad()
-def beam_search(model: StepModel, src_ids: Tensor, src_lengths: Tensor, beam_size: int = 4,
-                n_best: int = 1, length_penalty: float = 0.6,
-                max_len: int | None = None) -> list[list[Hypothesis]]:
+def beam_search(model: StepModel, src_ids: Tensor, src_lengths: Tensor,
+                beam_size: int = GNMT_BEAM_SIZE, n_best: int = 1,
+                length_penalty: float = GNMT_ALPHA,
+                max_len: int | None = None) -> list[list[BeamHypothesis]]:
     """Beam search over a batch; every hypothesis row points at its request's memory.
 
     Each step keeps beam_size live hypotheses per request; an eos candidate ranked inside the

@@ -12,7 +12,7 @@ from seqserve.models.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
-class Encoded:
+class EncodedExample:
     """One tokenized example: input ids and either a label index or target ids."""
 
     source: list[int]
@@ -21,17 +21,17 @@ class Encoded:
 
 
 def encode_classification(rows: Sequence[dict[str, str]], tok: Tokenizer, labels: list[str],
-                          max_length: int) -> list[Encoded]:
+                          max_length: int) -> list[EncodedExample]:
     """Texts truncated to max_length tokens (an empty text becomes one unk token)."""
     index = {label: i for i, label in enumerate(labels)}
-    return [Encoded((tok.encode(r["text"]) or [tok.unk_id])[:max_length], index[r["label"]])
+    return [EncodedExample((tok.encode(r["text"]) or [tok.unk_id])[:max_length], index[r["label"]])
             for r in rows]
 
 
 def encode_translation(rows: Sequence[dict[str, str]], tok: Tokenizer,
-                       max_length: int) -> list[Encoded]:
+                       max_length: int) -> list[EncodedExample]:
     """Sources truncated to max_length tokens, targets to max_length - 1 (room for bos/eos)."""
-    return [Encoded((tok.encode(r["source"]) or [tok.unk_id])[:max_length], -1,
+    return [EncodedExample((tok.encode(r["source"]) or [tok.unk_id])[:max_length], -1,
                     tuple(tok.encode(r["target"])[: max_length - 1])) for r in rows]
 
 
@@ -43,7 +43,7 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> Tensor:
     return out
 
 
-def collate(batch: Sequence[Encoded], bos_id: int = 2, eos_id: int = 3,
+def collate(batch: Sequence[EncodedExample], bos_id: int = 2, eos_id: int = 3,
             pad_id: int = 0) -> dict[str, Tensor]:
     """Tensors for one batch: src ids/lengths plus labels, or tgt_in/tgt_out."""
     out = {"ids": pad([e.source for e in batch], pad_id),  # (B, S)

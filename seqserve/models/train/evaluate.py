@@ -12,12 +12,12 @@ from seqserve.models.nn.classifier import Classifier
 from seqserve.models.nn.decoding import beam_search, greedy_decode
 from seqserve.models.nn.translator import Translator
 from seqserve.models.text.tokenizer import Tokenizer
-from seqserve.models.train.batches import Encoded, collate, sorted_batches
+from seqserve.models.train.batches import EncodedExample, collate, sorted_batches
 from seqserve.models.train.metrics import accuracy, macro_f1, translation_metrics
 
 
 @torch.no_grad()
-def evaluate_classifier(model: Classifier, data: Sequence[Encoded],
+def evaluate_classifier(model: Classifier, data: Sequence[EncodedExample],
                         batch_size: int) -> dict[str, float]:
     """Mean loss, accuracy and macro-F1 over `data`."""
     model.eval()
@@ -37,9 +37,9 @@ def evaluate_classifier(model: Classifier, data: Sequence[Encoded],
 
 
 @torch.no_grad()
-def evaluate_translator(model: Translator, data: Sequence[Encoded], references: Sequence[str],
-                        tok: Tokenizer, batch_size: int, beam_size: int = 1,
-                        length_penalty: float = 0.0,
+def evaluate_translator(model: Translator, data: Sequence[EncodedExample],
+                        references: Sequence[str], tok: Tokenizer, batch_size: int,
+                        beam_size: int = 1, length_penalty: float = 0.0,
                         forms: Sequence[str] | None = None) -> dict[str, Any]:
     """Teacher-forced loss and token accuracy, then decoding (greedy, or beam search when
     beam_size > 1) scored by exact match, chrF and BLEU against the raw reference strings;

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from seqserve.models.checkpoint import CHECKPOINT, save_checkpoint
 from seqserve.models.config import TrainConfig
-from seqserve.models.train.batches import Encoded, bucketed_batches, collate
+from seqserve.models.train.batches import EncodedExample, bucketed_batches, collate
 from seqserve.models.train.metrics import RunningMean, grad_norms
 from seqserve.models.train.plots import plot_curves
 
@@ -97,7 +97,7 @@ def sampling_prob(cfg: TrainConfig, epoch: int) -> float:
     return cfg.scheduled_sampling * (epoch - 1) / (cfg.epochs - 1)
 
 
-def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainConfig,
+def fit(model: nn.Module, spec: TaskSpec, train: Sequence[EncodedExample], cfg: TrainConfig,
         out_dir: Path, progress: bool = True) -> FitResult:
     """Train with early stopping; the best epoch's weights are in out_dir/model.safetensors."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -143,7 +143,7 @@ def fit(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded], cfg: TrainCo
     return result
 
 
-def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[Encoded],
+def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[EncodedExample],
                  batches: list[list[int]], optimizer: torch.optim.Optimizer,
                  scheduler: LRSchedule, cfg: TrainConfig, prob: float,
                  deadline: float, desc: str, progress: bool,

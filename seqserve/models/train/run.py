@@ -38,7 +38,7 @@ from seqserve.models.nn.classifier import Classifier
 from seqserve.models.nn.tagger import Tagger
 from seqserve.models.nn.translator import Translator
 from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
-from seqserve.models.train.batches import Encoded, encode_classification, encode_translation
+from seqserve.models.train.batches import EncodedExample, encode_classification, encode_translation
 from seqserve.models.train.evaluate import evaluate_classifier, evaluate_translator
 from seqserve.models.train.loop import FitResult, TaskSpec, fit
 from seqserve.models.train.tagger import collate_tagging, encode_tagging, evaluate_tagger
@@ -202,7 +202,7 @@ def _model_config(task: str, overrides: dict[str, Any], tok: Tokenizer,
         raise UserError(f"bad model option: {exc}") from exc
 
 
-Split = tuple[list[Encoded], list[str]]
+Split = tuple[list[EncodedExample], list[str]]
 LossFn = Callable[[nn.Module, dict[str, Tensor], float], Tensor]
 
 

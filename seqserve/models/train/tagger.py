@@ -17,26 +17,26 @@ from seqserve.models.diagnostics.forms import tagging_forms
 from seqserve.models.nn.tagger import IGNORE_INDEX, Tagger
 from seqserve.models.text.tokenizer import Tokenizer
 from seqserve.models.text.word_align import piece_labels
-from seqserve.models.train.batches import Encoded, pad, sorted_batches
+from seqserve.models.train.batches import EncodedExample, pad, sorted_batches
 
 
 def encode_tagging(rows: Sequence[dict[str, Any]], tok: Tokenizer, labels: list[str],
-                   max_length: int) -> list[Encoded]:
-    """Pieces truncated to max_length with per-piece targets in `Encoded.target` (words cut
+                   max_length: int) -> list[EncodedExample]:
+    """Pieces truncated to max_length with per-piece targets in `EncodedExample.target` (words cut
     off by the truncation are dropped; an empty text becomes one unlabelled unk token)."""
     index = {label: i for i, label in enumerate(labels)}
     out = []
     for row in rows:
         pieces = tok.encode_with_offsets(row["text"])[:max_length]
         if not pieces:
-            out.append(Encoded([tok.unk_id], -1, (IGNORE_INDEX,)))
+            out.append(EncodedExample([tok.unk_id], -1, (IGNORE_INDEX,)))
             continue
         targets = piece_labels(row["text"], pieces, [index[t] for t in row["tags"]])
-        out.append(Encoded([p.id for p in pieces], -1, tuple(targets)))
+        out.append(EncodedExample([p.id for p in pieces], -1, tuple(targets)))
     return out
 
 
-def collate_tagging(batch: Sequence[Encoded], bos_id: int = 2, eos_id: int = 3,
+def collate_tagging(batch: Sequence[EncodedExample], bos_id: int = 2, eos_id: int = 3,
                     pad_id: int = 0) -> dict[str, Tensor]:
     """ids (B, T), lengths (B,), tags (B, T) with IGNORE_INDEX on padding."""
     return {"ids": pad([e.source for e in batch], pad_id),  # (B, T)
@@ -62,7 +62,7 @@ def label_scores(predictions: list[int], gold: list[int],
 
 
 @torch.no_grad()
-def evaluate_tagger(model: Tagger, data: Sequence[Encoded], batch_size: int,
+def evaluate_tagger(model: Tagger, data: Sequence[EncodedExample], batch_size: int,
                     labels: Sequence[str], forms: Sequence[str] | None = None) -> dict[str, Any]:
     """Mean loss per labelled word, token (word) accuracy, per-label F1 and macro F1; with
     `forms` (one per row) also token accuracy per form ("forms": models/diagnostics/forms.py)."""

@@ -174,7 +174,7 @@ def _run_jobs(jobs: tuple[Job, ...], work: Path, retrain: bool, lanes: int,
           f"each; progress bars in {work / 'logs'})", flush=True)
     pool = ProcessPoolExecutor(max_workers=lanes,
                                mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init)
+                               initializer=_training_process_init)
     running: dict[Future[JobResult], Job] = {}
     try:
         while pending or running:
@@ -191,7 +191,7 @@ def _run_jobs(jobs: tuple[Job, ...], work: Path, retrain: bool, lanes: int,
     return results
 
 
-def _worker_init() -> None:
+def _training_process_init() -> None:
     """A training process: its lines reach the terminal as they are written."""
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)

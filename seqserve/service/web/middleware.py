@@ -37,6 +37,9 @@ Refusal = tuple[int, str, float | None, list[tuple[bytes, bytes]]]
 
 
 FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
+BODY = "seqserve.body"
+"""The scope key of the request's whole body, read once here (the hot path takes it from the
+scope; FastAPI's routes get it replayed as one message)."""
 
 
 def _json_by_default(scope: Scope) -> None:
@@ -94,6 +97,7 @@ class ServingMiddleware:
             body = got if isinstance(got, bytes) else b""
             if scope["method"] == "POST":
                 _json_by_default(scope)
+            scope[BODY] = body
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
             self.admitted -= counted

@@ -279,10 +279,8 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
             _lm_steps(tally, specs["lm_step"], {fmt: r["lm_step"] for fmt, r in runners.items()},
                       reference, rng, ref_out, grid.vocab_size, grid.parity_tol,
                       grid.invariance_tol)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+    bar.close()
     return _report(task, tally, reference, list(runners), grid, len(cases),
                    time.perf_counter() - started)
 
@@ -332,17 +330,25 @@ def _check_series(task: str, tally: _Tally, runners: dict[str, dict[str, Runner]
                 _row_invariance(tally, fmt, graph, spec, got, b, n, alone, grid.invariance_tol)
                 if b == 0 and n > 1 and "state" in inputs:
                     _chunked(tally, fmt, graph, run, inputs, b, n, alone)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        bar.update(1)
+    bar.close()
     return _report(task, tally, reference, list(runners), grid, len(cases),
                    time.perf_counter() - started)
 
 
+class _NoBar:
+    """The progress bar of a quiet check."""
+
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(total: int, desc: str, enabled: bool) -> Any:
     if not enabled:
-        return None
+        return _NoBar()
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="batch", leave=False)

@@ -95,7 +95,7 @@ class Tokenizer:
             planes = (range(1, 0xD800), range(0xE000, 0x20000), range(0xE0000, 0xF0000))
             blank = [c for plane in planes for c in plane
                      if not self._sp.normalize(chr(c)).replace("\u2581", " ").strip()]
-            self._blank = "".join(_class_range(a, b) for a, b in _runs(blank))
+            self._blank = "".join(class_range(a, b) for a, b in code_runs(blank))
         return self._blank
 
     @property
@@ -261,7 +261,7 @@ def _train_spm(corpus: list[str], writer: io.BytesIO, vocab_size: int, model_typ
     )
 
 
-def _runs(codes: list[int]) -> Iterator[tuple[int, int]]:
+def code_runs(codes: list[int]) -> Iterator[tuple[int, int]]:
     """Consecutive runs [a, b] of sorted code points."""
     start = prev = None
     for c in codes:
@@ -275,7 +275,7 @@ def _runs(codes: list[int]) -> Iterator[tuple[int, int]]:
         yield start, prev
 
 
-def _class_range(a: int, b: int) -> str:
+def class_range(a: int, b: int) -> str:
     """A regex class item for [a, b], in escapes both Python and ECMA regexes read."""
     def esc(c: int) -> str:
         if c < 0x100:

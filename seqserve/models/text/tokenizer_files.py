@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from seqserve.models.errors import UserError
-from seqserve.models.text.tokenizer import Piece, Tokenizer
+from seqserve.models.text.tokenizer import Piece, Tokenizer, class_range, code_runs
 
 KINDS = ("sentencepiece", "tokenizers")
 """Tokenizer kinds of a bundle: SentencePiece .model, Hugging Face tokenizer.json."""
@@ -139,7 +139,7 @@ class JsonTokenizer:
                 ctrl = re.compile(f"[{_CONTROL}]")
                 gone = [c for c in range(0x21, 0xD800)
                         if not ctrl.match(chr(c)) and not norm.normalize_str(chr(c)).strip()]
-                extra = "".join(_class_range(a, b) for a, b in _runs(gone))
+                extra = "".join(class_range(a, b) for a, b in code_runs(gone))
             self._blank = _CONTROL + extra
         return self._blank
 
@@ -232,22 +232,3 @@ def _resolve(where: Any, name: str, value: str | int, size: int, lookup: Any) ->
         raise UserError(f"--{name}-token {value!r}: {where} has no such token")
     return int(i)
 
-
-def _runs(codes: list[int]) -> Iterable[tuple[int, int]]:
-    start = prev = None
-    for c in codes:
-        if prev is not None and c == prev + 1:
-            prev = c
-            continue
-        if start is not None and prev is not None:
-            yield start, prev
-        start = prev = c
-    if start is not None and prev is not None:
-        yield start, prev
-
-
-def _class_range(a: int, b: int) -> str:
-    def esc(c: int) -> str:
-        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-    return esc(a) if a == b else f"{esc(a)}-{esc(b)}"

@@ -48,6 +48,7 @@ from seqserve.models.data.co2 import SEASON, SeriesSplit, load_co2
 from seqserve.models.errors import UserError
 from seqserve.models.nn.forecaster import Forecaster, ForecasterConfig
 from seqserve.models.train.loop import LRSchedule
+from seqserve.models.train.plots import epoch_figure, save_epoch_figure
 
 TASK = "forecast"
 FORECAST_PNG = "forecast.png"
@@ -371,13 +372,8 @@ def _write_history(history: list[dict[str, Any]], best: int, stop: str, out: Pat
 
 def plot_forecast_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Training/validation loss and validation MAE/RMSE (ppm) per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = epoch_figure(2, 10)
     epochs = [r["epoch"] for r in history]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for key in ("train_loss", "valid_loss"):
         axes[0].plot(epochs, [r[key] for r in history], marker=".", label=key)
     axes[0].set_yscale("log")
@@ -385,12 +381,7 @@ def plot_forecast_curves(history: list[dict[str, Any]], path: Path) -> None:
     for key in ("valid_mae", "valid_rmse"):
         axes[1].plot(epochs, [r[key] for r in history], marker=".", label=key)
     axes[1].set_title("validation one-step error (ppm)")
-    for ax in axes:
-        ax.set_xlabel("epoch")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=80)
-    plt.close(fig)
+    save_epoch_figure(plt, fig, axes, path, legend=True)
 
 
 def plot_forecast(data: SeriesSplit, one: np.ndarray, multi: np.ndarray, path: Path) -> None:

@@ -45,6 +45,7 @@ from seqserve.models.nn.lm import LanguageModel, LMConfig, perplexity
 from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
 from seqserve.models.train.loop import LRSchedule
 from seqserve.models.train.metrics import grad_norms
+from seqserve.models.train.plots import epoch_figure, save_epoch_figure
 
 DEFAULT_TBPTT = 64
 """Chunk length when the run does not set --tbptt."""
@@ -254,13 +255,8 @@ def _write_history(history: list[dict[str, Any]], best: int, stop: str, out: Pat
 
 def plot_lm_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss, validation perplexity and bits per character per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt, fig, axes = epoch_figure(3, 13)
     epochs = [r["epoch"] for r in history]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for key in ("train_loss", "valid_loss"):
         axes[0].plot(epochs, [r[key] for r in history], marker="o", label=key)
     axes[0].set_title("loss (nats per token)")
@@ -269,8 +265,4 @@ def plot_lm_curves(history: list[dict[str, Any]], path: Path) -> None:
     axes[1].set_title("validation perplexity per token")
     axes[2].plot(epochs, [r["valid_bpc"] for r in history], marker="o")
     axes[2].set_title("validation bits per character")
-    for ax in axes:
-        ax.set_xlabel("epoch")
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=80)
-    plt.close(fig)
+    save_epoch_figure(plt, fig, axes, path)

@@ -8,16 +8,34 @@ from typing import Any
 QUALITY_KEYS = ("accuracy", "macro_f1", "token_accuracy", "exact_match", "chrf", "bleu")
 
 
-def plot_curves(history: list[dict[str, Any]], path: str | Path) -> None:
-    """Losses, validation quality (fractions; chrF/BLEU scaled to 0-1) and per-layer gradient
-    norms per epoch, from the rows of metrics.json."""
+def epoch_figure(panels: int, width: float, height: float = 3.6) -> tuple[Any, Any, Any]:
+    """A row of `panels` per-epoch charts on the Agg backend: (pyplot, figure, axes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, panels, figsize=(width, height))
+    return plt, fig, axes
+
+
+def save_epoch_figure(plt: Any, fig: Any, axes: Any, path: str | Path,
+                      legend: bool = False, fontsize: int = 7) -> None:
+    """Label every chart's x axis (epochs), add legends where asked, write the PNG."""
+    for ax in axes:
+        ax.set_xlabel("epoch")
+        if legend and ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=80)
+    plt.close(fig)
+
+
+def plot_curves(history: list[dict[str, Any]], path: str | Path) -> None:
+    """Losses, validation quality (fractions; chrF/BLEU scaled to 0-1) and per-layer gradient
+    norms per epoch, from the rows of metrics.json."""
+    plt, fig, axes = epoch_figure(3, 15, 4)
     epochs = [row["epoch"] for row in history]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for key in ("train_loss", "valid_loss"):
         axes[0].plot(epochs, [row.get(key) for row in history], marker="o", label=key)
     axes[0].set_title("loss")
@@ -34,10 +52,4 @@ def plot_curves(history: list[dict[str, Any]], path: str | Path) -> None:
                      label=layer)
     axes[2].set_yscale("log")
     axes[2].set_title("mean gradient norm per layer")
-    for ax in axes:
-        ax.set_xlabel("epoch")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(str(path), dpi=80)
-    plt.close(fig)
+    save_epoch_figure(plt, fig, axes, path, legend=True, fontsize=6)

@@ -18,6 +18,16 @@ class ServiceError(Exception):
     retry_after: float | None = None
     """Seconds for a `Retry-After` header (overload and shutdown only)."""
 
+    def __init_subclass__(cls, status: int | None = None, retry_after: float | None = None,
+                          **kwargs: object) -> None:
+        """`class NotFound(ServiceError, status=404)`: each error's status (and default
+        Retry-After) in its class line."""
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+        if retry_after is not None:
+            cls.retry_after = retry_after
+
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -25,76 +35,50 @@ class ServiceError(Exception):
             self.retry_after = retry_after
 
 
-class BadRequest(ServiceError):
+class BadRequest(ServiceError, status=400):
     """Input the server will not process: wrong shape, empty, over a limit."""
 
-    status = 400
 
-
-class ModelNotFound(ServiceError):
+class ModelNotFound(ServiceError, status=404):
     """No model (or no such version of it) in the repository."""
 
-    status = 404
 
-
-class ModelNotReady(ServiceError):
+class ModelNotReady(ServiceError, status=503):
     """The model exists but failed to load or is still loading."""
 
-    status = 503
 
-
-class QueueFull(ServiceError):
+class QueueFull(ServiceError, status=429):
     """The model's bounded queue cannot take the request now."""
 
-    status = 429
 
-
-class ShuttingDown(ServiceError):
+class ShuttingDown(ServiceError, status=503):
     """The server is draining; new work is refused."""
 
-    status = 503
 
-
-class EngineUnavailable(ServiceError):
+class EngineUnavailable(ServiceError, status=503, retry_after=1.0):
     """The engine process is gone (or never answered): nothing can be computed here now."""
 
-    status = 503
-    retry_after = 1.0
 
-
-class DeadlineExceeded(ServiceError):
+class DeadlineExceeded(ServiceError, status=504):
     """The request's deadline passed before its result was ready."""
 
-    status = 504
 
-
-class ClientGone(ServiceError):
+class ClientGone(ServiceError, status=499):
     """The client disconnected; the work was dropped (nobody reads this answer)."""
 
-    status = 499
 
-
-class InferenceFailed(ServiceError):
+class InferenceFailed(ServiceError, status=500):
     """The runtime raised while computing this request's batch (a server fault, not input)."""
 
-    status = 500
 
-
-
-class SessionNotFound(ServiceError):
+class SessionNotFound(ServiceError, status=404):
     """A session chunk without `start` for a session the model does not hold: never started,
     ended, expired after its idle timeout, or lost with a restart of the engine."""
 
-    status = 404
 
-
-class SessionBusy(ServiceError):
+class SessionBusy(ServiceError, status=409):
     """A second chunk of a session while its previous chunk is in flight."""
 
-    status = 409
 
-
-class TooManySessions(ServiceError):
+class TooManySessions(ServiceError, status=429):
     """A new session beyond the model's `max_sessions` (live sessions are never evicted)."""
-
-    status = 429

@@ -23,7 +23,7 @@ DEFAULT_FORGET_BIAS = 1.0
 """LSTM forget-gate bias at initialisation of every family (docs/decoders.md: measured)."""
 
 
-def _check_common(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> None:
+def _check_common(cfg: RecurrentConfig) -> None:
     if cfg.cell not in CELLS:
         raise ValueError(f"cell={cfg.cell!r} is unknown: use one of {', '.join(CELLS)}")
     _check_variant(cfg)
@@ -43,7 +43,7 @@ def _check_common(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> No
         raise ValueError(f"pad_id={cfg.pad_id} must lie inside vocab_size={cfg.vocab_size}")
 
 
-def _check_variant(cfg: ClassifierConfig | TranslatorConfig | TaggerConfig) -> None:
+def _check_variant(cfg: RecurrentConfig) -> None:
     """proj_size / peephole / cifg are LSTM variants (models/nn/lstm_variants.py)."""
     if (cfg.proj_size or cfg.peephole or cfg.cifg) and cfg.cell != "lstm":
         raise ValueError(f"proj_size/peephole/cifg need cell='lstm' (got cell={cfg.cell!r}): "
@@ -102,35 +102,32 @@ class _DictMixin:
 
 
 @dataclass(frozen=True)
-class ClassifierConfig(_DictMixin):
-    """Embedding -> stacked (bi)RNN -> attention pooling -> MLP head (DESIGN.md canonical)."""
+class RecurrentConfig(_DictMixin):
+    """What every model over token ids with a recurrent stack has (the base of
+    ClassifierConfig, TranslatorConfig, TaggerConfig and nn/lm.py's LMConfig); each family
+    changes the defaults it needs."""
 
-    vocab_size: int = 20000
-    """Tokenizer vocabulary size (embedding rows)."""
-    num_labels: int = 5
-    """Number of classes C."""
+    vocab_size: int = 8000
+    """Tokenizer vocabulary size (embedding rows; a translator's joint source/target one)."""
     embed_size: int = 128
     """Token embedding width E."""
     hidden_size: int = 128
-    """RNN hidden size H per direction."""
-    num_layers: int = 2
-    """Stacked RNN layers."""
+    """RNN hidden size H per direction (a translator's model width: memory and decoder size,
+    each encoder direction H/2 when bidirectional)."""
+    num_layers: int = 1
+    """Stacked RNN layers (a translator's: in the encoder and in the decoder)."""
     cell: str = "lstm"
-    """Recurrent cell: rnn | lstm | gru."""
-    bidirectional: bool = True
-    """Run a backward direction too (output width 2H)."""
-    dropout: float = 0.2
-    """Dropout between RNN layers and in the head."""
-    attention: str = "additive"
-    """Pooling score: additive (MLP, tanh) | dot (learned query) | general (bilinear query)."""
-    head_size: int = 64
-    """Hidden width of the MLP head."""
-    max_length: int = 256
-    """Longest input in tokens the model is exported and served for."""
+    """Recurrent cell: rnn (Elman, tanh) | lstm | gru."""
+    dropout: float = 0.1
+    """Dropout on embeddings, between RNN layers and before the head or output projection."""
+    max_length: int = 128
+    """Longest input in tokens the model is exported and served for (a translator's hard cap
+    on decoded length too)."""
     pad_id: int = 0
     """Padding token id (embedding row kept at zero)."""
     proj_size: int = 0
-    """LSTM recurrent projection size P (0 = none); outputs and h are P wide (P < H)."""
+    """LSTM recurrent projection size P (0 = none; a translator's encoder only); outputs and h
+    are P wide (P < H)."""
     peephole: bool = False
     """LSTM peephole connections (gates also see the cell state)."""
     cifg: bool = False
@@ -139,12 +136,21 @@ class ClassifierConfig(_DictMixin):
     """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer (None:
     PyTorch's default uniform init); rnn and gru cells have no forget gate and ignore it."""
 
-    def __post_init__(self) -> None:
+
+@dataclass(frozen=True)
+class EncoderConfig(RecurrentConfig):
+    """A (bi)RNN encoder over token ids with a head over C labels: what the classifier and
+    the tagger share."""
+
+    num_labels: int = 5
+    """Number of labels C (a classifier's classes, a tagger's tags)."""
+    bidirectional: bool = True
+    """Run a backward direction too (output width 2H)."""
+
+    def _check_labels(self, family: str) -> None:
         _check_common(self)
         if self.num_labels < 2:
-            raise ValueError(f"num_labels={self.num_labels} must be >= 2: a classifier needs 2+")
-        if self.head_size < 1:
-            raise ValueError(f"head_size={self.head_size} must be >= 1")
+            raise ValueError(f"num_labels={self.num_labels} must be >= 2: a {family} needs 2+")
 
     @property
     def output_size(self) -> int:
@@ -153,23 +159,32 @@ class ClassifierConfig(_DictMixin):
 
 
 @dataclass(frozen=True)
-class TranslatorConfig(_DictMixin):
+class ClassifierConfig(EncoderConfig):
+    """Embedding -> stacked (bi)RNN -> attention pooling -> MLP head (DESIGN.md canonical)."""
+
+    vocab_size: int = 20000
+    num_layers: int = 2
+    dropout: float = 0.2
+    max_length: int = 256
+    attention: str = "additive"
+    """Pooling score: additive (MLP, tanh) | dot (learned query) | general (bilinear query)."""
+    head_size: int = 64
+    """Hidden width of the MLP head."""
+
+    def __post_init__(self) -> None:
+        self._check_labels("classifier")
+        if self.head_size < 1:
+            raise ValueError(f"head_size={self.head_size} must be >= 1")
+
+
+@dataclass(frozen=True)
+class TranslatorConfig(RecurrentConfig):
     """(Bi)RNN encoder -> bridge -> decoder: fixed-context (none), Bahdanau or Luong."""
 
-    vocab_size: int = 8000
-    """Joint source/target vocabulary size (one shared embedding)."""
-    embed_size: int = 128
-    """Token embedding width E."""
     hidden_size: int = 256
-    """Model width H: memory and decoder size; each encoder direction gets H/2 if bidirectional."""
-    num_layers: int = 1
-    """Layers in the encoder and in the decoder."""
     cell: str = "gru"
-    """Recurrent cell of encoder and decoder: rnn | lstm | gru."""
     bidirectional: bool = True
     """Bidirectional encoder (padding-safe)."""
-    dropout: float = 0.1
-    """Dropout on embeddings, between layers and before the output projection."""
     attention: str = "additive"
     """Attention score: additive (v^T tanh(W q + U m), Luong's "concat") | dot | general
     (luong); bahdanau takes additive only, none takes none (DECODER_SCORES)."""
@@ -178,23 +193,10 @@ class TranslatorConfig(_DictMixin):
     from s_{t-1}, context enters the RNN step | luong: RNN step, then align from h_t."""
     input_feeding: bool = False
     """Luong input feeding: the previous attentional vector joins the next RNN input."""
-    max_length: int = 128
-    """Longest source in tokens and the hard cap on decoded length."""
-    pad_id: int = 0
-    """Padding token id."""
     bos_id: int = 2
     """Begin-of-sequence id (first decoder input)."""
     eos_id: int = 3
     """End-of-sequence id (decoding stops)."""
-    proj_size: int = 0
-    """Encoder LSTM recurrent projection size P (0 = none); outputs and h are P wide (P < H)."""
-    peephole: bool = False
-    """Encoder LSTM peephole connections (gates also see the cell state)."""
-    cifg: bool = False
-    """Encoder LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
-    forget_bias: float | None = DEFAULT_FORGET_BIAS
-    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer, encoder
-    and decoder (None: PyTorch's default uniform init); rnn and gru cells ignore it."""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -246,48 +248,17 @@ class TranslatorConfig(_DictMixin):
 
 
 @dataclass(frozen=True)
-class TaggerConfig(_DictMixin):
+class TaggerConfig(EncoderConfig):
     """Embedding -> stacked (bi)RNN -> per-token linear softmax head (sequence labeling)."""
 
     vocab_size: int = 4000
-    """Tokenizer vocabulary size (embedding rows)."""
-    num_labels: int = 12
-    """Number of tags C."""
     embed_size: int = 64
-    """Token embedding width E."""
     hidden_size: int = 96
-    """RNN hidden size H per direction."""
     num_layers: int = 2
-    """Stacked RNN layers."""
-    cell: str = "lstm"
-    """Recurrent cell: rnn | lstm | gru."""
-    bidirectional: bool = True
-    """Run a backward direction too (output width 2H)."""
-    dropout: float = 0.1
-    """Dropout between RNN layers and before the head."""
-    max_length: int = 128
-    """Longest input in tokens the model is exported and served for."""
-    pad_id: int = 0
-    """Padding token id (embedding row kept at zero)."""
-    proj_size: int = 0
-    """LSTM recurrent projection size P (0 = none); outputs and h are P wide (P < H)."""
-    peephole: bool = False
-    """LSTM peephole connections (gates also see the cell state)."""
-    cifg: bool = False
-    """LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
-    forget_bias: float | None = DEFAULT_FORGET_BIAS
-    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer (None:
-    PyTorch's default uniform init); rnn and gru cells have no forget gate and ignore it."""
+    num_labels: int = 12
 
     def __post_init__(self) -> None:
-        _check_common(self)
-        if self.num_labels < 2:
-            raise ValueError(f"num_labels={self.num_labels} must be >= 2: a tagger needs 2+")
-
-    @property
-    def output_size(self) -> int:
-        """Width of the RNN outputs: H (or P with a projection) times the directions."""
-        return (self.proj_size or self.hidden_size) * (2 if self.bidirectional else 1)
+        self._check_labels("tagger")
 
 
 @dataclass(frozen=True)

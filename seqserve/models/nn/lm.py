@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin, check_recurrent
+from seqserve.models.config import RecurrentConfig, check_recurrent
 from seqserve.models.nn.lstm_variants import VariantLSTM
 from seqserve.models.nn.rnn import RNNState, detach_state, init_forget_bias, length_mask, make_layer
 
@@ -43,40 +43,19 @@ CELLS = ("rnn", "gru", "lstm")
 
 
 @dataclass(frozen=True)
-class LMConfig(_DictMixin):
+class LMConfig(RecurrentConfig):
     """Embedding -> stacked unidirectional RNN -> softmax over the vocabulary."""
 
     vocab_size: int = 1024
-    """Tokenizer vocabulary size (embedding and output rows)."""
-    embed_size: int = 128
-    """Token embedding width E."""
     hidden_size: int = 256
-    """RNN hidden size H."""
-    num_layers: int = 1
-    """Stacked RNN layers (1-3)."""
-    cell: str = "lstm"
-    """Recurrent cell: rnn (Elman, tanh) | gru | lstm."""
-    dropout: float = 0.1
-    """Dropout on embeddings, between layers and before the output projection."""
+    max_length: int = 256
     tie_weights: bool = False
     """Share the embedding matrix with the output projection (a bridge maps the top layer's
     width to E when it differs)."""
-    max_length: int = 256
-    """Longest prompt or scored text in tokens the model is exported and served for."""
-    pad_id: int = 0
-    """Padding token id."""
     bos_id: int = 2
     """Start token: every prompt and scored text is read after it."""
     eos_id: int = 3
     """End of a document: generation stops there (finish_reason "eos")."""
-    proj_size: int = 0
-    """LSTM recurrent projection size P (0 = none); h is P wide (P < H)."""
-    peephole: bool = False
-    """LSTM peephole connections."""
-    cifg: bool = False
-    """LSTM coupled input-forget gate."""
-    forget_bias: float | None = DEFAULT_FORGET_BIAS
-    """LSTM forget-gate bias at init (None: PyTorch's uniform init)."""
 
     def __post_init__(self) -> None:
         check_recurrent(self, CELLS, ("vocab_size", "embed_size", "hidden_size", "max_length"))

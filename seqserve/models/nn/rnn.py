@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seqserve.models.config import ClassifierConfig, TaggerConfig
+from seqserve.models.config import EncoderConfig
 from seqserve.models.nn.lstm_variants import VariantLSTM
 
 RNNState = Tensor | tuple[Tensor, Tensor]
@@ -206,7 +206,7 @@ class PaddingSafeRNN(nn.Module):
         return layer_in, torch.stack(finals, dim=0)  # (B, T, D*H), (L, B, D*H)
 
 
-def token_encoder(c: ClassifierConfig | TaggerConfig) -> tuple[nn.Embedding, PaddingSafeRNN]:
+def token_encoder(c: EncoderConfig) -> tuple[nn.Embedding, PaddingSafeRNN]:
     """The start of every model over token ids with one (bi)RNN stack (classifier, tagger:
     their configs' embedding and recurrent fields): the embedding (its pad row kept at zero)
     and the padding-safe RNN over it, made in that order."""

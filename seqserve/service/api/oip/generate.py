@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from seqserve.service.api import generate as v1
 from seqserve.service.api.common import (
     ERRORS,
     TEXT_RULES,
@@ -37,9 +38,6 @@ from seqserve.service.api.generate import (
     MAX_STOPS,
     StopList,
     StopText,
-    generated,
-    sse,
-    streamed,
 )
 from seqserve.service.api.lifecycle import asgi_call
 from seqserve.service.api.translate import MAX_SEED, Number
@@ -119,7 +117,7 @@ def _head(name: str, version: int, body: V2GenerateRequest) -> dict[str, Any]:
 async def _generate(request: Request, name: str, version: str | None,
                     body: V2GenerateRequest) -> JsonResponse:
     state = app_state(request)
-    v, generation = await generated(state, asgi_call(request.scope, request.receive, name,
+    v, generation = await v1.generated(state, asgi_call(request.scope, request.receive, name,
                                                      version),
                                     [body.text_input], body.parameters.params())
     result = generation.results()[0]
@@ -136,16 +134,16 @@ async def _generate_stream(request: Request, name: str, version: str | None,
         head = _head(name, v, body)
         finish = "length"
         async for batch in generation.batches():  # one write per group
-            chunk = b"".join(sse({**head, "text_output": ev["text"]})
+            chunk = b"".join(v1.sse({**head, "text_output": ev["text"]})
                              for ev in batch if "text" in ev)
             for ev in batch:
                 finish = ev.get("finish_reason", finish)
             if chunk:
                 yield chunk
-        yield sse({**head, "text_output": "", "finish_reason": finish,
+        yield v1.sse({**head, "text_output": "", "finish_reason": finish,
                    "usage": generation.usage()})
 
-    return streamed(state, asgi_call(request.scope, request.receive, name, version),
+    return v1.streamed(state, asgi_call(request.scope, request.receive, name, version),
                     [body.text_input], body.parameters.params(), render)
 
 

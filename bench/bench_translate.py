@@ -1,20 +1,20 @@
 """Benchmark (not a test): continuous vs request-level decoding vs eager PyTorch beam search.
 
 N concurrent clients each send one test-split sentence at a time (beam 5 by default) to
-(a) the decode scheduler with step-level continuous batching, (b) the same engine with
-request-level batching (an admitted batch runs to completion before the next is admitted),
+(a) the decode scheduler with step-level continuous batching, (b) the same decode loop
+with request-level batching (an admitted batch runs to completion before the next is admitted),
 (c) per-request eager PyTorch beam search (`seqserve.models.nn.decoding.beam_search`, one at
 a time).
 Prints generated tokens/s, p50/p99 latency, the process CPU time per 1000 generated tokens
 (all threads: less sensitive than wall time to other work on a shared machine), the ratios,
-and the engine's decoder-step time per row at the batch sizes it actually ran.
+and the decode loop's decoder-step time per row at the batch sizes it actually ran.
 
-`--gpu-check` instead runs the engine with the TorchScript runtime on CUDA: outputs compared
+`--gpu-check` instead runs the decode loop with the TorchScript runtime on CUDA: outputs compared
 token by token with the same runtime on CPU, and tokens/s at 1, 32 and 256 concurrent
 requests. (Imports no pydantic/FastAPI, so it runs in a bare PyTorch image.)
 
     .venv/bin/python bench/bench_translate.py --repo model_repository --model numbers-en-fr
-    .venv/bin/python bench/bench_translate.py ... --tree /tmp/old   # another tree's engine
+    .venv/bin/python bench/bench_translate.py ... --tree /tmp/old   # another tree's decode loop
     python3 bench/bench_translate.py --gpu-check --repo ... --data DIR_WITH_TEST_JSONL
 """
 
@@ -35,7 +35,7 @@ import numpy as np
 
 
 def _tree() -> str:
-    """The source tree whose engine is measured (`--tree`, read before the imports below)."""
+    """The source tree whose decode loop is measured (`--tree`, read before the imports below)."""
     if "--tree" in sys.argv[:-1]:
         return str(Path(sys.argv[sys.argv.index("--tree") + 1]).resolve())
     return str(Path(__file__).resolve().parents[1])
@@ -62,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--beam-size", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op and torch threads")
-    p.add_argument("--groups", type=int, default=1, help="engine decoder-step groups")
+    p.add_argument("--groups", type=int, default=1, help="decode loop decoder-step groups")
     p.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="training run for (c) (default: the manifest's source run)")
@@ -71,7 +71,7 @@ def parse_args() -> argparse.Namespace:
                    help="TorchScript on CUDA vs CPU: equality and tokens/s at 1/32/256")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     p.add_argument("--tree", default=None,
-                   help="measure the engine of this source tree (e.g. an older commit's)")
+                   help="measure the decode loop of this source tree (e.g. an older commit's)")
     return p.parse_args()
 
 
@@ -181,24 +181,24 @@ async def drive(clients: int, items: list[list[int]],
             "cpu_ms_per_1k_tokens": cpu / max(tokens, 1) * 1e6}
 
 
-async def engine_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]],
+async def loop_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]],
                       args: argparse.Namespace, continuous: bool) -> tuple[dict[str, float],
                                                                            StepStats]:
     config = DecodeConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
                           max_queue=4096, max_admit=64, continuous=continuous,
                           groups=args.groups, retry_after_s=1.0, max_queue_wait_s=None)
     options = SearchOptions(beam_size=args.beam_size)
-    async with DecodeLoop(runtime, limits, config) as engine:
-        await engine.translate(items[:8], options)  # warm-up
-        engine.stats = StepStats()
+    async with DecodeLoop(runtime, limits, config) as decoder:
+        await decoder.translate(items[:8], options)  # warm-up
+        decoder.stats = StepStats()
 
         async def one(src: list[int]) -> int:
-            best = (await engine.translate([src], options))[0].hypotheses[0]
+            best = (await decoder.translate([src], options))[0].hypotheses[0]
             return len(best.token_ids) - int(best.ended)
 
         label = "continuous" if continuous else "request-level"
         figures = await drive(args.clients, items, one, label)
-    return figures, engine.stats
+    return figures, decoder.stats
 
 
 async def eager_mode(manifest: Manifest, items: list[list[int]],
@@ -233,7 +233,7 @@ async def eager_mode(manifest: Manifest, items: list[list[int]],
 
 
 def step_table(stats: StepStats) -> list[tuple[str, int, float, float]]:
-    """(rows bucket, calls, mean ms per step, us per row) of the engine's decoder steps."""
+    """(rows bucket, calls, mean ms per step, us per row) of the decode loop's decoder steps."""
     out = []
     lo = 1
     for hi in ROW_BUCKETS:
@@ -264,11 +264,11 @@ def main() -> None:
     print(f"{args.model} v{manifest.version} ({args.runtime}), {len(items)} sentences "
           f"(mean {statistics.mean(map(len, items)):.1f} source tokens), {args.clients} "
           f"clients, beam {args.beam_size}, {args.threads} thread(s), {args.groups} group(s), "
-          f"engine of {_tree()}")
+          f"decode loop of {_tree()}")
     results: dict[str, dict[str, float]] = {}
-    results["a_continuous"], stats = asyncio.run(engine_mode(runtime, limits, items, args, True))
+    results["a_continuous"], stats = asyncio.run(loop_mode(runtime, limits, items, args, True))
     results["b_request_level"], stats_b = asyncio.run(
-        engine_mode(runtime, limits, items, args, False))
+        loop_mode(runtime, limits, items, args, False))
     if not args.skip_eager:
         results["c_eager"] = asyncio.run(eager_mode(manifest, items, args))
     report(results, stats, stats_b)
@@ -296,7 +296,8 @@ def report(results: dict[str, dict[str, float]], stats: StepStats, stats_b: Step
 
 
 def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
-    """Engine + TorchScript on CUDA: same tokens as on CPU; tokens/s at 1, 32, 256 clients."""
+    """The decode loop + TorchScript on CUDA: same tokens as on CPU; tokens/s at 1, 32, 256
+    clients."""
     tok = Tokenizer.load(path / manifest.tokenizer.file)
     t = manifest.tokenizer
     limits = DecodeLimits(t.bos_id, t.eos_id, t.vocab_size,
@@ -313,8 +314,8 @@ def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
                               max_queue_wait_s=None)
 
         async def all_at_once(runtime: Any = runtime, config: DecodeConfig = config) -> Any:
-            async with DecodeLoop(runtime, limits, config) as engine:
-                return await engine.translate(items, options)
+            async with DecodeLoop(runtime, limits, config) as decoder:
+                return await decoder.translate(items, options)
 
         decoded = asyncio.run(all_at_once())
         outputs[device] = [d.hypotheses[0].token_ids for d in decoded]
@@ -322,11 +323,11 @@ def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
             for clients in (1, 32, 256):
                 async def sweep(clients: int = clients, runtime: Any = runtime,
                                 config: DecodeConfig = config) -> Any:
-                    async with DecodeLoop(runtime, limits, config) as engine:
-                        await engine.translate(items[:8], options)  # warm-up
+                    async with DecodeLoop(runtime, limits, config) as decoder:
+                        await decoder.translate(items[:8], options)  # warm-up
 
                         async def one(src: list[int]) -> int:
-                            best = (await engine.translate([src], options))[0].hypotheses[0]
+                            best = (await decoder.translate([src], options))[0].hypotheses[0]
                             return len(best.token_ids) - int(best.ended)
 
                         return await drive(clients, items, one, f"cuda x{clients}")

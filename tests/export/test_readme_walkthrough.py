@@ -204,7 +204,8 @@ def test_walkthrough_translators_answer_as_the_eager_model(walkthrough: dict[str
     decoder.load_state_dict(weights["decoder"])
     encoder.eval()
     decoder.eval()
-    limits = DecodeLimits(max_decode_length=128)
+    limits = DecodeLimits(bos_id=ex.SOS, eos_id=ex.EOS, vocab_size=tgt.get_vocab_size(),
+                          max_decode_length=128)
 
     def want(text: str, beam: int) -> list[int]:
         ids = src.encode(text).ids

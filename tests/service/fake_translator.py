@@ -1,11 +1,12 @@
-"""A fake translator runtime in numpy, so the engine is tested without a model or a runtime.
+"""A fake translator runtime in numpy, so the decode loop is tested without a model or a runtime.
 
 `FakeTranslator` implements the `encoder` and `decoder_step` graphs of docs/contracts.md with a
 tiny deterministic random RNN with dot attention. Every row is computed on its own in float64
 (then cast to float32), so a row's outputs do not depend on the batch it came in. A clock in
 the last state unit raises the EOS logit step by step, so hypotheses end after a few tokens.
 `step_one` exposes the full-vocabulary distribution for reference searches in tests, and
-`decode_with_beams` runs the engine's vectorised search (`Beams`) over it with no engine.
+`decode_with_beams` runs the vectorised search (`Beams`, beam_search.py) over it with no
+decode loop.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def decode_with_beams(fake: FakeTranslator, jobs: list[tuple[list[int], SearchOp
                       on_step: Callable[[Beams], None] | None = None,
                       ) -> tuple[list[list[Hypothesis]], list[int]]:
     """Decode `jobs` together in one `Beams` over full-vocabulary steps of the fake, with no
-    engine around it: each request's n-best and the steps it took.
+    decode loop around it: each request's n-best and the steps it took.
 
     `on_step(beams)` runs before every step (live rows as they are).
     """

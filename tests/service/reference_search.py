@@ -1,8 +1,8 @@
-"""A plainly written reference beam search for the engine tests (not the engine's code).
+"""A plainly written reference beam search for the decode loop's tests (not its code).
 
 It scores the WHOLE vocabulary at every step (no top-k), decodes one hypothesis row at a time
 and always runs to the length cap (no early stopping), then sorts every finished hypothesis.
-The rules are the ones documented in `service/scheduling/beam.py`; if the engine's top-k
+The rules are the ones documented in `service/scheduling/search.py`; if the search's top-k
 shortcut or its early stop were wrong, its output would differ from this.
 """
 

@@ -107,13 +107,12 @@ runs the refused work for no one to measure again (`admit_by_wait`)."""
 
 
 @dataclass
-class CostEstimate:
-    """Seconds of compute per unit of work (a token, a request), from recent batches: an
-    exponential average of each batch's seconds / units. Unknown (None) until measured."""
+class Measured:
+    """A cost measured online from recent batches (`CostEstimate`, `BatchCost`): seconds per
+    unit of work, and when it was last measured. Unknown (None) until measured."""
 
-    alpha: float = 0.2
-    """Weight of the newest batch."""
     per_unit: float | None = None
+    """Seconds per unit of work (a token, a row, a request)."""
     observed_at: float = 0.0
     """time.monotonic() of the last measurement."""
 
@@ -121,6 +120,15 @@ class CostEstimate:
         """No measurement for `after_s`: an idle model measures again with the work it
         refuses (a slow spell must not refuse every request forever)."""
         return time.monotonic() - self.observed_at > after_s
+
+
+@dataclass
+class CostEstimate(Measured):
+    """Seconds of compute per unit of work (a token, a request), from recent batches: an
+    exponential average of each batch's seconds / units."""
+
+    alpha: float = 0.2
+    """Weight of the newest batch."""
 
     def observe(self, units: int, seconds: float) -> None:
         """Fold in a batch; after a gap (stale), the new measurement replaces the old one."""
@@ -137,7 +145,7 @@ class CostEstimate:
 
 
 @dataclass
-class BatchCost:
+class BatchCost(Measured):
     """Seconds of one batch as `fixed + units x per_unit`, fitted online from the (units,
     seconds) of recent batches by exponentially decayed least squares. A batch of a few tiny
     rows is mostly its fixed cost (a runtime call, the hand-back), so seconds / units alone
@@ -149,7 +157,8 @@ class BatchCost:
     batches, else per-unit only (`fixed` 0, seconds / units of the decayed sums). After a gap
     (stale) the fit restarts from the new batch: its level replaces the old estimate, the old
     split stays (one tiny batch after a pause, slowed by a busy machine, must not turn into a
-    per-token cost that refuses a queue of tiny rows). Unknown (None) until measured."""
+    per-token cost that refuses a queue of tiny rows). `per_unit` is the seconds per unit
+    on top of `fixed`."""
 
     alpha: float = 0.05
     """Weight of the newest batch (the fit remembers ~1 / alpha batches)."""
@@ -159,20 +168,12 @@ class BatchCost:
     """Fewest batches since the last restart that fit a fixed term."""
     fixed: float = 0.0
     """Seconds of a batch whatever its size."""
-    per_unit: float | None = None
-    """Seconds per unit (token, row) on top of `fixed`."""
-    observed_at: float = 0.0
-    """time.monotonic() of the last measurement."""
     batches: int = 0
     """Batches folded in since the last restart."""
     _sums: tuple[float, float, float, float, float] = (0.0, 0.0, 0.0, 0.0, 0.0)
     """Decayed sums of 1, units, seconds, units^2, units x seconds."""
     _split: tuple[float, float] | None = None
     """(fixed, per_unit) of the last fit that separated the terms."""
-
-    def stale(self, after_s: float = PROBE_AFTER_S) -> bool:
-        """No measurement for `after_s` (as `CostEstimate.stale`)."""
-        return time.monotonic() - self.observed_at > after_s
 
     def observe(self, units: int, seconds: float) -> None:
         """Fold in a batch of `units` that took `seconds`, and refit."""

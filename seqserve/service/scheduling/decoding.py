@@ -43,7 +43,6 @@ from seqserve.service.scheduling.work import (
 __all__ = ["Decoded", "DecodeLoop", "DecodeConfig", "StepStats"]
 
 
-
 class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
     """See module doc. Start with `start()`, submit with `translate()`, stop with `stop()`."""
 
@@ -66,15 +65,6 @@ class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
     @stats.setter
     def stats(self, value: StepStats) -> None:
         self.scheduler.stats = value
-
-    def abort(self, error: Exception) -> None:
-        """Fail every queued and admitted request with `error` (shutdown past its grace)."""
-        self.scheduler.closing = True
-        for r in self.scheduler.abort():
-            future = self._futures.get(r.rid)
-            if future is not None and not future.done():
-                future.set_exception(error)
-        self.kick()
 
     @property
     def live_rows(self) -> int:

@@ -62,16 +62,6 @@ class LMLoop(LoopDriver[Work, _Done]):
         super().__init__(LMScheduler(runtime, eos_id, vocab_size, config, self.observer),
                          ["prefill", "lm-step"])
 
-    def abort(self, error: Exception) -> None:
-        self.scheduler.closing = True
-        for r in self.scheduler.abort():
-            if r.sink is not None:
-                r.sink(error)
-            for f in r.futures:
-                if not f.done():
-                    f.set_exception(error)
-        self.kick()
-
     def submit(self, prompts: Sequence[list[int]], options: GenerateOptions,
                deadline: float | None, sink: Sink) -> int:
         """Queue prompts (bos first) for generation, their events to `sink`; the request id.
@@ -151,13 +141,8 @@ class LMModel:
                     pass
 
     async def stop(self, timeout: float) -> bool:
-        stopping = asyncio.ensure_future(self.loop.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=timeout)
-        if done:
-            return True
-        self.loop.abort(ShuttingDown("the server stopped before this generation finished"))
-        await asyncio.wait({stopping}, timeout=5.0)
-        return False
+        return await self.loop.drain(
+            timeout, ShuttingDown("the server stopped before this generation finished"))
 
     def describe(self) -> dict[str, Any]:
         return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),

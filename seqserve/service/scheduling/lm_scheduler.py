@@ -3,7 +3,6 @@ table of requests), driven by `scheduling.lm.LMLoop`. See `scheduling.lm` for th
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import deque
@@ -31,7 +30,7 @@ from seqserve.service.scheduling.generation import (
     Sink,
     TokenEvent,
 )
-from seqserve.service.scheduling.loop import Outcome, Status
+from seqserve.service.scheduling.loop import Outcome, RequestTable, Status
 from seqserve.service.scheduling.sampling import (
     sample,
     sequence_keys,
@@ -147,23 +146,20 @@ class _Done:
 Work = PrefillWork | StepWork
 
 
-class LMScheduler:
+class LMScheduler(RequestTable[_Request]):
     """See module doc."""
 
     def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
                  observer: Observer | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__()
         self.runtime = runtime
         self.eos_id = eos_id
         self.vocab_size = vocab_size
         self.config = config
         self.observer: Observer = observer or NullObserver()
         self.clock = clock
-        self.closing = False
-        self.table: dict[int, _Request] = {}
-        self._ids = itertools.count()
         self._queue: deque[_Request] = deque()
-        self._waiting = 0
         self._epoch = 0
         self.admit_cost = CostEstimate()
         """Seconds per admitted request while others waited: the admission rate."""
@@ -241,16 +237,6 @@ class LMScheduler:
         if r.live <= 0 and r.status is Status.DECODING:
             r.status = Status.FINISHED
             self.table.pop(rid, None)
-
-    def abort(self) -> list[_Request]:
-        out = list(self.table.values())
-        for r in out:
-            self.cancel(r.rid)
-        return out
-
-    @property
-    def queued(self) -> int:
-        return self._waiting
 
     @property
     def live_rows(self) -> int:
@@ -387,9 +373,13 @@ class LMScheduler:
         r.status = Status.FINISHED
         self.table.pop(r.rid, None)
         self._gone.add((r.rid, -1))
-        if r.sink is not None:
-            r.sink(error)
-        for f in r.futures:
+        self.answer_error(r, error)
+
+    def answer_error(self, request: _Request, error: BaseException) -> None:
+        """End a request with `error`: through its sink, and its futures not done yet."""
+        if request.sink is not None:
+            request.sink(error)
+        for f in request.futures:
             if not f.done():
                 f.set_exception(error)
 

@@ -4,17 +4,20 @@ A scheduler (`Scheduled`: the translator's `DecodeScheduler`, the language model
 `LMScheduler`, anything later) is synchronous and model-free: `schedule()` says what to run
 next (an admission batch, one step per group), `execute(work)` runs one item (on a lane's
 thread: lanes.py), `update(work, result)` applies what came back and returns the `Outcome`s of
-the requests that left, `fail_all(error)` fails every request (a bug must not hang clients).
+the requests that left, `fail_all(error)` fails every request (a bug must not hang clients),
+`abort(error)` ends every request with `error` (a shutdown past its grace).
 `LoopDriver` is the asyncio task that feeds it: launch what it schedules on the item's lane,
 wait for any item to come back, update, resolve, report, and sleep when nothing runs until
-`kick()` wakes it; `stop()` ends it once the scheduler is closing and idle. Every request of
-every scheduler has one `Status`.
+`kick()` wakes it; `stop()` ends it once the scheduler is closing and idle, `drain(timeout,
+error)` stops it within a grace and aborts what is left. Every request of every scheduler has
+one `Status`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import itertools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from seqserve.service.scheduling.lanes import Lanes
 
 W = TypeVar("W")
 R = TypeVar("R")
+Q = TypeVar("Q", bound="Keyed")
 
 log = logging.getLogger("seqserve.loop")
 
@@ -46,6 +50,46 @@ class Outcome:
     result: Any
 
 
+class Keyed(Protocol):
+    """A scheduler's request: its id in the table."""
+
+    rid: int
+
+
+class RequestTable(Generic[Q]):
+    """What every scheduler keeps of its requests: `table` (request id -> request, each with
+    one `Status`), the rows waiting for admission (`queued`), `closing`; and `abort`, on top
+    of the scheduler's own `cancel`."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.table: dict[int, Q] = {}
+        self._ids = itertools.count()
+        self._waiting = 0
+
+    def cancel(self, rid: int) -> None:
+        """The caller gave up on request `rid` (the scheduler frees its rows)."""
+        raise NotImplementedError
+
+    def answer_error(self, request: Q, error: BaseException) -> None:
+        """End `request` with `error` where the scheduler answers its requests (the
+        language models' sinks); by default the driver's `resolve` does."""
+
+    def abort(self, error: Exception) -> list[Outcome]:
+        """Every live request is aborted (shutdown past its grace): they leave with
+        `error`."""
+        aborted = list(self.table.values())
+        for r in aborted:
+            self.cancel(r.rid)
+            self.answer_error(r, error)
+        return [Outcome(r, error) for r in aborted]
+
+    @property
+    def queued(self) -> int:
+        """Rows (sources, prompts, texts) waiting for admission; cancelled ones excluded."""
+        return self._waiting
+
+
 class Scheduled(Protocol[W, R]):
     """What the driver needs of a scheduler (see the module doc)."""
 
@@ -60,6 +104,8 @@ class Scheduled(Protocol[W, R]):
     def update(self, work: W, result: R) -> list[Outcome]: ...
 
     def fail_all(self, error: Exception) -> list[Outcome]: ...
+
+    def abort(self, error: Exception) -> list[Outcome]: ...
 
     def has_work(self) -> bool: ...
 
@@ -87,6 +133,23 @@ class LoopDriver(Generic[W, R]):
             await self._task
             self._task = None
         self._lanes.stop()
+
+    def abort(self, error: Exception) -> None:
+        """Fail every queued and admitted request with `error` (shutdown past its grace)."""
+        self.scheduler.closing = True
+        self.resolve(self.scheduler.abort(error))
+        self.kick()
+
+    async def drain(self, timeout: float, error: Exception) -> bool:
+        """`stop` within `timeout` (True when every request finished); past it, `abort` the
+        rest with `error` and give the loop 5 s more to end (False)."""
+        stopping = asyncio.ensure_future(self.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=timeout)
+        if done:
+            return True
+        self.abort(error)
+        await asyncio.wait({stopping}, timeout=5.0)
+        return False
 
     def kick(self) -> None:
         """New work or a cancellation: the loop looks again."""

@@ -321,13 +321,8 @@ class DecodedModel:
 
     async def stop(self, timeout: float) -> bool:
         """Finish admitted and queued translations within `timeout`; then fail the rest."""
-        stopping = asyncio.ensure_future(self.loop.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=timeout)
-        if done:
-            return True
-        self.loop.abort(ShuttingDown("the server stopped before this translation finished"))
-        await asyncio.wait({stopping}, timeout=5.0)
-        return False
+        return await self.loop.drain(
+            timeout, ShuttingDown("the server stopped before this translation finished"))
 
     def describe(self) -> dict[str, Any]:
         """What runs this model and its decoding limits (for GET /v1/models)."""

@@ -24,7 +24,6 @@ batch only when the previous one has completely finished (request-level batching
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -42,7 +41,7 @@ from seqserve.service.scheduling.base import (
     admit_by_wait,
 )
 from seqserve.service.scheduling.group import DecodeGroup
-from seqserve.service.scheduling.loop import Outcome, Status
+from seqserve.service.scheduling.loop import Outcome, RequestTable, Status
 from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions, max_steps
 from seqserve.service.scheduling.work import (
     DecodeConfig,
@@ -68,21 +67,19 @@ class _Encoded:
     lengths: np.ndarray  # (n,)
 
 
-class DecodeScheduler:
+class DecodeScheduler(RequestTable[Request]):
     """See module doc."""
 
     def __init__(self, runtime: Runtime, limits: DecodeLimits, config: DecodeConfig,
                  observer: Observer | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
+        super().__init__()
         self.runtime = runtime
         self.limits = limits
         self.config = config
         self.observer: Observer = observer or NullObserver()
         self.clock = clock
         self.stats = StepStats()
-        self.closing = False
-        self.table: dict[int, Request] = {}
-        self._ids = itertools.count()
         self._epoch = 0  # bumped by a reset: work scheduled before it is stale
         self.admit_cost = CostEstimate()
         """Seconds per admitted request while others waited: the admission rate."""
@@ -177,19 +174,7 @@ class DecodeScheduler:
             self._cancelled.add(rid)
         r.status = Status.ABORTED
 
-    def abort(self) -> list[Request]:
-        """Every live request is aborted (shutdown past its grace); returns them."""
-        aborted = [r for r in self.table.values()]
-        for r in aborted:
-            self.cancel(r.rid)
-        return aborted
-
     # -- views ----------------------------------------------------------------------------
-
-    @property
-    def queued(self) -> int:
-        """Sources waiting for admission (cancelled ones excluded)."""
-        return self._waiting
 
     @property
     def live_rows(self) -> int:

@@ -2,7 +2,7 @@
 
 The options (`SearchOptions`), the model's limits (`DecodeLimits`), the length cap
 (`max_steps`), the GNMT penalties and the answer (`Hypothesis`). The search itself runs for
-every live request of a decode group at once, as array operations (`beams.Beams`); nothing in
+every live request of a decode group at once, as array operations (`beam_search.Beams`); nothing in
 it looks at another request's rows, so no request's result depends on its neighbours.
 
 Conventions (the reference search in the tests follows the same ones):
@@ -99,15 +99,16 @@ DEFAULTS = SearchOptions()
 
 @dataclass(frozen=True)
 class DecodeLimits:
-    """What the model fixes: special ids, vocabulary and its decode-length limit."""
+    """What the model fixes: special ids, vocabulary and its decode-length limit. No defaults:
+    they are the bundle's (`models.decode_limits(manifest)` reads them)."""
 
-    bos_id: int = 2
+    bos_id: int
     """First input token of every hypothesis."""
-    eos_id: int = 3
+    eos_id: int
     """Token that ends a hypothesis."""
-    vocab_size: int = 8000
+    vocab_size: int
     """Upper bound of k in decoder_step."""
-    max_decode_length: int = 128
+    max_decode_length: int
     """The model's cap on generated tokens (manifest limits.max_decode_length)."""
 
 

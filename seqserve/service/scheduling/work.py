@@ -88,7 +88,7 @@ class Decoded:
 
 @dataclass(eq=False)
 class Request:
-    """One source sentence in the engine."""
+    """One source sentence in the decode scheduler."""
 
     rid: int
     src_ids: list[int]

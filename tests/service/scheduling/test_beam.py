@@ -1,5 +1,5 @@
-"""The search rules of beam.py, through the vectorised search (one request or several, no
-engine): penalties, the stopping bound, early stopping, limits, sampling."""
+"""The search rules of search.py, through the vectorised search (one request or several, no
+decode loop): penalties, the stopping bound, early stopping, limits, sampling."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_penalty_formulas() -> None:
 
 
 def test_scores_follow_the_formulas() -> None:
-    """Each answer's score is its log-prob, length and coverage penalties (beam.py)."""
+    """Each answer's score is its log-prob, length and coverage penalties (search.py)."""
     fake = FakeTranslator(seed=2)
     opts = SearchOptions(beam_size=3, n_best=3, length_penalty=0.7, coverage_penalty=0.4)
     results, _ = decode_with_beams(fake, [([5, 6, 7, 8], opts)])
@@ -105,7 +105,7 @@ def test_early_stop_saves_steps_without_changing_results(
 
 
 def test_max_steps_takes_the_smallest_cap() -> None:
-    limits = DecodeLimits(max_decode_length=50)
+    limits = DecodeLimits(bos_id=2, eos_id=3, vocab_size=8000, max_decode_length=50)
     assert max_steps(SearchOptions(max_length_ratio=None), 10, limits) == 50
     assert max_steps(SearchOptions(max_length_ratio=1.5), 10, limits) == 15 + LENGTH_SLACK
     assert max_steps(SearchOptions(max_length=7, max_length_ratio=1.5), 10, limits) == 7

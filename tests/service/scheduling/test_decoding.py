@@ -39,7 +39,7 @@ OPTION_SETS = [
 ]
 
 
-def make_engine(fake: FakeTranslator | None = None, **overrides: object) -> DecodeLoop:
+def make_loop(fake: FakeTranslator | None = None, **overrides: object) -> DecodeLoop:
     fake = fake or FakeTranslator()
     return DecodeLoop(fake, fake.limits, decode_config(**overrides))
 
@@ -48,18 +48,18 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(asyncio.wait_for(coro, timeout=60))
 
 
-async def _translate_all(engine: DecodeLoop, jobs: list[tuple[list[int], SearchOptions]],
+async def _translate_all(loop: DecodeLoop, jobs: list[tuple[list[int], SearchOptions]],
                          ) -> list[list[Hypothesis]]:
-    async with engine:
-        outs = await asyncio.gather(*(engine.translate([src], o) for src, o in jobs))
+    async with loop:
+        outs = await asyncio.gather(*(loop.translate([src], o) for src, o in jobs))
     return [o[0].hypotheses for o in outs]
 
 
 @pytest.mark.parametrize("options", OPTION_SETS, ids=lambda o: repr(o)[13:60])
-def test_engine_equals_reference_search(options: SearchOptions) -> None:
+def test_decode_loop_equals_reference_search(options: SearchOptions) -> None:
     fake = FakeTranslator()
     groups = 1 + OPTION_SETS.index(options) % 2  # half the option sets with two groups
-    got = run(_translate_all(make_engine(fake, groups=groups),
+    got = run(_translate_all(make_loop(fake, groups=groups),
                              [(s, options) for s in SOURCES]))
     for src, hyps in zip(SOURCES, got, strict=True):
         memory, state = fake.encode_one(src)
@@ -76,7 +76,7 @@ def test_engine_equals_reference_search(options: SearchOptions) -> None:
 def test_nbest_sorted_and_constraints_hold() -> None:
     opts = SearchOptions(beam_size=5, n_best=5, min_length=3, no_repeat_ngram_size=2,
                          length_penalty=0.8)
-    for hyps in run(_translate_all(make_engine(), [(s, opts) for s in SOURCES])):
+    for hyps in run(_translate_all(make_loop(), [(s, opts) for s in SOURCES])):
         scores = [h.score for h in hyps]
         assert len(hyps) == 5 and scores == sorted(scores, reverse=True)
         for h in hyps:
@@ -91,12 +91,12 @@ def test_results_identical_alone_and_concurrent() -> None:
     jobs = [(src, rng.choice(OPTION_SETS)) for src in SOURCES * 4]
     jobs += [(src, SearchOptions(beam_size=1, temperature=0.9, top_p=0.9, seed=i))
              for i, src in enumerate(SOURCES)]
-    alone = [run(_translate_all(make_engine(), [job]))[0] for job in jobs]
+    alone = [run(_translate_all(make_loop(), [job]))[0] for job in jobs]
     rng.shuffle(idx := list(range(len(jobs))))
     for groups in (1, 3):
         fake = FakeTranslator()
-        engine = make_engine(fake, max_live_hypotheses=40, groups=groups)
-        together = run(_translate_all(engine, [jobs[i] for i in idx]))
+        loop = make_loop(fake, max_live_hypotheses=40, groups=groups)
+        together = run(_translate_all(loop, [jobs[i] for i in idx]))
         for pos, i in enumerate(idx):
             assert [h.token_ids for h in together[pos]] == [h.token_ids for h in alone[i]]
         most = max(rows for graph, rows in fake.calls if graph == "decoder_step")
@@ -107,15 +107,15 @@ def test_results_identical_alone_and_concurrent() -> None:
 def test_continuous_batching_admits_new_requests_between_steps(groups: int) -> None:
     """A request submitted while another decodes joins it at the next step."""
     fake = FakeTranslator(delay=0.002)
-    engine = make_engine(fake, groups=groups)
+    loop = make_loop(fake, groups=groups)
     long_opts = SearchOptions(beam_size=4, min_length=20, max_length=30)
 
     async def scenario() -> None:
-        async with engine:
-            first = asyncio.ensure_future(engine.translate([SOURCES[1]], long_opts))
-            while engine.stats.steps < 3:
+        async with loop:
+            first = asyncio.ensure_future(loop.translate([SOURCES[1]], long_opts))
+            while loop.stats.steps < 3:
                 await asyncio.sleep(0.001)
-            second = await engine.translate([SOURCES[0]], SearchOptions(beam_size=1))
+            second = await loop.translate([SOURCES[0]], SearchOptions(beam_size=1))
             assert not first.done()  # joined mid-flight, answered before the long one
             await first
             assert second[0].hypotheses[0].token_ids
@@ -131,9 +131,9 @@ def test_continuous_batching_admits_new_requests_between_steps(groups: int) -> N
 @pytest.mark.parametrize("continuous", [True, False])
 def test_request_level_mode_waits_for_the_batch(continuous: bool) -> None:
     fake = FakeTranslator()
-    engine = make_engine(fake, continuous=continuous, max_admit=2)
+    loop = make_loop(fake, continuous=continuous, max_admit=2)
     jobs = [(s, SearchOptions(beam_size=2)) for s in SOURCES]
-    results = run(_translate_all(engine, jobs))
+    results = run(_translate_all(loop, jobs))
     assert all(results)
     encoder_calls = [r for g, r in fake.calls if g == "encoder"]
     assert len(encoder_calls) == (len(SOURCES) + 1) // 2 and max(encoder_calls) == 2
@@ -143,25 +143,25 @@ def test_request_level_mode_waits_for_the_batch(continuous: bool) -> None:
 
 def test_cancelled_request_frees_rows() -> None:
     fake = FakeTranslator(delay=0.002)
-    engine = make_engine(fake)
+    loop = make_loop(fake)
     opts = SearchOptions(beam_size=5, min_length=35, max_length=40)
 
     async def scenario() -> None:
-        async with engine:
-            task = asyncio.ensure_future(engine.translate([SOURCES[3]], opts))
-            while engine.live_rows < 5:
+        async with loop:
+            task = asyncio.ensure_future(loop.translate([SOURCES[3]], opts))
+            while loop.live_rows < 5:
                 await asyncio.sleep(0.001)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
             for _ in range(200):
-                if engine.live_rows == 0:
+                if loop.live_rows == 0:
                     break
                 await asyncio.sleep(0.002)
-            assert engine.live_rows == 0
-            steps = engine.stats.steps
+            assert loop.live_rows == 0
+            steps = loop.stats.steps
             assert steps < 35  # it did not run to its min length
-            out = await engine.translate([SOURCES[0]], SearchOptions(beam_size=1))
+            out = await loop.translate([SOURCES[0]], SearchOptions(beam_size=1))
             assert out[0].hypotheses[0].token_ids
 
     run(scenario())
@@ -169,19 +169,19 @@ def test_cancelled_request_frees_rows() -> None:
 
 def test_overload_gives_queue_full_and_cap_queues() -> None:
     fake = FakeTranslator(delay=0.002)
-    engine = make_engine(fake, max_live_hypotheses=5, max_queue=3)
+    loop = make_loop(fake, max_live_hypotheses=5, max_queue=3)
     opts = SearchOptions(beam_size=5, min_length=5)
 
     async def scenario() -> None:
-        async with engine:
-            first = asyncio.ensure_future(engine.translate([SOURCES[0]], opts))
+        async with loop:
+            first = asyncio.ensure_future(loop.translate([SOURCES[0]], opts))
             await asyncio.sleep(0.01)
-            queued = asyncio.ensure_future(engine.translate(SOURCES[1:4], opts))
+            queued = asyncio.ensure_future(loop.translate(SOURCES[1:4], opts))
             await asyncio.sleep(0)
             with pytest.raises(QueueFull):
-                await engine.translate([SOURCES[4]], opts)
+                await loop.translate([SOURCES[4]], opts)
             await asyncio.gather(first, queued)
-            assert engine.live_rows == 0
+            assert loop.live_rows == 0
 
     run(scenario())
     assert max(r for g, r in fake.calls if g == "decoder_step") <= 5
@@ -197,12 +197,12 @@ def test_fault_fails_only_the_affected_request(groups: int) -> None:
         return bool((inputs["prev_ids"] == 21).any())  # decoder fault on one token
 
     opts = SearchOptions(beam_size=1)
-    clean = run(_translate_all(make_engine(), [(s, opts) for s in SOURCES]))
+    clean = run(_translate_all(make_loop(), [(s, opts) for s in SOURCES]))
     faulty = FakeTranslator(fail_if=fail_if)
 
     async def scenario() -> list[object]:
-        async with make_engine(faulty, groups=groups) as engine:
-            return await asyncio.gather(*(engine.translate([s], opts) for s in SOURCES),
+        async with make_loop(faulty, groups=groups) as loop:
+            return await asyncio.gather(*(loop.translate([s], opts) for s in SOURCES),
                                         return_exceptions=True)
 
     got = run(scenario())
@@ -219,17 +219,17 @@ def test_fault_fails_only_the_affected_request(groups: int) -> None:
 
 
 def test_sampling_is_seeded_and_top_k_one_is_greedy() -> None:
-    greedy = run(_translate_all(make_engine(), [(s, SearchOptions(beam_size=1))
+    greedy = run(_translate_all(make_loop(), [(s, SearchOptions(beam_size=1))
                                                 for s in SOURCES]))
-    top1 = run(_translate_all(make_engine(), [(s, SearchOptions(beam_size=1, top_k=1))
+    top1 = run(_translate_all(make_loop(), [(s, SearchOptions(beam_size=1, top_k=1))
                                               for s in SOURCES]))
     assert [h[0].token_ids for h in top1] == [h[0].token_ids for h in greedy]
     hot = SearchOptions(beam_size=1, temperature=1.5, seed=7)
-    a = run(_translate_all(make_engine(), [(s, hot) for s in SOURCES]))
-    b = run(_translate_all(make_engine(), [(s, hot) for s in SOURCES]))
+    a = run(_translate_all(make_loop(), [(s, hot) for s in SOURCES]))
+    b = run(_translate_all(make_loop(), [(s, hot) for s in SOURCES]))
     assert [h[0].token_ids for h in a] == [h[0].token_ids for h in b]
     other = SearchOptions(beam_size=1, temperature=1.5, seed=8)
-    c = run(_translate_all(make_engine(), [(s, other) for s in SOURCES * 3]))
+    c = run(_translate_all(make_loop(), [(s, other) for s in SOURCES * 3]))
     assert [h[0].token_ids for h in c[: len(SOURCES)]] != [h[0].token_ids for h in a]
 
 
@@ -237,21 +237,21 @@ def test_abort_fails_pending_work_and_stop_returns() -> None:
     from seqserve.service.core.errors import ShuttingDown
 
     fake = FakeTranslator(delay=0.002)
-    engine = make_engine(fake, max_live_hypotheses=5)
+    loop = make_loop(fake, max_live_hypotheses=5)
     opts = SearchOptions(beam_size=5, min_length=35, max_length=40)
 
     async def scenario() -> None:
-        engine.start()
-        running = asyncio.ensure_future(engine.translate([SOURCES[0]], opts))
-        queued = asyncio.ensure_future(engine.translate([SOURCES[1]], opts))
-        while engine.live_rows < 5:
+        loop.start()
+        running = asyncio.ensure_future(loop.translate([SOURCES[0]], opts))
+        queued = asyncio.ensure_future(loop.translate([SOURCES[1]], opts))
+        while loop.live_rows < 5:
             await asyncio.sleep(0.001)
-        engine.abort(ShuttingDown("stopped"))
+        loop.abort(ShuttingDown("stopped"))
         for task in (running, queued):
             with pytest.raises(ShuttingDown):
                 await task
-        await asyncio.wait_for(engine.stop(), 5)
+        await asyncio.wait_for(loop.stop(), 5)
         with pytest.raises(ShuttingDown):
-            await engine.translate([SOURCES[2]], opts)
+            await loop.translate([SOURCES[2]], opts)
 
     run(scenario())

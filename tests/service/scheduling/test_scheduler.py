@@ -1,4 +1,4 @@
-"""The engine core without an event loop: schedule, execute, update by hand; one status per
+"""The decode scheduler without an event loop: schedule, execute, update by hand; one status per
 request; admission budget, cancellation, request-level mode, faults and groups."""
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_abort_and_fail_all_empty_the_table() -> None:
     requests = core.add(SOURCES, SearchOptions(beam_size=2, min_length=10))
     core.step()
     core.step()
-    aborted = core.abort()
+    aborted = [o.request for o in core.abort(ShuttingDown("stopped"))]
     assert {r.rid for r in aborted} == {r.rid for r in requests}
     assert all(r.status is Status.ABORTED for r in requests)
     core.step()

@@ -20,10 +20,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from seqserve.loadtest.config import LoadConfig
 from seqserve.models.errors import UserError
 
 NAME = "loadtest"
 HELP = "Load-test a running server (open/closed loop, sweeps) and write a report."
+
+_CONFIG_FLAGS: tuple[tuple[str, str, type, str | None], ...] = (
+    ("--duration", "duration_s", float, "seconds per run/step"),
+    ("--requests", "requests", int, "requests per run/step (with --duration: whichever comes "
+     "first)"),
+    ("--beam-size", "beam_size", int, "translate: beam size"),
+    ("--max-new-tokens", "max_new_tokens", int, "generate: max_new_tokens per request"),
+    ("--temperature", "temperature", float, "generate: sampling temperature (0 = greedy)"),
+    ("--texts-per-request", "texts_per_request", int, "texts (predict: series) per request"),
+    ("--features", "features", int, "predict: values per step (the model's features)"),
+    ("--series-steps", "series_steps", int, "predict: steps of each random series"),
+    ("--max-in-flight", "max_in_flight", int,
+     "open loop: outstanding requests before arrivals are dropped"),
+    ("--timeout", "timeout_s", float, "per-request timeout, s"),
+    ("--seed", "seed", int, None),
+)
+"""The flags that set a LoadConfig field of the same default: (flag, field, type, help)."""
 
 DEFAULT_DATASETS = {"classify": "langid", "translate": "numbers-en-fr",
                     "generate": "pydoc-topics"}
@@ -38,12 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--rate", type=float, help="open loop: Poisson arrivals, requests/s")
     load.add_argument("--concurrency", type=int, help="closed loop: clients in flight")
     load.add_argument("--sweep", help="open-loop sweep START:STOP:STEP in requests/s")
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per run/step")
-    parser.add_argument(
-        "--requests",
-        type=int,
-        help="requests per run/step (with --duration: whichever comes first)",
-    )
+    for flag, name, kind, text in _CONFIG_FLAGS:
+        parser.add_argument(flag, dest=name, type=kind, default=getattr(LoadConfig, name),
+                            help=text)
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--texts", type=Path, help="texts: one per line, or JSONL text/source")
     src.add_argument(
@@ -51,38 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--split", default="test", help="dataset split (default test)")
     parser.add_argument("--slo-p99", type=float, help="p99 latency SLO in milliseconds")
-    parser.add_argument(
-        "--max-error-rate",
-        type=float,
-        default=0.01,
-        help="fraction of errors+drops a step may have and still pass the SLO",
-    )
-    parser.add_argument("--beam-size", type=int, default=5, help="translate: beam size")
+    parser.add_argument("--max-error-rate", type=float, default=0.01,
+                        help="fraction of errors+drops a step may have and still pass the SLO")
     parser.add_argument("--stream", action="store_true",
                         help="generate: stream (SSE) and time every token (TTFT, inter-token)")
-    parser.add_argument("--max-new-tokens", type=int, default=32,
-                        help="generate: max_new_tokens per request")
-    parser.add_argument("--temperature", type=float, default=1.0,
-                        help="generate: sampling temperature (0 = greedy)")
     parser.add_argument("--prompt-chars", type=int, default=64,
                         help="generate with a built-in corpus: prompt length cap, characters")
-    parser.add_argument("--texts-per-request", type=int, default=1,
-                        help="texts (predict: series) per request")
-    parser.add_argument("--features", type=int, default=1,
-                        help="predict: values per step (the model's features)")
-    parser.add_argument("--series-steps", type=int, default=16,
-                        help="predict: steps of each random series")
     parser.add_argument("--session-chunks", type=int, metavar="K",
                         help="predict, closed loop: each client streams its series in K "
                         "chunks through a session")
-    parser.add_argument(
-        "--max-in-flight",
-        type=int,
-        default=512,
-        help="open loop: outstanding requests before arrivals are dropped",
-    )
-    parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--http-client", choices=["raw", "httpx"], default="raw",
         help="raw: lean asyncio HTTP/1.1 client (default); httpx: slower, for comparison",
@@ -135,7 +127,6 @@ def _progress(line: str) -> None:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from seqserve.loadtest.config import LoadConfig
     from seqserve.loadtest.schedule import parse_sweep
 
     if not args.url or not args.model:
@@ -148,27 +139,10 @@ def _config(args: argparse.Namespace) -> Any:
             raise UserError(str(exc)) from exc
     if rate is None and args.concurrency is None:
         raise UserError("give --rate R (open loop), --concurrency C (closed loop) or --sweep")
-    return LoadConfig(
-        url=args.url,
-        model=args.model,
-        task=args.task,
-        rate=rate,
-        concurrency=args.concurrency,
-        duration_s=args.duration,
-        requests=args.requests,
-        max_in_flight=args.max_in_flight,
-        timeout_s=args.timeout,
-        beam_size=args.beam_size,
-        texts_per_request=args.texts_per_request,
-        seed=args.seed,
-        http_client=args.http_client,
-        stream=args.stream,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        features=args.features,
-        series_steps=args.series_steps,
-        session_chunks=args.session_chunks,
-    )
+    return LoadConfig(url=args.url, model=args.model, task=args.task, rate=rate,
+                      concurrency=args.concurrency, http_client=args.http_client,
+                      stream=args.stream, session_chunks=args.session_chunks,
+                      **{name: getattr(args, name) for _, name, _, _ in _CONFIG_FLAGS})
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
@@ -257,7 +231,7 @@ def _command_line(args: argparse.Namespace) -> str:
         ("--rate", args.rate),
         ("--concurrency", args.concurrency),
         ("--sweep", args.sweep),
-        ("--duration", args.duration),
+        ("--duration", args.duration_s),
         ("--requests", args.requests),
         ("--texts", args.texts),
         ("--dataset", args.dataset),

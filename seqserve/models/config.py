@@ -1,5 +1,10 @@
 """Model and training configuration: one frozen dataclass per model, plus the training loop's.
 
+Bases: `StackConfig` (the recurrent stack of every model, nn/forecaster.py's ForecasterConfig
+included) -> `RecurrentConfig` (over token ids: classifier, tagger, translator, nn/lm.py's
+LMConfig); `FitConfig` (what models/train/loop.py's fit loop reads) -> `TrainConfig` and
+train/forecast.py's ForecastTrainConfig.
+
 Every field has a default and a one-line doc (the string below it). `__post_init__` checks
 cross-field constraints and raises ValueError naming the field and the fix. `to_dict` and
 `from_dict` round-trip through JSON (run directory `config.json`).
@@ -8,9 +13,11 @@ cross-field constraints and raises ValueError naming the field and the fix. `to_
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
+from seqserve.models.errors import UserError
 from seqserve.models.text.normalization import RULES
 
 CELLS = ("rnn", "lstm", "gru")
@@ -26,7 +33,7 @@ DEFAULT_FORGET_BIAS = 1.0
 def _check_common(cfg: RecurrentConfig) -> None:
     if cfg.cell not in CELLS:
         raise ValueError(f"cell={cfg.cell!r} is unknown: use one of {', '.join(CELLS)}")
-    _check_variant(cfg)
+    check_variant(cfg)
     if isinstance(cfg, ClassifierConfig) and cfg.attention not in ATTENTIONS:
         raise ValueError(
             f"attention={cfg.attention!r} is unknown: use one of {', '.join(ATTENTIONS)}"
@@ -39,11 +46,18 @@ def _check_common(cfg: RecurrentConfig) -> None:
             raise ValueError(f"{name}={getattr(cfg, name)} must be >= 1")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ValueError(f"dropout={cfg.dropout} must be in [0, 1)")
-    if not 0 <= cfg.pad_id < cfg.vocab_size:
-        raise ValueError(f"pad_id={cfg.pad_id} must lie inside vocab_size={cfg.vocab_size}")
+    check_ids(cfg, ("pad_id",))
 
 
-def _check_variant(cfg: RecurrentConfig) -> None:
+def check_ids(cfg: RecurrentConfig, names: tuple[str, ...]) -> None:
+    """Each named special id (pad_id, bos_id, eos_id) lies inside the vocabulary."""
+    for name in names:
+        if not 0 <= getattr(cfg, name) < cfg.vocab_size:
+            raise ValueError(f"{name}={getattr(cfg, name)} must lie inside "
+                             f"vocab_size={cfg.vocab_size}")
+
+
+def check_variant(cfg: RecurrentConfig) -> None:
     """proj_size / peephole / cifg are LSTM variants (models/nn/lstm_variants.py)."""
     if (cfg.proj_size or cfg.peephole or cfg.cifg) and cfg.cell != "lstm":
         raise ValueError(f"proj_size/peephole/cifg need cell='lstm' (got cell={cfg.cell!r}): "
@@ -96,13 +110,43 @@ class _DictMixin:
             )
         return cls(**data)
 
+    @classmethod
+    def from_overrides(cls, overrides: Mapping[str, Any] | None, what: str) -> Self:
+        """The defaults with `overrides` applied; a bad or unknown value raises UserError
+        ("bad {what} option: ...")."""
+        try:
+            return cls.from_dict(dict(overrides or {}))
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"bad {what} option: {exc}") from exc
+
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed (checks run again)."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
-class RecurrentConfig(_DictMixin):
+class StackConfig(_DictMixin):
+    """A stack of recurrent layers: what every recurrent model has (the base of
+    RecurrentConfig and nn/forecaster.py's ForecasterConfig); each family changes the
+    defaults it needs and takes the cells its own CELLS names."""
+
+    hidden_size: int = 128
+    """RNN hidden size H per layer and direction (a translator's model width: memory and
+    decoder size, each encoder direction H/2 when bidirectional)."""
+    num_layers: int = 1
+    """Stacked RNN layers (a translator's: in the encoder and in the decoder)."""
+    cell: str = "lstm"
+    """Recurrent cell: rnn (Elman, tanh) | lstm | gru."""
+    dropout: float = 0.1
+    """Dropout between RNN layers (training only) and, in the token models, on embeddings and
+    before the head or output projection."""
+    forget_bias: float | None = DEFAULT_FORGET_BIAS
+    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer (None:
+    PyTorch's default uniform init); rnn and gru cells have no forget gate and ignore it."""
+
+
+@dataclass(frozen=True)
+class RecurrentConfig(StackConfig):
     """What every model over token ids with a recurrent stack has (the base of
     ClassifierConfig, TranslatorConfig, TaggerConfig and nn/lm.py's LMConfig); each family
     changes the defaults it needs."""
@@ -111,15 +155,6 @@ class RecurrentConfig(_DictMixin):
     """Tokenizer vocabulary size (embedding rows; a translator's joint source/target one)."""
     embed_size: int = 128
     """Token embedding width E."""
-    hidden_size: int = 128
-    """RNN hidden size H per direction (a translator's model width: memory and decoder size,
-    each encoder direction H/2 when bidirectional)."""
-    num_layers: int = 1
-    """Stacked RNN layers (a translator's: in the encoder and in the decoder)."""
-    cell: str = "lstm"
-    """Recurrent cell: rnn (Elman, tanh) | lstm | gru."""
-    dropout: float = 0.1
-    """Dropout on embeddings, between RNN layers and before the head or output projection."""
     max_length: int = 128
     """Longest input in tokens the model is exported and served for (a translator's hard cap
     on decoded length too)."""
@@ -132,9 +167,6 @@ class RecurrentConfig(_DictMixin):
     """LSTM peephole connections (gates also see the cell state)."""
     cifg: bool = False
     """LSTM coupled input-forget gate (input gate = 1 - forget gate)."""
-    forget_bias: float | None = DEFAULT_FORGET_BIAS
-    """LSTM forget-gate bias at init: b_ih[f] = B, b_hh[f] = 0 in every LSTM layer (None:
-    PyTorch's default uniform init); rnn and gru cells have no forget gate and ignore it."""
 
 
 @dataclass(frozen=True)
@@ -209,9 +241,7 @@ class TranslatorConfig(RecurrentConfig):
         if self.attention == "dot" and self.memory_size != self.hidden_size:
             raise ValueError(f"attention='dot' needs memory_size={self.memory_size} == "
                              f"hidden_size={self.hidden_size}: drop proj_size or use 'general'")
-        for name in ("bos_id", "eos_id"):
-            if not 0 <= getattr(self, name) < self.vocab_size:
-                raise ValueError(f"{name}={getattr(self, name)} must lie inside vocab_size")
+        check_ids(self, ("bos_id", "eos_id"))
 
     @property
     def has_attention(self) -> bool:
@@ -262,15 +292,12 @@ class TaggerConfig(EncoderConfig):
 
 
 @dataclass(frozen=True)
-class TrainConfig(_DictMixin):
-    """The training loop: optimiser, batching, stopping, tokenizer."""
+class FitConfig(_DictMixin):
+    """What the fit loop (models/train/loop.py) reads from every trainer's config: AdamW,
+    the learning-rate schedule, clipping, early stopping, seed and threads. TrainConfig and
+    train/forecast.py's ForecastTrainConfig extend it, change the defaults they need and name
+    their own epoch limit and time budget (`epoch_limit`, `time_budget_s`, `budget_text`)."""
 
-    epochs: int = 10
-    """Maximum epochs."""
-    batch_size: int = 64
-    """Examples per training batch."""
-    eval_batch_size: int = 256
-    """Examples per validation/test batch."""
     lr: float = 2e-3
     """AdamW peak learning rate."""
     weight_decay: float = 0.01
@@ -279,21 +306,59 @@ class TrainConfig(_DictMixin):
     """Linear learning-rate warm-up steps."""
     lr_schedule: str = "linear"
     """After warm-up: constant | linear (to 10% at the last planned step) | budget (linear,
-    or faster when the max_minutes budget runs out first)."""
+    or faster when the time budget runs out first)."""
     clip_norm: float = 1.0
     """Gradient-norm clipping threshold (<= 0 disables)."""
+    patience: int = 3
+    """Early stopping: epochs without improvement of the main validation metric (0 = never)."""
+    seed: int = 0
+    """Seed for torch and python: initialisation, dropout and the batch order."""
+    num_threads: int = 2
+    """torch intra-op threads."""
+
+    def _check_fit(self) -> None:
+        if self.num_threads < 1:
+            raise ValueError(f"num_threads={self.num_threads} must be >= 1")
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+        if self.lr_schedule not in ("constant", "linear", "budget"):
+            raise ValueError(f"lr_schedule={self.lr_schedule!r}: use constant, linear or budget")
+        if self.patience < 0 or self.warmup_steps < 0:
+            raise ValueError("patience and warmup_steps must be >= 0")
+
+    @property
+    def epoch_limit(self) -> int:
+        """Most epochs the loop runs."""
+        raise NotImplementedError
+
+    @property
+    def time_budget_s(self) -> float:
+        """Time budget of the training epochs in seconds (0 = none)."""
+        raise NotImplementedError
+
+    @property
+    def budget_text(self) -> str:
+        """The budget as the stop reason names it ("time budget of ...")."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TrainConfig(FitConfig):
+    """The training loop of the classifier, tagger, translator and language model: the fit
+    loop's settings, batching, stopping, tokenizer."""
+
+    epochs: int = 10
+    """Maximum epochs."""
+    batch_size: int = 64
+    """Examples per training batch."""
+    eval_batch_size: int = 256
+    """Examples per validation/test batch."""
     label_smoothing: float = 0.0
     """Cross-entropy label smoothing."""
     scheduled_sampling: float = 0.0
     """Translator: final probability of feeding the model's own prediction (ramps per epoch)."""
-    patience: int = 3
-    """Early stopping: epochs without improvement of the main validation metric."""
     max_minutes: float = 0.0
     """Wall-time budget for the training epochs in minutes (0 = none); best checkpoint kept."""
-    seed: int = 0
-    """Seed for torch, python and batching."""
-    num_threads: int = 2
-    """torch intra-op threads."""
     bucket_chunk: int = 32
     """Batches per length-sorted chunk (length bucketing); 1 = no bucketing."""
     tokenizer_type: str = "unigram"
@@ -312,13 +377,10 @@ class TrainConfig(_DictMixin):
     gradient_flow.jsonl (0 = off)."""
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "eval_batch_size", "num_threads", "bucket_chunk"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "bucket_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.lr <= 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
-        if self.lr_schedule not in ("constant", "linear", "budget"):
-            raise ValueError(f"lr_schedule={self.lr_schedule!r}: use constant, linear or budget")
+        self._check_fit()
         if not 0.0 <= self.scheduled_sampling <= 1.0:
             raise ValueError(f"scheduled_sampling={self.scheduled_sampling} must be in [0, 1]")
         if not 0.0 <= self.label_smoothing < 1.0:
@@ -330,10 +392,22 @@ class TrainConfig(_DictMixin):
         if self.tokenizer_normalization and self.tokenizer_normalization not in RULES:
             raise ValueError(f"tokenizer_normalization={self.tokenizer_normalization!r}: use "
                              f"one of {', '.join(RULES)} (or \"\" for the dataset's own)")
-        if self.max_minutes < 0 or self.patience < 0 or self.warmup_steps < 0:
-            raise ValueError("max_minutes, patience and warmup_steps must be >= 0")
+        if self.max_minutes < 0:
+            raise ValueError(f"max_minutes={self.max_minutes} must be >= 0")
         if self.tbptt < 0 or self.gradient_flow_every < 0:
             raise ValueError("tbptt and gradient_flow_every must be >= 0 (0 = off)")
+
+    @property
+    def epoch_limit(self) -> int:
+        return self.epochs
+
+    @property
+    def time_budget_s(self) -> float:
+        return self.max_minutes * 60
+
+    @property
+    def budget_text(self) -> str:
+        return f"{self.max_minutes} min"
 
 
 def check_recurrent(config: Any, cells: tuple[str, ...], positive: tuple[str, ...]) -> None:

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.config import DEFAULT_FORGET_BIAS, _DictMixin, check_recurrent
+from seqserve.models.config import StackConfig, check_recurrent
 from seqserve.models.nn.lm import _gru_loop, _lstm_loop
 from seqserve.models.nn.rnn import init_forget_bias, length_mask
 
@@ -55,23 +55,17 @@ CELLS = ("gru", "lstm")
 
 
 @dataclass(frozen=True)
-class ForecasterConfig(_DictMixin):
-    """Stacked GRU/LSTM -> linear head, residual on the current value."""
+class ForecasterConfig(StackConfig):
+    """Stacked GRU/LSTM (1-3 layers, cells gru | lstm) -> linear head, residual on the current
+    value; dropout acts between layers only (it needs num_layers > 1)."""
 
+    hidden_size: int = 32
     cell: str = "gru"
-    """Recurrent cell: gru | lstm."""
+    dropout: float = 0.0
     features: int = 1
     """Input features per step D."""
     outputs: int = 1
     """Forecast values per step K (the next step of the first K features; K <= D)."""
-    hidden_size: int = 32
-    """Hidden size H per layer."""
-    num_layers: int = 1
-    """Stacked recurrent layers L (1-3)."""
-    dropout: float = 0.0
-    """Dropout between layers (training only; needs num_layers > 1)."""
-    forget_bias: float | None = DEFAULT_FORGET_BIAS
-    """LSTM forget-gate bias at init (None: PyTorch's uniform init)."""
 
     def __post_init__(self) -> None:
         check_recurrent(self, CELLS, ("features", "outputs", "hidden_size"))

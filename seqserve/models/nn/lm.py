@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqserve.models.config import RecurrentConfig, check_recurrent
+from seqserve.models.config import RecurrentConfig, check_ids, check_recurrent, check_variant
 from seqserve.models.nn.lstm_variants import VariantLSTM
 from seqserve.models.nn.rnn import RNNState, detach_state, init_forget_bias, length_mask, make_layer
 
@@ -59,13 +59,8 @@ class LMConfig(RecurrentConfig):
 
     def __post_init__(self) -> None:
         check_recurrent(self, CELLS, ("vocab_size", "embed_size", "hidden_size", "max_length"))
-        if (self.proj_size or self.peephole or self.cifg) and self.cell != "lstm":
-            raise ValueError("proj_size/peephole/cifg need cell='lstm'")
-        if not 0 <= self.proj_size < self.hidden_size:
-            raise ValueError(f"proj_size={self.proj_size} must be in [0, {self.hidden_size})")
-        for name in ("pad_id", "bos_id", "eos_id"):
-            if not 0 <= getattr(self, name) < self.vocab_size:
-                raise ValueError(f"{name}={getattr(self, name)} must lie inside vocab_size")
+        check_variant(self)
+        check_ids(self, ("pad_id", "bos_id", "eos_id"))
 
     @property
     def output_size(self) -> int:

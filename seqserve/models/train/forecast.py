@@ -12,11 +12,11 @@ Training: values are normalised with the training span's mean/std. Each step dra
 (the valid and test spans are never read) and trains with teacher forcing: the true value of
 week t in, the forecast of week t+1 out; squared error in units of the typical weekly change
 (`step_scale`), the first `burn_in` weeks of each window unscored (the state starts at zero
-there). AdamW, linear warm-up, then linear decay to 10% by the larger of the steps done and
-the time budget used; gradients clipped. After every `steps_per_epoch` steps the model
-forecasts the validation span one step ahead (state run from the series start on true
-values); the best validation MAE is kept; training stops at the time budget, `max_epochs` or
-`patience` epochs without improvement.
+there). The fit loop of models/train/loop.py: AdamW, linear warm-up, then linear decay to 10%
+by the larger of the steps done and the time budget used; gradients clipped. After every
+`steps_per_epoch` steps the model forecasts the validation span one step ahead (state run
+from the series start on true values); the best validation MAE is kept; training stops at
+the time budget, `max_epochs` or `patience` epochs without improvement.
 
 Test: the state runs from the series start on true values through the test span (the serving
 path, `Forecaster.forward`), so every test forecast has seen the whole history, as a session
@@ -28,9 +28,7 @@ fed back), against seasonal-naive from before the span, for forecast.png.
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -39,54 +37,46 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
-from seqserve.models.checkpoint import CHECKPOINT, CONFIG, load_checkpoint, save_checkpoint
-from seqserve.models.config import TrainConfig, _DictMixin
+from seqserve.models.checkpoint import CHECKPOINT, CONFIG, load_checkpoint
+from seqserve.models.config import FitConfig
 from seqserve.models.data.co2 import SEASON, SeriesSplit, load_co2
 from seqserve.models.errors import UserError
 from seqserve.models.nn.forecaster import Forecaster, ForecasterConfig
-from seqserve.models.train.loop import LRSchedule
-from seqserve.models.train.plots import epoch_figure, save_epoch_figure
+from seqserve.models.train.loop import TaskSpec, fit, seed_everything
+from seqserve.models.train.plots import epoch_figure, plot_keys, save_epoch_figure
 
 TASK = "forecast"
 FORECAST_PNG = "forecast.png"
-CURVES_PNG = "curves.png"
 SERIES = {"co2": load_co2}
 """Built-in series by name."""
 
 
 @dataclass(frozen=True)
-class ForecastTrainConfig(_DictMixin):
-    """The forecaster's training loop (module doc)."""
+class ForecastTrainConfig(FitConfig):
+    """The forecaster's training loop (module doc): the fit loop's settings with the
+    forecaster's defaults, windows, epochs of `steps_per_epoch` steps, a budget in seconds."""
 
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
+    lr_schedule: str = "budget"
+    patience: int = 10
+    num_threads: int = 1
     window: int = 104
     """Weeks per training window (2 years)."""
     burn_in: int = 13
     """First weeks of a window whose forecasts are not scored (the state starts at zero)."""
     batch_size: int = 32
     """Windows per step."""
-    lr: float = 3e-3
-    """Peak learning rate (AdamW)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    warmup_steps: int = 20
-    """Linear warm-up steps."""
-    clip_norm: float = 1.0
-    """Gradient norm clip (0 = none)."""
     steps_per_epoch: int = 40
     """Steps between validations."""
     max_epochs: int = 100
     """Most validations (epochs) to run."""
-    patience: int = 10
-    """Stop after this many epochs without a better validation MAE (0 = never)."""
     budget_s: float = 30.0
     """Training time budget in seconds (0 = none)."""
-    seed: int = 0
-    """Seed of the initialisation and of the window draws."""
-    num_threads: int = 1
-    """torch threads."""
 
     def __post_init__(self) -> None:
         for name in ("window", "batch_size", "steps_per_epoch", "max_epochs"):
@@ -94,8 +84,21 @@ class ForecastTrainConfig(_DictMixin):
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if not 0 <= self.burn_in < self.window:
             raise ValueError(f"burn_in={self.burn_in} must be in [0, window={self.window})")
-        if self.lr <= 0 or self.budget_s < 0 or self.num_threads < 1:
-            raise ValueError("lr must be > 0, budget_s >= 0 and num_threads >= 1")
+        self._check_fit()
+        if self.budget_s < 0:
+            raise ValueError(f"budget_s={self.budget_s} must be >= 0")
+
+    @property
+    def epoch_limit(self) -> int:
+        return self.max_epochs
+
+    @property
+    def time_budget_s(self) -> float:
+        return self.budget_s
+
+    @property
+    def budget_text(self) -> str:
+        return f"{self.budget_s:g} s"
 
 
 DEMO_FORECAST: dict[str, Any] = {
@@ -128,21 +131,15 @@ def train_forecaster(out_dir: str | Path, budget_s: float = 30.0, seed: int = 0,
                      train_overrides: dict[str, Any] | None = None, series: str = "co2",
                      progress: bool = True) -> ForecastResult:
     """Train the forecaster on a built-in series into `out_dir` (module doc)."""
-    try:
-        cfg = ForecastTrainConfig.from_dict({**ForecastTrainConfig().to_dict(),
-                                             "budget_s": budget_s, "seed": seed,
-                                             **(train_overrides or {})})
-        model_cfg = ForecasterConfig.from_dict({**ForecasterConfig().to_dict(),
-                                                **(model_overrides or {})})
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"bad forecaster option: {exc}") from exc
+    cfg = ForecastTrainConfig.from_overrides({"budget_s": budget_s, "seed": seed,
+                                              **(train_overrides or {})}, "forecaster")
+    model_cfg = ForecasterConfig.from_overrides(model_overrides, "forecaster")
     if series not in SERIES:
         raise UserError(f"unknown series {series!r}: use one of {', '.join(SERIES)}")
     if model_cfg.features != 1 or model_cfg.outputs != 1:
         raise UserError("the built-in series has one feature: features=1, outputs=1")
     started = time.monotonic()
-    torch.set_num_threads(cfg.num_threads)
-    torch.manual_seed(cfg.seed)
+    seed_everything(cfg)
     data = SERIES[series]()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -164,16 +161,21 @@ def train_forecaster(out_dir: str | Path, budget_s: float = 30.0, seed: int = 0,
         "parameters": sum(p.numel() for p in model.parameters())}
     (out / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
-    history, best, stop = _fit(model, data, z, std, cfg, out, progress)
+    result = fit(model, _forecast_task(model, data, z, std, cfg), cfg, out, progress)
+    best = result.best_epoch
+    if progress:
+        tqdm.write(f"forecast: {len(result.history)} epochs in {result.seconds:.0f}s "
+                   f"({result.stop_reason}); best epoch {best}: valid MAE "
+                   f"{result.history[best - 1]['valid_mae']:.3f} ppm")
     load_checkpoint(model, out / CHECKPOINT)
     model.eval()
     metrics = evaluate(model, data, z, mean, std)
     multi = metrics.pop("_multi_step_forecast")
     one = metrics.pop("_one_step_forecast")
     metrics.update({
-        "best_epoch": best, "epochs_run": len(history), "stop_reason": stop,
-        "valid_mae": history[best - 1]["valid_mae"] if best else None,
-        "train_seconds": history[-1]["seconds"] if history else 0.0,
+        "best_epoch": best, "epochs_run": len(result.history), "stop_reason": result.stop_reason,
+        "valid_mae": result.history[best - 1]["valid_mae"] if best else None,
+        "train_seconds": round(result.seconds, 2),
         "total_seconds": round(time.monotonic() - started, 2)})
     (out / "test_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     plot_forecast(data, one, multi, out / FORECAST_PNG)
@@ -215,67 +217,24 @@ def _windows(z: np.ndarray, stop: int, cfg: ForecastTrainConfig, rng: random.Ran
     return torch.from_numpy(np.stack([z[s : s + length] for s in starts])).unsqueeze(-1)
 
 
-def _fit(model: Forecaster, data: SeriesSplit, z: np.ndarray, std: float,
-         cfg: ForecastTrainConfig, out: Path, progress: bool
-         ) -> tuple[list[dict[str, Any]], int, str]:
+def _forecast_task(model: Forecaster, data: SeriesSplit, z: np.ndarray, std: float,
+                   cfg: ForecastTrainConfig) -> TaskSpec:
+    """The fit loop's spec (module doc): each step a fresh draw of windows from the training
+    span (one python Random seeded by cfg.seed for the whole run), squared error in weekly
+    change units after the burn-in; validation MAE ranks (lower is better)."""
     rng = random.Random(cfg.seed)
     train_stop = data.spans["train"][1]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    budget = cfg.budget_s if cfg.budget_s > 0 else math.inf
-    start = time.monotonic()
-    schedule = LRSchedule(TrainConfig(lr=cfg.lr, warmup_steps=cfg.warmup_steps,
-                                      lr_schedule="budget"),
-                          cfg.max_epochs * cfg.steps_per_epoch, start, budget)
-    scale = model.step_scale
-    history: list[dict[str, Any]] = []
-    best, best_mae, stale, stop = 0, math.inf, 0, "max epochs"
-    for epoch in range(1, cfg.max_epochs + 1):
-        model.train()
-        losses, out_of_time, lr = 0.0, False, cfg.lr
-        bar = tqdm(range(cfg.steps_per_epoch), desc=f"forecast epoch {epoch}",
-                   disable=not progress, leave=False, dynamic_ncols=True)
-        step = 0
-        for step in bar:
-            w = _windows(z, train_stop, cfg, rng)  # (B, W + 1, 1)
-            pred, _ = model.teacher_forward(w[:, :-1])
-            err = (pred - w[:, 1:]) / scale  # (B, W, 1) in weekly-change units
-            loss = err[:, cfg.burn_in :].pow(2).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-            lr = schedule.apply(optimizer)
-            optimizer.step()
-            losses += float(loss.detach())
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{losses / (step + 1):.3f}")
-            if time.monotonic() - start > budget:
-                out_of_time = True
-                break
-        valid = _valid_scores(model, data, z, std)
-        row = {"epoch": epoch, "train_loss": losses / (step + 1), "lr": lr,
-               "valid_loss": valid["loss"], "valid_mae": valid["mae"],
-               "valid_rmse": valid["rmse"], "steps": step + 1,
-               "seconds": round(time.monotonic() - start, 2)}
-        history.append(row)
-        if valid["mae"] < best_mae:
-            best, best_mae, stale = epoch, valid["mae"], 0
-            save_checkpoint(model, out / CHECKPOINT)
-        else:
-            stale += 1
-        _write_history(history, best, stop, out, plot=False)
-        if out_of_time:
-            stop = f"time budget of {cfg.budget_s:g} s"
-            break
-        if cfg.patience and stale >= cfg.patience:
-            stop = f"early stopping: no improvement for {stale} epochs"
-            break
-    if progress:
-        last = history[-1]
-        tqdm.write(f"forecast: {len(history)} epochs in {last['seconds']:.0f}s ({stop}); best "
-                   f"epoch {best}: valid MAE {best_mae:.3f} ppm")
-    _write_history(history, best, stop, out, plot=True)
-    return history, best, stop
+
+    def step(module: nn.Module, index: int, prob: float) -> tuple[Tensor, int]:
+        w = _windows(z, train_stop, cfg, rng)  # (B, W + 1, 1)
+        pred, _ = model.teacher_forward(w[:, :-1])
+        err = (pred - w[:, 1:]) / model.step_scale  # (B, W, 1) in weekly-change units
+        return err[:, cfg.burn_in :].pow(2).mean(), 1
+
+    return TaskSpec("forecast", lambda epoch: range(cfg.steps_per_epoch), step,
+                    cfg.steps_per_epoch, lambda _: _valid_scores(model, data, z, std),
+                    ("mae",), lower_is_better=True, plot=plot_forecast_curves,
+                    report_epochs=False)
 
 
 @torch.no_grad()
@@ -356,30 +315,13 @@ def evaluate(model: Forecaster, data: SeriesSplit, z: np.ndarray, mean: float, s
 
 # -- files --------------------------------------------------------------------------------------
 
-def _write_history(history: list[dict[str, Any]], best: int, stop: str, out: Path,
-                   plot: bool) -> None:
-    summary = {"best_epoch": best, "stop_reason": stop,
-               "train_seconds": history[-1]["seconds"] if history else 0.0, "epochs": history}
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
-    columns = list(dict.fromkeys(k for row in history for k in row))
-    with (out / "metrics.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(history)
-    if plot and history:
-        plot_forecast_curves(history, out / CURVES_PNG)
-
-
 def plot_forecast_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Training/validation loss and validation MAE/RMSE (ppm) per epoch."""
     plt, fig, axes = epoch_figure(2, 10)
-    epochs = [r["epoch"] for r in history]
-    for key in ("train_loss", "valid_loss"):
-        axes[0].plot(epochs, [r[key] for r in history], marker=".", label=key)
+    plot_keys(axes[0], history, ("train_loss", "valid_loss"), marker=".")
     axes[0].set_yscale("log")
     axes[0].set_title("loss (squared error / weekly change^2)")
-    for key in ("valid_mae", "valid_rmse"):
-        axes[1].plot(epochs, [r[key] for r in history], marker=".", label=key)
+    plot_keys(axes[1], history, ("valid_mae", "valid_rmse"), marker=".")
     axes[1].set_title("validation one-step error (ppm)")
     save_epoch_figure(plt, fig, axes, path, legend=True)
 

@@ -10,42 +10,36 @@ start after bos, as prompts are read, and to end a document with eos), cut into
 `batch_size` contiguous rows (the remainder, under one token per row, is dropped). Training
 walks the rows in chunks of `tbptt` tokens with teacher forcing, carrying each layer's state
 detached from chunk to chunk (truncated BPTT: values of full BPTT, gradients cut at chunk
-boundaries); gradients are clipped to `clip_norm`. Evaluation runs the same way without
-dropout and scores every target but the bos tokens (predicting the start of the next document
-after an eos is free and would flatter the figures). Bits per character = total NLL / ln 2 /
+boundaries), in the fit loop of models/train/loop.py (AdamW, warm-up and decay, clipping to
+`clip_norm`, the checkpoint of the best validation perplexity, early stopping, the time
+budget). Evaluation runs the same way without dropout and scores every target but the bos
+tokens (predicting the start of the next document after an eos is free and would flatter the
+figures). Bits per character = total NLL / ln 2 /
 characters those targets stand for (each document's characters plus one for its end).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import random
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm import tqdm
 
-from seqserve.models.checkpoint import (
-    CHECKPOINT,
-    CONFIG,
-    TOKENIZER,
-    load_checkpoint,
-    save_checkpoint,
-)
+from seqserve.models.checkpoint import CHECKPOINT, CONFIG, TOKENIZER, load_checkpoint
 from seqserve.models.config import TrainConfig
 from seqserve.models.data.pydoc_corpus import TextCorpus, load_text_corpus
-from seqserve.models.errors import DataError, UserError
+from seqserve.models.errors import DataError
 from seqserve.models.nn.lm import LanguageModel, LMConfig, perplexity
+from seqserve.models.nn.rnn import RNNState
 from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
-from seqserve.models.train.loop import LRSchedule
-from seqserve.models.train.metrics import grad_norms
-from seqserve.models.train.plots import epoch_figure, save_epoch_figure
+from seqserve.models.train.loop import TaskSpec, fit, seed_everything
+from seqserve.models.train.plots import epoch_figure, plot_keys, save_epoch_figure
 
 DEFAULT_TBPTT = 64
 """Chunk length when the run does not set --tbptt."""
@@ -72,15 +66,10 @@ def run_lm_training(data: str | list[str] | TextCorpus, out_dir: str | Path,
                     data_seed: int = 0) -> dict[str, Any]:
     """Train a language model on `data` (built-in corpus name, text files, or a corpus) into
     `out_dir`; returns the test metrics (also in test_metrics.json)."""
-    try:
-        cfg = TrainConfig.from_dict({**TrainConfig().to_dict(), **(train_overrides or {})})
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"bad training option: {exc}") from exc
+    cfg = TrainConfig.from_overrides(train_overrides, "training")
     tbptt = cfg.tbptt or DEFAULT_TBPTT
     cfg = cfg.replace(tbptt=tbptt)
-    torch.set_num_threads(cfg.num_threads)
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
+    seed_everything(cfg)
     corpus = data if isinstance(data, TextCorpus) else load_text_corpus(data, data_seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,10 +83,7 @@ def run_lm_training(data: str | list[str] | TextCorpus, out_dir: str | Path,
                           normalization=normalization)
     fixed = {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id, "bos_id": tok.bos_id,
              "eos_id": tok.eos_id}
-    try:
-        model_cfg = LMConfig.from_dict({**LMConfig().to_dict(), **overrides, **fixed})
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"bad model option: {exc}") from exc
+    model_cfg = LMConfig.from_overrides({**overrides, **fixed}, "model")
     torch.manual_seed(cfg.seed)
     model = LanguageModel(model_cfg)
     model.tbptt = tbptt
@@ -111,15 +97,16 @@ def run_lm_training(data: str | list[str] | TextCorpus, out_dir: str | Path,
                             "model_type": cfg.tokenizer_type, "normalization": normalization},
               "parameters": sum(p.numel() for p in model.parameters())}
     (out / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-    history, best, stop = _fit(model, streams, chars, cfg, out, progress)
+    result = fit(model, _lm_task(model, streams, chars, cfg), cfg, out, progress)
     load_checkpoint(model, out / CHECKPOINT)
     test = evaluate(model, streams["test"], chars["test"], tok.bos_id)
+    best = result.best_epoch
     metrics: dict[str, Any] = {
         "split": "test", "perplexity": test["perplexity"], "bits_per_char": test["bpc"],
         "loss": test["loss"], "tokens": test["tokens"], "best_epoch": best,
-        "epochs_run": len(history), "stop_reason": stop,
-        "valid_perplexity": history[best - 1]["valid_perplexity"] if best else None,
-        "train_seconds": history[-1]["seconds"] if history else 0.0,
+        "epochs_run": len(result.history), "stop_reason": result.stop_reason,
+        "valid_perplexity": result.history[best - 1]["valid_perplexity"] if best else None,
+        "train_seconds": round(result.seconds, 2),
         "total_seconds": round(time.monotonic() - started, 2)}
     (out / "test_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     (out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
@@ -145,73 +132,32 @@ def batchify(stream: list[int], rows: int) -> Tensor:
     return torch.tensor(stream[: n * rows], dtype=torch.int64).view(rows, n)
 
 
-def _fit(model: LanguageModel, streams: dict[str, list[int]], chars: dict[str, int],
-         cfg: TrainConfig, out: Path, progress: bool) -> tuple[list[dict[str, Any]], int, str]:
+def _lm_task(model: LanguageModel, streams: dict[str, list[int]], chars: dict[str, int],
+             cfg: TrainConfig) -> TaskSpec:
+    """The fit loop's spec (module doc): the training stream as `batch_size` rows walked in
+    chunks of `tbptt` tokens, in order, each layer's state carried detached from chunk to
+    chunk and reset at each epoch's start; validation perplexity ranks (lower is better)."""
     data = batchify(streams["train"], cfg.batch_size)  # (B, N)
     chunks = list(range(0, data.shape[1] - 1, cfg.tbptt))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    start = time.monotonic()
-    budget = cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
-    schedule = LRSchedule(cfg, len(chunks) * cfg.epochs, start, budget)
-    history: list[dict[str, Any]] = []
-    best, best_ppl, stale, stop = 0, math.inf, 0, "max epochs"
-    bos = model.config.bos_id
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        state = None
-        losses, weights, norm_sum, norm_n = 0.0, 0, 0.0, 0
-        layer_norms: dict[str, float] = {}
-        out_of_time, lr = False, cfg.lr
-        bar = tqdm(chunks, desc=f"lm epoch {epoch}", disable=not progress, leave=False,
-                   dynamic_ncols=True)
-        for step, at in enumerate(bar):
-            x = data[:, at : at + cfg.tbptt]
-            y = data[:, at + 1 : at + 1 + cfg.tbptt]
-            x = x[:, : y.shape[1]]
-            logits, state = model(x, state)
-            state = model.detach(state)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if step % 20 == 0:
-                layer_norms = grad_norms(model)
-            if cfg.clip_norm > 0:
-                total = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
-                norm_sum, norm_n = norm_sum + float(total), norm_n + 1
-            lr = schedule.apply(optimizer)
-            optimizer.step()
-            losses += float(loss.detach()) * y.numel()
-            weights += y.numel()
-            if step % 10 == 0:
-                bar.set_postfix(loss=f"{losses / weights:.3f}")
-            if time.monotonic() - start > budget:
-                out_of_time = True
-                break
-        valid = evaluate(model, streams["valid"], chars["valid"], bos)
-        row = {"epoch": epoch, "train_loss": losses / max(weights, 1), "lr": lr,
-               "valid_loss": valid["loss"], "valid_perplexity": valid["perplexity"],
-               "valid_bpc": valid["bpc"], "batches": step + 1,
-               "grad_norm_total": norm_sum / norm_n if norm_n else float("nan"),
-               "grad_norm": layer_norms, "seconds": round(time.monotonic() - start, 2)}
-        history.append(row)
-        if valid["perplexity"] < best_ppl:
-            best, best_ppl, stale = epoch, valid["perplexity"], 0
-            save_checkpoint(model, out / CHECKPOINT)
-        else:
-            stale += 1
-        _write_history(history, best, stop, out, plot=False)
-        if progress:
-            tqdm.write(f"lm epoch {epoch}: train_loss={row['train_loss']:.4f} "
-                       f"valid_perplexity={valid['perplexity']:.2f} valid_bpc={valid['bpc']:.3f} "
-                       f"({row['seconds']:.0f}s)")
-        if out_of_time:
-            stop = f"time budget of {cfg.max_minutes} min"
-            break
-        if cfg.patience and stale >= cfg.patience:
-            stop = f"early stopping: no improvement for {stale} epochs"
-            break
-    _write_history(history, best, stop, out, plot=True)
-    return history, best, stop
+    carried: list[list[RNNState] | None] = [None]
+
+    def plan(epoch: int) -> list[int]:
+        carried[0] = None
+        return chunks
+
+    def step(_: nn.Module, at: int, prob: float) -> tuple[Tensor, int]:
+        x = data[:, at : at + cfg.tbptt]
+        y = data[:, at + 1 : at + 1 + cfg.tbptt]
+        logits, state = model(x[:, : y.shape[1]], carried[0])
+        carried[0] = model.detach(state)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)), y.numel()
+
+    def validate(_: nn.Module) -> dict[str, float]:
+        valid = evaluate(model, streams["valid"], chars["valid"], model.config.bos_id)
+        return {k: valid[k] for k in ("loss", "perplexity", "bpc")}
+
+    return TaskSpec("lm", plan, step, len(chunks), validate, ("perplexity",),
+                    lower_is_better=True, plot=plot_lm_curves)
 
 
 @torch.no_grad()
@@ -238,31 +184,14 @@ def evaluate(model: LanguageModel, stream: list[int], chars: int, bos_id: int
             "bpc": nll / math.log(2) / max(scored_chars, 1.0), "tokens": float(count)}
 
 
-def _write_history(history: list[dict[str, Any]], best: int, stop: str, out: Path,
-                   plot: bool) -> None:
-    summary = {"best_epoch": best, "stop_reason": stop,
-               "train_seconds": history[-1]["seconds"] if history else 0.0, "epochs": history}
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
-    flat = [{k: v for k, v in row.items() if k != "grad_norm"} for row in history]
-    columns = list(dict.fromkeys(k for row in flat for k in row))
-    with (out / "metrics.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(flat)
-    if plot and history:
-        plot_lm_curves(history, out / "curves.png")
-
-
 def plot_lm_curves(history: list[dict[str, Any]], path: Path) -> None:
     """Loss, validation perplexity and bits per character per epoch."""
     plt, fig, axes = epoch_figure(3, 13)
-    epochs = [r["epoch"] for r in history]
-    for key in ("train_loss", "valid_loss"):
-        axes[0].plot(epochs, [r[key] for r in history], marker="o", label=key)
+    plot_keys(axes[0], history, ("train_loss", "valid_loss"))
     axes[0].set_title("loss (nats per token)")
     axes[0].legend(fontsize=7)
-    axes[1].plot(epochs, [r["valid_perplexity"] for r in history], marker="o")
+    plot_keys(axes[1], history, ("valid_perplexity",))
     axes[1].set_title("validation perplexity per token")
-    axes[2].plot(epochs, [r["valid_bpc"] for r in history], marker="o")
+    plot_keys(axes[2], history, ("valid_bpc",))
     axes[2].set_title("validation bits per character")
     save_epoch_figure(plt, fig, axes, path)

@@ -1,7 +1,13 @@
-"""The epoch loop: AdamW, warm-up + decay, clipping, validation, early stopping, time budget.
+"""The fit loop every trainer runs: AdamW, warm-up + decay, clipping, validation, early
+stopping, time budget, the best checkpoint and the metrics files (metrics.json, metrics.csv,
+curves.png).
 
-Task specifics come in through a small `TaskSpec` (how to compute a batch's loss, how to
-evaluate, which metrics rank checkpoints), so one loop trains both model families.
+Task specifics come in through a `TaskSpec`: the epoch's batches (`plan`), one batch's loss
+(`step`), the validation metrics and those that rank checkpoints, the curves plot.
+`example_task` builds it for the tasks over encoded examples (classifier, tagger, translator:
+shuffled length-bucketed batches); train/lm.py (truncated BPTT over contiguous streams) and
+train/forecast.py (random windows of a series) build their own. Run-level settings come from
+a `FitConfig` (models/config.py).
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +27,12 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from seqserve.models.checkpoint import CHECKPOINT, save_checkpoint
-from seqserve.models.config import TrainConfig
+from seqserve.models.config import FitConfig, TrainConfig
 from seqserve.models.train.batches import EncodedExample, bucketed_batches, collate
 from seqserve.models.train.metrics import RunningMean, grad_norms
 from seqserve.models.train.plots import plot_curves
+
+History = list[dict[str, Any]]
 
 
 @dataclass
@@ -31,17 +40,30 @@ class TaskSpec:
     """What the loop needs to know about a task."""
 
     name: str
-    """classifier | translator."""
-    loss: Callable[[nn.Module, dict[str, Tensor], float], Tensor]
-    """(model, batch, sampling_prob) -> scalar training loss."""
+    """classifier | tagger | translator | lm | forecast (progress bars and lines)."""
+    plan: Callable[[int], Sequence[Any]]
+    """1-based epoch -> its batches in training order (what `step` takes)."""
+    step: Callable[[nn.Module, Any, float], tuple[Tensor, int]]
+    """(model, batch, sampling_prob) -> (scalar training loss, the examples or targets it
+    averages over: its weight in the epoch's train_loss)."""
+    steps_per_epoch: int
+    """Batches of a full epoch (the learning-rate schedule plans epoch_limit of them)."""
     evaluate: Callable[[nn.Module], dict[str, float]]
     """Validation metrics of the current model (sets eval mode)."""
     rank_keys: tuple[str, ...]
-    """Validation metrics that rank checkpoints, most important first (higher is better)."""
-    collate_ids: tuple[int, int, int] = (2, 3, 0)
-    """bos, eos, pad ids for `collate`."""
-    collate_fn: Callable[..., dict[str, Tensor]] = collate
-    """(examples, bos, eos, pad) -> batch tensors (the tagger has its own)."""
+    """Validation metrics that rank checkpoints, most important first."""
+    lower_is_better: bool = False
+    """Rank by the smallest values (perplexity, error; no "perfect validation" stop), else by
+    the largest (fractions: a perfect 1.0 on the first stops the run)."""
+    sampling: Callable[[int], float] | None = None
+    """Epoch -> scheduled-sampling probability, recorded as `sampling_prob` (None: 0, not
+    recorded)."""
+    monitor: Callable[[int], object] | None = None
+    """Called with the optimizer step count after every step (gradient flow)."""
+    plot: Callable[[History, Path], None] = plot_curves
+    """The history rows -> curves.png."""
+    report_epochs: bool = True
+    """With progress on, print a line per epoch."""
 
 
 @dataclass
@@ -64,7 +86,7 @@ class LRSchedule:
     budget still ends at a low rate (but then depends on the machine's speed).
     """
 
-    cfg: TrainConfig
+    cfg: FitConfig
     total_steps: int
     start: float
     budget_s: float
@@ -90,6 +112,13 @@ class LRSchedule:
         return lr
 
 
+def seed_everything(cfg: FitConfig) -> None:
+    """torch's intra-op threads and seed, python's seed (cfg.num_threads, cfg.seed)."""
+    torch.set_num_threads(cfg.num_threads)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+
+
 def sampling_prob(cfg: TrainConfig, epoch: int) -> float:
     """Scheduled-sampling probability for a 1-based epoch: linear ramp from 0 to the maximum."""
     if cfg.epochs == 1:
@@ -97,65 +126,84 @@ def sampling_prob(cfg: TrainConfig, epoch: int) -> float:
     return cfg.scheduled_sampling * (epoch - 1) / (cfg.epochs - 1)
 
 
-def fit(model: nn.Module, spec: TaskSpec, train: Sequence[EncodedExample], cfg: TrainConfig,
-        out_dir: Path, progress: bool = True) -> FitResult:
+def example_task(name: str, loss: Callable[[nn.Module, dict[str, Tensor], float], Tensor],
+                 evaluate: Callable[[nn.Module], dict[str, float]], rank_keys: tuple[str, ...],
+                 train: Sequence[EncodedExample], cfg: TrainConfig,
+                 collate_ids: tuple[int, int, int] = (2, 3, 0),
+                 collate_fn: Callable[..., dict[str, Tensor]] = collate,
+                 monitor: Callable[[int], object] | None = None) -> TaskSpec:
+    """The spec of a task over encoded examples: each epoch shuffles length-bucketed batches
+    of `cfg.batch_size` (seeded by cfg.seed and the epoch), `collate_fn(examples, bos, eos,
+    pad)` makes their tensors and `loss(model, batch, sampling_prob)` their training loss."""
+    lengths = [len(e.source) + len(e.target) for e in train]
+
+    def plan(epoch: int) -> list[list[int]]:
+        generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        return bucketed_batches(lengths, cfg.batch_size, cfg.bucket_chunk, generator)
+
+    def step(model: nn.Module, index: list[int], prob: float) -> tuple[Tensor, int]:
+        return loss(model, collate_fn([train[i] for i in index], *collate_ids), prob), len(index)
+
+    return TaskSpec(name, plan, step, math.ceil(len(train) / cfg.batch_size), evaluate,
+                    rank_keys, sampling=lambda epoch: sampling_prob(cfg, epoch),
+                    monitor=monitor)
+
+
+def fit(model: nn.Module, spec: TaskSpec, cfg: FitConfig, out_dir: Path,
+        progress: bool = True) -> FitResult:
     """Train with early stopping; the best epoch's weights are in out_dir/model.safetensors."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
-    lengths = [len(e.source) + len(e.target) for e in train]
     result, start, stale = FitResult(), time.monotonic(), 0
-    budget = cfg.max_minutes * 60 if cfg.max_minutes > 0 else math.inf
-    deadline = start + budget
-    scheduler = LRSchedule(cfg, steps_per_epoch * cfg.epochs, start, budget)
-    monitor = gradient_monitor(model, cfg, out_dir, progress)
-    for epoch in range(1, cfg.epochs + 1):
-        generator = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        batches = bucketed_batches(lengths, cfg.batch_size, cfg.bucket_chunk, generator)
-        prob = sampling_prob(cfg, epoch)
-        row, out_of_time = _train_epoch(model, spec, train, batches, optimizer, scheduler, cfg,
-                                        prob, deadline, f"{spec.name} epoch {epoch}", progress,
-                                        monitor)
+    budget = cfg.time_budget_s if cfg.time_budget_s > 0 else math.inf
+    scheduler = LRSchedule(cfg, spec.steps_per_epoch * cfg.epoch_limit, start, budget)
+    sign = -1.0 if spec.lower_is_better else 1.0
+    for epoch in range(1, cfg.epoch_limit + 1):
+        prob = spec.sampling(epoch) if spec.sampling is not None else 0.0
+        row, out_of_time = _train_epoch(model, spec, spec.plan(epoch), optimizer, scheduler,
+                                        cfg, prob, start + budget, f"{spec.name} epoch {epoch}",
+                                        progress)
+        if spec.sampling is None:
+            del row["sampling_prob"]
         row = {"epoch": epoch, **row, **{f"valid_{k}": v for k, v in spec.evaluate(model).items()}}
         row["seconds"] = round(time.monotonic() - start, 2)
         result.history.append(row)
-        rank = tuple(row[f"valid_{k}"] for k in spec.rank_keys)
+        rank = tuple(sign * row[f"valid_{k}"] for k in spec.rank_keys)
         if not result.best_rank or rank > result.best_rank:
             result.best_rank, result.best_epoch, stale = rank, epoch, 0
             save_checkpoint(model, out_dir / CHECKPOINT)
         else:
             stale += 1
-        write_history(result, out_dir, plot=False)
-        if progress:
+        result.seconds = time.monotonic() - start
+        write_history(result, out_dir, plot=None)
+        if progress and spec.report_epochs:
             shown = ", ".join(f"{k}={row[f'valid_{k}']:.4f}" for k in spec.rank_keys)
             tqdm.write(f"{spec.name} epoch {epoch}: train_loss={row['train_loss']:.4f} "
                        f"valid_loss={row['valid_loss']:.4f} {shown} ({row['seconds']:.0f}s)")
         if out_of_time:
-            result.stop_reason = f"time budget of {cfg.max_minutes} min"
+            result.stop_reason = f"time budget of {cfg.budget_text}"
             break
         if cfg.patience and stale >= cfg.patience:
             result.stop_reason = f"early stopping: no improvement for {stale} epochs"
             break
-        if rank and rank[0] >= 1.0:
+        if not spec.lower_is_better and rank and rank[0] >= 1.0:
             result.stop_reason = f"perfect validation {spec.rank_keys[0]}"
             break
     result.seconds = time.monotonic() - start
-    write_history(result, out_dir)
+    write_history(result, out_dir, spec.plot)
     return result
 
 
-def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[EncodedExample],
-                 batches: list[list[int]], optimizer: torch.optim.Optimizer,
-                 scheduler: LRSchedule, cfg: TrainConfig, prob: float,
-                 deadline: float, desc: str, progress: bool,
-                 monitor: Callable[[int], object] | None = None) -> tuple[dict[str, Any], bool]:
+def _train_epoch(model: nn.Module, spec: TaskSpec, batches: Sequence[Any],
+                 optimizer: torch.optim.Optimizer, scheduler: LRSchedule, cfg: FitConfig,
+                 prob: float, deadline: float, desc: str,
+                 progress: bool) -> tuple[dict[str, Any], bool]:
     """One pass over the batches; returns the epoch row and whether the time ran out."""
     model.train()
     losses, norms = RunningMean(), RunningMean()
-    out_of_time, lr = False, cfg.lr
+    out_of_time, lr, step = False, cfg.lr, -1
     bar = tqdm(batches, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
-    for step, index in enumerate(bar):
-        batch = spec.collate_fn([train[i] for i in index], *spec.collate_ids)
-        loss = spec.loss(model, batch, prob)
+    for step, batch in enumerate(bar):
+        loss, weight = spec.step(model, batch, prob)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if step % 10 == 0:
@@ -165,9 +213,9 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[EncodedExampl
             norms.add({"total": float(total)})
         lr = scheduler.apply(optimizer)
         optimizer.step()
-        if monitor is not None:
-            monitor(scheduler.step)
-        losses.add({"loss": float(loss.detach())}, len(index))
+        if spec.monitor is not None:
+            spec.monitor(scheduler.step)
+        losses.add({"loss": float(loss.detach())}, weight)
         if step % 20 == 0:
             bar.set_postfix(loss=f"{losses.means()['loss']:.4f}")
         if time.monotonic() > deadline:
@@ -176,9 +224,8 @@ def _train_epoch(model: nn.Module, spec: TaskSpec, train: Sequence[EncodedExampl
     means = norms.means()
     total_norm = means.pop("total", float("nan"))
     row = {"train_loss": losses.means().get("loss", float("nan")),
-           "lr": lr, "sampling_prob": prob,
-           "batches": step + 1 if batches else 0, "grad_norm_total": total_norm,
-           "grad_norm": means}
+           "lr": lr, "sampling_prob": prob, "batches": step + 1,
+           "grad_norm_total": total_norm, "grad_norm": means}
     return row, out_of_time
 
 
@@ -211,8 +258,9 @@ def gradient_monitor(model: nn.Module, cfg: TrainConfig, out_dir: Path,
     return measure
 
 
-def write_history(result: FitResult, out_dir: Path, plot: bool = True) -> None:
-    """metrics.json (rows + summary), metrics.csv (flat rows) and (if plot) curves.png."""
+def write_history(result: FitResult, out_dir: Path,
+                  plot: Callable[[History, Path], None] | None = plot_curves) -> None:
+    """metrics.json (rows + summary), metrics.csv (flat rows) and (with `plot`) curves.png."""
     summary = {"best_epoch": result.best_epoch, "stop_reason": result.stop_reason,
                "train_seconds": round(result.seconds, 2), "epochs": result.history}
     (out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -224,5 +272,5 @@ def write_history(result: FitResult, out_dir: Path, plot: bool = True) -> None:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(flat)
-    if plot and result.history:
-        plot_curves(result.history, out_dir / "curves.png")
+    if plot is not None and result.history:
+        plot(result.history, out_dir / "curves.png")

@@ -16,8 +16,8 @@ def accuracy(predictions: list[int], labels: list[int]) -> float:
     return sum(p == y for p, y in zip(predictions, labels, strict=True)) / len(labels)
 
 
-def macro_f1(predictions: list[int], labels: list[int], num_labels: int) -> float:
-    """Unweighted mean over classes of F1; a class absent from both sides is skipped."""
+def label_f1(predictions: list[int], labels: list[int], num_labels: int) -> dict[int, float]:
+    """F1 of each class present in the predictions or the labels, by class index."""
     tp, fp, fn = [0] * num_labels, [0] * num_labels, [0] * num_labels
     for p, y in zip(predictions, labels, strict=True):
         if p == y:
@@ -25,9 +25,14 @@ def macro_f1(predictions: list[int], labels: list[int], num_labels: int) -> floa
         else:
             fp[p] += 1
             fn[y] += 1
-    scores = [2 * tp[c] / (2 * tp[c] + fp[c] + fn[c]) for c in range(num_labels)
-              if tp[c] + fp[c] + fn[c] > 0]
-    return sum(scores) / len(scores) if scores else 0.0
+    return {c: 2 * tp[c] / (2 * tp[c] + fp[c] + fn[c]) for c in range(num_labels)
+            if tp[c] + fp[c] + fn[c] > 0}
+
+
+def macro_f1(predictions: list[int], labels: list[int], num_labels: int) -> float:
+    """Unweighted mean over classes of F1; a class absent from both sides is skipped."""
+    scores = label_f1(predictions, labels, num_labels)
+    return sum(scores.values()) / len(scores) if scores else 0.0
 
 
 def translation_metrics(hypotheses: list[str], references: list[str]) -> dict[str, float]:

@@ -19,6 +19,14 @@ def epoch_figure(panels: int, width: float, height: float = 3.6) -> tuple[Any, A
     return plt, fig, axes
 
 
+def plot_keys(ax: Any, history: list[dict[str, Any]], keys: tuple[str, ...],
+              marker: str = "o") -> None:
+    """One line per key of the metrics rows over their epochs, labelled with the key."""
+    epochs = [row["epoch"] for row in history]
+    for key in keys:
+        ax.plot(epochs, [row.get(key) for row in history], marker=marker, label=key)
+
+
 def save_epoch_figure(plt: Any, fig: Any, axes: Any, path: str | Path,
                       legend: bool = False, fontsize: int = 7) -> None:
     """Label every chart's x axis (epochs), add legends where asked, write the PNG."""
@@ -36,8 +44,7 @@ def plot_curves(history: list[dict[str, Any]], path: str | Path) -> None:
     norms per epoch, from the rows of metrics.json."""
     plt, fig, axes = epoch_figure(3, 15, 4)
     epochs = [row["epoch"] for row in history]
-    for key in ("train_loss", "valid_loss"):
-        axes[0].plot(epochs, [row.get(key) for row in history], marker="o", label=key)
+    plot_keys(axes[0], history, ("train_loss", "valid_loss"))
     axes[0].set_title("loss")
     for key in QUALITY_KEYS:
         values = [row.get(f"valid_{key}") for row in history]

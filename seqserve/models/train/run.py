@@ -12,7 +12,6 @@ metrics.csv, curves.png, test_metrics.json, DONE last) and returns the test metr
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +39,14 @@ from seqserve.models.nn.translator import Translator
 from seqserve.models.text.tokenizer import Tokenizer, train_tokenizer
 from seqserve.models.train.batches import EncodedExample, encode_classification, encode_translation
 from seqserve.models.train.evaluate import evaluate_classifier, evaluate_translator
-from seqserve.models.train.loop import FitResult, TaskSpec, fit
+from seqserve.models.train.loop import (
+    FitResult,
+    TaskSpec,
+    example_task,
+    fit,
+    gradient_monitor,
+    seed_everything,
+)
 from seqserve.models.train.tagger import collate_tagging, encode_tagging, evaluate_tagger
 
 DEMO_CLASSIFIER: dict[str, Any] = {
@@ -103,8 +109,8 @@ def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
             raise DataError("a language model trains on a text corpus, not a labelled Dataset")
         return run_lm_training(str(data), out_dir, model_overrides, train_overrides, progress,
                                data_seed)
-    cfg = _resolve(TrainConfig, train_overrides or {})
-    _seed_everything(cfg.seed, cfg.num_threads)
+    cfg = TrainConfig.from_overrides(train_overrides, "training")
+    seed_everything(cfg)
     ds = data if isinstance(data, Dataset) else load_dataset(data, size=data_size, seed=data_seed)
     if ds.task != _TASK_DATA[task]:
         raise DataError(f"{ds.name} is a {ds.task} dataset; a {task} needs "
@@ -129,27 +135,15 @@ def run_training(task: str, data: str | Path | Dataset, out_dir: str | Path,
               "parameters": sum(p.numel() for p in model.parameters())}
     (out / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     valid = _limit(splits["valid"], cfg.max_eval_examples)
-    spec = _task_spec(model, valid, ds, tok, cfg)
-    result = fit(model, spec, splits["train"][0], cfg, out, progress)
+    spec = _task_spec(model, splits["train"][0], valid, ds, tok, cfg,
+                      gradient_monitor(model, cfg, out, progress))
+    result = fit(model, spec, cfg, out, progress)
     load_checkpoint(model, out / CHECKPOINT)
     test_metrics = _test(model, splits["test"], ds.splits["test"], tok, cfg, result, started,
                          ds.labels)
     (out / "test_metrics.json").write_text(json.dumps(test_metrics, indent=2) + "\n")
     (out / "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     return test_metrics
-
-
-def _resolve(cls: type[TrainConfig], overrides: dict[str, Any]) -> TrainConfig:
-    try:
-        return cls.from_dict({**cls().to_dict(), **overrides})
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"bad training option: {exc}") from exc
-
-
-def _seed_everything(seed: int, threads: int) -> None:
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    random.seed(seed)
 
 
 def _build(model_cfg: ModelConfig, cfg: TrainConfig) -> Model:
@@ -187,19 +181,13 @@ def _model_config(task: str, overrides: dict[str, Any], tok: Tokenizer,
                   ds: Dataset) -> ModelConfig:
     """Defaults + overrides, with vocab (and labels) taken from the tokenizer and data."""
     fixed: dict[str, Any] = {"vocab_size": tok.vocab_size, "pad_id": tok.pad_id}
-    try:
-        if task == "classifier":
-            fixed["num_labels"] = len(ds.labels)
-            return ClassifierConfig.from_dict({**ClassifierConfig().to_dict(), **overrides,
-                                               **fixed})
-        if task == "tagger":
-            fixed["num_labels"] = len(ds.labels)
-            return TaggerConfig.from_dict({**TaggerConfig().to_dict(), **overrides, **fixed})
+    if task == "translator":
         fixed.update(bos_id=tok.bos_id, eos_id=tok.eos_id)
-        return TranslatorConfig.from_dict({**TranslatorConfig().to_dict(),
-                                           **translator_overrides(overrides), **fixed})
-    except (ValueError, TypeError) as exc:
-        raise UserError(f"bad model option: {exc}") from exc
+        return TranslatorConfig.from_overrides({**translator_overrides(overrides), **fixed},
+                                               "model")
+    fixed["num_labels"] = len(ds.labels)
+    family = ClassifierConfig if task == "classifier" else TaggerConfig
+    return family.from_overrides({**overrides, **fixed}, "model")
 
 
 Split = tuple[list[EncodedExample], list[str]]
@@ -230,24 +218,26 @@ def _limit(split: Split, n: int) -> Split:
     return (split[0][:n], split[1][:n]) if n else split
 
 
-def _task_spec(model: Model, valid: Split, ds: Dataset, tok: Tokenizer,
-               cfg: TrainConfig) -> TaskSpec:
+def _task_spec(model: Model, train: list[EncodedExample], valid: Split, ds: Dataset,
+               tok: Tokenizer, cfg: TrainConfig,
+               monitor: Callable[[int], object] | None) -> TaskSpec:
     if isinstance(model, Tagger):
         tagger = model
-        return TaskSpec("tagger", _tagger_loss(cfg.label_smoothing),
-                        lambda m: evaluate_tagger(tagger, valid[0], cfg.eval_batch_size,
-                                                  ds.labels),
-                        ("token_accuracy", "macro_f1"), (0, 0, model.config.pad_id),
-                        collate_tagging)
+        return example_task("tagger", _tagger_loss(cfg.label_smoothing),
+                            lambda m: evaluate_tagger(tagger, valid[0], cfg.eval_batch_size,
+                                                      ds.labels),
+                            ("token_accuracy", "macro_f1"), train, cfg,
+                            (0, 0, model.config.pad_id), collate_tagging, monitor)
     if isinstance(model, Classifier):
-        return TaskSpec("classifier", _classifier_loss(cfg.label_smoothing),
-                        lambda m: evaluate_classifier(model, valid[0], cfg.eval_batch_size),
-                        ("accuracy", "macro_f1"))
+        return example_task("classifier", _classifier_loss(cfg.label_smoothing),
+                            lambda m: evaluate_classifier(model, valid[0], cfg.eval_batch_size),
+                            ("accuracy", "macro_f1"), train, cfg, monitor=monitor)
     mc = model.config
-    return TaskSpec("translator", _translator_loss(cfg.label_smoothing),
-                    lambda m: evaluate_translator(model, valid[0], valid[1], tok,
-                                                  cfg.eval_batch_size),
-                    ("exact_match", "chrf"), (mc.bos_id, mc.eos_id, mc.pad_id))
+    return example_task("translator", _translator_loss(cfg.label_smoothing),
+                        lambda m: evaluate_translator(model, valid[0], valid[1], tok,
+                                                      cfg.eval_batch_size),
+                        ("exact_match", "chrf"), train, cfg, (mc.bos_id, mc.eos_id, mc.pad_id),
+                        monitor=monitor)
 
 
 def _classifier_loss(smoothing: float) -> LossFn:

@@ -18,6 +18,7 @@ from seqserve.models.nn.tagger import IGNORE_INDEX, Tagger
 from seqserve.models.text.tokenizer import Tokenizer
 from seqserve.models.text.word_align import piece_labels
 from seqserve.models.train.batches import EncodedExample, pad, sorted_batches
+from seqserve.models.train.metrics import label_f1
 
 
 def encode_tagging(rows: Sequence[dict[str, Any]], tok: Tokenizer, labels: list[str],
@@ -47,16 +48,7 @@ def collate_tagging(batch: Sequence[EncodedExample], bos_id: int = 2, eos_id: in
 def label_scores(predictions: list[int], gold: list[int],
                  labels: Sequence[str]) -> dict[str, float]:
     """Per-label F1 (labels present in gold or predictions) and their unweighted mean."""
-    n = len(labels)
-    tp, fp, fn = [0] * n, [0] * n, [0] * n
-    for p, y in zip(predictions, gold, strict=True):
-        if p == y:
-            tp[y] += 1
-        else:
-            fp[p] += 1
-            fn[y] += 1
-    per = {labels[c]: 2 * tp[c] / (2 * tp[c] + fp[c] + fn[c]) for c in range(n)
-           if tp[c] + fp[c] + fn[c]}
+    per = {labels[c]: f1 for c, f1 in label_f1(predictions, gold, len(labels)).items()}
     return {**{f"f1/{k}": v for k, v in per.items()},
             "macro_f1": sum(per.values()) / len(per) if per else 0.0}
 

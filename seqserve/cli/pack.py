@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 NAME = "pack"
@@ -31,20 +32,34 @@ then. Versions are never overwritten. Worked examples: examples/ and the README'
 """
 
 
+SPECIALS = ("pad", "unk", "bos", "eos")
+
+
 def _specials(p: argparse.ArgumentParser, prefix: str = "", whose: str = "the tokenizer"
               ) -> None:
-    for name in ("pad", "unk", "bos", "eos"):
+    for name in SPECIALS:
         p.add_argument(f"--{prefix}{name}-token", default=None, metavar="TOKEN|ID",
                        help=f"{whose}'s {name} token, a token or an id (default: read from its "
                        "special tokens by name)")
 
 
-def _common(p: argparse.ArgumentParser, whose: str = "the tokenizer") -> None:
+def _files(p: argparse.ArgumentParser, *rows: tuple[str, bool, str]) -> None:
+    """File arguments, one (flag, required, help) row each."""
+    for flag, required, text in rows:
+        p.add_argument(flag, type=Path, required=required, default=None, help=text)
+
+
+def _target(p: argparse.ArgumentParser) -> None:
+    """Where the bundle goes: --repo, --name, --version."""
     p.add_argument("--repo", type=Path, default=Path("model_repository"),
                    help="model repository folder (default: model_repository)")
     p.add_argument("--name", required=True, help="model name (folder under --repo)")
     p.add_argument("--version", type=int, default=None,
                    help="version number (default: the next free integer; never overwrites)")
+
+
+def _common(p: argparse.ArgumentParser, whose: str = "the tokenizer") -> None:
+    _target(p)
     p.add_argument("--max-tokens", type=int, default=128,
                    help="longest input in tokens the bundle accepts (default: 128; the "
                    "batch-invariance check runs up to it)")
@@ -52,14 +67,13 @@ def _common(p: argparse.ArgumentParser, whose: str = "the tokenizer") -> None:
 
 
 def _rows(p: argparse.ArgumentParser, task: str) -> None:
-    p.add_argument("--onnx", type=Path, required=True,
-                   help="the ONNX graph (either PyTorch exporter; *.onnx.data external "
-                   "weights beside it are read in)")
-    p.add_argument("--torchscript", type=Path, default=None,
-                   help="optional TorchScript twin of the same model (same inputs; enables "
-                   "--runtime torchscript and a parity check)")
-    p.add_argument("--tokenizer", type=Path, required=True,
-                   help="tokenizer.json (Hugging Face tokenizers) or a SentencePiece .model")
+    _files(p, ("--onnx", True, "the ONNX graph (either PyTorch exporter; *.onnx.data external "
+                               "weights beside it are read in)"),
+           ("--torchscript", False, "optional TorchScript twin of the same model (same "
+                                    "inputs; enables --runtime torchscript and a parity "
+                                    "check)"),
+           ("--tokenizer", True, "tokenizer.json (Hugging Face tokenizers) or a "
+                                 "SentencePiece .model"))
     p.add_argument("--labels", required=True,
                    help="label file (one label per line, in logit order) or a,b,c")
     p.add_argument("--input-names", default=None, metavar="IDS,LENGTHS",
@@ -76,11 +90,10 @@ def _rows(p: argparse.ArgumentParser, task: str) -> None:
 
 
 def _series(p: argparse.ArgumentParser, task: str) -> None:
-    p.add_argument("--onnx", type=Path, required=True,
-                   help="the ONNX graph (features, lengths[, state tensors...]) -> (outputs[, "
-                   "new state tensors...])")
-    p.add_argument("--torchscript", type=Path, default=None,
-                   help="optional TorchScript twin of the same model (same inputs)")
+    _files(p, ("--onnx", True, "the ONNX graph (features, lengths[, state tensors...]) -> "
+                               "(outputs[, new state tensors...])"),
+           ("--torchscript", False, "optional TorchScript twin of the same model (same "
+                                    "inputs)"))
     p.add_argument("--features", type=int, required=True,
                    help="the width of one time step's feature vector")
     what = p.add_mutually_exclusive_group(required=True)
@@ -104,13 +117,86 @@ def _series(p: argparse.ArgumentParser, task: str) -> None:
     p.add_argument("--output-names", default=None, metavar="OUTPUTS[,NEW_STATE...]",
                    help="the graph's own names of its outputs and, with state inputs, its new "
                    "state tensors in the same order (default: its outputs in order)")
-    p.add_argument("--repo", type=Path, default=Path("model_repository"),
-                   help="model repository folder (default: model_repository)")
-    p.add_argument("--name", required=True, help="model name (folder under --repo)")
-    p.add_argument("--version", type=int, default=None,
-                   help="version number (default: the next free integer; never overwrites)")
+    _target(p)
     p.add_argument("--max-steps", type=int, default=128,
                    help="longest series in steps the bundle accepts (default: 128)")
+
+
+def _translator(p: argparse.ArgumentParser, task: str) -> None:
+    _files(p, ("--encoder", True, "the encoder's ONNX graph"),
+           ("--decoder-step", True, "the decoder step's ONNX graph (state tensors (layers, "
+                                    "rows, hidden) or (rows, hidden))"),
+           ("--encoder-torchscript", False, "optional TorchScript twin of the encoder"),
+           ("--decoder-step-torchscript", False, "optional TorchScript twin of the decoder "
+                                                 "step"),
+           ("--tokenizer", False, "one joint tokenizer for source and target"),
+           ("--source-tokenizer", False, "the source side's tokenizer (with "
+                                         "--target-tokenizer)"),
+           ("--target-tokenizer", False, "the target side's tokenizer: decoder ids, bos and "
+                                         "eos"))
+    p.add_argument("--max-decode-length", type=int, default=128,
+                   help="most tokens generated per text (default: 128)")
+    _common(p, "the source (or joint) tokenizer")
+    _specials(p, "target-", "the --target-tokenizer")
+
+
+def _lm(p: argparse.ArgumentParser, task: str) -> None:
+    _files(p, ("--prefill", True, "the ONNX graph that reads a batch of prompts: token ids "
+                                   "(batch, seq) or (seq, batch) -> logits (batch, seq, vocab), "
+                                   "(seq, batch, vocab) or (seq*batch, vocab) and the state "
+                                   "after the prompt"),
+           ("--step", True, "the ONNX graph that advances one token: ids (rows,), (1, rows) or "
+                            "(rows, 1) and the state tensors ((layers, rows, hidden) or (rows, "
+                            "hidden)) -> logits and the new state tensors (may be the "
+                            "--prefill file)"),
+           ("--tokenizer", True, "tokenizer.json (Hugging Face tokenizers) or a SentencePiece "
+                                 ".model; its vocabulary size must be the model's output size"))
+    for graph in ("prefill", "step"):
+        p.add_argument(f"--{graph}-input-names", default=None, metavar="IDS[,LENGTHS],STATE...",
+                       help=f"the {graph} graph's own input names in the contract's order: "
+                       "token ids, an optional lengths (batch,) int input, then the state "
+                       "tensors in the step's order (an LSTM's h and c are two; default: its "
+                       "inputs in order)")
+        p.add_argument(f"--{graph}-output-names", default=None, metavar="LOGITS,STATE...",
+                       help=f"the {graph} graph's own output names: logits (or log-probs) "
+                       "then the state tensors in the order of the step's state inputs "
+                       "(default: its outputs in order)")
+    p.add_argument("--layout", choices=["auto", "batch-first", "time-major"], default="auto",
+                   help="whether the graphs' 2-D token ids are (batch, seq) or (seq, batch) "
+                   "(nn.LSTM's default); auto: the axis they share with the state tensors' "
+                   "batch dim")
+    _common(p, "the tokenizer (bos starts every prompt, eos ends generation)")
+
+
+SUBCOMMANDS: tuple[tuple[str, str, str, Callable[[argparse.ArgumentParser, str], None]], ...] = (
+    ("classifier", "one label per text",
+     "Pack a classifier: graph(ids, lengths) -> logits [, attention].", _rows),
+    ("tagger", "one label per word",
+     "Pack a tagger: graph(ids, lengths) -> per-token logits (log-softmax and zeros past each "
+     "row's length are appended).", _rows),
+    ("translator", "sequence to sequence (batched beam search)",
+     "Pack a translator: an encoder graph(ids, lengths) -> (memory, state...) and a decoder "
+     "step graph(prev_ids, state..., memory, mask) -> (logits, new state..., [attention]); "
+     "pack appends log-softmax + top-k, gathers memory rows by memory_index and flattens the "
+     "state tensors.", _translator),
+    ("lm", "language model (streamed generation, scoring)",
+     "Pack a language model: a prefill graph(ids[, lengths][, initial state...]) -> (logits, "
+     "state...) and a step graph(ids, state...) -> (logits, new state...) (the same file "
+     "twice for a forward(input, hidden) exported once with dynamic seq and batch axes); pack "
+     "appends log-softmax (logits or log-probs both work), zeros past each row's length, zero "
+     "initial states, and flattens the state tensors. A prefill without a lengths input gets "
+     "one through its LSTM / GRU / RNN nodes (sequence_lens), so its state is each prompt's "
+     "own.", _lm),
+    ("sequence-classifier", "one result per series of feature vectors",
+     "Pack a many-to-one feature-sequence model: graph(features, lengths[, state...]) -> "
+     "outputs (batch, k)[, new state...].", _series),
+    ("sequence-tagger", "one result per step of a series of feature vectors",
+     "Pack a many-to-many feature-sequence model: graph(features, lengths[, state...]) -> "
+     "outputs (batch, time, k)[, new state...] (zeros past each row's length are appended).",
+     _series),
+)
+"""Each task's subcommand: name, one-line help, description, the function adding its
+arguments."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,84 +204,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EPILOG
     sub = parser.add_subparsers(dest="task", metavar="TASK")
     sub.required = True
-    clf = sub.add_parser("classifier", help="one label per text",
-                         description="Pack a classifier: graph(ids, lengths) -> logits "
-                         "[, attention].")
-    _rows(clf, "classifier")
-    tag = sub.add_parser("tagger", help="one label per word",
-                         description="Pack a tagger: graph(ids, lengths) -> per-token logits "
-                         "(log-softmax and zeros past each row's length are appended).")
-    _rows(tag, "tagger")
-    mt = sub.add_parser(
-        "translator", help="sequence to sequence (batched beam search)",
-        description="Pack a translator: an encoder graph(ids, lengths) -> (memory, state...) "
-        "and a decoder step graph(prev_ids, state..., memory, mask) -> (logits, new state..., "
-        "[attention]); pack appends log-softmax + top-k, gathers memory rows by "
-        "memory_index and flattens the state tensors.")
-    mt.add_argument("--encoder", type=Path, required=True, help="the encoder's ONNX graph")
-    mt.add_argument("--decoder-step", type=Path, required=True,
-                    help="the decoder step's ONNX graph (state tensors (layers, rows, hidden) "
-                    "or (rows, hidden))")
-    mt.add_argument("--encoder-torchscript", type=Path, default=None,
-                    help="optional TorchScript twin of the encoder")
-    mt.add_argument("--decoder-step-torchscript", type=Path, default=None,
-                    help="optional TorchScript twin of the decoder step")
-    mt.add_argument("--tokenizer", type=Path, default=None,
-                    help="one joint tokenizer for source and target")
-    mt.add_argument("--source-tokenizer", type=Path, default=None,
-                    help="the source side's tokenizer (with --target-tokenizer)")
-    mt.add_argument("--target-tokenizer", type=Path, default=None,
-                    help="the target side's tokenizer: decoder ids, bos and eos")
-    mt.add_argument("--max-decode-length", type=int, default=128,
-                    help="most tokens generated per text (default: 128)")
-    _common(mt, "the source (or joint) tokenizer")
-    _specials(mt, "target-", "the --target-tokenizer")
-    lm = sub.add_parser(
-        "lm", help="language model (streamed generation, scoring)",
-        description="Pack a language model: a prefill graph(ids[, lengths][, initial "
-        "state...]) -> (logits, state...) and a step graph(ids, state...) -> (logits, new "
-        "state...) (the same file twice for a forward(input, hidden) exported once with "
-        "dynamic seq and batch axes); pack appends log-softmax (logits or log-probs both "
-        "work), zeros past each row's length, zero initial states, and flattens the state "
-        "tensors. A prefill without a lengths input gets one through its LSTM / GRU / RNN "
-        "nodes (sequence_lens), so its state is each prompt's own.")
-    lm.add_argument("--prefill", type=Path, required=True,
-                    help="the ONNX graph that reads a batch of prompts: token ids (batch, seq) "
-                    "or (seq, batch) -> logits (batch, seq, vocab), (seq, batch, vocab) or "
-                    "(seq*batch, vocab) and the state after the prompt")
-    lm.add_argument("--step", type=Path, required=True,
-                    help="the ONNX graph that advances one token: ids (rows,), (1, rows) or "
-                    "(rows, 1) and the state tensors ((layers, rows, hidden) or (rows, "
-                    "hidden)) -> logits and the new state tensors (may be the --prefill file)")
-    lm.add_argument("--tokenizer", type=Path, required=True,
-                    help="tokenizer.json (Hugging Face tokenizers) or a SentencePiece .model; "
-                    "its vocabulary size must be the model's output size")
-    for graph in ("prefill", "step"):
-        lm.add_argument(f"--{graph}-input-names", default=None, metavar="IDS[,LENGTHS],STATE...",
-                        help=f"the {graph} graph's own input names in the contract's order: "
-                        "token ids, an optional lengths (batch,) int input, then the state "
-                        "tensors in the step's order (an LSTM's h and c are two; default: its "
-                        "inputs in order)")
-        lm.add_argument(f"--{graph}-output-names", default=None, metavar="LOGITS,STATE...",
-                        help=f"the {graph} graph's own output names: logits (or log-probs) "
-                        "then the state tensors in the order of the step's state inputs "
-                        "(default: its outputs in order)")
-    lm.add_argument("--layout", choices=["auto", "batch-first", "time-major"], default="auto",
-                    help="whether the graphs' 2-D token ids are (batch, seq) or (seq, batch) "
-                    "(nn.LSTM's default); auto: the axis they share with the state tensors' "
-                    "batch dim")
-    _common(lm, "the tokenizer (bos starts every prompt, eos ends generation)")
-    seq_clf = sub.add_parser(
-        "sequence-classifier", help="one result per series of feature vectors",
-        description="Pack a many-to-one feature-sequence model: graph(features, lengths[, "
-        "state...]) -> outputs (batch, k)[, new state...].")
-    _series(seq_clf, "sequence-classifier")
-    seq_tag = sub.add_parser(
-        "sequence-tagger", help="one result per step of a series of feature vectors",
-        description="Pack a many-to-many feature-sequence model: graph(features, lengths[, "
-        "state...]) -> outputs (batch, time, k)[, new state...] (zeros past each row's length "
-        "are appended).")
-    _series(seq_tag, "sequence-tagger")
+    for task, text, description, add in SUBCOMMANDS:
+        add(sub.add_parser(task, help=text, description=description), task)
+
+
+
+
+def _given_specials(args: argparse.Namespace, prefix: str = "") -> dict[str, str | None]:
+    """{"pad": --pad-token, ...} as given (None: read from the tokenizer by name)."""
+    return {n: getattr(args, f"{prefix}{n}_token") for n in SPECIALS}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -210,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
                           version=args.version, max_steps=args.max_steps)
         return 0
 
-    specials = {n: getattr(args, f"{n}_token") for n in ("pad", "unk", "bos", "eos")}
+    specials = _given_specials(args)
     if args.task == "lm":
         from seqserve.export.pack.files import pack_lm_files
 
@@ -224,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     common = {"repo": args.repo, "name": args.name, "version": args.version,
               "specials": specials, "max_tokens": args.max_tokens}
     if args.task == "translator":
-        target = {n: getattr(args, f"target_{n}_token") for n in ("pad", "unk", "bos", "eos")}
+        target = _given_specials(args, "target_")
         pack_files("translator", encoder=args.encoder, decoder_step=args.decoder_step,
                    target_specials=target,
                    encoder_torchscript=args.encoder_torchscript,

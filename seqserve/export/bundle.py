@@ -22,23 +22,12 @@ from typing import Any
 
 from seqserve.export.contract import GraphSpec
 from seqserve.export.formats import DEFAULT_OPSET, export_onnx, export_torchscript
-from seqserve.export.graphs import GraphDef, graph_defs
-from seqserve.export.manifest import Manifest, TokenizerSpec, hash_files
+from seqserve.export.graphs import GraphDef, graph_defs, rnn_form
+from seqserve.export.manifest import Manifest, TokenizerSpec
 from seqserve.export.parity import ParityGrid, check_parity
-from seqserve.export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
-from seqserve.export.tagger_graphs import rnn_form
-from seqserve.export.writer import (
-    FORMATS,
-    SUFFIX,
-    check_args,
-    created,
-    finish,
-    libraries,
-    say,
-    staged_version,
-    summary,
-)
-from seqserve.models.errors import BundleError, UserError
+from seqserve.export.runners import bundle_runners, torch_threads
+from seqserve.export.writer import FORMATS, SUFFIX, check_args, say, write_bundle
+from seqserve.models.errors import UserError
 
 FORECAST_MAX_STEPS = 256
 """Longest series a forecaster bundle takes per request (weeks for the CO2 demo: ~5 years; the
@@ -57,18 +46,12 @@ def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], na
     is fastest for them, several times faster than two on a busy machine. Raises UserError
     for bad arguments or an existing version, BundleError when a graph check or parity fails.
     """
-    import torch
-
     formats = check_args(name, version, formats)
     if threads < 1:
         raise UserError(f"threads={threads} must be >= 1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         return _export(Path(run_dir), Path(repo), name, version, formats, progress, opset,
                        grid or {})
-    finally:
-        torch.set_num_threads(before)
 
 
 def _export(run: Path, repo: Path, name: str, version: int | None, formats: tuple[str, ...],
@@ -83,18 +66,21 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
         return _export_forecast(run, repo, name, version, formats, progress, opset, grid)
     started = time.perf_counter()
     model, config, tokenizer = load_run(run)
-    with staged_version(repo, name, version) as (version, target, tmp):
+    task = str(config["task"])
+    defs: list[GraphDef] = []
+
+    def build(tmp: Path, version: int, target: Path) -> Manifest:
         say(progress, f"exporting {run} -> {target}")
         shutil.copyfile(run / "tokenizer.model", tmp / "tokenizer.model")
-        task = str(config["task"])
-        defs = graph_defs(task, model, int(config["model"]["vocab_size"]))
+        defs.extend(graph_defs(task, model, int(config["model"]["vocab_size"])))
         graphs = _write_graphs(defs, tmp, formats, opset, progress)
-        parity = _parity(task, defs, graphs, tmp, config, progress, grid)
-        manifest = _manifest(task, name, version, run, config, tokenizer, graphs, parity,
-                             opset if "onnx" in formats else None, tmp)
-        finish(tmp, manifest)
-    summary(progress, target, manifest, started)
-    return target
+        return _manifest(task, name, version, run, config, tokenizer, graphs,
+                         opset if "onnx" in formats else None)
+
+    def check(tmp: Path, manifest: Manifest) -> dict[str, Any]:
+        return _parity(task, defs, manifest, tmp, config, progress, grid)
+
+    return write_bundle(repo, name, version, build, check, progress=progress, started=started)
 
 
 def _run_task(run: Path) -> str | None:
@@ -148,32 +134,20 @@ def _write_graphs(defs: list[GraphDef], out: Path, formats: tuple[str, ...], ops
     return graphs
 
 
-def _parity(task: str, defs: list[GraphDef], graphs: dict[str, GraphSpec], out: Path,
+def _parity(task: str, defs: list[GraphDef], manifest: Manifest, out: Path,
             config: dict[str, Any], progress: bool, grid: dict[str, Any]) -> dict[str, Any]:
-    runners: dict[str, dict[str, Runner]] = {"eager": {}}
-    for gdef in defs:
-        spec = graphs[gdef.name]
-        runners["eager"][gdef.name] = torch_runner(gdef.module, spec)
-        if spec.onnx:
-            runners.setdefault("onnx", {})[gdef.name] = onnx_runner(out / spec.onnx, spec)
-        if spec.torchscript:
-            runners.setdefault("torchscript", {})[gdef.name] = torchscript_runner(
-                out / spec.torchscript, spec)
+    runners = bundle_runners(out, manifest.graphs, {g.name: g.module for g in defs})
     model_cfg = config["model"]
     params = ParityGrid(max_length=int(model_cfg["max_length"]),
                         vocab_size=int(model_cfg["vocab_size"]),
                         pad_id=int(model_cfg.get("pad_id", 0)), **grid)
     say(progress, "checking parity and batch invariance against the eager model")
-    report = check_parity(task, runners, "eager", graphs, params, progress=progress)
-    if not report["passed"]:
-        raise BundleError("parity check failed, nothing was written:\n  "
-                          + "\n  ".join(report["failures"]))
-    return report
+    return check_parity(task, runners, "eager", manifest.graphs, params, progress=progress)
 
 
 def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, Any],
-              tokenizer: Any, graphs: dict[str, GraphSpec], parity: dict[str, Any],
-              opset: int | None, out: Path) -> Manifest:
+              tokenizer: Any, graphs: dict[str, GraphSpec], opset: int | None) -> Manifest:
+    """The run's manifest (the writer adds created, libraries and the files' hashes)."""
     max_length = int(config["model"]["max_length"])
     limits = {"max_tokens": max_length}
     if task == "translator":
@@ -181,14 +155,12 @@ def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, A
     test_metrics = run / "test_metrics.json"
     return Manifest(
         task=task, name=name, version=version,
-        created=created(),
         source_run={"path": str(run.resolve()), "config": config,
                     "test_metrics": json.loads(test_metrics.read_text())
                     if test_metrics.is_file() else {}},
         tokenizer=TokenizerSpec("tokenizer.model", tokenizer.vocab_size, tokenizer.pad_id,
                                 tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id),
         labels=[str(x) for x in config.get("labels") or []],
-        limits=limits, graphs=graphs, opset=opset, parity=parity,
-        libraries=libraries(), files=hash_files(out),
+        limits=limits, graphs=graphs, opset=opset,
         decoder=str(config["model"].get("decoder", "luong")) if task == "translator" else None,
     )

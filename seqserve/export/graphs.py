@@ -1,11 +1,11 @@
-"""The exported graphs: thin wrapper modules around the eager entry points, their signatures
-(names, dtypes, symbolic dims: `export.contract`, docs/bundle-format.md) and example
-inputs to trace them with.
+"""The exported graphs: one thin wrapper module per eager entry point (`EntryGraph`), their
+signatures (names, dtypes, symbolic dims: `export.contract`, docs/bundle-format.md), example
+inputs to trace them with, and which recurrent form each graph uses (`rnn_form`).
 
-Each wrapper calls one entry point of the eager model, so the ONNX graph, its TorchScript
-twin and the eager reference all run the same code. The decoder step passes `k` as an int64
-(1,) tensor straight into `torch.topk`; the tracer records that argument as a value (not a
-constant), so both the ONNX TopK and the TorchScript graph take k at run time.
+Each wrapper calls one entry point of the eager model (`ENTRY_POINTS`), so the ONNX graph,
+its TorchScript twin and the eager reference all run the same code. The decoder step passes
+`k` as an int64 (1,) tensor straight into `torch.topk`; the tracer records that argument as a
+value (not a constant), so both the ONNX TopK and the TorchScript graph take k at run time.
 """
 
 from __future__ import annotations
@@ -23,57 +23,44 @@ from seqserve.export.contract import (
     TAGGER_SPEC,
     GraphSpec,
 )
-from seqserve.export.lm_graphs import LMStepGraph, PrefillGraph, lm_examples
-from seqserve.export.tagger_graphs import TaggerGraph
 
 __all__ = ["CLASSIFIER_SPEC", "DECODER_STEP_SPEC", "ENCODER_SPEC", "SPECS", "TAGGER_SPEC",
-           "ClassifierGraph", "DecoderStepGraph", "EncoderGraph", "GraphDef", "graph_defs"]
+           "ENTRY_POINTS", "EntryGraph", "GraphDef", "graph_defs", "rnn_form"]
 
 # Dims that are fixed by the contract rather than symbolic: `k` is int64 [1].
 FIXED_DIMS: dict[tuple[str, int], int] = {("k", 0): 1}
 
+ENTRY_POINTS = {"classifier": "classify", "tagger": "tag", "encoder": "encode",
+                "decoder_step": "decode_step", "prefill": "prefill", "lm_step": "lm_step"}
+"""Graph -> the eager model's method it exports (signatures: `SPECS`):
 
-class ClassifierGraph(nn.Module):
-    """`Classifier.classify`. Inputs: input_ids (B, T), lengths (B,).
-    Outputs: logits (B, C), attention (B, T)."""
+- classifier `Classifier.classify`: input_ids (B, T), lengths (B,) -> logits (B, C),
+  attention (B, T);
+- tagger `Tagger.tag`: input_ids (B, T), lengths (B,) -> log_probs (B, T, C) (zero on padded
+  positions, so the parity machinery's padded-tail check applies as for the attention);
+- encoder `Translator.encode`: src_ids (B, S), src_lengths (B,) -> memory (B, S, D), src_mask
+  (B, S) bool, state (B, state_dim);
+- decoder_step `Translator.decode_step`, k an int64 (1,) tensor: prev_ids (R,), state
+  (R, state_dim), memory (N, S, D), src_mask (N, S), memory_index (R,), k (1,) -> new_state
+  (R, state_dim), topk_logprobs (R, k), topk_ids (R, k), attention (R, S);
+- prefill `LanguageModel.prefill`: input_ids (B, T), lengths (B,) -> state (B, S),
+  log_probs (B, T, V); lm_step `LanguageModel.lm_step`: prev_ids (R,), state (R, S) ->
+  new_state (R, S), log_probs (R, V)."""
 
-    def __init__(self, model: nn.Module) -> None:
+
+class EntryGraph(nn.Module):
+    """One entry point of the eager model as a graph. Inputs: the graph's contract inputs,
+    positionally. Outputs: the entry point's, always a tuple (a lone tensor becomes a
+    1-tuple, as the TorchScript twin returns every graph's outputs)."""
+
+    def __init__(self, model: nn.Module, graph: str) -> None:
         super().__init__()
         self.model = model
+        self.entry = ENTRY_POINTS[graph]
 
-    def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        return self.model.classify(input_ids, lengths)  # type: ignore[operator,no-any-return]
-
-
-class EncoderGraph(nn.Module):
-    """`Translator.encode`. Inputs: src_ids (B, S), src_lengths (B,).
-    Outputs: memory (B, S, D), src_mask (B, S) bool, state (B, state_dim)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, src_ids: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return self.model.encode(src_ids, src_lengths)  # type: ignore[operator,no-any-return]
-
-
-class DecoderStepGraph(nn.Module):
-    """`Translator.decode_step` with k as an int64 (1,) tensor.
-
-    Inputs:  prev_ids (R,), state (R, state_dim), memory (N, S, D), src_mask (N, S),
-             memory_index (R,), k (1,).
-    Outputs: new_state (R, state_dim), topk_logprobs (R, k), topk_ids (R, k), attention (R, S).
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, prev_ids: Tensor, state: Tensor, memory: Tensor, src_mask: Tensor,
-                memory_index: Tensor, k: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return self.model.decode_step(  # type: ignore[operator,no-any-return]
-            prev_ids, state, memory, src_mask, memory_index, k
-        )
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
+        out = getattr(self.model, self.entry)(*inputs)
+        return tuple(out) if isinstance(out, tuple | list) else (out,)
 
 
 @dataclass(frozen=True)
@@ -92,7 +79,7 @@ class GraphDef:
         return SPECS[self.name]
 
 
-def _example_lengths(batch: int, seq: int) -> Tensor:
+def example_lengths(batch: int, seq: int) -> Tensor:
     """Distinct lengths <= seq with the longest equal to seq: (B,) int64."""
     return torch.tensor([max(1, seq - 2 * i) for i in range(batch)], dtype=torch.int64)
 
@@ -103,17 +90,19 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
     model.eval()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab_size, (3, 11), generator=gen)  # (B, T)
-    lengths = _example_lengths(3, 11)  # (B,)
+    lengths = example_lengths(3, 11)  # (B,)
     ids = ids.masked_fill(torch.arange(11).unsqueeze(0) >= lengths.unsqueeze(1), 0)
-    if task == "classifier":
-        return [GraphDef("classifier", ClassifierGraph(model).eval(), (ids, lengths))]
-    if task == "tagger":
-        return [GraphDef("tagger", TaggerGraph(model).eval(), (ids, lengths))]
+    if task in ("classifier", "tagger"):
+        return [GraphDef(task, EntryGraph(model, task).eval(), (ids, lengths))]
     if task == "lm":
-        prefill, step = lm_examples(model, ids, lengths, vocab_size)
-        return [GraphDef("prefill", PrefillGraph(model).eval(), prefill),
-                GraphDef("lm_step", LMStepGraph(model).eval(), step)]
-    encoder = EncoderGraph(model).eval()
+        with torch.no_grad():
+            state, _ = model.prefill(ids, lengths)  # type: ignore[operator]  # (B, S)
+        index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)  # (R,) rows != batch
+        prev = torch.randint(4, vocab_size, (5,), generator=torch.Generator().manual_seed(1))
+        return [GraphDef("prefill", EntryGraph(model, "prefill").eval(), (ids, lengths)),
+                GraphDef("lm_step", EntryGraph(model, "lm_step").eval(),
+                         (prev, state[index]))]  # (R,), (R, S)
+    encoder = EntryGraph(model, "encoder").eval()
     with torch.no_grad():
         memory, src_mask, state = encoder(ids, lengths)  # (N, S, D), (N, S), (N, state_dim)
     memory_index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)  # (R,)
@@ -122,5 +111,23 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
                     torch.tensor([4], dtype=torch.int64))
     return [
         GraphDef("encoder", encoder, (ids, lengths)),
-        GraphDef("decoder_step", DecoderStepGraph(model).eval(), step_example),
+        GraphDef("decoder_step", EntryGraph(model, "decoder_step").eval(), step_example),
     ]
+
+
+def rnn_form(graph: str, model: nn.Module) -> str:
+    """The form of a graph's recurrent layers for the manifest: "native" (ONNX LSTM/GRU/RNN
+    operators; the translator's decoder step runs its native decoder cell only), "loop" (the
+    LSTM variants of models/nn/lstm_variants.py and the language model's prefill: an ONNX
+    Loop of standard operators; TorchScript keeps the scripted loop) or "cell" (the language
+    model's lm_step: one step of the cell equations, models/nn/lm.py). Every other graph runs
+    the model's padding-safe encoder, whose layers name their form."""
+    if graph == "decoder_step":
+        return "native"
+    if graph == "lm_step":
+        return "cell"
+    for module in model.modules():
+        form = getattr(module, "rnn_form", None)
+        if isinstance(form, str):
+            return form
+    return "native"

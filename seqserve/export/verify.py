@@ -4,41 +4,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from seqserve.export.manifest import Manifest, load_bundle
 from seqserve.models.errors import BundleError
-
-
-def _runners(root: Path, manifest: Manifest) -> dict[str, dict[str, Any]]:
-    from seqserve.export.runners import onnx_runner, torchscript_runner
-
-    runners: dict[str, dict[str, Any]] = {}
-    for name, spec in manifest.graphs.items():
-        try:
-            if spec.onnx:
-                runners.setdefault("onnx", {})[name] = onnx_runner(root / spec.onnx, spec)
-            if spec.torchscript:
-                runners.setdefault("torchscript", {})[name] = torchscript_runner(
-                    root / spec.torchscript, spec)
-        except Exception as exc:  # a corrupt-but-rehashed file fails to load
-            raise BundleError(f"{root}: graph {name} does not load: {exc}") from exc
-    return runners
-
-
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _vocab_size(manifest: Manifest) -> int:
@@ -102,8 +72,9 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
     if not parity:
         return report
     from seqserve.export.parity import ParityGrid, check_parity
+    from seqserve.export.runners import bundle_runners, torch_threads
 
-    runners = _runners(root, manifest)
+    runners = bundle_runners(root, manifest.graphs)
     reference = "torchscript" if "torchscript" in runners else "onnx"
     if manifest.has_tokenizer:
         params = ParityGrid(  # the contract's bounds, not whatever the manifest says
@@ -114,7 +85,7 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
         )
     else:
         params = series_grid(manifest, grid or {})
-    with _torch_threads(1):  # many small runs: one thread is fastest, even on an idle box
+    with torch_threads(1):  # many small runs: one thread is fastest, even on an idle box
         result = check_parity(manifest.task, runners, reference, manifest.graphs, params,
                               progress=progress)
     report["parity"] = result

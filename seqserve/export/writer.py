@@ -1,27 +1,37 @@
 """The one bundle writer: how `seqserve export` (export/bundle.py) and `seqserve pack`
-(export/pack/bundle.py) put a bundle folder on disk.
+(export/pack/bundle.py) put a bundle folder on disk (`write_bundle`).
 
 A bundle is written into a hidden temporary folder beside its version folder
-(`staged_version`), its manifest is written last and read back verified (`finish`: schema,
-declared signatures, every file's hash), its parity report recorded the same way
-(`record_parity`), and only then is the folder renamed to its version number, atomically: a
-half-written bundle never appears under a version name, and a version is never overwritten.
+(`staged_version`); the caller writes its files there (graphs, tokenizers) and names them in
+a manifest; the writer stamps that manifest (created, libraries, every file's sha256), writes
+it last and reads it back verified (schema, declared signatures, every file's hash), runs the
+caller's checks (signatures as ONNX Runtime sees them, parity, batch invariance) and records
+their parity report the same way; only then is the folder renamed to its version number,
+atomically: a half-written bundle never appears under a version name, and a version is never
+overwritten.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from seqserve.export.manifest import Manifest, load_bundle, next_version, write_manifest
+from seqserve.export.manifest import (
+    Manifest,
+    hash_files,
+    load_bundle,
+    next_version,
+    write_manifest,
+)
 from seqserve.models.errors import BundleError, UserError
 
 FORMATS = ("onnx", "torchscript")
@@ -47,12 +57,12 @@ def say(progress: bool, text: str) -> None:
         print(f"== {text}", flush=True)
 
 
-def created() -> str:
+def _created() -> str:
     """The manifest's `created` stamp: now, UTC, to the second."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def libraries() -> dict[str, str]:
+def _libraries() -> dict[str, str]:
     """The library versions a bundle was written with (the manifest's `libraries`)."""
     import onnx
     import onnxruntime
@@ -94,26 +104,48 @@ def _publish(tmp: Path, target: Path) -> None:
     os.chmod(target, 0o755)
 
 
-def finish(tmp: Path, manifest: Manifest, require_checksum: bool = False) -> Manifest:
+Build = Callable[[Path, int, Path], Manifest]
+"""(tmp, version, target) -> the manifest of the files it wrote into tmp (no hashes yet)."""
+Check = Callable[[Path, Manifest], dict[str, Any]]
+"""(tmp, manifest as read back) -> the parity report of the written graphs."""
+
+
+def write_bundle(repo: str | os.PathLike[str], name: str, version: int | None, build: Build,
+                 check: Check, *, progress: bool, started: float | None = None,
+                 explain: Callable[[dict[str, Any]], str] | None = None) -> Path:
+    """Write bundle `repo/name/version` (None: the next free version) and return its path
+    (module doc): `build` writes the files, `check` returns the parity report (a failed one
+    refuses the bundle with `explain(report)`, or its failures listed). `started`: when the
+    work began, for the summary printed with `progress`."""
+    started = time.perf_counter() if started is None else started
+    with staged_version(repo, name, version) as (version, target, tmp):
+        manifest = dataclasses.replace(build(tmp, version, target), created=_created(),
+                                       libraries=_libraries(), files=hash_files(tmp))
+        manifest = _finish(tmp, manifest)
+        manifest = _record_parity(tmp, manifest, check(tmp, manifest), explain)
+    _summary(progress, target, manifest, started)
+    return target
+
+
+def _finish(tmp: Path, manifest: Manifest) -> Manifest:
     """Write the manifest last and read the folder back verified (schema, declared
-    signatures, hashes): the manifest as a server would load it."""
+    signatures, hashes, its own checksum): the manifest as a server would load it."""
     write_manifest(tmp, manifest)
-    return load_bundle(tmp, verify=True, require_checksum=require_checksum)
+    return load_bundle(tmp, verify=True, require_checksum=True)
 
 
-def record_parity(tmp: Path, manifest: Manifest, report: dict[str, Any],
-                  explain: Any = None) -> Manifest:
+def _record_parity(tmp: Path, manifest: Manifest, report: dict[str, Any],
+                   explain: Callable[[dict[str, Any]], str] | None) -> Manifest:
     """The manifest with its passed parity report, written and read back verified (a
     failed report is a BundleError: `explain(report)`, or its failures listed)."""
     if not report["passed"]:
         raise BundleError(explain(report) if explain is not None else
                           "parity check failed, nothing was written:\n  "
                           + "\n  ".join(report["failures"]))
-    return finish(tmp, Manifest.from_dict({**manifest.to_dict(), "parity": report}),
-                  require_checksum=True)
+    return _finish(tmp, Manifest.from_dict({**manifest.to_dict(), "parity": report}))
 
 
-def summary(progress: bool, target: Path, manifest: Manifest, started: float) -> None:
+def _summary(progress: bool, target: Path, manifest: Manifest, started: float) -> None:
     """The written bundle's summary (files, sizes, parity), when `progress`."""
     if progress:
         from seqserve.export.summary import format_summary

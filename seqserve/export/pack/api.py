@@ -31,6 +31,7 @@ from seqserve.export.pack.bundle import (
     pack_bundle,
     pack_series_bundle,
     parse_labels,
+    series_labels,
 )
 from seqserve.export.pack.torch_wrap import (
     ClassifierWrap,
@@ -42,6 +43,8 @@ from seqserve.export.pack.torch_wrap import (
     StatefulSeriesWrap,
     StepWrap,
     TaggerWrap,
+    example_ids,
+    example_series,
     lm_state_tree,
     lm_time_major,
     series_state_tree,
@@ -52,13 +55,6 @@ from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids
 
 PathLike = str | os.PathLike[str]
-
-
-def _example(vocab: int, batch: int = 3, seq: int = 11) -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(min(1, vocab - 1), vocab, (batch, seq), generator=gen)
-    lengths = torch.tensor([max(1, seq - 2 * i) for i in range(batch)], dtype=torch.int64)
-    return ids.masked_fill(torch.arange(seq)[None] >= lengths[:, None], 0), lengths
 
 
 def _export(module: nn.Module, example: tuple[Tensor, ...], spec: GraphSpec,
@@ -101,7 +97,7 @@ def classifier(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLi
     """Pack a classifier `module(ids (B, T), lengths (B,))` -> logits (B, C) or (logits,
     attention (B, T)) as bundle `repo/name/version` (see module doc)."""
     vocab = special_ids(tokenizer, specials).vocab_size
-    ids, lengths = _example(vocab)
+    ids, lengths = example_ids(vocab)
     module.eval()
     with torch.no_grad():
         out = module(ids, lengths)
@@ -125,7 +121,7 @@ def tagger(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, 
     """Pack a tagger `module(ids (B, T), lengths (B,))` -> logits (B, T, C) (log-probs work
     too: log-softmax is appended either way)."""
     vocab = special_ids(tokenizer, specials).vocab_size
-    ids, lengths = _example(vocab)
+    ids, lengths = example_ids(vocab)
     wrap = TaggerWrap(module.eval()).eval()
     onnx_model, traced = _export(wrap, (ids, lengths), SPECS["tagger"], opset)
     graph = PackedGraph(["log_probs"], onnx_model, traced if torchscript else None, eager=wrap)
@@ -170,7 +166,7 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
                         "one joint tokenizer= give specials=")
     tgt_vocab = (special_ids(target, target_specials) if target is not None
                  else special_ids(source, specials)).vocab_size
-    ids, lengths = _example(src_vocab, batch=3, seq=11)
+    ids, lengths = example_ids(src_vocab, batch=3, seq=11)
     tree = state_tree(encoder, (ids, lengths))
     enc = EncoderWrap(encoder, tree, owner).eval()
     with torch.no_grad():
@@ -221,7 +217,7 @@ def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_reposi
     vocab = special_ids(tokenizer, specials).vocab_size
     module.eval()
     time_major = lm_time_major(module) if batch_first is None else not batch_first
-    ids, lengths = _example(vocab, batch=3, seq=11)
+    ids, lengths = example_ids(vocab, batch=3, seq=11)
     tree = lm_state_tree(module, ids, time_major)
     prefill = LMPrefillWrap(module, tree, time_major).eval()
     rows = LMPrefillRows(module, tree, time_major).eval()
@@ -267,13 +263,6 @@ def _positional(module: nn.Module) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
 
-def _series_example(features: int, batch: int = 3, steps: int = 11) -> tuple[Tensor, Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, steps, features, generator=gen)
-    lengths = torch.tensor([max(1, steps - 2 * i) for i in range(batch)], dtype=torch.int64)
-    return x, lengths
-
-
 def _series(task: str, module: nn.Module, features: int, outputs: int | None,
             labels: Any, normalization: Any, output_scale: Any, repo: PathLike, name: str,
             version: int | None, torchscript: bool, max_steps: int, stateful: bool | None,
@@ -282,15 +271,10 @@ def _series(task: str, module: nn.Module, features: int, outputs: int | None,
     if not isinstance(features, int) or isinstance(features, bool) or features < 1:
         raise UserError(f"features={features!r}: the width of one step's feature vector, an "
                         "integer >= 1")
-    names = parse_labels(labels) if labels is not None else []
-    if names and outputs is not None and outputs != len(names):
-        raise UserError(f"outputs={outputs} but {len(names)} labels: give one of them")
-    if not names and outputs is None:
-        raise UserError("give labels= (a classifying model: one name per output) or outputs= "
-                        "(a regression: how many numbers per series or step)")
+    names = series_labels(labels, outputs, flags=False)
     module.eval()
     tagger = task == "sequence-tagger"
-    x, lengths = _series_example(features)
+    x, lengths = example_series(features)
     count = _positional(module)
     if stateful is None:
         stateful = count > 2

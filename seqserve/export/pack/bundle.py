@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,23 +18,11 @@ from typing import Any
 import numpy as np
 
 from seqserve.export.contract import GRAPHS_BY_TASK, GraphSpec, expected_spec
-from seqserve.export.manifest import (
-    Manifest,
-    TokenizerSpec,
-    hash_files,
-)
+from seqserve.export.manifest import Manifest, TokenizerSpec
 from seqserve.export.parity import ParityGrid, check_parity
-from seqserve.export.runners import Runner, onnx_runner, torch_runner, torchscript_runner
-from seqserve.export.writer import (
-    check_args,
-    created,
-    finish,
-    libraries,
-    record_parity,
-    say,
-    staged_version,
-    summary,
-)
+from seqserve.export.runners import Runner, bundle_runners, torch_threads
+from seqserve.export.verify import check_graph_files, series_grid
+from seqserve.export.writer import Build, check_args, say, write_bundle
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind
 
@@ -89,53 +76,82 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                         "one label per line)")
     if len(set(labels)) != len(labels):
         raise UserError(f"labels {labels} repeat a label")
-    with staged_version(repo, name, version) as (version, target, tmp):
-        started = time.perf_counter()
+    limits = {"max_tokens": int(max_tokens)}
+    if task == "translator":
+        limits["max_decode_length"] = int(max_decode_length)
+        attention = True if attention is None else attention
+
+    def build(tmp: Path, version: int, target: Path) -> Manifest:
         tok = _tokenizer(tmp, Path(tokenizer), "tokenizer", specials)
         target_tok = (None if target_tokenizer is None else
                       _tokenizer(tmp, Path(target_tokenizer), "target_tokenizer",
                                  target_specials))
-        if task == "lm" and (tok.bos_id < 0 or tok.eos_id < 0):
-            what = "bos" if tok.bos_id < 0 else "eos"
-            raise UserError(f"the tokenizer has no {what} token by any usual name: a language "
-                            "model reads every prompt after bos and stops generating at eos; "
-                            f"name it with --{what}-token (Python: specials={{'{what}': ...}}), "
-                            "a token or an id (bos and eos may be the same token, a document "
-                            "separator such as <eos> or <|endoftext|>)")
-        if task == "translator":
-            side = target_tok or tok
-            if side.bos_id < 0 or side.eos_id < 0:
-                what = "bos" if side.bos_id < 0 else "eos"
-                flag = (f"--target-{what}-token (Python: target_specials={{'{what}': ...}})"
-                        if target_tok is not None else
-                        f"--{what}-token (Python: specials={{'{what}': ...}})")
-                raise UserError(f"the target tokenizer has no {what} token by any usual name: "
-                                f"name it with {flag}, a token or an id")
-        specs = _write_graphs(tmp, graphs)
-        if opset is None:
-            opset = next((max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))
-                          for g in graphs.values() if g.onnx is not None), None)
-        limits = {"max_tokens": int(max_tokens)}
-        if task == "translator":
-            limits["max_decode_length"] = int(max_decode_length)
-        if task == "translator" and attention is None:
-            attention = True
-        manifest = Manifest(
-            task=task, name=name, version=version,
-            created=created(), tokenizer=tok,
-            target_tokenizer=target_tok, labels=labels, limits=limits, graphs=specs,
-            opset=opset, libraries=libraries(), files=hash_files(tmp),
-            attention=attention, source=dict(source or {"packed_by": "seqserve pack"}))
-        manifest = finish(tmp, manifest, require_checksum=True)  # schema + declared
-        from seqserve.export.verify import check_graph_files
+        _check_bos_eos(task, tok, target_tok)
+        return Manifest(task=task, name=name, version=version, tokenizer=tok,
+                        target_tokenizer=target_tok, labels=labels, limits=limits,
+                        graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
+                        attention=attention, source=dict(source or _PACKED_BY))
 
+    return _write(repo, name, version, graphs, build, grid or {}, progress)
+
+
+_PACKED_BY = {"packed_by": "seqserve pack"}
+
+
+def _check_bos_eos(task: str, tok: TokenizerSpec, target_tok: TokenizerSpec | None) -> None:
+    """A language model needs bos and eos in its tokenizer; a translator in its target's."""
+    if task == "lm" and (tok.bos_id < 0 or tok.eos_id < 0):
+        what = "bos" if tok.bos_id < 0 else "eos"
+        raise UserError(f"the tokenizer has no {what} token by any usual name: a language "
+                        "model reads every prompt after bos and stops generating at eos; "
+                        f"name it with --{what}-token (Python: specials={{'{what}': ...}}), "
+                        "a token or an id (bos and eos may be the same token, a document "
+                        "separator such as <eos> or <|endoftext|>)")
+    if task == "translator":
+        side = target_tok or tok
+        if side.bos_id < 0 or side.eos_id < 0:
+            what = "bos" if side.bos_id < 0 else "eos"
+            flag = (f"--target-{what}-token (Python: target_specials={{'{what}': ...}})"
+                    if target_tok is not None else
+                    f"--{what}-token (Python: specials={{'{what}': ...}})")
+            raise UserError(f"the target tokenizer has no {what} token by any usual name: "
+                            f"name it with {flag}, a token or an id")
+
+
+def _opset(opset: int | None, graphs: dict[str, PackedGraph]) -> int | None:
+    """The given opset, else the first ONNX graph's (its default domain's import)."""
+    if opset is not None:
+        return opset
+    return next((max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))
+                 for g in graphs.values() if g.onnx is not None), None)
+
+
+def _write(repo: str | os.PathLike[str], name: str, version: int | None,
+           graphs: dict[str, PackedGraph], build: Build, grid: dict[str, Any],
+           progress: bool) -> Path:
+    """The bundle written by the one writer, then checked as `seqserve verify` checks it:
+    signatures as ONNX Runtime sees them, sizes against the labels / tokenizer / state,
+    parity with the TorchScript twin or the eager module and batch invariance."""
+
+    def check(tmp: Path, manifest: Manifest) -> dict[str, Any]:
         check_graph_files(tmp, manifest)
-        _check_sizes(task, tmp, manifest, graphs)
-        say(progress, "checking parity and batch invariance on random padded batches")
-        report = _parity(task, tmp, manifest, graphs, grid or {})
-        manifest = record_parity(tmp, manifest, report, explain)
-    summary(progress, target, manifest, started)
-    return target
+        eager = {g: p.eager for g, p in graphs.items() if p.eager is not None}
+        runners = bundle_runners(tmp, manifest.graphs, eager,
+                                 order=("eager", "torchscript", "onnx"))
+        if manifest.has_tokenizer:
+            _check_sizes(manifest, runners)
+            say(progress, "checking parity and batch invariance on random padded batches")
+            params = _grid(manifest, grid)
+        else:
+            _check_series_sizes(manifest, runners)
+            say(progress, "checking parity, batch invariance and chunking on random padded "
+                "series")
+            params = series_grid(manifest, grid)
+        with torch_threads(1):
+            return check_parity(manifest.task, runners, next(iter(runners)), manifest.graphs,
+                                params)
+
+    return write_bundle(repo, name, version, build, check, progress=progress, explain=explain)
 
 
 def parse_stats(value: Any, what: str, size: int) -> dict[str, list[float]] | None:
@@ -190,9 +206,6 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
     sequence-tagger) from its one packed graph (see module doc); returns its path.
     `source_run`: the manifest's {"path", "config", "test_metrics"} of a seqserve training run
     (export_run of a forecaster run); none for a user's own model."""
-    from seqserve.export.contract import GRAPHS_BY_TASK
-    from seqserve.export.verify import check_graph_files, series_grid
-
     check_args(name, version, ["onnx"])
     labels = list(labels or [])
     if len(set(labels)) != len(labels):
@@ -207,53 +220,43 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
         raise UserError(f"features ({features}) and max_steps ({max_steps}) must be >= 1")
     norm = parse_stats(normalization, "normalization", features)
     scale = parse_stats(output_scale, "output_scale", outputs)
-    graph_name = GRAPHS_BY_TASK[task][0]
-    with staged_version(repo, name, version) as (version, target, tmp):
-        started = time.perf_counter()
-        graphs = {graph_name: graph}
-        specs = _write_graphs(tmp, graphs)
-        if opset is None and graph.onnx is not None:
-            opset = max(o.version for o in graph.onnx.opset_import
-                        if o.domain in ("", "ai.onnx"))
-        manifest = Manifest(
-            task=task, name=name, version=version,
-            created=created(), labels=labels,
-            limits={"max_steps": int(max_steps)}, graphs=specs, opset=opset,
-            libraries=libraries(), files=hash_files(tmp),
-            source=dict(source or {"packed_by": "seqserve pack"}), features=int(features),
-            outputs=int(outputs), normalization=norm, output_scale=scale,
-            state_dim=None if state_dim is None else int(state_dim),
-            source_run=dict(source_run or {}))
-        manifest = finish(tmp, manifest, require_checksum=True)  # schema + declared
-        check_graph_files(tmp, manifest)
-        _check_series_sizes(tmp, manifest, graphs)
-        say(progress, "checking parity, batch invariance and chunking on random padded "
-             "series")
-        runners = _runners(task, tmp, manifest, graphs)
-        reference = next(r for r in ("eager", "torchscript", "onnx") if r in runners)
-        import torch
+    graphs = {GRAPHS_BY_TASK[task][0]: graph}
 
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            report = check_parity(task, runners, reference, manifest.graphs,
-                                  series_grid(manifest, grid or {}))
-        finally:
-            torch.set_num_threads(before)
-        manifest = record_parity(tmp, manifest, report, explain)
-    summary(progress, target, manifest, started)
-    return target
+    def build(tmp: Path, version: int, target: Path) -> Manifest:
+        return Manifest(task=task, name=name, version=version, labels=labels,
+                        limits={"max_steps": int(max_steps)},
+                        graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
+                        source=dict(source or _PACKED_BY), features=int(features),
+                        outputs=int(outputs), normalization=norm, output_scale=scale,
+                        state_dim=None if state_dim is None else int(state_dim),
+                        source_run=dict(source_run or {}))
+
+    return _write(repo, name, version, graphs, build, grid or {}, progress)
 
 
-def _check_series_sizes(root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
-                        ) -> None:
+def series_labels(labels: Any, outputs: int | None, flags: bool) -> list[str]:
+    """A feature-sequence model's labels (a classifying model) or none (a regression: then
+    `outputs` is needed), checked against `outputs`; errors name the CLI's flags with
+    `flags`, else the Python API's arguments."""
+    names = parse_labels(labels) if labels is not None else []
+    if not names and outputs is None:
+        raise UserError("give --labels (a classifying model) or --outputs N (a regression)"
+                        if flags else "give labels= (a classifying model: one name per "
+                        "output) or outputs= (a regression: how many numbers per series or "
+                        "step)")
+    if names and outputs is not None and outputs != len(names):
+        raise UserError(f"{'--outputs ' if flags else 'outputs='}{outputs} but {len(names)} "
+                        "labels: give one of them")
+    return names
+
+
+def _check_series_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]]) -> None:
     """The graph's outputs per step or series against the declared outputs (or labels), its
     new_state against state_dim, on a (1, 3, features) series."""
-    runners = _runners(manifest.task, root, manifest, graphs)
-    graph = next(iter(graphs))
+    graph = GRAPHS_BY_TASK[manifest.task][0]
     inputs: dict[str, np.ndarray] = {
         "features": np.zeros((1, 3, manifest.features or 1), np.float32),
-              "lengths": np.array([3], np.int64)}
+        "lengths": np.array([3], np.int64)}
     if manifest.state_dim:
         inputs["state"] = np.zeros((1, manifest.state_dim), np.float32)
     for fmt, run in runners.items():
@@ -309,20 +312,6 @@ def _write_graphs(out: Path, graphs: dict[str, PackedGraph]) -> dict[str, GraphS
     return specs
 
 
-def _runners(task: str, root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
-             ) -> dict[str, dict[str, Runner]]:
-    runners: dict[str, dict[str, Runner]] = {}
-    for graph, spec in manifest.graphs.items():
-        if graphs[graph].eager is not None:
-            runners.setdefault("eager", {})[graph] = torch_runner(graphs[graph].eager, spec)
-        if spec.torchscript:
-            runners.setdefault("torchscript", {})[graph] = torchscript_runner(
-                root / spec.torchscript, spec)
-        if spec.onnx:
-            runners.setdefault("onnx", {})[graph] = onnx_runner(root / spec.onnx, spec)
-    return runners
-
-
 def _first_id(vocab: int) -> int:
     return 1 if vocab > 1 else 0
 
@@ -334,25 +323,9 @@ def _grid(manifest: Manifest, overrides: dict[str, Any]) -> ParityGrid:
                       first_id=_first_id(min(src.vocab_size, tgt.vocab_size)), **overrides)
 
 
-def _parity(task: str, root: Path, manifest: Manifest, graphs: dict[str, PackedGraph],
-            grid: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
-    runners = _runners(task, root, manifest, graphs)
-    reference = next(r for r in ("eager", "torchscript", "onnx") if r in runners)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return check_parity(task, runners, reference, manifest.graphs,
-                            _grid(manifest, grid))
-    finally:
-        torch.set_num_threads(before)
-
-
-def _check_sizes(task: str, root: Path, manifest: Manifest, graphs: dict[str, PackedGraph]
-                 ) -> None:
+def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]]) -> None:
     """The label count against the graph's output; vocabularies against the step's."""
-    runners = _runners(task, root, manifest, graphs)
+    task = manifest.task
     fmt = next(iter(runners))
     first = GRAPHS_BY_TASK[task][0]
     ids = np.full((1, 3), _first_id(manifest.tokenizer.vocab_size), np.int64)

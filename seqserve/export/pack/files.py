@@ -18,6 +18,7 @@ from seqserve.export.pack.bundle import (
     pack_bundle,
     pack_series_bundle,
     parse_labels,
+    series_labels,
 )
 from seqserve.export.pack.onnx_compose import (
     LMGraphNames,
@@ -87,12 +88,6 @@ def _trace(wrap: Any, example: tuple[Any, ...]) -> Any:
         return torch.jit.trace(wrap.eval(), example, check_trace=False)
 
 
-def _example_ids(vocab: int) -> tuple[Any, Any]:
-    from seqserve.export.pack.api import _example
-
-    return _example(vocab)
-
-
 def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | None,
                       features: int, torchscript: PathLike | None = None,
                       labels: Any = None, outputs: int | None = None,
@@ -105,8 +100,12 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
     the contract (`onnx_compose.compose_series`), its TorchScript twin wrapped alike."""
     import torch
 
-    from seqserve.export.pack.api import _series_example
-    from seqserve.export.pack.torch_wrap import SeriesWrap, StatefulSeriesWrap, StateTree
+    from seqserve.export.pack.torch_wrap import (
+        SeriesWrap,
+        StatefulSeriesWrap,
+        StateTree,
+        example_series,
+    )
 
     model = _load(onnx, "--onnx")
     actual = [v.name for v in user_inputs(model)]
@@ -124,7 +123,7 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
     graph = PackedGraph(contract, compose_series(model, ins, outs, layouts, tagger))
     ts = _ts(torchscript)
     if ts is not None:
-        x, lengths = _series_example(features)
+        x, lengths = example_series(features)
         if layouts:
             tree = StateTree(tuple(0 for _ in layouts), tuple(layouts))
             width = sum(lay.width for lay in layouts)
@@ -132,11 +131,7 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
                                        (x, lengths, torch.zeros(x.shape[0], width)))
         else:
             graph.torchscript = _trace(SeriesWrap(ts, tagger), (x, lengths))
-    names = parse_labels(labels) if labels else []
-    if not names and outputs is None:
-        raise UserError("give --labels (a classifying model) or --outputs N (a regression)")
-    if names and outputs is not None and outputs != len(names):
-        raise UserError(f"--outputs {outputs} but {len(names)} labels: give one of them")
+    names = series_labels(labels, outputs, flags=True)
     source: dict[str, Any] = {"packed_by": "seqserve pack", "task": task, "onnx": str(onnx),
                               "torchscript": None if torchscript is None else str(torchscript),
                               "input_names": ins, "output_names": outs,
@@ -191,16 +186,16 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
             mapping = {c: u for c, u in mapping.items() if c != u}
             twin = None
             if ts is not None:
-                from seqserve.export.pack.torch_wrap import ClassifierWrap
+                from seqserve.export.pack.torch_wrap import ClassifierWrap, example_ids
 
-                twin = _trace(ClassifierWrap(ts, len(outs) == 2), _example_ids(vocab))
+                twin = _trace(ClassifierWrap(ts, len(outs) == 2), example_ids(vocab))
             graph = PackedGraph(from_contract, model, twin, mapping)
         else:
             twin = None
             if ts is not None:
-                from seqserve.export.pack.torch_wrap import TaggerWrap
+                from seqserve.export.pack.torch_wrap import TaggerWrap, example_ids
 
-                twin = _trace(TaggerWrap(ts), _example_ids(vocab))
+                twin = _trace(TaggerWrap(ts), example_ids(vocab))
             graph = PackedGraph(["log_probs"], compose_tagger(model, ins, outs[0]), twin)
         return pack_bundle(task, {task: graph}, tokenizer, repo, name,
                            labels=parse_labels(labels or []), specials=specials,
@@ -247,11 +242,11 @@ def _twins(graphs: dict[str, PackedGraph], enc: Any, step: Any, layouts: list[An
            attention: bool, vocab: int) -> None:
     import torch
 
-    from seqserve.export.pack.torch_wrap import EncoderWrap, StateTree, StepWrap
+    from seqserve.export.pack.torch_wrap import EncoderWrap, StateTree, StepWrap, example_ids
 
     tree = StateTree(tuple(0 for _ in layouts), tuple(layouts))
     enc_wrap = EncoderWrap(enc, tree, enc)
-    ids, lengths = _example_ids(vocab)
+    ids, lengths = example_ids(vocab)
     with torch.no_grad():
         memory, mask, state = enc_wrap(ids, lengths)
     index = torch.tensor([0, 0, 1, 2, 2])

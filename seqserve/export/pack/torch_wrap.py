@@ -24,7 +24,7 @@ the nesting so the step gets its state back in the same shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +32,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqserve.export.graphs import example_lengths
 from seqserve.export.pack.onnx_compose import StateLayout
 from seqserve.models.errors import BundleError
+
+
+def example_ids(vocab: int, batch: int = 3, seq: int = 11) -> tuple[Tensor, Tensor]:
+    """Token ids (B, T) in [1, vocab) (padded with 0) and their distinct lengths (B,): the
+    inputs a wrapper is traced and checked with."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(min(1, vocab - 1), vocab, (batch, seq), generator=gen)  # (B, T)
+    lengths = example_lengths(batch, seq)  # (B,)
+    return ids.masked_fill(torch.arange(seq)[None] >= lengths[:, None], 0), lengths
+
+
+def example_series(features: int, batch: int = 3, steps: int = 11) -> tuple[Tensor, Tensor]:
+    """Random float series (B, T, D) and their distinct lengths (B,)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, steps, features, generator=gen)  # (B, T, D)
+    return x, example_lengths(batch, steps)
 
 
 def _first(out: Any) -> Tensor:
@@ -132,15 +149,21 @@ def state_tree(encode: Callable[..., Any], example: tuple[Tensor, Tensor]) -> St
     if not isinstance(a, tuple | list) or len(a) < 2:
         raise BundleError("encode(ids, lengths) must return (memory, state...): the memory "
                           "(batch, src_len, dim) and the decoder's initial state")
-    shape: list[int] = []
+    return _tree(a[1:], b[1:], ids.shape[0])
+
+
+def _tree(items_a: Sequence[Any], items_b: Sequence[Any], batch: int) -> StateTree:
+    """The tree of the state items a module returned at batch size `batch` (`items_a`) and at
+    batch size 2 (`items_b`): each item a tensor (nest 0) or a tuple / list of them (nest: how
+    many), each tensor's layout from where the two batch sizes differ."""
+    nest: list[int] = []
     layouts: list[StateLayout] = []
-    for item_a, item_b in zip(a[1:], b[1:], strict=True):
+    for item_a, item_b in zip(items_a, items_b, strict=True):
         group_a = list(item_a) if isinstance(item_a, tuple | list) else [item_a]
         group_b = list(item_b) if isinstance(item_b, tuple | list) else [item_b]
-        shape.append(len(group_a) if isinstance(item_a, tuple | list) else 0)
-        for ta, tb in zip(group_a, group_b, strict=True):
-            layouts.append(_layout(ta, tb, ids.shape[0]))
-    return StateTree(tuple(shape), tuple(layouts))
+        nest.append(len(group_a) if isinstance(item_a, tuple | list) else 0)
+        layouts += [_layout(ta, tb, batch) for ta, tb in zip(group_a, group_b, strict=True)]
+    return StateTree(tuple(nest), tuple(layouts))
 
 
 def _layout(a: Tensor, b: Tensor, batch: int) -> StateLayout:
@@ -311,15 +334,7 @@ def series_state_tree(module: nn.Module, example: tuple[Tensor, Tensor], count: 
                 got = _shapes(a[1:]) if isinstance(a, tuple | list) else "one tensor"
                 tried.append(f"{shapes} (returned {got})")
                 continue
-            layouts: list[StateLayout] = []
-            nest: list[int] = []
-            for item_a, item_b in zip(a[1:], b[1:], strict=True):
-                group_a = list(item_a) if isinstance(item_a, tuple | list) else [item_a]
-                group_b = list(item_b) if isinstance(item_b, tuple | list) else [item_b]
-                nest.append(len(group_a) if isinstance(item_a, tuple | list) else 0)
-                layouts += [_layout(ta, tb, batch) for ta, tb in
-                            zip(group_a, group_b, strict=True)]
-            return StateTree(tuple(nest), tuple(layouts))
+            return _tree(a[1:], b[1:], batch)
     raise BundleError(
         f"forward(features, lengths, {count} state argument(s)): could not find the state it "
         f"takes (tried {'; '.join(tried) or 'nothing: no nn.LSTM/GRU/RNN inside'}). A stateful "
@@ -342,12 +357,9 @@ def _lm_logits(out: Any, x: Tensor, time_major: bool) -> Tensor:
     return (logits.transpose(0, 1) if time_major else logits).float()
 
 
-class LMPrefillWrap(nn.Module):
-    """(input_ids, lengths) -> (state, log_probs zero past length): the module run once over
-    the padded prompts from a zero state, with its native layers. Exported to ONNX, its
-    recurrent nodes then get the lengths as `sequence_lens`
-    (`onnx_compose.with_sequence_lens`), which makes the state each row's own; run eagerly,
-    the state is the one after the padding (`LMPrefillRows` is the eager reference)."""
+class _LMWrap(nn.Module):
+    """A language model `module(input, hidden)` with the tree of its state tensors and its
+    token layout: what the prefill and step wrappers share."""
 
     def __init__(self, module: nn.Module, tree: StateTree, time_major: bool) -> None:
         super().__init__()
@@ -355,15 +367,27 @@ class LMPrefillWrap(nn.Module):
         self.tree = tree
         self.time_major = time_major
 
+    def _run(self, x: Tensor, state: Tensor) -> tuple[Any, Tensor]:
+        """(the module's output on `x` from the flat `state` (R, S), its new state (R, S))."""
+        out = self.module(x, *self.tree.build(self.tree.unflatten(state)))
+        n = len(self.tree.shape)
+        return out, self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
+
+
+class LMPrefillWrap(_LMWrap):
+    """(input_ids, lengths) -> (state, log_probs zero past length): the module run once over
+    the padded prompts from a zero state, with its native layers. Exported to ONNX, its
+    recurrent nodes then get the lengths as `sequence_lens`
+    (`onnx_compose.with_sequence_lens`), which makes the state each row's own; run eagerly,
+    the state is the one after the padding (`LMPrefillRows` is the eager reference)."""
+
     def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         width = sum(lay.width for lay in self.tree.layouts)
         zeros = (input_ids[:, :1] * 0).float().expand(-1, width)  # (B, S), follows the batch
         x = _lm_input(input_ids, self.time_major)
-        out = self.module(x, *self.tree.build(self.tree.unflatten(zeros)))
+        out, state = self._run(x, zeros)
         lp = F.log_softmax(_lm_logits(out, x, self.time_major), dim=-1)
         mask = length_mask(lengths, input_ids.shape[1]).unsqueeze(-1)
-        n = len(self.tree.shape)
-        state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
         return state, torch.where(mask, lp, torch.zeros_like(lp))
 
 
@@ -381,22 +405,14 @@ class LMPrefillRows(LMPrefillWrap):
         return torch.cat(states), torch.cat(lps)
 
 
-class LMStepWrap(nn.Module):
+class LMStepWrap(_LMWrap):
     """(prev_ids (R,), state (R, S)) -> (new_state, log_probs (R, V)): the module on one
     token per row (its native layers)."""
 
-    def __init__(self, module: nn.Module, tree: StateTree, time_major: bool) -> None:
-        super().__init__()
-        self.module = module
-        self.tree = tree
-        self.time_major = time_major
-
     def forward(self, prev_ids: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         x = prev_ids.unsqueeze(0 if self.time_major else 1)  # (1, R) or (R, 1)
-        out = self.module(x, *self.tree.build(self.tree.unflatten(state)))
+        out, new_state = self._run(x, state)
         logits = _lm_logits(out, x, self.time_major)[:, 0]  # (R, V)
-        n = len(self.tree.shape)
-        new_state = self.tree.flatten(self.tree.leaves(tuple(out[1:1 + n])))
         return new_state, F.log_softmax(logits, dim=-1)
 
 
@@ -446,11 +462,7 @@ def lm_state_tree(module: nn.Module, ids: Tensor, time_major: bool) -> StateTree
                     and _shapes([a[1]]) == _shapes([big])):
                 tried.append(f"{_shapes([big])} (returned {type(a).__name__})")
                 continue
-            group_a = list(a[1]) if isinstance(a[1], tuple | list) else [a[1]]
-            group_b = list(b[1]) if isinstance(b[1], tuple | list) else [b[1]]
-            layouts = [_layout(ta, tb, 3) for ta, tb in zip(group_a, group_b, strict=True)]
-            nest = len(group_a) if isinstance(a[1], tuple | list) else 0
-            return StateTree((nest,), tuple(layouts))
+            return _tree([a[1]], [b[1]], 3)
     raise BundleError(
         "forward(input, hidden) -> (logits, hidden): could not find the hidden state the "
         f"module takes (tried {'; '.join(tried) or 'nothing'}). A language model for "

@@ -72,6 +72,7 @@ async def run(a: argparse.Namespace) -> int:
     from seqserve.service.engine.client import EngineClient
     from seqserve.service.engine.server import EngineServer
     from seqserve.service.server.app import create_app
+    from seqserve.service.server.composition import engine_options
     try:
         from seqserve.service.web.http_protocol import DISCONNECT
     except ImportError:  # an older checkout (A/B runs): no disconnect future
@@ -81,9 +82,9 @@ async def run(a: argparse.Namespace) -> int:
     settings = Settings()
     settings.process_settings().apply()
     logging.getLogger().handlers[0].setStream(open(os.devnull, "w"))  # noqa: SIM115
-    engine = EngineServer(settings.engine_options(), Metrics())
+    engine = EngineServer(engine_options(settings), Metrics())
     await engine.load()
-    classes = {s.name: len(s.manifest["labels"]) for s in engine.states if s.manifest}
+    classes = {s.name: len(s.manifest["labels"]) for s in engine.engine.models() if s.manifest}
 
     class FakeEngine(EngineClient):
         """The real client; its messages are answered in this loop (see the module doc)."""
@@ -95,7 +96,7 @@ async def run(a: argparse.Namespace) -> int:
             p.encoder.encode([msg])  # what the real send encodes (a turn's list; here one)
             if isinstance(msg, p.Hello):
                 reply: Any = p.State(engine.engine.models(),
-                                     settings.engine_options().to_dict(), {})
+                                     engine_options(settings).to_dict(), {})
             elif isinstance(msg, p.SubmitRows):
                 lengths = memoryview(msg.lengths).cast("i").tolist()
                 logits = p.Array("float32", [classes[msg.model]], bytes(4 * classes[msg.model]))

@@ -31,6 +31,7 @@ from seqserve.service.engine.client import EngineClient, _Pending
 from seqserve.service.engine.server import EngineServer
 from seqserve.service.runtimes import load_runtime
 from seqserve.service.scheduling.search import SearchOptions
+from seqserve.service.server.composition import engine_options
 from seqserve.service.web.settings import Settings
 
 CLF, MT = ("tiny-clf", 1), ("tiny-mt", 1)
@@ -42,7 +43,7 @@ WAIT_S = 20.0
 @contextlib.asynccontextmanager
 async def engine_and_client(repo: Path, factory: Any = None,
                             **settings: Any) -> AsyncIterator[tuple[EngineServer, EngineClient]]:
-    options = Settings(repo=repo, warmup=False, **settings).engine_options()
+    options = engine_options(Settings(repo=repo, warmup=False, **settings))
     address = f"ipc://{tempfile.mkdtemp(prefix='sq-')}/engine.sock"
     engine = EngineServer(options, Metrics(), factory)
     await engine.load()

@@ -19,7 +19,7 @@ from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.server import EngineServer
 from seqserve.service.server.app import create_app
-from seqserve.service.server.composition import Composition
+from seqserve.service.server.composition import Composition, engine_options
 from seqserve.service.web.settings import Settings
 from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
@@ -105,7 +105,7 @@ def test_with_an_engine_the_api_side_hashes_nothing(tiny_repo: Path, tmp_path: P
     address = f"ipc://{tempfile.mkdtemp(prefix='sq-')}/engine.sock"
 
     async def scenario() -> None:
-        engine = EngineServer(settings.engine_options(), Metrics())
+        engine = EngineServer(engine_options(settings), Metrics())
         await engine.load()
         stop = asyncio.Event()
         serving = asyncio.create_task(engine.serve(address, stop))
@@ -128,7 +128,7 @@ def test_with_an_engine_the_api_side_hashes_nothing(tiny_repo: Path, tmp_path: P
             assert answer["label"]
             report = api.engine_report()
             assert report["mode"] == "engine process"
-            assert report["options"] == settings.engine_options().to_dict()
+            assert report["options"] == engine_options(settings).to_dict()
         finally:
             stop.set()
             await serving

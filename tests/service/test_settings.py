@@ -69,10 +69,11 @@ def test_admin_config_shows_the_effective_values_and_never_the_key(tiny_repo: Pa
 
 def test_engine_options_come_from_the_settings_and_survive_json() -> None:
     from seqserve.service.engine.options import EngineOptions
+    from seqserve.service.server.composition import engine_options
 
     settings = Settings(max_batch_size=8, max_wait_ms=3.0, drain_timeout_s=7.0,
                         log_format="json", switch_interval_ms=0.25, providers=["A", "B"])
-    options = settings.engine_options()
+    options = engine_options(settings)
     assert EngineOptions.from_json(options.to_json()) == options
     assert (options.max_batch_size, options.max_wait_s, options.drain_timeout_s) == (8, 0.003, 7.0)
     assert options.process == settings.process_settings()
@@ -81,3 +82,21 @@ def test_engine_options_come_from_the_settings_and_survive_json() -> None:
     config = options.model_config(max_tokens=64)
     assert config.batcher.max_batch_size == config.decode.max_admit == 8
     assert config.batcher.queue_size == config.decode.max_queue == settings.queue_size
+
+
+def test_the_layout_counts_are_resolved_in_the_composition_root_not_defaulted() -> None:
+    """`Settings.engine_options` has no fallback for "auto" (each held for one layout only):
+    the composition root resolves instances and decode groups, as `seqserve serve` resolved
+    them, else as the one-process server on one core (the same on every machine)."""
+    from seqserve.service.server.composition import engine_options, resolved
+    from seqserve.service.server.layout import resolve
+
+    with pytest.raises(ValueError, match="resolve them for the layout"):
+        Settings().engine_options()
+    one = resolved(Settings())
+    assert (one.api_workers, one.instances, one.decode_groups) == (0, 1, 2)
+    assert resolved(one) is one
+    served = resolve(Settings(layout="replicated"), available=4)
+    assert resolved(served) is served and engine_options(served).decode_groups == 1
+    given = engine_options(Settings(instances=3, decode_groups=4))
+    assert (given.instances, given.decode_groups) == (3, 4)

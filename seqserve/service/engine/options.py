@@ -1,7 +1,8 @@
 """`EngineOptions`: everything an engine is started with, as plain JSON-able values.
 
-Every value comes from `Settings.engine_options()` (the composition root): nothing here has a
-default of its own that could disagree with the settings. The engine process reads them as
+Every value comes from `Settings.engine_options()`, once the composition root
+(server/composition.py) resolved the layout's counts: nothing here has a default of its own
+that could disagree with the settings. The engine process reads them as
 JSON from SEQSERVE_ENGINE_OPTIONS and nothing else of its environment but the address.
 """
 

@@ -62,7 +62,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     its start-up heap leaves the garbage collector's reach (`core.process.freeze_heap`)."""
     metrics = Metrics()
     composition = Composition(settings, metrics, runtime_factory, engine)
-    state = AppState(settings, metrics, composition.repository)
+    state = AppState(composition.settings, metrics, composition.repository)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

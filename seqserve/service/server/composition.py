@@ -6,6 +6,13 @@
 - the hybrid layout: the bundles that keep sessions in the engine process (it reports which
   in its `Hello` answer), every other one in this process's `LocalEngine`.
 
+The layout's counts are resolved here too (`resolved`): `seqserve serve` resolves every
+"auto" for the machine before it starts a process (`layout.resolve`, printed at start); a
+program that builds its own app with "auto" left (tests, `seqserve translate`,
+deploy/gpu_check.py) gets the one-process server's values on one core (one runtime instance
+per model with one thread, on CUDA two; two decoder groups), the same on every
+machine.
+
 `Composition.start()` connects to the engine process (when there is one) and loads this
 process's bundles, then opens the repository over those engines; `stop(timeout)` drains
 them and closes the connection.
@@ -22,6 +29,8 @@ from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.interface import Engine
 from seqserve.service.engine.loading import RuntimeFactory
 from seqserve.service.engine.local import LocalEngine
+from seqserve.service.engine.options import EngineOptions
+from seqserve.service.server import layout
 from seqserve.service.web.repository import ModelRepository
 from seqserve.service.web.settings import Settings
 
@@ -34,7 +43,8 @@ class Composition:
     def __init__(self, settings: Settings, metrics: Metrics,
                  runtime_factory: RuntimeFactory | None = None,
                  remote: EngineClient | None = None) -> None:
-        self.settings = settings
+        self.settings = settings = resolved(settings)
+        """The settings this process serves with, every count resolved."""
         self.metrics = metrics
         self.runtime_factory = runtime_factory
         self.remote = remote
@@ -70,6 +80,21 @@ class Composition:
         if self.remote is not None:
             await self.remote.close()
         return drained
+
+
+def resolved(settings: Settings) -> Settings:
+    """`settings` with the layout's counts resolved (see the module doc): as they are when
+    `seqserve serve` resolved them, else the one-process server's on one core."""
+    if settings.instances != "auto" and settings.decode_groups != "auto":
+        return settings
+    one = settings.model_copy(update={"api_workers": 0}) if settings.api_workers == "auto" \
+        else settings
+    return layout.resolve(one, available=1)
+
+
+def engine_options(settings: Settings) -> EngineOptions:
+    """The engine options `settings` make once resolved (`resolved`)."""
+    return resolved(settings).engine_options()
 
 
 def _warn_on_difference(expected: dict[str, Any], reported: dict[str, Any]) -> None:

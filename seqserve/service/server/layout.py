@@ -134,7 +134,8 @@ def describe(settings: Settings) -> str:
     """One line for the start-up log: the layout in force."""
     threads = settings.intra_op_threads or "runtime default"
     if settings.api_workers == 0:
-        return (f"one process (API and engine), {settings.instances} instance(s) per model, "
+        return (f"one process (HTTP and every model, no engine process), "
+                f"{settings.instances} instance(s) per model, "
                 f"{threads} intra-op thread(s) each; {cores()} cores")
     if settings.layout in ("replicated", "hybrid"):
         engine = (" (bundles that keep sessions: in 1 engine process, when there are any)"

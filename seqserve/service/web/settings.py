@@ -192,18 +192,22 @@ class Settings(BaseSettings):
         return self
 
     def engine_options(self) -> EngineOptions:
-        """What the engine (a process of its own, or this one) loads and schedules with: the
-        composition root of every engine-side config (none has defaults of its own)."""
+        """What the engine (a process of its own, or this one) loads and schedules with: these
+        settings' values, nothing else (`EngineOptions` has no defaults of its own). The
+        layout's counts must be resolved first (`server.composition.resolved`: "auto" is a
+        ValueError here, not a default that holds for one layout only)."""
+        if self.instances == "auto" or self.decode_groups == "auto":
+            raise ValueError("instances and decode_groups are 'auto': resolve them for the "
+                             "layout first (seqserve.service.server.composition.resolved)")
         return EngineOptions(
             repo=str(self.repo), bundles="sessions" if self.layout == "hybrid" else "all",
-            runtime=self.runtime_spec(),
-            instances=self.instances if isinstance(self.instances, int) else 1,
+            runtime=self.runtime_spec(), instances=self.instances,
             max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
             max_wait_s=self.max_wait_ms / 1000.0,
             batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
             max_live_hypotheses=self.max_live_hypotheses,
-            decode_groups=self.decode_groups if isinstance(self.decode_groups, int) else 2,
+            decode_groups=self.decode_groups,
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
             drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
             session_idle_timeout_s=self.session_idle_timeout_s,

@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, StrictBool
-from starlette.types import Receive, Scope
 
-from seqserve.service.api.common import (
-    ERRORS,
-    TextsRequest,
-    WholeInt,
-    app_state,
-)
-from seqserve.service.api.lifecycle import answer, asgi_call
-from seqserve.service.web.responses import JsonResponse
-from seqserve.service.web.state import AppState
+from seqserve.service.api.common import TextsRequest, WholeInt
+from seqserve.service.api.lifecycle import Route
 from seqserve.service.workers.classifier import ClassifierWorker
-
-router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 
 
 class ClassifyRequest(TextsRequest):
@@ -59,31 +46,10 @@ class ClassifyResponse(BaseModel):
     results: list[Classification]
 
 
-async def classify_answer(state: AppState, scope: Scope, receive: Receive, name: str,
-                         version: str | None, body: ClassifyRequest) -> dict[str, Any]:
-    """The answer (as plain data, the shape of ClassifyResponse) to a validated body: this route's
-    and the hot path's (`seqserve.service.api.hot_path`)."""
-    entry, results = await answer(state, asgi_call(scope, receive, name, version),
-                                  ClassifierWorker, lambda w, ctx: w.classify(
-                                      body.texts, body.top_k, body.return_attention, ctx))
-    return {"model": name, "version": entry.version, "results": results}
-
-
-async def _classify(request: Request, name: str, version: str | None, body: ClassifyRequest
-                    ) -> JsonResponse:
-    return JsonResponse(await classify_answer(app_state(request), request.scope, request.receive,
-                                                   name, version, body))
-
-
-@router.post("/models/{name}/classify", name="classify", response_model=ClassifyResponse)
-async def classify(name: str, body: ClassifyRequest, request: Request) -> JsonResponse:
-    """Classify texts with the default (highest ready) version."""
-    return await _classify(request, name, None, body)
-
-
-@router.post("/models/{name}/versions/{version}/classify", name="classify",
-             response_model=ClassifyResponse)
-async def classify_version(name: str, version: str, body: ClassifyRequest,
-                           request: Request) -> JsonResponse:
-    """Classify texts with one version."""
-    return await _classify(request, name, version, body)
+ROUTES = [Route(
+    "/v1", "classify", "classify", ClassifyRequest, ClassifierWorker,
+    run=lambda w, body, ctx: w.classify(body.texts, body.top_k, body.return_attention, ctx),
+    response_model=ClassifyResponse,
+    doc="Classify texts with the default (highest ready) version.",
+    version_doc="Classify texts with one version.")]
+"""POST /v1/models/{name}[/versions/{v}]/classify (`lifecycle.Route`)."""

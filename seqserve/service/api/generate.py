@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -41,29 +38,23 @@ from seqserve.service.api.common import (
     Text,
     TextsRequest,
     WholeInt,
-    app_state,
     standard_bounds,
 )
 from seqserve.service.api.lifecycle import (
     Call,
     RequestCall,
+    Route,
+    admit,
     answer,
-    asgi_call,
-    http_disconnect,
-    lookup,
-    request_timeout,
-    shed_early,
 )
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.scheduling.generation import GenerateOptions
-from seqserve.service.web.responses import JsonResponse, send_answer, service_error_for
+from seqserve.service.web.responses import send_answer, service_error_for
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.lm import GenerateParams, Generation, LMWorker
-
-router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 
 HARD_MAX_NEW_TOKENS = 4096
 """Schema ceiling of max_new_tokens (settings.max_new_tokens is the live limit)."""
@@ -180,8 +171,9 @@ class ScoreResponse(BaseModel):
     results: list[ScoredText]
 
 
-SSE_DOC = {200: {"description": "JSON, or with `stream: true` server-sent events",
-                 "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+SSE_DOC: dict[int | str, dict[str, Any]] = {200: {
+    "description": "JSON, or with `stream: true` server-sent events",
+    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
 
 def token_timer(state: AppState, name: str) -> Callable[[float, bool], None]:
@@ -220,10 +212,8 @@ def streamed(state: AppState, call: Call, texts: list[str], params: GeneratePara
     """A streamed generation: the lookup, deadline and shedding of the one lifecycle now (a
     refusal is a status), the generation started; `render(generation, version)` makes its
     events, which the returned `EventStream` sends inside the request's one `RequestCall`."""
-    entry, worker = lookup(state, call, LMWorker)
-    timeout = request_timeout(state, call)
+    entry, worker, timeout = admit(state, call, LMWorker)
     context = RequestContext(deadline=time.monotonic() + timeout)
-    shed_early(state, worker.ctx.model, timeout)
     generation = worker.start(texts, params, context, token_timer(state, call.model))
 
     async def events() -> AsyncIterator[bytes]:
@@ -242,25 +232,23 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return f"{head}data: {text}\n\n".encode()
 
 
-class EventStream(Response):
-    """A `text/event-stream` answer fed by an async iterator of ready event bytes; the
+class EventStream:
+    """A `text/event-stream` answer (ASGI) fed by an async iterator of ready event bytes; the
     request's context (`context`: its deadline) lives as long as the stream, inside the one
     `RequestCall` of the lifecycle: counted in flight, and the generation stops as soon as
     the client hangs up."""
 
-    media_type = "text/event-stream"
+    HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
+               (b"content-type", b"text/event-stream; charset=utf-8")]
 
     def __init__(self, state: AppState, call: Call, context: RequestContext,
                  events: AsyncIterator[bytes]) -> None:
-        super().__init__(headers={"cache-control": "no-cache", "x-accel-buffering": "no"})
-        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.state, self.call, self.context, self.events = state, call, context, events
+        self.scope: Scope = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.scope = scope
-        call = dataclasses.replace(self.call, watch=lambda: http_disconnect(receive),
-                                   keep=scope.setdefault("state", {}))
-        async with RequestCall(self.state, call, context=self.context) as context:
+        async with RequestCall(self.state, self.call, context=self.context) as context:
             gone = context.gone
             assert gone is not None
             # The 200 waits for the first events (or the failure): a refusal by the engine
@@ -276,7 +264,7 @@ class EventStream(Response):
                 await send_answer(send, service_error_for(scope, exc))
                 return
             await send({"type": "http.response.start", "status": 200,
-                        "headers": self.raw_headers})
+                        "headers": self.HEADERS})
             producer = asyncio.ensure_future(self._produce(send, head, self.events))
             done, _ = await asyncio.wait({producer, gone},
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -305,14 +293,13 @@ class EventStream(Response):
                         "more_body": True})
 
 
-async def _generate(request: Request, name: str, version: str | None,
-                    body: GenerateRequest) -> Response:
-    state = app_state(request)
-    call = asgi_call(request.scope, request.receive, name, version)
+async def generate_answer(state: AppState, call: Call, body: GenerateRequest
+                          ) -> dict[str, Any] | EventStream:
+    """The JSON answer, or with `stream` the events (module doc)."""
     if not body.stream:
         v, generation = await generated(state, call, body.texts(), body.params())
-        return JsonResponse({"model": name, "version": v, "results": generation.results(),
-                             "usage": generation.usage()})
+        return {"model": call.model, "version": v, "results": generation.results(),
+                "usage": generation.usage()}
 
     async def render(generation: Generation, _: int) -> AsyncIterator[bytes]:
         async for batch in generation.batches():  # events that exist together: one write
@@ -322,42 +309,18 @@ async def _generate(request: Request, name: str, version: str | None,
     return streamed(state, call, body.texts(), body.params(), render)
 
 
-@router.post("/models/{name}/generate", name="generate", response_model=GenerateResponse,
-             responses=SSE_DOC)  # type: ignore[arg-type]
-async def generate(name: str, body: GenerateRequest, request: Request) -> Response:
-    """Generate text from prompts with the default version: sampling (temperature, top-k,
-    top-p, seed) or greedy, n samples per prompt, stop strings, optional log-probs, as JSON
-    or streamed as server-sent events."""
-    return await _generate(request, name, None, body)
-
-
-@router.post("/models/{name}/versions/{version}/generate", name="generate",
-             response_model=GenerateResponse, responses=SSE_DOC)  # type: ignore[arg-type]
-async def generate_version(name: str, version: str, body: GenerateRequest,
-                           request: Request) -> Response:
-    """Generate text with one version."""
-    return await _generate(request, name, version, body)
-
-
-async def score_answer(state: AppState, scope: Scope, receive: Receive, name: str,
-                       version: str | None, body: ScoreRequest) -> dict[str, Any]:
-    entry, results = await answer(state, asgi_call(scope, receive, name, version), LMWorker,
-                                  lambda w, ctx: w.score(body.texts, ctx))
-    return {"model": name, "version": entry.version, "results": results}
-
-
-@router.post("/models/{name}/score", name="score", response_model=ScoreResponse)
-async def score(name: str, body: ScoreRequest, request: Request) -> JsonResponse:
-    """Score texts with the default version: each token's log-probability given the text
-    before it, and each text's perplexity (one batched prefill, no decoding)."""
-    return JsonResponse(await score_answer(app_state(request), request.scope, request.receive,
-                                           name, None, body))
-
-
-@router.post("/models/{name}/versions/{version}/score", name="score",
-             response_model=ScoreResponse)
-async def score_version(name: str, version: str, body: ScoreRequest,
-                        request: Request) -> JsonResponse:
-    """Score texts with one version."""
-    return JsonResponse(await score_answer(app_state(request), request.scope, request.receive,
-                                           name, version, body))
+ROUTES = [
+    Route("/v1", "generate", "generate", GenerateRequest, answer=generate_answer,
+          reads="fastapi", response_model=GenerateResponse, responses={**ERRORS, **SSE_DOC},
+          doc="Generate text from prompts with the default version: sampling (temperature, "
+              "top-k,\ntop-p, seed) or greedy, n samples per prompt, stop strings, optional "
+              "log-probs, as JSON\nor streamed as server-sent events.",
+          version_doc="Generate text with one version."),
+    Route("/v1", "score", "score", ScoreRequest, LMWorker,
+          run=lambda w, body, ctx: w.score(body.texts, ctx), reads="fastapi",
+          response_model=ScoreResponse,
+          doc="Score texts with the default version: each token's log-probability given the "
+              "text\nbefore it, and each text's perplexity (one batched prefill, no decoding).",
+          version_doc="Score texts with one version."),
+]
+"""POST /v1/models/{name}[/versions/{v}]/generate and /score (`lifecycle.Route`)."""

@@ -1,111 +1,182 @@
-"""The hot path: the inference POST routes answered without FastAPI's per-request machinery.
+"""The HTTP front of the inference routes: the route table (`api/routes.py` `TABLE`)
+dispatched directly on the ASGI messages, without FastAPI's per-request machinery.
 
 Measured on the 2-core box (py-spy of an API process under 64 connections): FastAPI's
 middleware stack, routing, dependency solving and Response objects took about 40% of the
 process's time, the route itself (tokenization, the engine round trip, result building)
-35%. `HotPath` answers the same routes (v1 classify, translate, tag, predict and OIP v2 infer,
-default and pinned versions) directly on the ASGI messages:
+35%. So every inference route (v1 classify, translate, tag, predict, generate, score, OpenAI
+completions, OIP v2 infer, generate and generate_stream, default and pinned versions) is
+answered here, and only here; FastAPI serves the others:
 
-- the body is validated by the very same pydantic models (`model_validate_json`), so the
-  validation rules and the error messages are those of the FastAPI routes (which stay
-  registered: the OpenAPI document is unchanged, and any other request goes through them);
-- the answer is computed by the routes' own functions (`classify_answer`, ...,
-  `infer_answer`): worker, request context, early shedding and shape are theirs;
-- the answer is encoded with the server's one JSON encoder
-  (`seqserve.service.core.answers.encode_json`); every error is the one error answer
-  (`seqserve.service.web.responses.error_for`), as in the app's exception handlers.
+- the body (read once, by `web.middleware.ServingMiddleware`) is validated by the route's
+  pydantic model as the route `reads` it: `model_validate_json` for an application/json body,
+  any other content type (and every body of the routes that say "fastapi") as FastAPI reads
+  a body (`read_like_fastapi`), so each route's rules and messages are the ones it always
+  had;
+- the answer is the route's own (`lifecycle.serve`): worker, deadline, early shedding,
+  in-flight accounting and disconnects are the one lifecycle's;
+- a success is encoded with the server's one JSON encoder
+  (`seqserve.service.core.answers.encode_json`), a streamed answer sends itself; every
+  error is the one error answer (`seqserve.service.web.responses.error_for`), as in the
+  app's exception handlers; another method is a 405, a trailing slash a 307 to the path
+  without it, as FastAPI answered them.
 """
 
 from __future__ import annotations
 
+import email.message
+import json
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import URL
+from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seqserve.service.api.classify import ClassifyRequest, classify_answer
 from seqserve.service.api.common import describe_errors, header
-from seqserve.service.api.oip.routes import infer_answer
-from seqserve.service.api.predict import PredictRequest, predict_answer
-from seqserve.service.api.tag import TagRequest, tag_answer
-from seqserve.service.api.translate import TranslateRequest, translate_answer
+from seqserve.service.api.lifecycle import Route, asgi_call, serve
 from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
-from seqserve.service.core.errors import ServiceError
+from seqserve.service.core.errors import BadRequest, ServiceError
 from seqserve.service.web.middleware import BODY
 from seqserve.service.web.responses import error_for, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 
-ROUTE = re.compile(r"^/(v1|v2)/models/([^/]+)(?:/versions/([^/]+))?/"
-                   r"(classify|translate|tag|predict|infer)$")
-ENDPOINTS = {"classify": "classify", "translate": "translate", "tag": "tag",
-             "predict": "predict", "infer": "v2_infer"}
-V1: dict[str, tuple[type[BaseModel], Callable[..., Awaitable[dict[str, Any]]]]] = {
-    "classify": (ClassifyRequest, classify_answer),
-    "translate": (TranslateRequest, translate_answer),
-    "tag": (TagRequest, tag_answer),
-    "predict": (PredictRequest, predict_answer),
-}
-"""Each v1 verb's body model and answer (the routes' own functions)."""
-JSON = [(b"content-type", JSON_TYPE)]
+BY_MODEL = re.compile(r"^(/v1|/v2)/models/([^/]+)(?:/versions/([^/]+))?/([^/]+)$")
+JSON = (b"content-type", JSON_TYPE)
+NOT_JSON = "request body is not valid JSON text (malformed or not UTF-8)"
+ALLOW = [(b"allow", b"POST")]
+Found = tuple[Route, str | None, str | None, str]
+"""A matched route, its model name and version (None: not in the path), its path template."""
+
+
+class Unprocessable(Exception):
+    """A body that does not validate: its pydantic errors, located under `body`."""
+
+    def __init__(self, errors: list[Any]) -> None:
+        super().__init__("unprocessable body")
+        self.errors = errors
 
 
 class HotPath:
-    """Answers the inference routes of one app; `match` says whether a request is one."""
+    """Answers the inference routes of one app (`table`); `match` says whether a path is
+    one of them."""
 
-    def __init__(self, state: AppState) -> None:
+    def __init__(self, state: AppState, table: Iterable[Route]) -> None:
         self.state = state
+        self.by_verb: dict[tuple[str, str], tuple[Route, str, str]] = {}
+        self.fixed: dict[str, Found] = {}
+        for route in table:
+            if route.by_model:
+                self.by_verb[route.prefix, route.verb] = route, route.path(), route.path(True)
+            else:
+                self.fixed[route.path()] = route, None, None, route.path()
 
-    def match(self, scope: Scope) -> tuple[str, str, str | None] | None:
-        """(verb, model name, version) of an inference POST with a JSON body (OIP infer: any
-        body), else None (FastAPI answers it)."""
+    def match(self, path: str) -> Found | None:
+        """The inference route of `path`, else None (FastAPI answers it)."""
+        found = self.fixed.get(path)
+        if found is not None:
+            return found
+        parts = BY_MODEL.match(path)
+        if parts is None:
+            return None
+        prefix, name, version, verb = parts.groups()
+        entry = self.by_verb.get((prefix, verb))
+        if entry is None:
+            return None
+        route, default, pinned = entry
+        return route, name, version, default if version is None else pinned
+
+    async def __call__(self, scope: Scope, body: bytes, receive: Receive, send: Send,
+                       found: Found) -> None:
+        route, name, version, template = found
+        if name is not None:
+            scope["path_params"] = {"name": name} | ({"version": version} if version else {})
+        scope["endpoint_name"] = route.name
+        scope["route_path"] = template
         if scope["method"] != "POST":
-            return None
-        found = ROUTE.match(scope["path"])
-        if found is None:
-            return None
-        protocol, name, version, verb = found.groups()
-        if (protocol == "v2") != (verb == "infer"):
-            return None
-        if verb != "infer" and _content_type(scope) != b"application/json":
-            return None
-        return verb, name, version
+            await send_answer(send, error_for(scope, 405, "Method Not Allowed", headers=ALLOW))
+            return
+        started = False
 
-    async def __call__(self, scope: Scope, body: bytes, receive: Receive,
-                       send: Send, route: tuple[str, str, str | None]) -> None:
-        verb, name, version = route
-        scope["path_params"] = {"name": name} | ({"version": version} if version else {})
-        scope["endpoint_name"] = ENDPOINTS[verb]
-        scope["route_path"] = (f"/{'v2' if verb == 'infer' else 'v1'}/models/{{name}}"
-                               f"{'/versions/{version}' if version else ''}/{verb}")
+        async def sending(message: Any) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
         bug: Exception | None = None
         try:
-            status, headers, payload = await self._answer(scope, body, receive, route)
-            answer = status, [*headers, (b"content-length", str(len(payload)).encode())], payload
+            call = asgi_call(scope, receive, name or "", version)
+            reply = await serve(self.state, route, call, _parse(route, body, scope))
+            if type(reply) is dict:
+                payload = encode_json(reply)
+                answer: Answer = 200, [JSON, (b"content-length", str(len(payload)).encode())], \
+                    payload
+            elif type(reply) is tuple:
+                answer = reply
+            else:  # a streamed answer sends itself
+                await reply(scope, receive, sending)
+                return
         except ServiceError as exc:
             answer = service_error_for(scope, exc)
         except ValidationError as exc:
             errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
             answer = error_for(scope, 422, describe_errors(errors))
+        except Unprocessable as exc:
+            answer = error_for(scope, 422, describe_errors(exc.errors))
         except Exception as exc:  # a server bug: a JSON 500 now, its traceback logged above
+            if started:
+                raise
             bug = exc
             answer = error_for(scope, 500, bug_message(exc))
         await send_answer(send, answer)
         if bug is not None:
             raise bug
 
-    async def _answer(self, scope: Scope, body: bytes, receive: Receive,
-                      route: tuple[str, str, str | None]) -> Answer:
-        verb, name, version = route
-        if verb == "infer":
-            head, payload, media = await infer_answer(self.state, scope, receive, name,
-                                                      version, body)
-            return 200, [(b"content-type", media.encode()), *head], payload
-        model, answer = V1[verb]
-        request = model.model_validate_json(body)
-        result = await answer(self.state, scope, receive, name, version, request)
-        return 200, JSON, encode_json(result)
+
+def _parse(route: Route, body: bytes, scope: Scope) -> Any:
+    """The route's request model from the body (the bytes for a route without one), as the
+    route `reads` it; a failure is the route's own error where it has one (`refused`)."""
+    model = route.body
+    if model is None:
+        return body
+    kind = b"" if route.reads == "any" else _content_type(scope)
+    try:
+        if route.reads == "any" or route.reads == "json" and kind == b"application/json":
+            return model.model_validate_json(body)
+        return read_like_fastapi(model, body, kind)
+    except ValidationError as exc:
+        if route.refused is None:
+            raise
+        raise route.refused(exc) from exc
+
+
+def read_like_fastapi(model: type[BaseModel], body: bytes, kind: bytes) -> BaseModel:
+    """A body read as FastAPI reads one: `json.loads` for a JSON content type (application/json
+    or application/*+json) or none, the bytes themselves for any other, then Python-mode validation;
+    an empty body is a missing one; a body that is not JSON text (not UTF-8, too deep) 400."""
+    if not body:
+        raise Unprocessable([{"type": "missing", "loc": ("body",), "msg": "Field required"}])
+    value: Any = body
+    message = email.message.Message()
+    message["content-type"] = kind.decode("latin-1")
+    subtype = message.get_content_subtype()
+    if not kind or message.get_content_maintype() == "application" and (
+            subtype == "json" or subtype.endswith("+json")):
+        try:
+            value = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise Unprocessable([{"type": "json_invalid", "loc": ("body", exc.pos),
+                                  "msg": "JSON decode error", "ctx": {"error": exc.msg}}]
+                                ) from exc
+        except Exception as exc:
+            raise BadRequest(NOT_JSON) from exc
+    try:
+        return model.model_validate(value, from_attributes=True)
+    except ValidationError as exc:
+        raise Unprocessable([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+                            ) from exc
 
 
 class HotPathRouter:
@@ -116,8 +187,17 @@ class HotPathRouter:
         self.fallback = fallback
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.fast.match(scope) if scope["type"] == "http" else None
-        if route is None:
+        if scope["type"] != "http":
+            await self.fallback(scope, receive, send)
+            return
+        path = scope["path"]
+        found = self.fast.match(path)
+        if found is None:
+            if path.endswith("/") and path != "/" and self.fast.match(path.rstrip("/")):
+                # FastAPI's redirect_slashes, for the routes it no longer holds
+                url = URL(scope={**scope, "path": path.rstrip("/")})
+                await RedirectResponse(url=str(url))(scope, receive, send)
+                return
             await self.fallback(scope, receive, send)
             return
         body = scope.get(BODY)  # read once, by ServingMiddleware
@@ -129,7 +209,7 @@ class HotPathRouter:
                 if message["type"] != "http.request" or not message.get("more_body", False):
                     break
             body = b"".join(chunks)
-        await self.fast(scope, body, receive, send, route)
+        await self.fast(scope, body, receive, send, found)
 
 
 def _content_type(scope: Scope) -> bytes:

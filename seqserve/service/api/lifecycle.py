@@ -7,12 +7,18 @@ context (Server-Timing and the request metrics read it there). Then, once for ev
 
 - `lookup`: the model's ready worker of the route's kind (`SeriesWorker`: any
   feature-sequence worker), or ModelNotFound / ModelNotReady saying why;
-- `answer`: the request's deadline (the server's `request_timeout_s`, or less when the client
+- `admit`: the request's deadline (the server's `request_timeout_s`, or less when the client
   asks), early shedding before any tokenization (the model's expected queue wait against what
-  the request may wait), the route's own checks, and its work inside `request_call`: a
-  `RequestContext` with that deadline, counted in flight, that notices the client leaving;
-- `RequestCall` is that context for streamed answers too (`api/streams.py`): the stream
-  lives inside it, so its in-flight count and disconnect are the same ones.
+  the request may wait), the route's own checks; plain and streamed answers both pass it;
+- `answer`: then its work inside `RequestCall`: a `RequestContext` with that deadline,
+  counted in flight, that notices the client leaving;
+- `RequestCall` is that context for streamed answers too (`api/generate.py` `EventStream`):
+  the stream lives inside it, so its in-flight count and disconnect are the same ones.
+
+Each inference route is declared once, as a `Route` (its path, its task's worker kind and
+request model, its docs): the HTTP front dispatches by the table of them
+(`api/hot_path.py`, `api/routes.py`) and the OpenAPI document is built from it
+(`server/openapi.py`); `serve` runs one route's answer for any front.
 
 Errors are raised as `core.errors` classes; the front maps them to its protocol's answer once
 (`web.responses.error_for` for HTTP).
@@ -22,13 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from starlette.types import Receive, Scope
 
-from seqserve.service.api.common import header
+from seqserve.service.api.common import ERRORS, header
 from seqserve.service.core.errors import BadRequest, QueueFull
 from seqserve.service.web.http_protocol import DISCONNECT
 from seqserve.service.web.repository import ModelEntry
@@ -57,16 +64,81 @@ class Call:
     """Else: returns when the client left (it may raise: then nothing is known)."""
     keep: dict[str, Any] | None = None
     """Where the transport keeps the request's context (under "call")."""
+    header: Callable[[bytes], str | None] = lambda name: None
+    """The value of one request header (metadata) by its lower-case name, or None."""
 
 
 def asgi_call(scope: Scope, receive: Receive, model: str, version: str | None,
               asked_s: float | None = None) -> Call:
     """The `Call` of an HTTP request: its X-Request-Timeout, our uvicorn protocol's
     disconnect future (`web.http_protocol.DISCONNECT`) or a watch for `http.disconnect`,
-    and the scope's state."""
+    the scope's state and its headers."""
     return Call(model, version, header(scope, TIMEOUT_HEADER), asked_s,
                 scope.get("extensions", {}).get(DISCONNECT), lambda: http_disconnect(receive),
-                scope.setdefault("state", {}))
+                scope.setdefault("state", {}), lambda name: header(scope, name))
+
+
+Reply = Any
+"""What a route answers: a dict (a JSON body, status 200), an `Answer` (status, headers,
+body: `core.answers`), or a streamed answer (`api/generate.py` `EventStream`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One inference route, declared once (module doc). Its path is
+    `{prefix}/models/{name}[/versions/{version}]/{verb}`, or `{prefix}/{verb}` when not
+    `by_model`. Its answer: `run(worker, body, context)` on the ready worker of `kind`, in
+    the v1 shape `{"model", "version", "results"}`; or `answer(state, call, body)`, a route's
+    own flow (through `answer` / `RequestCall` too). `body` is the request model (None: the
+    answer takes the body's bytes); the rest documents the route (OpenAPI)."""
+
+    prefix: str
+    verb: str
+    name: str
+    """The endpoint's name: request metrics, access log, OpenAPI operation ids."""
+    body: type[BaseModel] | None
+    kind: type[Any] | None = None
+    run: Callable[[Any, Any, RequestContext], Awaitable[Any]] | None = None
+    answer: Callable[[AppState, Call, Any], Awaitable[Reply]] | None = None
+    by_model: bool = True
+    reads: str = "json"
+    """How the body becomes `body`: "json", pydantic's JSON parser (`model_validate_json`) for
+    an application/json body and FastAPI's reading for another type; "fastapi", FastAPI's
+    reading of every body (`json.loads`, then Python-mode validation: the language-model
+    routes' rules since they were written); "any", the JSON parser whatever the type."""
+    refused: Callable[[Any], Exception] | None = None
+    """The route's own error for a body that fails validation (given pydantic's
+    ValidationError); None: the usual 422 naming every field."""
+    doc: str = ""
+    """The operation's description, default version (the route, when not by_model)."""
+    version_doc: str = ""
+    """The description of the pinned-version operation."""
+    response_model: type[BaseModel] | None = None
+    responses: Mapping[int | str, dict[str, Any]] = field(default_factory=lambda: ERRORS)
+    tags: tuple[str, ...] = ()
+    """OpenAPI tags (none: the prefix's, `v1` or `v2`)."""
+    events: bool = False
+    """Answers only as server-sent events (its 200 is not JSON)."""
+    openapi_extra: dict[str, Any] | None = None
+    documented: bool = True
+    """In the OpenAPI document (OIP infer is documented per model instead)."""
+
+    def path(self, pinned: bool = False) -> str:
+        """The path template (of the pinned-version route with `pinned`)."""
+        if not self.by_model:
+            return f"{self.prefix}/{self.verb}"
+        return (f"{self.prefix}/models/{{name}}{'/versions/{version}' if pinned else ''}"
+                f"/{self.verb}")
+
+
+async def serve(state: AppState, route: Route, call: Call, body: Any) -> Reply:
+    """One route's answer to one validated body (module doc), for any front."""
+    if route.answer is not None:
+        return await route.answer(state, call, body)
+    run = route.run
+    assert run is not None
+    entry, results = await answer(state, call, route.kind, lambda w, ctx: run(w, body, ctx))
+    return {"model": call.model, "version": entry.version, "results": results}
 
 
 async def http_disconnect(receive: Receive) -> None:
@@ -115,6 +187,16 @@ async def answer(state: AppState, call: Call, kind: type[W] | None,
     `read(call)` reads what the deadline needs of the body (the OIP `timeout`) once the
     model is found; `check(worker)` refuses what the body asks of this model before any
     queueing."""
+    entry, worker, timeout = admit(state, call, kind, check, read)
+    async with RequestCall(state, call, timeout) as context:
+        return entry, await work(worker, context)
+
+
+def admit(state: AppState, call: Call, kind: type[W] | None,
+          check: Callable[[W], object] | None = None,
+          read: Callable[[Call], None] | None = None) -> tuple[ModelEntry, W, float]:
+    """What every request passes before its work, plain or streamed: the worker (`lookup`),
+    `read`, the deadline's seconds, early shedding, `check` (module doc)."""
     entry, worker = lookup(state, call, kind)
     if read is not None:
         read(call)
@@ -122,8 +204,7 @@ async def answer(state: AppState, call: Call, kind: type[W] | None,
     shed_early(state, worker.ctx.model, timeout)  # type: ignore[attr-defined]
     if check is not None:
         check(worker)  # 4xx before any queueing
-    async with RequestCall(state, call, timeout) as context:
-        return entry, await work(worker, context)
+    return entry, worker, timeout
 
 
 class RequestCall:

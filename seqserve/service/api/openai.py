@@ -16,15 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from seqserve.service.api.common import (
     HARD_MAX_TEXTS,
     Text,
     WholeInt,
-    app_state,
     standard_bounds,
 )
 from seqserve.service.api.generate import (
@@ -32,21 +29,19 @@ from seqserve.service.api.generate import (
     HARD_MAX_NEW_TOKENS,
     MAX_N,
     MAX_TOP_LOGPROBS,
+    EventStream,
     StopList,
     StopText,
     generated,
     sse,
     streamed,
 )
-from seqserve.service.api.lifecycle import asgi_call
+from seqserve.service.api.lifecycle import Call, Route
 from seqserve.service.api.translate import MAX_SEED, Number
-from seqserve.service.core.answers import ErrorShape, error_answer
-from seqserve.service.core.errors import ServiceError
-from seqserve.service.web.responses import JsonResponse, as_response, request_id_of
+from seqserve.service.core.errors import BadRequest
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.lm import GenerateParams, Generation
 
-router = APIRouter(prefix="/v1", tags=["openai"])
 PromptList = Annotated[list[Text], Field(min_length=1, max_length=HARD_MAX_TEXTS)]
 
 class CompletionRequest(BaseModel):
@@ -76,14 +71,6 @@ class CompletionRequest(BaseModel):
                               temperature=float(self.temperature), top_p=float(self.top_p),
                               seed=self.seed, n=self.n, top_logprobs=top, stop=stops,
                               logprobs=self.logprobs is not None)
-
-
-def openai_error(request: Request, status: int, message: str, param: str | None = None,
-                 retry_after: float | None = None) -> Response:
-    """The one error answer in OpenAI's shape, with this request's id."""
-    return as_response(error_answer(status, message, request_id=request_id_of(request.scope),
-                                    shape=ErrorShape.OPENAI, retry_after=retry_after,
-                                    param=param))
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
@@ -122,9 +109,32 @@ def _head(name: str) -> dict[str, Any]:
             "created": int(time.time()), "model": name}
 
 
-async def _complete(state: AppState, request: Request, body: CompletionRequest) -> Response:
-    name = body.model
-    call = asgi_call(request.scope, request.receive, name, None)
+class OpenAIError(BaseModel):
+    """OpenAI's error object."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorResponse(BaseModel):
+    """Every error answer of the OpenAI-compatible routes (`core.answers`, OpenAI shape)."""
+
+    error: OpenAIError
+    request_id: str | None = Field(None, description="This request's X-Request-Id.")
+
+
+def refused(exc: ValidationError) -> BadRequest:
+    """A body that fails validation: OpenAI's 400, naming the field."""
+    message, param = _validation_message(exc)
+    return BadRequest(message, param=param)
+
+
+async def complete(state: AppState, call: Call, body: CompletionRequest
+                   ) -> dict[str, Any] | EventStream:
+    """The completion of one body, as JSON or streamed."""
+    name = call.model = body.model
     head = _head(name)
     n = body.n
     if body.stream:
@@ -142,45 +152,22 @@ async def _complete(state: AppState, request: Request, body: CompletionRequest) 
     choices = [{"text": s.text, "index": i, "logprobs": _logprobs(generation, i),
                 "finish_reason": _finish(s.finish or "length")}
                for i, s in enumerate(generation.seqs)]
-    return JsonResponse({**head, "choices": choices,
-                         "usage": {**usage, "total_tokens": usage["prompt_tokens"]
-                                   + usage["completion_tokens"]}})
+    return {**head, "choices": choices,
+            "usage": {**usage, "total_tokens": usage["prompt_tokens"]
+                      + usage["completion_tokens"]}}
 
 
-class OpenAIError(BaseModel):
-    """OpenAI's error object."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class OpenAIErrorResponse(BaseModel):
-    """Every error answer of the OpenAI-compatible routes (`core.answers`, OpenAI shape)."""
-
-    error: OpenAIError
-    request_id: str | None = Field(None, description="This request's X-Request-Id.")
-
-
-@router.post("/completions", name="completions", openapi_extra={"requestBody": {
-    "required": True,
-    "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}}}},
+ROUTES = [Route(
+    "/v1", "completions", "completions", CompletionRequest, answer=complete, by_model=False,
+    reads="any", refused=refused,
+    tags=("openai",), openapi_extra={"requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}}}},
     responses={200: {"description": "OpenAI text_completion (JSON, or server-sent events "
                                     "with stream: true)"},
                **{code: {"model": OpenAIErrorResponse,
                          "description": "OpenAI error: {error: {message, type, param, code}}"}
-                  for code in (400, 404, 413, 429, 500, 503, 504)}})
-async def completions(request: Request) -> Response:
-    """OpenAI-compatible text completion with a language model (see the module doc)."""
-    state = app_state(request)
-    try:
-        raw = await request.body()
-        body = CompletionRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        message, param = _validation_message(exc)
-        return openai_error(request, 400, message, param)
-    try:
-        return await _complete(state, request, body)
-    except ServiceError as exc:
-        return openai_error(request, exc.status, exc.message, retry_after=exc.retry_after)
+                  for code in (400, 404, 413, 429, 500, 503, 504)}},
+    doc="OpenAI-compatible text completion with a language model (see the module doc).")]
+"""POST /v1/completions (`lifecycle.Route`): its errors are OpenAI's shape (every error of
+this path is: `web.responses.shape_of`)."""

@@ -19,23 +19,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat
-from starlette.types import Receive, Scope
 
-from seqserve.service.api.common import (
-    ERRORS,
-    HARD_MAX_TEXTS,
-    app_state,
-    header,
-)
-from seqserve.service.api.lifecycle import answer, asgi_call
+from seqserve.service.api.common import HARD_MAX_TEXTS
+from seqserve.service.api.lifecycle import Call, Route, answer
 from seqserve.service.core.errors import BadRequest
-from seqserve.service.web.responses import JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.series import F32_MAX, MAX_SESSION_ID, SeriesWorker
-
-router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 
 HARD_MAX_STEPS = 1_000_000
 """Schema ceiling of steps per series (the model's step limit is the live one)."""
@@ -93,10 +83,10 @@ SESSION_HEADER = b"x-session-id"
 """The header a session id may come in (an ingress can hash on it)."""
 
 
-def session_of(scope: Scope, body: PredictRequest) -> str | None:
+def session_of(call: Call, body: PredictRequest) -> str | None:
     """The request's session id: the body's, else the X-Session-Id header's (400 when they
     differ or the header is not a valid id)."""
-    given = header(scope, SESSION_HEADER)
+    given = call.header(SESSION_HEADER)
     if given is not None and not 1 <= len(given) <= MAX_SESSION_ID:
         raise BadRequest(f"the X-Session-Id header must be 1 to {MAX_SESSION_ID} characters")
     if body.session is not None and given is not None and given != body.session:
@@ -108,39 +98,25 @@ def session_of(scope: Scope, body: PredictRequest) -> str | None:
     return session
 
 
-async def predict_answer(state: AppState, scope: Scope, receive: Receive, name: str,
-                         version: str | None, body: PredictRequest) -> dict[str, Any]:
-    """The answer (as plain data, the shape of PredictResponse) to a validated body: this
-    route's and the hot path's (`seqserve.service.api.hot_path`)."""
-    call = asgi_call(scope, receive, name, version)
-    session = session_of(scope, body)
+async def predict_answer(state: AppState, call: Call, body: PredictRequest) -> dict[str, Any]:
+    """The answer (as plain data, the shape of PredictResponse): series, or a session's
+    chunk (its check once, before any queueing)."""
+    session = session_of(call, body)
     if session is None:
         entry, results = await answer(state, call, SeriesWorker,
                                       lambda w, ctx: w.predict(body.series, ctx))
-        return {"model": name, "version": entry.version, "results": results}
+        return {"model": call.model, "version": entry.version, "results": results}
     entry, (result, steps) = await answer(
         state, call, SeriesWorker, lambda w, ctx: w.predict_session(
             body.series, session, body.start, body.end, ctx),
         check=lambda w: w.check_session(session, body.start, body.end))
-    return {"model": name, "version": entry.version, "results": [result],
+    return {"model": call.model, "version": entry.version, "results": [result],
             "session": session, "steps": steps}
 
 
-async def _predict(request: Request, name: str, version: str | None, body: PredictRequest
-                   ) -> JsonResponse:
-    return JsonResponse(await predict_answer(app_state(request), request.scope,
-                                             request.receive, name, version, body))
-
-
-@router.post("/models/{name}/predict", name="predict", response_model=PredictResponse)
-async def predict(name: str, body: PredictRequest, request: Request) -> JsonResponse:
-    """Run a feature-sequence model on series of feature vectors (default version)."""
-    return await _predict(request, name, None, body)
-
-
-@router.post("/models/{name}/versions/{version}/predict", name="predict",
-             response_model=PredictResponse)
-async def predict_version(name: str, version: str, body: PredictRequest, request: Request
-                          ) -> JsonResponse:
-    """Run one version of a feature-sequence model on series of feature vectors."""
-    return await _predict(request, name, version, body)
+ROUTES = [Route(
+    "/v1", "predict", "predict", PredictRequest, answer=predict_answer,
+    response_model=PredictResponse,
+    doc="Run a feature-sequence model on series of feature vectors (default version).",
+    version_doc="Run one version of a feature-sequence model on series of feature vectors.")]
+"""POST /v1/models/{name}[/versions/{v}]/predict (`lifecycle.Route`)."""

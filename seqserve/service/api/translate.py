@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -21,17 +20,14 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from starlette.types import Receive, Scope
 
 from seqserve.service.api.common import (
-    ERRORS,
     TextsRequest,
     WholeInt,
-    app_state,
     describe_errors,
     standard_bounds,
 )
-from seqserve.service.api.lifecycle import answer, asgi_call
+from seqserve.service.api.lifecycle import Route
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.scheduling.search import (
     DEFAULT_BEAM_SIZE,
@@ -40,11 +36,7 @@ from seqserve.service.scheduling.search import (
     MAX_BEAM_SIZE,
     SearchOptions,
 )
-from seqserve.service.web.responses import JsonResponse
-from seqserve.service.web.state import AppState
 from seqserve.service.workers.translator import TranslatorWorker
-
-router = APIRouter(prefix="/v1", tags=["v1"], responses=ERRORS)
 
 MAX_DECODE_LENGTH = 1024
 """Schema ceiling of max_length / min_length (the model's own limit applies too)."""
@@ -209,32 +201,11 @@ class TranslateResponse(BaseModel):
     results: list[Translation]
 
 
-async def translate_answer(state: AppState, scope: Scope, receive: Receive, name: str,
-                          version: str | None, body: TranslateRequest) -> dict[str, Any]:
-    """The answer (as plain data, the shape of TranslateResponse) to a validated body: this route's
-    and the hot path's (`seqserve.service.api.hot_path`)."""
-    entry, results = await answer(state, asgi_call(scope, receive, name, version),
-                                  TranslatorWorker, lambda w, ctx: w.translate(
-                                      body.texts, body.search_options(), ctx))
-    return {"model": name, "version": entry.version, "results": results}
-
-
-async def _translate(request: Request, name: str, version: str | None, body: TranslateRequest
-                     ) -> JsonResponse:
-    return JsonResponse(await translate_answer(app_state(request), request.scope, request.receive,
-                                                    name, version, body))
-
-
-@router.post("/models/{name}/translate", name="translate", response_model=TranslateResponse)
-async def translate(name: str, body: TranslateRequest, request: Request) -> JsonResponse:
-    """Translate texts with the default (highest ready) version: beam search or sampling,
-    n-best hypotheses with scores and, on request, the attention matrix."""
-    return await _translate(request, name, None, body)
-
-
-@router.post("/models/{name}/versions/{version}/translate", name="translate",
-             response_model=TranslateResponse)
-async def translate_version(name: str, version: str, body: TranslateRequest,
-                            request: Request) -> JsonResponse:
-    """Translate texts with one version."""
-    return await _translate(request, name, version, body)
+ROUTES = [Route(
+    "/v1", "translate", "translate", TranslateRequest, TranslatorWorker,
+    run=lambda w, body, ctx: w.translate(body.texts, body.search_options(), ctx),
+    response_model=TranslateResponse,
+    doc="Translate texts with the default (highest ready) version: beam search or sampling,\n"
+        "n-best hypotheses with scores and, on request, the attention matrix.",
+    version_doc="Translate texts with one version.")]
+"""POST /v1/models/{name}[/versions/{v}]/translate (`lifecycle.Route`)."""

@@ -109,9 +109,9 @@ def error_answer(status: int, message: str, *, request_id: str | None = None,
 
 def service_error_answer(exc: ServiceError, *, request_id: str | None = None,
                          shape: ErrorShape = ErrorShape.PLAIN) -> Answer:
-    """The answer to a domain error: its status, message and Retry-After."""
+    """The answer to a domain error: its status, message, Retry-After and field at fault."""
     return error_answer(exc.status, exc.message, request_id=request_id, shape=shape,
-                        retry_after=exc.retry_after)
+                        retry_after=exc.retry_after, param=exc.param)
 
 
 def bug_message(exc: BaseException) -> str:

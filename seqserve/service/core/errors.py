@@ -17,6 +17,8 @@ class ServiceError(Exception):
     """HTTP status code of the answer."""
     retry_after: float | None = None
     """Seconds for a `Retry-After` header (overload and shutdown only)."""
+    param: str | None = None
+    """The request field at fault, where one is (OpenAI's error shape names it)."""
 
     def __init_subclass__(cls, status: int | None = None, retry_after: float | None = None,
                           **kwargs: object) -> None:
@@ -28,11 +30,13 @@ class ServiceError(Exception):
         if retry_after is not None:
             cls.retry_after = retry_after
 
-    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: float | None = None,
+                 param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         if retry_after is not None:
             self.retry_after = retry_after
+        self.param = param
 
 
 class BadRequest(ServiceError, status=400):

@@ -51,6 +51,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 SESSION_BUCKETS = (0.1, 1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.15, 1.25, 1.5, 2.0, 3.0, 5.0)
+MODEL = ("model",)
 
 
 class Metrics:
@@ -59,78 +60,66 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
-        me = ["model", "endpoint"]
-        self.request_duration = Histogram(
-            "seqserve_request_duration_seconds", "Request wall time in the server.", me,
-            registry=r, buckets=LATENCY_BUCKETS)
-        self.queue_time = Histogram(
-            "seqserve_queue_time_seconds", "Time a request waited for its batch.", me,
-            registry=r, buckets=LATENCY_BUCKETS)
-        self.compute_time = Histogram(
-            "seqserve_compute_time_seconds", "Runtime time of the request's batch.", me,
-            registry=r, buckets=LATENCY_BUCKETS)
-        self.batch_size = Histogram(
-            "seqserve_batch_size", "Rows per batch.", ["model"], registry=r,
-            buckets=BATCH_BUCKETS)
-        self.batch_tokens = Histogram(
-            "seqserve_batch_tokens", "Padded tokens per batch (rows x longest row).", ["model"],
-            registry=r, buckets=TOKEN_BUCKETS)
-        self.padding_ratio = Histogram(
-            "seqserve_padding_ratio", "Padded tokens / real tokens per batch.", ["model"],
-            registry=r, buckets=RATIO_BUCKETS)
-        self.queue_depth = Gauge(
-            "seqserve_queue_depth", "Rows waiting in the model's queue.", ["model"], registry=r,
-            multiprocess_mode="livesum")
-        self.in_flight = Gauge(
-            "seqserve_in_flight_requests", "Requests admitted and not yet answered.", ["model"],
-            registry=r, multiprocess_mode="livesum")
-        self.requests = Counter(
-            "seqserve_requests", "Answered requests by status.", ["model", "endpoint", "status"],
-            registry=r)
-        self.model_ready = Gauge(
-            "seqserve_model_ready", "1 when the model version serves, else 0.",
-            ["model", "version"], registry=r, multiprocess_mode="livemax")
-        self.load_failures = Counter(
-            "seqserve_model_load_failures", "Bundles that failed verification or loading.",
-            ["model", "version"], registry=r)
-        self.encoder_time = Histogram(
-            "seqserve_encoder_time_seconds", "Encoder runtime per admission batch.", ["model"],
-            registry=r, buckets=LATENCY_BUCKETS)
-        self.decoder_step_time = Histogram(
-            "seqserve_decoder_step_time_seconds", "Decoder step runtime.", ["model"],
-            registry=r, buckets=LATENCY_BUCKETS)
-        self.live_hypotheses = Gauge(
-            "seqserve_live_hypotheses", "Hypothesis rows in the decode scheduler.", ["model"],
-            registry=r, multiprocess_mode="livesum")
-        self.generated_tokens = Counter(
-            "seqserve_generated_tokens", "Tokens emitted by decoding.", ["model"], registry=r)
-        self.decode_steps = Counter(
-            "seqserve_decode_steps", "Decoder steps run.", ["model"], registry=r)
-        self.time_per_token = Histogram(
-            "seqserve_time_per_token_seconds", "Request time / generated tokens.", ["model"],
-            registry=r, buckets=LATENCY_BUCKETS)
 
-        self.time_to_first_token = Histogram(
+        def histogram(name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS,
+                      labels: tuple[str, ...] = MODEL) -> Histogram:
+            return Histogram(name, doc, labels, registry=r, buckets=buckets)
+
+        def gauge(name: str, doc: str, mode: str = "livesum",
+                  labels: tuple[str, ...] = MODEL) -> Gauge:
+            return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode)  # type: ignore[arg-type]
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = MODEL) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        me = ("model", "endpoint")
+        self.request_duration = histogram("seqserve_request_duration_seconds",
+                                          "Request wall time in the server.", labels=me)
+        self.queue_time = histogram("seqserve_queue_time_seconds",
+                                    "Time a request waited for its batch.", labels=me)
+        self.compute_time = histogram("seqserve_compute_time_seconds",
+                                      "Runtime time of the request's batch.", labels=me)
+        self.batch_size = histogram("seqserve_batch_size", "Rows per batch.", BATCH_BUCKETS)
+        self.batch_tokens = histogram("seqserve_batch_tokens",
+                                      "Padded tokens per batch (rows x longest row).",
+                                      TOKEN_BUCKETS)
+        self.padding_ratio = histogram("seqserve_padding_ratio",
+                                       "Padded tokens / real tokens per batch.", RATIO_BUCKETS)
+        self.queue_depth = gauge("seqserve_queue_depth", "Rows waiting in the model's queue.")
+        self.in_flight = gauge("seqserve_in_flight_requests",
+                               "Requests admitted and not yet answered.")
+        self.requests = counter("seqserve_requests", "Answered requests by status.",
+                                ("model", "endpoint", "status"))
+        self.model_ready = gauge("seqserve_model_ready", "1 when the model version serves, "
+                                 "else 0.", "livemax", ("model", "version"))
+        self.load_failures = counter("seqserve_model_load_failures", "Bundles that failed "
+                                     "verification or loading.", ("model", "version"))
+        self.encoder_time = histogram("seqserve_encoder_time_seconds",
+                                      "Encoder runtime per admission batch.")
+        self.decoder_step_time = histogram("seqserve_decoder_step_time_seconds",
+                                           "Decoder step runtime.")
+        self.live_hypotheses = gauge("seqserve_live_hypotheses",
+                                     "Hypothesis rows in the decode scheduler.")
+        self.generated_tokens = counter("seqserve_generated_tokens",
+                                        "Tokens emitted by decoding.")
+        self.decode_steps = counter("seqserve_decode_steps", "Decoder steps run.")
+        self.time_per_token = histogram("seqserve_time_per_token_seconds",
+                                        "Request time / generated tokens.")
+        self.time_to_first_token = histogram(
             "seqserve_time_to_first_token_seconds",
-            "Language models: request start to its first generated token.", ["model"],
-            registry=r, buckets=LATENCY_BUCKETS)
-        self.inter_token_latency = Histogram(
+            "Language models: request start to its first generated token.")
+        self.inter_token_latency = histogram(
             "seqserve_inter_token_latency_seconds",
-            "Language models: time between a request's consecutive generated tokens.",
-            ["model"], registry=r, buckets=LATENCY_BUCKETS)
-        self.live_sequences = Gauge(
-            "seqserve_live_sequences", "Language models: sequences being generated.",
-            ["model"], registry=r, multiprocess_mode="livesum")
-        self.live_sessions = Gauge(
-            "seqserve_live_sessions", "Feature-sequence models: live stateful sessions.",
-            ["model"], registry=r, multiprocess_mode="livesum")
-        self.session_lifetime = Histogram(
+            "Language models: time between a request's consecutive generated tokens.")
+        self.live_sequences = gauge("seqserve_live_sequences",
+                                    "Language models: sequences being generated.")
+        self.live_sessions = gauge("seqserve_live_sessions",
+                                   "Feature-sequence models: live stateful sessions.")
+        self.session_lifetime = histogram(
             "seqserve_session_lifetime_seconds",
-            "Feature-sequence models: a session's start to its end or expiry.", ["model"],
-            registry=r, buckets=SESSION_BUCKETS)
-        self.expired_sessions = Counter(
-            "seqserve_expired_sessions", "Sessions expired after their idle timeout.",
-            ["model"], registry=r)
+            "Feature-sequence models: a session's start to its end or expiry.", SESSION_BUCKETS)
+        self.expired_sessions = counter("seqserve_expired_sessions",
+                                        "Sessions expired after their idle timeout.")
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once per label values (prometheus-client's own

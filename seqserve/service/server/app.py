@@ -2,9 +2,10 @@
 
 The lifespan loads the repository (verify, load, warm up) and only then reports ready; on
 shutdown readiness turns false first (work is still served for the shutdown delay), and
-admitted work drains. Every
-router of `seqserve.service.api` is included here by a plain import. Every exception a FastAPI
-route raises becomes the one error answer (`seqserve.service.web.responses.error_for`) here;
+admitted work drains. The API's
+routes are `seqserve.service.api.routes`: its inference routes answered by the hot path
+(`api/hot_path.py`) from their one table, FastAPI's routers for the rest. Every exception a
+FastAPI route raises becomes the one error answer (`seqserve.service.web.responses.error_for`) here;
 every success body is encoded by the one encoder (`JsonResponse`, the default response class).
 """
 
@@ -21,21 +22,9 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seqserve.service.api import (
-    admin,
-    classify,
-    generate,
-    health,
-    models,
-    openai,
-    predict,
-    tag,
-    translate,
-)
+from seqserve.service.api import routes
 from seqserve.service.api.common import describe_errors
 from seqserve.service.api.hot_path import HotPath, HotPathRouter
-from seqserve.service.api.oip import generate as oip_generate
-from seqserve.service.api.oip import routes as oip
 from seqserve.service.core.answers import bug_message
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.core.metrics import Metrics
@@ -89,13 +78,13 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     )
     app.state.seqserve = state
     _add_error_handlers(app)
-    for module in (health, models, classify, translate, tag, predict, generate, openai, oip,
-                   oip_generate, admin):
-        app.include_router(module.router)
-    install_openapi(app, state)  # the live limits and one infer operation per model
+    for router in routes.ROUTERS:
+        app.include_router(router)
+    # the table's routes and FastAPI's, the live limits and one infer operation per model
+    install_openapi(app, state, routes.FRONTS)
     # outermost first: request id + access log, body limit + drain + timing + metrics, API
     # keys (their 401s counted and timed), then the hot path or FastAPI's own stack
-    inner = HotPathRouter(HotPath(state), functools.partial(FastAPI.__call__, app))
+    inner = HotPathRouter(HotPath(state, routes.TABLE), functools.partial(FastAPI.__call__, app))
     app.entry = with_access_log(ServingMiddleware(with_api_keys(inner, settings), state),
                                 settings)
     return app

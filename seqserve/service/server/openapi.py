@@ -1,7 +1,10 @@
 """The live OpenAPI document: what this server, with these settings and these models, accepts.
 
-FastAPI builds the document from the routes' schemas; this adds what only the running server
-knows, so that the document declares every constraint the server enforces:
+FastAPI builds the document from the routes' schemas: its own routers' and the inference
+routes' table (`seqserve.service.api.routes`), each table route as the two FastAPI operations
+it always was (default and pinned version), built here for the document only (the hot path
+serves them); this adds what only the running server knows, so that the document declares
+every constraint the server enforces:
 
 - the live limits: texts per request (`max_texts`) and characters per text (`max_chars`);
 - one OIP infer operation per served model and version, with that model's exact body
@@ -17,12 +20,17 @@ The document is built when first asked for once the models are loaded, then kept
 from __future__ import annotations
 
 import copy
+import inspect
+from collections.abc import Iterable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
+from seqserve.service.api import lifecycle
 from seqserve.service.api.oip import docs, tasks
 from seqserve.service.api.oip.schemas import V2InferResponse
 from seqserve.service.web.auth import is_open
@@ -35,14 +43,17 @@ ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 INFER_ERRORS = (400, 404, 413, 429, 500, 503, 504)
 
 
-def install(app: FastAPI, state: AppState) -> None:
-    """Serve the live document at /openapi.json (and to /docs)."""
+def install(app: FastAPI, state: AppState,
+            fronts: Iterable[APIRouter | lifecycle.Route]) -> None:
+    """Serve the live document of `fronts` (FastAPI's routers and the inference routes, in
+    order) at /openapi.json (and to /docs)."""
+    routes = documented(fronts)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         doc = get_openapi(title=app.title, version=app.version, description=app.description,
-                          routes=app.routes)
+                          routes=routes)
         live_document(doc, state)
         if state.started:  # the models are known: keep it
             app.openapi_schema = doc
@@ -64,6 +75,40 @@ def install(app: FastAPI, state: AppState) -> None:
     app.router.routes[:] = [r for r in app.router.routes if not builtin(r)]
     if app.openapi_url:
         app.add_route(app.openapi_url, document, include_in_schema=False)
+
+
+def documented(fronts: Iterable[APIRouter | lifecycle.Route]) -> list[BaseRoute]:
+    """The routes the document lists: each router's, and each table route's operations."""
+    routes: list[BaseRoute] = []
+    for front in fronts:
+        if isinstance(front, APIRouter):
+            routes += front.routes
+        elif front.documented:
+            routes += [operation(front, pinned) for pinned in
+                       ((False, True) if front.by_model else (False,))]
+    return routes
+
+
+def operation(route: lifecycle.Route, pinned: bool) -> APIRoute:
+    """A table route as the FastAPI route it documents: its path parameters and body in the
+    endpoint's signature, its description the endpoint's docstring."""
+    params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+              for p in (("name", "version") if pinned else ("name",)) if route.by_model]
+    extra = route.openapi_extra or {}
+    if route.body is not None and "requestBody" not in extra:  # else documented as given
+        params.append(inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                        annotation=route.body))
+
+    async def endpoint() -> None:  # never called: the hot path serves the route
+        raise NotImplementedError
+
+    endpoint.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    endpoint.__doc__ = route.version_doc if pinned else route.doc
+    return APIRoute(route.path(pinned), endpoint, methods=["POST"], name=route.name,
+                    response_model=route.response_model, responses=dict(route.responses),
+                    tags=list(route.tags or (route.prefix.strip("/"),)),
+                    response_class=Response if route.events else JsonResponse,
+                    openapi_extra=route.openapi_extra)
 
 
 def live_document(doc: dict[str, Any], state: AppState) -> None:

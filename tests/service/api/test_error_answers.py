@@ -1,8 +1,8 @@
 """The one error answer and the one JSON encoder, through real servers.
 
 - a model whose graph yields NaN (the real ONNX runtimes of every task, their float outputs
-  replaced by NaN) gets answers that a strict JSON parser accepts, on the hot path and on
-  FastAPI's routes, v1 and OIP (null where the NaN was);
+  replaced by NaN) gets answers that a strict JSON parser accepts, v1 (an application/json
+  body and one read as FastAPI reads other types) and OIP (null where the NaN was);
 - every error path (FastAPI's handlers, the hot path, the middleware's refusals, API keys,
   the protocol's 408, readiness) answers the same shape: `application/json`, a correct
   Content-Length, `{"error": message, "request_id": id}` with the request's X-Request-Id
@@ -135,10 +135,10 @@ def test_a_model_that_outputs_nan_gets_valid_json_answers(tiny_full_repo: Path) 
         load_runtime(spec, path, manifest)))
     with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=60) as c:
         for path, body in NAN_CALLS:
-            # application/json: the hot path; a +json type: FastAPI's route and its encoder
+            # application/json: pydantic's JSON parser; a +json type: read as FastAPI reads it
             for kind in ("application/json", "application/vnd.seqserve+json"):
                 if kind != "application/json" and path.startswith("/v2"):
-                    continue  # OIP infer is always the hot path
+                    continue  # OIP infer reads any body itself
                 r = c.post(path, content=json.dumps(body), headers={"content-type": kind})
                 assert r.status_code == 200, (path, kind, r.status_code, r.text[:300])
                 assert r.headers["content-type"] == "application/json"
@@ -235,7 +235,7 @@ def test_every_error_path_answers_the_same_shape(
         return r
 
     good = {"texts": ["one two"]}
-    # 400: the hot path (v1, OIP) and FastAPI's route (a +json body goes there)
+    # 400: the hot path (v1, OIP), also for a +json body (read as FastAPI reads one)
     plus_json = {"content-type": "application/vnd.x+json"}
     ask("POST", CLASSIFY, 400, good, {"x-request-timeout": "soon"})
     ask("POST", INFER, 400, {"inputs": [{"name": "txt", "datatype": "BYTES", "shape": [1],
@@ -253,7 +253,7 @@ def test_every_error_path_answers_the_same_shape(
     # 405
     r = ask("GET", CLASSIFY, 405)
     assert "POST" in r.headers["allow"]
-    # 413 (the middleware) and 422 (validation: the hot path, FastAPI's route)
+    # 413 (the middleware) and 422 (validation: JSON parser, FastAPI's reading of a +json)
     ask("POST", CLASSIFY, 413, {"texts": ["x" * 3000]})
     ask("POST", CLASSIFY, 422, {"texts": []})
     ask("POST", CLASSIFY, 422, {"texts": []}, plus_json)

@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from seqserve.service.api import generate as v1
@@ -29,22 +27,12 @@ from seqserve.service.api.common import (
     TEXT_RULES,
     Text,
     WholeInt,
-    app_state,
     standard_bounds,
 )
-from seqserve.service.api.generate import (
-    DEFAULTS,
-    HARD_MAX_NEW_TOKENS,
-    MAX_STOPS,
-    StopList,
-    StopText,
-)
-from seqserve.service.api.lifecycle import asgi_call
+from seqserve.service.api.lifecycle import Call, Route
 from seqserve.service.api.translate import MAX_SEED, Number
-from seqserve.service.web.responses import JsonResponse
+from seqserve.service.web.state import AppState
 from seqserve.service.workers.lm import GenerateParams, Generation
-
-router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
 
 
 class GenerateParameters(BaseModel):
@@ -52,16 +40,16 @@ class GenerateParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=standard_bounds)
 
-    max_tokens: WholeInt = Field(DEFAULTS.max_new_tokens, ge=1, le=HARD_MAX_NEW_TOKENS,
+    max_tokens: WholeInt = Field(v1.DEFAULTS.max_new_tokens, ge=1, le=v1.HARD_MAX_NEW_TOKENS,
                                  description="Most tokens generated (also bounded by the "
                                              "server's max_new_tokens).")
-    temperature: Number = Field(DEFAULTS.temperature, ge=0, le=100, description="0 = greedy.")
-    top_k: WholeInt = Field(DEFAULTS.top_k, ge=0, le=100_000, description="0 = off.")
-    top_p: Number = Field(DEFAULTS.top_p, gt=0, le=1, description="1 = off.")
-    seed: WholeInt | None = Field(DEFAULTS.seed, ge=0, le=MAX_SEED,
+    temperature: Number = Field(v1.DEFAULTS.temperature, ge=0, le=100, description="0 = greedy.")
+    top_k: WholeInt = Field(v1.DEFAULTS.top_k, ge=0, le=100_000, description="0 = off.")
+    top_p: Number = Field(v1.DEFAULTS.top_p, gt=0, le=1, description="1 = off.")
+    seed: WholeInt | None = Field(v1.DEFAULTS.seed, ge=0, le=MAX_SEED,
                                   description="Sampling seed (null = random).")
-    stop: StopList | StopText | None = Field(
-        None, description=f"Up to {MAX_STOPS} strings; the text ends before the first one.")
+    stop: v1.StopList | v1.StopText | None = Field(
+        None, description=f"Up to {v1.MAX_STOPS} strings; the text ends before the first one.")
     stream: Literal[False] | None = Field(
         None, description="Absent or false (generate_stream streams).")
 
@@ -114,24 +102,20 @@ def _head(name: str, version: int, body: V2GenerateRequest) -> dict[str, Any]:
     return head
 
 
-async def _generate(request: Request, name: str, version: str | None,
-                    body: V2GenerateRequest) -> JsonResponse:
-    state = app_state(request)
-    v, generation = await v1.generated(state, asgi_call(request.scope, request.receive, name,
-                                                     version),
-                                    [body.text_input], body.parameters.params())
+async def generate_answer(state: AppState, call: Call, body: V2GenerateRequest
+                          ) -> dict[str, Any]:
+    """generate: the whole `text_output`."""
+    v, generation = await v1.generated(state, call, [body.text_input], body.parameters.params())
     result = generation.results()[0]
-    return JsonResponse({**_head(name, v, body), "text_output": result["text"],
-                         "finish_reason": result["finish_reason"],
-                         "usage": generation.usage()})
+    return {**_head(call.model, v, body), "text_output": result["text"],
+            "finish_reason": result["finish_reason"], "usage": generation.usage()}
 
 
-async def _generate_stream(request: Request, name: str, version: str | None,
-                           body: V2GenerateStreamRequest) -> Response:
-    state = app_state(request)
-
+async def stream_answer(state: AppState, call: Call, body: V2GenerateStreamRequest
+                        ) -> v1.EventStream:
+    """generate_stream: its events (module doc)."""
     async def render(generation: Generation, v: int) -> AsyncIterator[bytes]:
-        head = _head(name, v, body)
+        head = _head(call.model, v, body)
         finish = "length"
         async for batch in generation.batches():  # one write per group
             chunk = b"".join(v1.sse({**head, "text_output": ev["text"]})
@@ -141,10 +125,9 @@ async def _generate_stream(request: Request, name: str, version: str | None,
             if chunk:
                 yield chunk
         yield v1.sse({**head, "text_output": "", "finish_reason": finish,
-                   "usage": generation.usage()})
+                      "usage": generation.usage()})
 
-    return v1.streamed(state, asgi_call(request.scope, request.receive, name, version),
-                    [body.text_input], body.parameters.params(), render)
+    return v1.streamed(state, call, [body.text_input], body.parameters.params(), render)
 
 
 STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -153,36 +136,19 @@ STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
                          "`usage`",
           "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 
-
-@router.post("/models/{name}/generate", name="v2_generate",
-             response_model=V2GenerateResponse)
-async def generate(name: str, body: V2GenerateRequest, request: Request) -> JsonResponse:
-    """Triton's generate extension: one prompt (`text_input`) and sampling `parameters`
-    (max_tokens, temperature, top_k, top_p, seed, stop), answered with the whole
-    `text_output`, with the default version."""
-    return await _generate(request, name, None, body)
-
-
-@router.post("/models/{name}/versions/{version}/generate", name="v2_generate",
-             response_model=V2GenerateResponse)
-async def generate_version(name: str, version: str, body: V2GenerateRequest,
-                           request: Request) -> JsonResponse:
-    """Triton's generate extension with one version."""
-    return await _generate(request, name, version, body)
-
-
-@router.post("/models/{name}/generate_stream", name="v2_generate_stream",
-             response_class=Response, responses=STREAM_RESPONSES)
-async def generate_stream(name: str, body: V2GenerateStreamRequest,
-                          request: Request) -> Response:
-    """Triton's generate extension, streamed as server-sent events: one `text_output` piece
-    per token as soon as it exists, then a last event with the `finish_reason`."""
-    return await _generate_stream(request, name, None, body)
-
-
-@router.post("/models/{name}/versions/{version}/generate_stream", name="v2_generate_stream",
-             response_class=Response, responses=STREAM_RESPONSES)
-async def generate_stream_version(name: str, version: str, body: V2GenerateStreamRequest,
-                                  request: Request) -> Response:
-    """generate_stream with one version."""
-    return await _generate_stream(request, name, version, body)
+ROUTES = [
+    Route("/v2", "generate", "v2_generate", V2GenerateRequest, answer=generate_answer,
+          reads="fastapi", response_model=V2GenerateResponse,
+          doc="Triton's generate extension: one prompt (`text_input`) and sampling "
+              "`parameters`\n(max_tokens, temperature, top_k, top_p, seed, stop), answered "
+              "with the whole\n`text_output`, with the default version.",
+          version_doc="Triton's generate extension with one version."),
+    Route("/v2", "generate_stream", "v2_generate_stream", V2GenerateStreamRequest,
+          answer=stream_answer, reads="fastapi", events=True,
+          responses={**ERRORS, **STREAM_RESPONSES},
+          doc="Triton's generate extension, streamed as server-sent events: one "
+              "`text_output` piece\nper token as soon as it exists, then a last event with "
+              "the `finish_reason`.",
+          version_doc="generate_stream with one version."),
+]
+"""POST /v2/models/{name}[/versions/{v}]/generate and /generate_stream (`lifecycle.Route`)."""

@@ -1,4 +1,5 @@
-"""Open Inference Protocol (KServe v2) REST: server/model metadata, readiness and infer."""
+"""Open Inference Protocol (KServe v2) REST: server/model metadata and readiness (FastAPI's
+routes), and infer (a `lifecycle.Route`)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
-from starlette.types import Receive, Scope
 
-from seqserve.service.api.common import (
-    ERRORS,
-    app_state,
-    header,
-)
-from seqserve.service.api.lifecycle import Call, answer, asgi_call
+from seqserve.service.api.common import ERRORS, app_state
+from seqserve.service.api.lifecycle import Call, Route, answer
 from seqserve.service.api.oip import codec, tasks
 from seqserve.service.api.oip.schemas import (
     V2InferRequest,
-    V2InferResponse,
     V2ModelMetadata,
     V2ServerMetadata,
 )
-from seqserve.service.core.answers import encode_json
+from seqserve.service.core.answers import Answer, encode_json
 from seqserve.service.web.repository import ModelEntry
 from seqserve.service.web.responses import JsonResponse, as_response, error_for
 from seqserve.service.web.state import AppState
@@ -90,16 +85,12 @@ async def model_version_ready(name: str, version: str, request: Request) -> Resp
     return _ready(request, name, version)
 
 
-async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: str,
-                       version: str | None, body: bytes) -> tuple[list[tuple[bytes, bytes]],
-                                                                  bytes, str]:
-    """An infer request's extra headers, body and media type: this route's and the hot
-    path's (`seqserve.service.api.hot_path`)."""
+async def infer_answer(state: AppState, call: Call, body: bytes) -> Answer:
+    """An infer request's answer: JSON, or the binary tensor data extension's."""
     found: dict[str, Any] = {}
 
     def read(call: Call) -> None:  # the body, once the model is known
-        found["req"], found["tail"] = codec.parse_request(
-            body, header(scope, codec.HEADER.encode()))
+        found["req"], found["tail"] = codec.parse_request(body, call.header(HEADER))
         call.asked_s = codec.timeout_s(found["req"])
 
     def check(worker: Any) -> None:  # after shedding, before the inputs' decoding
@@ -110,18 +101,19 @@ async def infer_answer(state: AppState, scope: Scope, receive: Receive, name: st
 
     extra: dict[str, Any] = {}
     entry, outputs = await answer(
-        state, asgi_call(scope, receive, name, version), None,
+        state, call, None,
         lambda w, ctx: tasks.infer(w, found["inputs"], found["parameters"], ctx, extra),
         check=check, read=read)
-    return response_parts(entry, found["req"], outputs, found["asked"], extra)
+    head, payload, media = response_parts(entry, found["req"], outputs, found["asked"], extra)
+    return 200, [(b"content-type", media.encode()), *head,
+                 (b"content-length", str(len(payload)).encode())], payload
 
 
-async def _infer(request: Request, name: str, version: str | None) -> Response:
-    headers, payload, media = await infer_answer(app_state(request), request.scope,
-                                                 request.receive, name, version,
-                                                 await request.body())
-    return Response(payload, media_type=media,
-                    headers={k.decode(): v.decode() for k, v in headers})
+HEADER = codec.HEADER.encode()
+ROUTES = [Route("/v2", "infer", "v2_infer", None, answer=infer_answer, documented=False)]
+"""POST /v2/models/{name}[/versions/{v}]/infer (`lifecycle.Route`): the OpenAPI document
+lists one infer operation per served model instead (`server/openapi.py`): the body depends
+on the model behind the path."""
 
 
 def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V2Tensor],
@@ -153,20 +145,3 @@ def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V
         return [], text, "application/json"
     return ([(b"inference-header-content-length", str(len(text)).encode())],
             text + b"".join(blobs), "application/octet-stream")
-
-
-# The OpenAPI document lists one infer operation per served model instead of these two
-# (service/openapi.py): the body depends on the model behind the path.
-@router.post("/models/{name}/infer", name="v2_infer", response_model=V2InferResponse,
-             include_in_schema=False)
-async def infer(name: str, request: Request) -> Response:
-    """OIP inference. Body: an OIP inference request (`{"id"?, "parameters"?, "inputs": [{"name",
-    "datatype", "shape", "data" | "parameters": {"binary_data_size"}}], "outputs"?}`), JSON
-    tensors or the binary tensor data extension (`Inference-Header-Content-Length`)."""
-    return await _infer(request, name, None)
-
-
-@router.post("/models/{name}/versions/{version}/infer", name="v2_infer",
-             response_model=V2InferResponse, include_in_schema=False)
-async def infer_version(name: str, version: str, request: Request) -> Response:
-    return await _infer(request, name, version)

@@ -97,15 +97,22 @@ def validate(doc: dict[str, Any], version: str) -> None:
 
 
 def route_checker() -> Callable[[str, str], bool]:
-    """`exists(path, method="GET")`: whether the real app routes it (its own router matching)."""
+    """`exists(path, method="GET")`: whether the real app routes it: the inference routes
+    (POST) by the route table's own matching (`api/hot_path.py`, what the app dispatches
+    them by), every other route by FastAPI's router."""
     from starlette.routing import Match
 
+    from seqserve.service.api import routes
+    from seqserve.service.api.hot_path import HotPath
     from seqserve.service.server.app import create_app
     from seqserve.service.web.settings import Settings
 
     app = create_app(Settings(repo=Path("unused")))
+    table = HotPath(app.state.seqserve, routes.TABLE)
 
     def exists(path: str, method: str = "GET") -> bool:
+        if method == "POST" and table.match(path) is not None:
+            return True
         scope = {"type": "http", "path": path, "method": method, "root_path": "",
                  "path_params": {}, "headers": [], "query_string": b""}
         return any(route.matches(scope)[0] == Match.FULL for route in app.routes)

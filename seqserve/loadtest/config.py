@@ -21,45 +21,37 @@ class LoadConfig:
     """Base URL of the server, e.g. http://127.0.0.1:8000."""
     model: str
     """Model name in the server's repository."""
+    # Endpoint: "classify", "translate", "generate" (a language model) or "predict" (a feature-
+    # sequence model: random series of `series_steps` steps of `features` values).
     task: Task = "classify"
-    """Endpoint: "classify", "translate", "generate" (a language model) or "predict" (a
-    feature-sequence model: random series of `series_steps` steps of `features` values)."""
+    # Open loop: mean arrival rate in requests/s (Poisson). Exclusive with `concurrency`.
     rate: float | None = None
-    """Open loop: mean arrival rate in requests/s (Poisson). Exclusive with `concurrency`."""
+    # Closed loop: number of clients that each send, wait for the answer, send again.
     concurrency: int | None = None
-    """Closed loop: number of clients that each send, wait for the answer, send again."""
+    # Stop scheduling new requests after this many seconds (None: only `requests` counts).
     duration_s: float | None = 10.0
-    """Stop scheduling new requests after this many seconds (None: only `requests` counts)."""
+    # Stop after this many requests were scheduled (None: only `duration_s` counts).
     requests: int | None = None
-    """Stop after this many requests were scheduled (None: only `duration_s` counts)."""
+    # Open loop: at most this many outstanding requests; arrivals beyond are dropped.
     max_in_flight: int = 512
-    """Open loop: at most this many outstanding requests; arrivals beyond are dropped."""
-    timeout_s: float = 60.0
-    """Per-request timeout, from the actual send."""
-    beam_size: int = 5
-    """Beam size sent with translate requests."""
-    texts_per_request: int = 1
-    """Texts in the `texts` list of each request."""
-    seed: int = 0
-    """Seed for arrival times and text choice (same seed, same schedule and texts)."""
+    timeout_s: float = 60.0  # Per-request timeout, from the actual send.
+    beam_size: int = 5  # Beam size sent with translate requests.
+    texts_per_request: int = 1  # Texts in the `texts` list of each request.
+    seed: int = 0  # Seed for arrival times and text choice (same seed, same schedule and texts).
+    # Closed loop: longest Retry-After pause honoured after a 429/503.
     max_retry_after_s: float = 5.0
-    """Closed loop: longest Retry-After pause honoured after a 429/503."""
+    # "raw" (lean asyncio HTTP/1.1 client, default) or "httpx" (for comparison).
     http_client: str = "raw"
-    """"raw" (lean asyncio HTTP/1.1 client, default) or "httpx" (for comparison)."""
+    # Generate: ask for server-sent events and time every token (time to first token, inter-token
+    # latency); False: one JSON answer per request (its tokens still counted).
     stream: bool = False
-    """Generate: ask for server-sent events and time every token (time to first token,
-    inter-token latency); False: one JSON answer per request (its tokens still counted)."""
-    max_new_tokens: int = 32
-    """Generate: `max_new_tokens` of each request."""
-    temperature: float = 1.0
-    """Generate: sampling temperature (0 = greedy)."""
-    features: int = 1
-    """Predict: values per step (the model's `features`)."""
-    series_steps: int = 16
-    """Predict: steps of each series (with sessions: of each whole series)."""
+    max_new_tokens: int = 32  # Generate: `max_new_tokens` of each request.
+    temperature: float = 1.0  # Generate: sampling temperature (0 = greedy).
+    features: int = 1  # Predict: values per step (the model's `features`).
+    series_steps: int = 16  # Predict: steps of each series (with sessions: of each whole series).
+    # Predict, closed loop: each client streams its series in this many chunks through a session
+    # (`start` on the first, `end` on the last), then starts a new one.
     session_chunks: int | None = None
-    """Predict, closed loop: each client streams its series in this many chunks through a
-    session (`start` on the first, `end` on the last), then starts a new one."""
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)

@@ -32,33 +32,22 @@ DISTANCES_REPORTED = (1, 10, 25, 50, 100)
 class GradientDiagnosticsConfig:
     """Settings of `seqserve diagnose gradients`."""
 
-    cells: tuple[str, ...] = ("rnn", "lstm", "gru")
-    """Cell types measured, in order."""
-    length: int = 60
-    """Sequence length T (the longest distance measured is T-1)."""
-    hidden_size: int = 64
-    """Hidden size H."""
-    embed_size: int = 0
-    """Input (embedding) width E; 0 means E = H."""
-    vocab_size: int = 8
-    """Number of symbols V (chance accuracy 1/V)."""
-    probe_batch: int = 128
-    """Rows of the fixed probe batch the gradients are averaged over."""
-    train_batch: int = 64
-    """Rows per training step."""
-    train_steps: int = 300
-    """Adam steps of the short training run (0: measure at init only)."""
-    lr: float = 1e-2
-    """Adam learning rate."""
+    cells: tuple[str, ...] = ("rnn", "lstm", "gru")  # Cell types measured, in order.
+    length: int = 60  # Sequence length T (the longest distance measured is T-1).
+    hidden_size: int = 64  # Hidden size H.
+    embed_size: int = 0  # Input (embedding) width E; 0 means E = H.
+    vocab_size: int = 8  # Number of symbols V (chance accuracy 1/V).
+    probe_batch: int = 128  # Rows of the fixed probe batch the gradients are averaged over.
+    train_batch: int = 64  # Rows per training step.
+    train_steps: int = 300  # Adam steps of the short training run (0: measure at init only).
+    lr: float = 1e-2  # Adam learning rate.
+    # Training lengths grow linearly from 2 to T over the first 70% of steps (then T).
     curriculum: bool = True
-    """Training lengths grow linearly from 2 to T over the first 70% of steps (then T)."""
-    clip: float = 1.0
-    """Gradient-norm clipping during training."""
-    seed: int = 0
-    """Seeds the weights, the probe batch and the training batches."""
+    clip: float = 1.0  # Gradient-norm clipping during training.
+    seed: int = 0  # Seeds the weights, the probe batch and the training batches.
+    # LSTM forget-gate biases measured besides PyTorch's init: one "lstm fb=B" entry each (needs
+    # "lstm" in cells).
     forget_biases: tuple[float, ...] = ()
-    """LSTM forget-gate biases measured besides PyTorch's init: one "lstm fb=B" entry each
-    (needs "lstm" in cells)."""
 
     def __post_init__(self) -> None:
         unknown = [c for c in self.cells if c not in CELL_TYPES]
@@ -173,9 +162,9 @@ def train_copy(
 
 
 def run_cell(cell: str, cfg: GradientDiagnosticsConfig, log: Callable[[str], None],
+             # Init and trained measurements of one cell type on the same probe batch (an LSTM with
+             # its forget-gate bias set to `forget_bias`, if given).
              forget_bias: float | None = None) -> dict:
-    """Init and trained measurements of one cell type on the same probe batch (an LSTM with
-    its forget-gate bias set to `forget_bias`, if given)."""
     torch.manual_seed(cfg.seed)
     model = CopyModel(cell, cfg.vocab_size, cfg.input_size, cfg.hidden_size, forget_bias)
     if forget_bias is not None:

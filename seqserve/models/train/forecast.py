@@ -65,18 +65,13 @@ class ForecastTrainConfig(FitConfig):
     lr_schedule: str = "budget"
     patience: int = 10
     num_threads: int = 1
-    window: int = 104
-    """Weeks per training window (2 years)."""
+    window: int = 104  # Weeks per training window (2 years).
+    # First weeks of a window whose forecasts are not scored (the state starts at zero).
     burn_in: int = 13
-    """First weeks of a window whose forecasts are not scored (the state starts at zero)."""
-    batch_size: int = 32
-    """Windows per step."""
-    steps_per_epoch: int = 40
-    """Steps between validations."""
-    max_epochs: int = 100
-    """Most validations (epochs) to run."""
-    budget_s: float = 30.0
-    """Training time budget in seconds (0 = none)."""
+    batch_size: int = 32  # Windows per step.
+    steps_per_epoch: int = 40  # Steps between validations.
+    max_epochs: int = 100  # Most validations (epochs) to run.
+    budget_s: float = 30.0  # Training time budget in seconds (0 = none).
 
     def __post_init__(self) -> None:
         for name in ("window", "batch_size", "steps_per_epoch", "max_epochs"):
@@ -129,8 +124,8 @@ class ForecastResult:
 def train_forecaster(out_dir: str | Path, budget_s: float = 30.0, seed: int = 0,
                      model_overrides: dict[str, Any] | None = None,
                      train_overrides: dict[str, Any] | None = None, series: str = "co2",
+                     # Train the forecaster on a built-in series into `out_dir` (module doc).
                      progress: bool = True) -> ForecastResult:
-    """Train the forecaster on a built-in series into `out_dir` (module doc)."""
     cfg = ForecastTrainConfig.from_overrides({"budget_s": budget_s, "seed": seed,
                                               **(train_overrides or {})}, "forecaster")
     model_cfg = ForecasterConfig.from_overrides(model_overrides, "forecaster")

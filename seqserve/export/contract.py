@@ -282,6 +282,26 @@ def onnx_signature(model: Any) -> tuple[Signature, Signature]:
 
 # -- manifest.json schema ---------------------------------------------------------------
 
+# A bundle is untrusted input: its declared sizes are bounded before anything is allocated
+# from them (`seqserve verify` builds parity batches up to the limits; the server sizes
+# tables by the vocabulary). Each bound is far above what a recurrent model uses.
+MAX_VOCAB = 1 << 19
+"""Most tokenizer pieces (524,288: twice the largest vocabularies in use, 256k)."""
+MAX_TOKENS = 1 << 14
+"""Most tokens a bundle may declare for an input or a decoded output (16,384)."""
+MAX_STEPS = 1 << 16
+"""Most steps of a feature sequence (65,536)."""
+MAX_FEATURES = 1 << 12
+"""Most values per step of a feature sequence (4,096)."""
+MAX_SERIES_VALUES = 1 << 22
+"""Most values of one whole series, max_steps x features (4M floats, 16 MiB a row)."""
+MAX_OUTPUTS = 1 << 16
+"""Most outputs (or labels) of a feature-sequence model or a classifier's labels."""
+MAX_STATE_DIM = 1 << 18
+"""Most floats of one recurrent state row (1 MiB)."""
+MAX_TOKENIZER_BYTES = 64 << 20
+"""Largest tokenizer file read (a 256k-piece tokenizer.json is ~17 MB)."""
+
 _TENSOR = {"type": "object", "required": ["name", "dtype", "shape"],
            "properties": {"name": {"type": "string"},
                           "dtype": {"enum": ["float32", "int64", "bool"]},
@@ -290,7 +310,7 @@ _TOKENIZER = {
     "type": "object", "required": ["file", "vocab_size", "pad_id", "unk_id", "bos_id", "eos_id"],
     "properties": {"file": {"type": "string"},
                    "kind": {"enum": ["sentencepiece", "tokenizers"]},
-                   "vocab_size": {"type": "integer", "minimum": 0},
+                   "vocab_size": {"type": "integer", "minimum": 0, "maximum": MAX_VOCAB},
                    **{k: {"type": "integer", "minimum": -1}
                       for k in ("pad_id", "unk_id", "bos_id", "eos_id")}},
 }
@@ -312,16 +332,19 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "source": {"type": "object"},
         "tokenizer": _TOKENIZER,
         "target_tokenizer": _TOKENIZER,
-        "labels": {"type": "array", "items": {"type": "string"}},
+        "labels": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_OUTPUTS},
         "limits": {"type": "object",
-                   "properties": {"max_tokens": {"type": "integer", "minimum": 1},
-                                  "max_decode_length": {"type": "integer", "minimum": 1},
-                                  "max_steps": {"type": "integer", "minimum": 1}}},
-        "features": {"type": "integer", "minimum": 1},
-        "outputs": {"type": "integer", "minimum": 1},
+                   "properties": {"max_tokens": {"type": "integer", "minimum": 1,
+                                                 "maximum": MAX_TOKENS},
+                                  "max_decode_length": {"type": "integer", "minimum": 1,
+                                                        "maximum": MAX_TOKENS},
+                                  "max_steps": {"type": "integer", "minimum": 1,
+                                                "maximum": MAX_STEPS}}},
+        "features": {"type": "integer", "minimum": 1, "maximum": MAX_FEATURES},
+        "outputs": {"type": "integer", "minimum": 1, "maximum": MAX_OUTPUTS},
         "normalization": _STATS,
         "output_scale": _STATS,
-        "state_dim": {"type": "integer", "minimum": 1},
+        "state_dim": {"type": "integer", "minimum": 1, "maximum": MAX_STATE_DIM},
         "graphs": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["inputs", "outputs"],
             "properties": {"onnx": {"type": "string"}, "torchscript": {"type": "string"},
@@ -351,7 +374,8 @@ _TYPES: dict[str, tuple[type, ...]] = {"object": (dict,), "array": (list,), "str
 def validate_schema(data: Any, schema: Mapping[str, Any] = MANIFEST_SCHEMA,
                     path: str = "manifest") -> None:
     """Check `data` against the subset of JSON Schema that MANIFEST_SCHEMA uses (type, enum,
-    required, properties, additionalProperties, items, minimum, minLength, pattern);
+    required, properties, additionalProperties, items, minimum, maximum, maxItems, minLength,
+    pattern);
     BundleError naming the field."""
     import re
 
@@ -369,6 +393,11 @@ def validate_schema(data: Any, schema: Mapping[str, Any] = MANIFEST_SCHEMA,
         return
     if isinstance(data, int) and "minimum" in schema and data < schema["minimum"]:
         raise BundleError(f"{path} is {data}, below its minimum {schema['minimum']}")
+    if isinstance(data, int) and "maximum" in schema and data > schema["maximum"]:
+        raise BundleError(f"{path} is {data}, above its maximum {schema['maximum']} (a "
+                          "bound on what a bundle may declare: docs/bundle-format.md)")
+    if isinstance(data, list) and "maxItems" in schema and len(data) > schema["maxItems"]:
+        raise BundleError(f"{path} has {len(data)} items, more than {schema['maxItems']}")
     if isinstance(data, str):
         if len(data) < schema.get("minLength", 0):
             raise BundleError(f"{path} is empty")

@@ -58,6 +58,11 @@ def check_onnx(path: Path, spec: GraphSpec, opset: int | None = None, strict: bo
     from seqserve.export.contract import check_signature, onnx_signature
 
     model = onnx.load(str(path), load_external_data=False)
+    outside = [t.name for t in model.graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL]
+    if outside and not external:
+        raise BundleError(f"{path.name}: weights in external data files {outside[:3]}; a "
+                          "bundle's graph is one file (pack reads external data in)")
     try:
         if external:  # the checker reads the external files itself, by path
             onnx.checker.check_model(str(path), full_check=False)
@@ -65,10 +70,6 @@ def check_onnx(path: Path, spec: GraphSpec, opset: int | None = None, strict: bo
             onnx.checker.check_model(model, full_check=True)
     except onnx.checker.ValidationError as exc:
         raise BundleError(f"{path.name}: onnx checker failed: {exc}") from exc
-    outside = [t.name for t in model.graph.initializer
-               if t.data_location == onnx.TensorProto.EXTERNAL]
-    if outside and not external:
-        raise BundleError(f"{path.name}: weights in external data files {outside[:3]}")
     if opset is not None:
         found = {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")}
         if found != {opset}:

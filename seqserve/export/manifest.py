@@ -27,6 +27,8 @@ from seqserve.export.contract import (
     DECODERS,
     FEATURE_TASKS,
     GRAPHS_BY_TASK,
+    MAX_SERIES_VALUES,
+    MAX_TOKENIZER_BYTES,
     TASKS,
     GraphSpec,
     expected_spec,
@@ -310,21 +312,45 @@ def _referenced_files(manifest: Manifest) -> list[str]:
     return names
 
 
+def _publishing_entry(name: str) -> bool:
+    """Kubernetes' atomic writer (ConfigMap, Secret, projected volumes) keeps the files of a
+    folder in `..<timestamp>/`, links `..data` to it and each file to `..data/<file>`: those
+    two entries are how the folder is published, not bundle files."""
+    return name.startswith("..")
+
+
 def verify_files(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Check the folder against `manifest.files`; raise BundleError naming the first bad file."""
+    """Check the folder against `manifest.files`; raise BundleError naming the first bad file.
+
+    A bundle is untrusted input: every listed file must be a regular file that resolves inside
+    the version folder (a symbolic link within it, as Kubernetes volumes and git-sync publish
+    files, is fine; one that leads out of it, to another bundle's file or anywhere else, is
+    refused), and the tokenizer at most MAX_TOKENIZER_BYTES before anything reads it."""
     root = Path(bundle_dir)
     for name in _referenced_files(manifest):
         if name not in manifest.files:
             raise BundleError(f"{root / name}: used by the manifest but has no sha256 in 'files'")
-    present = {p.name for p in root.iterdir() if p.name != MANIFEST_FILE}
+    present = {p.name for p in root.iterdir()
+               if p.name != MANIFEST_FILE and not _publishing_entry(p.name)}
     for name in sorted(present - set(manifest.files)):
         raise BundleError(f"{root / name}: file is not listed in the manifest")
+    real_root = root.resolve()
+    tokenizers = {manifest.tokenizer.file} if manifest.has_tokenizer else set()
+    if manifest.target_tokenizer is not None:
+        tokenizers.add(manifest.target_tokenizer.file)
     for name, digest in sorted(manifest.files.items()):
         path = root / name
-        if os.sep in name or "/" in name or name in ("", ".", ".."):
+        if os.sep in name or "/" in name or name in ("", ".", "..") or _publishing_entry(name):
             raise BundleError(f"{root}: manifest lists an invalid file name {name!r}")
         if not path.is_file():
             raise BundleError(f"{path}: listed in the manifest but missing")
+        real = path.resolve()
+        if real_root not in real.parents:
+            raise BundleError(f"{path}: a symbolic link that leads out of its version folder "
+                              "(a bundle's files must lie inside it)")
+        if name in tokenizers and real.stat().st_size > MAX_TOKENIZER_BYTES:
+            raise BundleError(f"{path}: {real.stat().st_size} bytes, over the "
+                              f"{MAX_TOKENIZER_BYTES >> 20} MiB a tokenizer file may have")
         actual = sha256_file(path)
         if actual != digest:
             raise BundleError(
@@ -457,6 +483,9 @@ def check_series(manifest: Manifest, where: str = "manifest.json") -> None:
     limit = manifest.limits.get("max_steps")
     if limit is None or limit < 1:
         raise BundleError(f"{where}: limits.max_steps (the longest series, >= 1) is missing")
+    if limit * manifest.features > MAX_SERIES_VALUES:
+        raise BundleError(f"{where}: limits.max_steps {limit} x features {manifest.features} "
+                          f"is over {MAX_SERIES_VALUES} values per series")
 
 
 def check_task_fields(data: Mapping[str, Any], where: str) -> None:

@@ -73,6 +73,42 @@ def test_health_and_metrics_can_require_the_key(tiny_repo: Path, tmp_path: Path)
         assert client.get("/docs").status_code == 200  # /docs must load /openapi.json
 
 
+def test_without_a_key_the_api_description_names_no_model(tiny_repo: Path,
+                                                         tmp_path: Path) -> None:
+    """/openapi.json stays open (so /docs loads), but before it listed every served model and
+    version to anyone; now without a valid key it is the generic document."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY}\n")
+    app = create_app(settings(tiny_repo, api_key_file=keys))
+    with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        for key in (None, "wrong"):
+            r = _call(client, "GET", "/openapi.json", key)
+            assert r.status_code == 200
+            assert "tiny-clf" not in r.text and "tiny-mt" not in r.text, key
+            assert "/v1/models/{name}/classify" in r.json()["paths"]
+        full = _call(client, "GET", "/openapi.json", KEY)
+        assert "/v1/models/tiny-clf/classify" in full.json()["paths"]
+        assert _call(client, "POST", "/v1/models/tiny-clf/classify", KEY).status_code == 200
+        assert _call(client, "POST", "/v1/models/tiny-clf/classify", None).status_code == 401
+
+
+def test_the_key_file_setting(tmp_path: Path) -> None:
+    from pydantic import SecretStr, ValidationError
+
+    from seqserve.service.web.settings import Settings
+
+    keys = tmp_path / "keys"
+    keys.write_text(f"# rotation\n{KEY}\n{OTHER}\n")
+    s = settings_from_args(build_parser().parse_args(["serve", "--api-key-file", str(keys)]))
+    assert s.keys_on and s.api_key is None
+    digests = load_keys(s.api_key, s.api_key_file)
+    assert key_matches(KEY.encode(), digests) and key_matches(OTHER.encode(), digests)
+    with pytest.raises(ValidationError, match="not both"):
+        Settings(api_key=SecretStr(KEY), api_key_file=keys)
+    with pytest.raises(ApiKeyError):
+        load_keys(None, tmp_path / "missing")
+
+
 def test_key_files_and_comparison(tmp_path: Path) -> None:
     from pydantic import SecretStr
 

@@ -49,6 +49,7 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
         assert by_version[2]["state"] == "failed"
         assert "sha256" in by_version[2]["reason"] and "classifier.onnx" in by_version[2][
             "reason"]
+        assert str(repo) not in by_version[2]["reason"]
         assert by_version[1]["state"] == "ready" and info["default_version"] == 1
         ok = c.post(f"/v1/models/{MODEL}/classify", json={"texts": ["one"]})
         assert ok.status_code == 200 and ok.json()["version"] == 1
@@ -60,6 +61,9 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
         metrics = c.get("/metrics").text
     if readiness == "all":  # strict: a failed version keeps the server out of rotation
         assert ready.status_code == 503 and f"{MODEL}/2: failed" in ready.json()["error"]
+        # the open readiness answer names the file within the repository: before, it showed
+        # the server's absolute path to anyone
+        assert f"{MODEL}/2/classifier.onnx" in ready.text and str(repo) not in ready.text
     else:
         assert ready.status_code == 200
     ready_gauge = _samples(metrics, "seqserve_model_ready")

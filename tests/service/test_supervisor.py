@@ -12,6 +12,7 @@ import asyncio
 import collections
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -454,13 +455,45 @@ def test_children_get_the_same_settings() -> None:
     from seqserve.service.server.supervisor import settings_env
     from seqserve.service.web.settings import Settings
 
-    given = Settings(api_key=SecretStr("k1\nk2"), providers=["A", "B"], truncate=True,
-                     max_texts=7, api_workers=3)
+    given = Settings(providers=["A", "B"], truncate=True, max_texts=7, api_workers=3)
     env = settings_env(given)
-    assert env["SEQSERVE_API_KEY"] == "k1\nk2" and env["SEQSERVE_PROVIDERS"] == "A,B"
+    assert env["SEQSERVE_PROVIDERS"] == "A,B"
     assert "SEQSERVE_SHUTDOWN_DELAY_S" in env
     child = Settings(**{k.removeprefix("SEQSERVE_").lower(): v for k, v in env.items()
                         if k != "SEQSERVE_PROVIDERS"}, providers=env["SEQSERVE_PROVIDERS"])
     assert child == given
+    assert "SEQSERVE_API_KEY" not in settings_env(Settings(api_key=SecretStr("k1\nk2")))
     assert "SEQSERVE_LOG_FORMAT" in settings_env(Settings()) and "SEQSERVE_API_KEY" not in \
         settings_env(Settings())
+
+
+@pytest.mark.parametrize("given", ["inline", "at-file", "file"])
+def test_no_child_gets_the_api_key_in_its_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    """Before, every child got SEQSERVE_API_KEY (readable in /proc/PID/environ by the same
+    user, and in crash reports); now each gets a file's path, the key read from the file."""
+    from pydantic import SecretStr
+
+    from seqserve.service.server.supervisor import Supervisor
+    from seqserve.service.web.auth import key_matches, load_keys
+    from seqserve.service.web.settings import Settings
+
+    key = "s3cret-of-the-operator"
+    keys = tmp_path / "keys"
+    keys.write_text(key + "\n")
+    monkeypatch.setenv("SEQSERVE_API_KEY", key)  # as an operator's environment may hold it
+    options = {"inline": {"api_key": SecretStr(key)},
+               "at-file": {"api_key": SecretStr(f"@{keys}")},
+               "file": {"api_key": None, "api_key_file": keys}}[given]
+    sup = Supervisor(Settings(repo=tmp_path, api_workers=2, instances=1, decode_groups=1,
+                              **options))
+    try:
+        env = sup._env()
+        assert all(key not in value for value in env.values())
+        child = Settings(api_key=None, api_key_file=env["SEQSERVE_API_KEY_FILE"])
+        path = Path(env["SEQSERVE_API_KEY_FILE"])
+        assert key_matches(key.encode(), load_keys(child.api_key, child.api_key_file))
+        if given == "inline":  # written to the server's private folder, for its user only
+            assert path.parent == sup.workdir and path.stat().st_mode & 0o077 == 0
+    finally:
+        shutil.rmtree(sup.workdir, ignore_errors=True)

@@ -42,6 +42,17 @@ def engine_bundles(options: EngineOptions) -> list[tuple[str, int, Path]]:
     return [b for b in found if keeps_sessions(b[2])]
 
 
+def failure_reason(exc: BaseException, repo: str | Path) -> str:
+    """Why a version failed, as `/v1/models`, the readiness answer and the log say it: the
+    exception's type and message, with the repository's own path left out (a bundle's files
+    are named relative to the repository: answers do not show the server's disk layout)."""
+    text = f"{type(exc).__name__}: {exc}"
+    root = str(Path(repo).resolve())
+    for prefix in {root, str(repo)}:
+        text = text.replace(prefix.rstrip("/") + "/", "")
+    return text
+
+
 def max_tokens_of(manifest: Manifest, limit: int) -> int:
     """The token limit of a bundle's texts (a feature-sequence bundle: its steps per
     series): the server's `max_tokens`, capped by the bundle's own."""

@@ -23,7 +23,7 @@ import numpy as np
 from seqserve.service.core.errors import BadRequest, ModelNotReady, ShuttingDown
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.interface import Futures
-from seqserve.service.engine.loading import RuntimeFactory, build_served
+from seqserve.service.engine.loading import RuntimeFactory, build_served, failure_reason
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.protocol import ModelState
 from seqserve.service.scheduling.base import Timed
@@ -69,7 +69,7 @@ class LocalEngine:
                 self.runtime_factory)
             await model.start()
         except Exception as exc:  # this version only
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = failure_reason(exc, self.options.repo)
             log.error("model %s version %d not served: %s", name, version, reason)
             self.metrics.load_failures.labels(name, str(version)).inc()
             self.states.append(ModelState(name, version, str(path), "failed", reason, None, {}))

@@ -46,6 +46,22 @@ def check_providers(requested: list[str], actual: list[str]) -> None:
         )
 
 
+
+def _open_session(path: Path, opts: ort.SessionOptions, providers: list[str]
+                  ) -> ort.InferenceSession:
+    """An InferenceSession from the graph file's bytes, not its path: ONNX Runtime then reads
+    no external data file (a graph in a bundle is one file: `seqserve verify` refuses external
+    data, and the server the same, so a bundle cannot make either read a file beside it or
+    elsewhere)."""
+    try:
+        return ort.InferenceSession(path.read_bytes(), sess_options=opts, providers=providers)
+    except Exception as exc:  # onnxruntime raises its own exception types
+        if "external data" in str(exc).lower():
+            raise RuntimeUnavailable(
+                f"{path.name}: its weights are in external data files; a bundle's graph is "
+                "one file (pack reads external data in)") from exc
+        raise
+
 class OnnxRuntime:
     """Runtime over ONNX Runtime sessions, one per graph file."""
 
@@ -68,7 +84,7 @@ class OnnxRuntime:
         for graph, path in files.items():
             if not path.is_file():
                 raise RuntimeUnavailable(f"{path}: graph file is missing")
-            sess = ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+            sess = _open_session(path, opts, providers)
             check_providers(providers, sess.get_providers())
             spec = (signatures or {}).get(graph)
             if spec is not None:

@@ -259,7 +259,7 @@ class BatchedModel:
         if store is None:
             raise BadRequest("this model's graph has no state input and output: it serves no "
                              "sessions (send the whole series without \"session\")")
-        s = store.acquire(session, start)
+        s = store.acquire(session, start, end)
         try:
             (row,) = self.batcher.submit([(SessionRow(series, s.state), len(series))],
                                          deadline)

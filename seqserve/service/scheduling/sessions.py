@@ -5,12 +5,15 @@ A session is a series sent in chunks: each chunk runs from the state the previou
 are the whole series' outputs. `SessionStore` holds one model version's sessions (the engine
 keys stores by (model, version), so a session is (model, version, session id)):
 
-- `acquire(id, start)` before a chunk runs: `start` creates the session (or restarts a live
-  one from zeros); without it the session must be live, else `SessionNotFound` (never
+- `acquire(id, start, end)` before a chunk runs: `start` creates the session (or restarts a
+  live one from zeros); without it the session must be live, else `SessionNotFound` (never
   started, ended, expired, or lost with a restart: the client restarts it with its
   history). A session whose chunk is in flight answers `SessionBusy` (one chunk per session
   at a time); a new session beyond `max_sessions` gets `TooManySessions` (429 +
-  Retry-After): a live session is never evicted to make room.
+  Retry-After): a live session is never evicted to make room. A one-shot chunk (`start`
+  and `end` together, of a session not live) outlives nothing: it runs in a session of its
+  own that never enters the table, so it takes no slot and is never refused for want of
+  one.
 - `release(session, new_state, steps, end)` when the chunk's row is done: a computed chunk
   stores its state and adds its steps (`end` deletes the session); a failed or cancelled one
   leaves the state as it was, so the client may send the chunk again.
@@ -95,13 +98,15 @@ class SessionStore:
         self.observer.on_session_closed(now - s.started, expired)
         self.observer.on_sessions(len(self.sessions))
 
-    def acquire(self, session_id: str, start: bool) -> Session:
+    def acquire(self, session_id: str, start: bool, end: bool = False) -> Session:
         """The session a chunk runs in, marked busy (module doc for the errors)."""
         now = self.clock()
         s = self.sessions.get(session_id)
         if s is not None and self._expired(s, now):
             self._close(s, now, expired=True)
             s = None
+        if s is None and start and end:  # one-shot: no slot (module doc)
+            return Session(session_id, self._zeros(), started=now, used=now, busy=True)
         if s is not None and s.busy:
             raise SessionBusy(f"session {session_id!r} has a chunk in flight: send its next "
                               "chunk after that one's answer (one chunk per session at a time)")

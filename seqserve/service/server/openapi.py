@@ -33,7 +33,7 @@ from starlette.routing import BaseRoute, Route
 from seqserve.service.api import lifecycle
 from seqserve.service.api.oip import docs, tasks
 from seqserve.service.api.oip.schemas import V2InferResponse
-from seqserve.service.web.auth import is_open
+from seqserve.service.web.auth import AUTHORIZED, is_open
 from seqserve.service.web.responses import OPENAI_PATHS, JsonResponse
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import text_pattern
@@ -48,21 +48,34 @@ def install(app: FastAPI, state: AppState,
     """Serve the live document of `fronts` (FastAPI's routers and the inference routes, in
     order) at /openapi.json (and to /docs)."""
     routes = documented(fronts)
+    generic: list[dict[str, Any]] = []
+
+    def build(models: bool) -> dict[str, Any]:
+        doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                          routes=routes)
+        live_document(doc, state, models)
+        return doc
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
-        doc = get_openapi(title=app.title, version=app.version, description=app.description,
-                          routes=routes)
-        live_document(doc, state)
+        doc = build(models=True)
         if state.started:  # the models are known: keep it
             app.openapi_schema = doc
         return doc
 
+    def public() -> dict[str, Any]:
+        """With API keys on, for a request without a valid key: the routes, limits and
+        errors, but no operation of a served model (which models exist is not public)."""
+        if not generic:
+            generic.append(build(models=False))
+        return generic[0]
+
     app.openapi = openapi  # type: ignore[method-assign]
 
     async def document(request: Request) -> JsonResponse:
-        doc = app.openapi()
+        authorized = not state.settings.keys_on or request.scope.get(AUTHORIZED, False)
+        doc = app.openapi() if authorized else public()
         root_path = request.scope.get("root_path", "").rstrip("/")
         if root_path and root_path not in {s.get("url") for s in doc.get("servers", [])}:
             doc = {**doc, "servers": [{"url": root_path}, *doc.get("servers", [])]}
@@ -111,8 +124,9 @@ def operation(route: lifecycle.Route, pinned: bool) -> APIRoute:
                     openapi_extra=route.openapi_extra)
 
 
-def live_document(doc: dict[str, Any], state: AppState) -> None:
-    """Add the live limits, the per-model infer operations, the error and auth answers."""
+def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> None:
+    """Add the live limits, the per-model operations (unless not `models`), the error and
+    auth answers."""
     s = state.settings
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for schema in schemas.values():
@@ -134,9 +148,10 @@ def live_document(doc: dict[str, Any], state: AppState) -> None:
         if one is not None:
             one["maxLength"] = s.max_chars
     _errors_as_served(doc)
-    _v1_operations(doc, state)
-    _infer_operations(doc, state)
-    if s.api_key is not None:
+    if models:
+        _v1_operations(doc, state)
+        _infer_operations(doc, state)
+    if s.keys_on:
         _bearer(doc, s.auth_health, s.auth_metrics)
 
 

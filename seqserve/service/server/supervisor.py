@@ -48,6 +48,7 @@ from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
 from seqserve.service.server.accept import GONE, SLOT_ENV, SLOTS_ENV, Slots
 from seqserve.service.server.api_process import LISTEN_FD_ENV
+from seqserve.service.web.auth import key_file_path
 from seqserve.service.web.settings import Settings
 
 log = logging.getLogger("seqserve.supervisor")
@@ -64,7 +65,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         if value is None:
             continue  # the field's default, None
         if isinstance(value, SecretStr):
-            value = value.get_secret_value()
+            continue  # secrets travel in files (Supervisor.key_file), never in environments
         if isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, list | tuple):
@@ -113,6 +114,8 @@ class Supervisor:
         self.metrics_dir = self.workdir / "metrics"
         self.metrics_dir.mkdir()
         self.address = f"ipc://{self.workdir / 'engine.sock'}"
+        self.key_file = self._key_file(settings)
+        """Where the API processes read the API keys (no child's environment holds one)."""
         self.sock: socket.socket | None = None
         self.engine: Child | None = None
         self.api: list[Child] = []
@@ -125,10 +128,25 @@ class Supervisor:
         if int(settings.api_workers) > 1:
             self.slots = Slots(Slots.create(self.slots_path, int(settings.api_workers)))
 
+    def _key_file(self, settings: Settings) -> Path | None:
+        """The keys' file for the children: the one configured, or the keys given inline
+        written to this server's private folder (mode 0600, removed at exit)."""
+        path = key_file_path(settings.api_key, settings.api_key_file)
+        if path is not None or settings.api_key is None:
+            return path.resolve() if path is not None else None
+        path = self.workdir / "api-keys"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(settings.api_key.get_secret_value() + "\n")
+        return path
+
     # -- processes --------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
         env = {**os.environ, **settings_env(self.settings)}
+        env.pop("SEQSERVE_API_KEY", None)  # the children read the keys from a file
+        if self.key_file is not None:
+            env["SEQSERVE_API_KEY_FILE"] = str(self.key_file)
         env[MULTIPROC_ENV] = str(self.metrics_dir)
         env.pop(ADDRESS_ENV, None)
         if self.with_engine:  # an API process uses the engine iff it gets its address

@@ -1,8 +1,10 @@
 """API keys (off by default): `Authorization: Bearer KEY` on inference and model routes.
 
 `settings.api_key` holds the keys, one per line (a single key is the usual case), or is
-`@PATH`: a file of keys, one per line; blank lines and lines starting with `#` are skipped.
-They are read once, when the app is built. Health (`/v2/health/*`,
+`@PATH`: a file of keys, one per line; blank lines and lines starting with `#` are skipped;
+`settings.api_key_file` names such a file. They are read once, when the app is built. The
+supervisor hands its children a file, never the key itself (no child's environment or command
+line holds it). Health (`/v2/health/*`,
 `/health/*`) and `/metrics` stay open unless `auth_health` / `auth_metrics`; the API
 description (`/openapi.json`, `/docs`, `/redoc`) stays open so that `/docs` can load it.
 
@@ -39,13 +41,26 @@ class ApiKeyError(UserError):
     """The api_key setting names no usable key (empty, or an unreadable or empty file)."""
 
 
-def load_keys(secret: SecretStr) -> list[bytes]:
-    """SHA-256 digests of the keys `secret` holds: one key per line of its value or, when it
-    is `@PATH`, of that file (blank lines and `#` comments skipped)."""
-    value = secret.get_secret_value().strip()
+AUTHORIZED = "seqserve.authorized"
+"""Scope key set on the open API-description paths: whether the request carried a valid key
+(with keys on, the document of the served models is only for those that do)."""
+
+
+def key_file_path(secret: SecretStr | None, file: Path | None) -> Path | None:
+    """The file the keys are read from: api_key_file, or api_key's `@PATH` (else None)."""
+    if file is not None:
+        return file
+    value = secret.get_secret_value().strip() if secret is not None else ""
+    return Path(value[1:]) if value.startswith("@") else None
+
+
+def load_keys(secret: SecretStr | None, file: Path | None = None) -> list[bytes]:
+    """SHA-256 digests of the keys: one key per line of `secret`'s value or of the key file
+    (`file`, or `secret`'s `@PATH`; blank lines and `#` comments skipped)."""
+    value = secret.get_secret_value().strip() if secret is not None else ""
     where = "api_key"
-    if value.startswith("@"):
-        path = Path(value[1:])
+    path = key_file_path(secret, file)
+    if path is not None:
         where = f"api_key file {path}"
         try:
             value = path.read_text(encoding="utf-8")
@@ -91,9 +106,9 @@ def key_matches(key: bytes, digests: list[bytes]) -> bool:
 
 def with_api_keys(app: ASGIApp, settings: Settings) -> ASGIApp:
     """`app` behind the key check when `settings.api_key` is set (reads a key file now)."""
-    if settings.api_key is None:
+    if not settings.keys_on:
         return app
-    return ApiKeyMiddleware(app, digests=load_keys(settings.api_key),
+    return ApiKeyMiddleware(app, digests=load_keys(settings.api_key, settings.api_key_file),
                             auth_health=settings.auth_health, auth_metrics=settings.auth_metrics)
 
 
@@ -110,6 +125,9 @@ class ApiKeyMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_open(scope["path"], self.auth_health,
                                               self.auth_metrics):
+            if scope["type"] == "http" and scope["path"].startswith(DOCS_PATHS):
+                key = presented_key(scope)
+                scope[AUTHORIZED] = key is not None and key_matches(key, self.digests)
             await self.app(scope, receive, send)
             return
         key = presented_key(scope)

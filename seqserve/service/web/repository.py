@@ -24,6 +24,7 @@ from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
 from seqserve.service.engine.interface import Engine, ModelHandle, handle
+from seqserve.service.engine.loading import failure_reason
 from seqserve.service.engine.protocol import ModelState
 from seqserve.service.web.settings import Settings
 from seqserve.service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
@@ -96,7 +97,7 @@ class ModelRepository:
         try:
             worker = await asyncio.to_thread(self._worker, entry, state, engine)
         except Exception as exc:  # any failure skips this version only
-            entry.state, entry.reason = "failed", f"{type(exc).__name__}: {exc}"
+            entry.state, entry.reason = "failed", failure_reason(exc, self.settings.repo)
             log.error("model %s version %d not served: %s", entry.name, entry.version,
                       entry.reason)
             return

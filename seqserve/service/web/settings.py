@@ -150,7 +150,12 @@ class Settings(BaseSettings):
     request id (the client's request id header, or a new id; sent back in the response)."""
     api_key: SecretStr | None = None
     """API key required as `Authorization: Bearer KEY` on inference and model routes (several:
-    one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged."""
+    one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged.
+    A key given here is visible to `ps` and in this process's environment: prefer
+    api_key_file."""
+    api_key_file: Path | None = None
+    """A file of API keys, one per line (`#` comments; blank lines skipped): the same as
+    api_key but read from disk, so the key is in no command line nor environment."""
     auth_health: bool = False
     """With api_key: also require a key on the health routes (probes then need it too)."""
     auth_metrics: bool = False
@@ -177,8 +182,15 @@ class Settings(BaseSettings):
             raise ValueError("must be 'auto' or an integer from 1 to 8")
         return v
 
+    @property
+    def keys_on(self) -> bool:
+        """Whether API keys are required (api_key or api_key_file is set)."""
+        return self.api_key is not None or self.api_key_file is not None
+
     @model_validator(mode="after")
     def _check(self) -> Settings:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("give api_key or api_key_file, not both")
         if self.max_batch_tokens < self.max_tokens:
             raise ValueError(
                 f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_tokens "

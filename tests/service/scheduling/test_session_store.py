@@ -84,3 +84,26 @@ def test_beyond_max_sessions_is_refused_and_idle_ones_expire() -> None:
     clock.now += 10.5
     with pytest.raises(SessionNotFound):
         store.acquire("a", start=False)  # found expired before any sweep
+
+
+def test_a_one_shot_chunk_takes_no_slot() -> None:
+    """`start` and `end` together outlive nothing: before, such a request was refused when
+    the table was full (10,000 ids filled it in ~1.5 s and blocked every session for the idle
+    timeout); now it runs from zeros in a session of its own and leaves nothing behind."""
+    store, _, seen = _store(max_sessions=1)
+    held = store.acquire("long-lived", start=True)
+    store.release(held, np.ones(3), 2, end=False)
+    with pytest.raises(TooManySessions):
+        store.acquire("other", start=True)
+    for i in range(3):
+        s = store.acquire(f"once-{i}", start=True, end=True)
+        assert s.busy and (s.state == 0).all() and len(store) == 1
+        store.release(s, np.full(3, 5.0), 4, end=True)
+        assert set(store.sessions) == {"long-lived"}
+    again = store.acquire("long-lived", start=False)  # untouched by the one-shots
+    assert again.state.tolist() == [1.0, 1.0, 1.0] and again.steps == 2
+    store.release(again, None, 0, end=False)
+    live = store.acquire("long-lived", start=True, end=True)  # a live one: restarted, ended
+    assert live is store.sessions["long-lived"] and (live.state == 0).all()
+    store.release(live, np.zeros(3), 1, end=True)
+    assert len(store) == 0 and seen.live[-1] == 0

@@ -9,6 +9,7 @@ from typing import Any
 
 from seqserve.export.manifest import Manifest, load_bundle
 from seqserve.models.errors import BundleError
+from seqserve.models.text.tokenizer_files import load_tokenizer, probe_tokenizer
 
 
 def _vocab_size(manifest: Manifest) -> int:
@@ -66,6 +67,10 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
     root = Path(bundle_dir)
     manifest = load_bundle(root, verify=True, require_checksum=True)  # schema + declared
     check_graph_files(root, manifest)
+    if manifest.has_tokenizer:  # one that panics or crawls on adversarial texts is refused
+        for spec in filter(None, (manifest.tokenizer, manifest.target_tokenizer)):
+            probe_tokenizer(load_tokenizer(root / spec.file, spec.kind, (
+                spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id)), spec.file)
     report: dict[str, Any] = {"bundle": str(root), "name": manifest.name,
                               "version": manifest.version, "task": manifest.task,
                               "files": sorted(manifest.files), "hashes": "ok", "parity": None}

@@ -13,19 +13,28 @@ imports it).
 `special_ids(path, overrides)` reads a tokenizer file's special ids (pad, unk, bos, eos) from
 its special tokens by name; `load_tokenizer(path, kind, specials)` opens a file as a bundle
 declares it. Both are what `seqserve pack` and the server use, so they see the same ids.
+
+A tokenizer.json can fail on a text: a backtracking regex in its normalizer or pre-tokenizer
+(`(a|aa)+$`, `(x+x+)+y`) makes the Rust library panic ("retry-limit-in-match over") on a
+30-character run of one letter, or crawl first. `JsonTokenizer` turns that (pyo3's
+PanicException, a BaseException) into `TokenizerFailed` where the library is called;
+`probe_tokenizer` runs a tokenizer on adversarial texts under a time budget, and `seqserve
+verify` and the server's bundle loading refuse a tokenizer that panics or crawls on them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from seqserve.models.errors import UserError
+from seqserve.models.errors import BundleError, DataError, UserError
 from seqserve.models.text.tokenizer import Piece, Tokenizer, class_range, code_runs
 
 KINDS = ("sentencepiece", "tokenizers")
@@ -43,6 +52,80 @@ TOKEN_NAMES: dict[str, tuple[str, ...]] = {
 --unk-token, --bos-token, --eos-token)."""
 _CONTROL = ("\\x01-\\x20\\x7f-\\x9f\\xa0\\u1680\\u2000-\\u200f\\u2028\\u2029\\u202f\\u205f"
             "\\u3000\\ufeff")
+
+
+PROBE_BUDGET_S = 0.05
+"""Most seconds a tokenizer may take on one probe text (each under 200 characters): a
+working one takes well under a millisecond."""
+_MIXED = ("Hello Привет مرحبا नमस्ते 你好世界 こんにちは 안녕하세요 Γειά σου שלום "
+          "ไทย ქართული Ẓ̌ ﬁ ½ ")
+PROBE_TEXTS: tuple[tuple[str, str], ...] = (
+    *((f"{c!r} x 32", c * 32) for c in "ax0.- 'é"),
+    *((f"{c!r} x 31 then {e!r}", c * 31 + e) for c, e in ("ab", "xy", "x!", "1a", "!a",
+                                                           " a", "aA")),
+    ("'ab' x 16 then 'c'", "ab" * 16 + "c"),
+    ("\"a'\" x 16", "a'" * 16),
+    ("'!?' x 16", "!?" * 16),
+    ("'...' then a word, x 8", "... word " * 8),
+    ("'e' with 31 combining accents", "e" + "\u0301" * 31),
+    ("long mixed scripts", (_MIXED * 3)[:180]),
+    ("emoji x 16", "\U0001f44d" * 16),
+    ("emoji with skin tones and flags", "\U0001f44d\U0001f3fd\U0001f1eb\U0001f1f7" * 6),
+    ("zero-width-joined emoji x 6", "\U0001f468\u200d\U0001f469\u200d\U0001f467" * 6),
+    ("zero-width joiners between letters", "a\u200db\u200cc\u200b" * 8),
+    ("'\\u200d' x 31 then 'a'", "\u200d" * 31 + "a"),
+)
+"""Texts on which a tokenizer with a backtracking regex panics or crawls: long runs of one
+character (then another), repeated punctuation, combining marks, mixed scripts, emoji and
+zero-width joiners."""
+
+
+class TokenizerFailed(DataError):
+    """A tokenizer that could not process a text: a Rust panic inside `tokenizers` (a regex
+    over its backtracking limit) or an error it raised. The message says why."""
+
+
+def is_panic(exc: BaseException) -> bool:
+    """Whether `exc` is pyo3's PanicException (a Rust panic raised into Python): a
+    BaseException, so `except Exception` misses it, and not importable by name."""
+    kind = type(exc)
+    return kind.__name__ == "PanicException" and kind.__module__ == "pyo3_runtime"
+
+
+def _failed(exc: BaseException) -> TokenizerFailed:
+    lines = str(exc).strip().splitlines()
+    why = lines[0][:200] if lines else ""
+    return TokenizerFailed(f"{type(exc).__name__}: {why}" if why else type(exc).__name__)
+
+
+def probe_tokenizer(tok: TextTokenizer, name: str = "tokenizer",
+                    budget_s: float = PROBE_BUDGET_S) -> None:
+    """Encode (and decode) each of PROBE_TEXTS; BundleError naming the text and what went
+    wrong when the tokenizer fails on one (a panic) or takes over `budget_s` on it twice
+    (a backtracking regex that would fail or stall every such request). About a millisecond
+    for a working tokenizer."""
+    with contextlib.suppress(Exception):  # one that fails here fails below, named
+        tok.encode("warm up")  # a first call may set things up: not timed
+    for label, text in PROBE_TEXTS:
+        took = []
+        for _ in range(2):  # a slow first run may be this machine: the better of two counts
+            start = time.perf_counter()
+            try:
+                tok.decode(tok.encode(text))
+            except Exception as exc:  # TokenizerFailed, or SentencePiece's own errors
+                raise BundleError(
+                    f"{name}: the tokenizer fails on a short text ({label}: {exc}); a "
+                    "backtracking regex in its normalizer or pre-tokenizer? Every text like "
+                    "it would fail: fix the tokenizer") from exc
+            took.append(time.perf_counter() - start)
+            if took[-1] <= budget_s:
+                break
+        if min(took) > budget_s:
+            raise BundleError(
+                f"{name}: the tokenizer takes {min(took) * 1000:.0f} ms on a short text "
+                f"({label}; the limit is {budget_s * 1000:.0f} ms): a backtracking regex in its "
+                "normalizer or pre-tokenizer? Every text like it would stall the server: fix "
+                "the tokenizer")
 
 
 class TextTokenizer(Protocol):
@@ -109,19 +192,39 @@ class JsonTokenizer:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        """Ids as the tokenizer's post-processor writes them; [] for an empty text."""
-        return list(self._tok.encode(text).ids) if text else []
+        """Ids as the tokenizer's post-processor writes them; [] for an empty text.
+        TokenizerFailed when the tokenizer cannot process the text."""
+        return list(self._encoding(text).ids) if text else []
 
     def encode_with_offsets(self, text: str) -> list[Piece]:
         if not text:
             return []
-        enc = self._tok.encode(text)
+        enc = self._encoding(text)
         return [Piece(int(i), str(t), int(a), int(b))
                 for i, t, (a, b) in zip(enc.ids, enc.tokens, enc.offsets, strict=True)]
 
+    def _encoding(self, text: str) -> Any:
+        try:
+            return self._tok.encode(text)
+        except Exception as exc:  # tokenizers raises plain Exception
+            raise _failed(exc) from exc
+        except BaseException as exc:  # a Rust panic (module doc); anything else goes on
+            if not is_panic(exc):
+                raise
+            raise _failed(exc) from exc
+
     def decode(self, ids: Iterable[int]) -> str:
+        """The text of `ids`, special tokens skipped; TokenizerFailed when the tokenizer's
+        decoder fails."""
         keep = [int(i) for i in ids if int(i) not in self._special]
-        return str(self._tok.decode(keep, skip_special_tokens=True))
+        try:
+            return str(self._tok.decode(keep, skip_special_tokens=True))
+        except Exception as exc:
+            raise _failed(exc) from exc
+        except BaseException as exc:
+            if not is_panic(exc):
+                raise
+            raise _failed(exc) from exc
 
     def id_to_piece(self, i: int) -> str:
         piece = self._tok.id_to_token(int(i))

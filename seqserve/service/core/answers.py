@@ -15,11 +15,11 @@ arrays become plain numbers and lists; any other type raises (a server bug, answ
 
 with `content-type: application/json`, `content-length` and its own extra headers
 (`Retry-After` on overload and shutdown, `WWW-Authenticate` on 401, `Allow` on 405,
-`Connection: close` on 408). `request_id` is there whenever a request id was assigned (by
-`seqserve.service.web.access_log`: every request that got as far as its headers), so every 5xx
-carries it; only the protocol's 408 to headers that never arrived has none. The shape is
-chosen by `ErrorShape`, one value per protocol that fixes one; this module imports no web
-framework (it is engine-side `core`).
+`Connection: close` on 408, 414 and 431). `request_id` is there whenever a request id was
+assigned (by `seqserve.service.web.access_log`: every request that got as far as its headers),
+so every 5xx carries it; only the protocol's answers to request heads have none (408: never
+complete; 414, 431: over a limit). The shape is chosen by `ErrorShape`, one value per
+protocol that fixes one; this module imports no web framework (it is engine-side `core`).
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ class BadRequest(ServiceError, status=400):
     """Input the server will not process: wrong shape, empty, over a limit."""
 
 
+class TextNotTokenizable(ServiceError, status=422):
+    """A text the model's tokenizer failed on (e.g. a backtracking regex in a tokenizer.json
+    over its limit): well-formed, but this model cannot read it."""
+
+
 class ModelNotFound(ServiceError, status=404):
     """No model (or no such version of it) in the repository."""
 

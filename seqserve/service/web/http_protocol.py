@@ -1,11 +1,29 @@
-"""uvicorn's httptools protocol with a deadline on request headers (slowloris, idle sockets).
+"""uvicorn's httptools protocol with limits on request heads: a deadline (slowloris, idle
+sockets), a size, a count of header fields and a URL length.
 
 uvicorn closes a keep-alive connection that stays idle after a response
 (`timeout_keep_alive`), but not a new connection that never sends a request, nor one whose
 request headers trickle in: each held a connection open for as long as the client liked
 (70+ s measured). Here a connection must deliver complete request headers within
 `header_timeout_s` of being opened (or of its request's first byte); otherwise it gets a 408
-and is closed. A body that stalls is the middleware's business (`body_timeout_s`).
+and is closed. A body that stalls is the middleware's business (`body_timeout_s`), but a
+request answered before its body arrived (a refusal: 413 by its Content-Length, 415, 429)
+must finish sending it within `header_timeout_s` of its answer, else the connection is closed
+(uvicorn dropped the rest of such a body for as long as the client went on sending it).
+
+Request heads have no size limit in uvicorn or httptools: an 8 MB header or 200,000 header
+fields were served, and an unterminated header grew the process by its size (httptools joins
+the pieces of a header value until it ends). Here the bytes of a request head (request line
+and header fields) are counted as they arrive, before the parser sees them: past
+`max_header_bytes` the request gets a 431 at once; more than `max_headers` fields, a 431; a
+request target over `max_url_bytes`, a 414. Each is the one JSON error answer with
+`Connection: close`, written before the request reaches the app (no route, no API key check),
+after which the connection reads and drops what the client still sends for a moment
+(`LINGER_S`, `LINGER_BYTES`: a close with unread data resets the connection, and the client
+may lose the answer), then closes. A chunked body's framing and trailers (header fields after
+the body, which httptools joins the same way) are bounded by `max_header_bytes` as well: past
+it, between two body bytes, the connection is closed (the request is under way; the app sees
+a disconnect).
 
 Every request's scope carries a future that is done once its client is gone (the connection
 was lost before its response completed): `scope["extensions"]["seqserve.disconnect"]`
@@ -27,21 +45,43 @@ import asyncio
 from http import HTTPStatus
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from seqserve.service.core.answers import error_answer
+from seqserve.service.core.answers import ErrorShape, error_answer
+from seqserve.service.web.responses import shape_of
+from seqserve.service.web.settings import Settings
 
 DISCONNECT = "seqserve.disconnect"
 """The scope extension: a future done when the request's client is gone (see module doc)."""
+LINGER_S = 1.0
+"""After the answer to a refused request head: how long the connection goes on reading (and
+dropping) what the client still sends before it closes (see the module doc)."""
+LINGER_BYTES = 1 << 20
+"""... and how much of it at most."""
 
 
-def timeout_answer(message: str) -> bytes:
-    """A whole 408 response that closes the connection: the one error answer, written as
-    HTTP/1.1 bytes (no request id: the request never got as far as its headers)."""
-    status, headers, body = error_answer(408, message, headers=[(b"connection", b"close")])
+def closing_answer(status: int, message: str, shape: ErrorShape = ErrorShape.PLAIN) -> bytes:
+    """A whole error response that closes the connection: the one error answer, written as
+    HTTP/1.1 bytes (no request id: the request never got past its head)."""
+    status, headers, body = error_answer(status, message, shape=shape,
+                                         headers=[(b"connection", b"close")])
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
     lines += [name + b": " + value for name, value in headers]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def timeout_answer(message: str) -> bytes:
+    """The 408 to request headers that did not arrive in time (`closing_answer`)."""
+    return closing_answer(408, message)
+
+
+def _default(name: str) -> Any:
+    return Settings.model_fields[name].default
+
+
+class _Refused(Exception):
+    """Raised by a parser callback to stop parsing a request the protocol refused."""
 
 
 class OneWrite:
@@ -83,25 +123,114 @@ class OneWrite:
         return getattr(self.transport, name)
 
 
-def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """The protocol class for uvicorn's `http=` with this header deadline."""
+def guarded_protocol(header_timeout_s: float, *,
+                     max_headers: int = _default("max_headers"),
+                     max_header_bytes: int = _default("max_header_bytes"),
+                     max_url_bytes: int = _default("max_url_bytes")) -> type[HttpToolsProtocol]:
+    """The protocol class for uvicorn's `http=` with this header deadline and these limits
+    on request heads (the settings of the same names; see the module doc)."""
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _header_timer: asyncio.TimerHandle | None = None
         _open: list[tuple[Any, asyncio.Future[None]]]
         """Requests of this connection whose response is not complete, with their futures."""
+        _room: int | None
+        """Bytes the request head being read may still take; None while a body is read."""
+        _quiet: int
+        """Bytes read in a body since its last body byte (a chunked body's framing,
+        trailers)."""
+        _refused: bool
+        """A request head over a limit was refused: what arrives now is dropped."""
+        _dropped: int
+        _waiting: bytes | None
+        """The refusal's answer, while the responses to earlier (pipelined) requests are not
+        complete yet."""
+        _linger: asyncio.TimerHandle | None
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._open = []
+            self._room = max_header_bytes
+            self._quiet = 0
+            self._refused = False
+            self._dropped = 0
+            self._waiting = None
+            self._linger = None
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            # uvicorn's, on `_feed`; a callback's `_Refused` ends up a parser error here
+            if self._refused:
+                self._dropped += len(data)
+                if self._dropped > LINGER_BYTES:
+                    self.transport.close()
+                return
+            self._unset_keepalive_if_required()
+            try:
+                self._feed(data)
+            except httptools.HttpParserError:
+                if self._refused:
+                    return
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            except httptools.HttpParserUpgrade:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+
+        def _feed(self, data: bytes) -> None:
+            """Feed the parser, counting the bytes of request heads: never more than
+            `max_header_bytes` of one head reach it (a read that ends a head and starts the
+            next may add to the next uncounted: at most one read more)."""
+            feed = self.parser.feed_data
+            while True:
+                room = self._room
+                if room is None:  # a body: its framing and trailers are bounded too
+                    self._quiet += len(data)  # on_body resets it
+                    feed(data)
+                    if self._room is None and self._quiet > max_header_bytes:
+                        self._refused = True
+                        self.transport.close()
+                    return
+                if len(data) <= room:
+                    self._room = room - len(data)
+                    feed(data)
+                    return
+                self._room = 0
+                if room:
+                    feed(data[:room])
+                if self._room == 0:  # the head goes on past the limit
+                    self._refuse(431, "request head (request line and header fields) exceeds "
+                                 f"max_header_bytes ({max_header_bytes})")
+                    return
+                data = data[room:]
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
 
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            if len(self.url) > max_url_bytes:
+                self._refuse(414, f"request target exceeds max_url_bytes ({max_url_bytes})")
+                raise _Refused
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            if len(self.headers) >= max_headers:
+                if self._room is None:  # a trailer: the request is under way
+                    self._refused = True
+                    self.transport.close()
+                else:
+                    self._refuse(431, f"more than max_headers ({max_headers}) header fields")
+                raise _Refused
+            super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._room = None
+            self._quiet = 0
             before = self.cycle
             super().on_headers_complete()
             cycle = self.cycle
@@ -112,13 +241,56 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
                 self._open = [o for o in self._open if not o[0].response_complete]
                 self._open.append((cycle, gone))
 
+        def on_body(self, body: bytes) -> None:
+            self._quiet = 0
+            super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            self._room = max_header_bytes  # what follows is the next request's head
+            self._disarm()  # (armed when its answer went out before its body came)
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._room is None and self.cycle.response_complete:
+                self._arm()  # answered before its body came: the rest must come soon
+            if self._waiting is not None and self.cycle.response_complete:
+                answer, self._waiting = self._waiting, None
+                self.loop.call_soon(self._answer_and_close, answer)  # after OneWrite's flush
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._linger is not None:
+                self._linger.cancel()
+                self._linger = None
             for cycle, gone in self._open:
                 if not cycle.response_complete and not gone.done():
                     gone.set_result(None)
             self._open = []
             super().connection_lost(exc)
+
+        def _refuse(self, status: int, message: str) -> None:
+            """Answer a request head over a limit (Connection: close), after the responses
+            to the requests before it; the request never reaches the app."""
+            self._refused = True
+            self._disarm()
+            path = getattr(self, "url", b"").split(b"?", 1)[0].decode("latin-1")
+            answer = closing_answer(status, message, shape_of({"path": path}))
+            if self.cycle is None or self.cycle.response_complete:
+                self._answer_and_close(answer)
+            else:
+                self._waiting = answer
+
+        def _answer_and_close(self, answer: bytes) -> None:
+            transport = self.transport
+            if transport.is_closing():
+                return
+            transport.write(answer)
+            if transport.can_write_eof():  # then linger (module doc)
+                transport.write_eof()
+                self._linger = self.loop.call_later(LINGER_S, transport.close)
+            else:
+                transport.close()
 
         def _arm(self) -> None:
             self._disarm()
@@ -132,7 +304,7 @@ def guarded_protocol(header_timeout_s: float) -> type[HttpToolsProtocol]:
         def _expire(self) -> None:
             self._header_timer = None
             if self.cycle is None or self.cycle.response_complete:  # no request in progress
-                if not self.transport.is_closing():
+                if self._room is not None and not self.transport.is_closing():
                     self.transport.write(timeout_answer(
                         f"request headers did not arrive within {header_timeout_s:g} s"))
                 self.transport.close()

@@ -4,6 +4,14 @@
   reads; a body must arrive within `body_timeout_s` (else 408, connection closed); the
   accepted body is buffered and replayed, later `receive()` calls reach the server (so a
   handler can still see `http.disconnect`);
+- reads only what the routes understand (every POST route reads JSON): a POST body must be
+  `application/json` or `application/*+json` (a charset, if given, UTF-8: what FastAPI reads
+  as JSON) or have no content type (read as JSON), or,
+  to an OIP infer route, `application/octet-stream` (the binary tensor extension: tritonclient
+  sends it, or no type); any other type is a 415 before the body is read (`text/plain`, forms
+  and `multipart/form-data` too: what a browser sends cross-site without a CORS preflight). A
+  `gzip` or `deflate` body is decompressed, to `max_body_bytes` at most (more: 413, however
+  small the body sent); any other content coding is a 415;
 - while the server drains (the shutdown delay after SIGTERM) serves new work as usual but
   closes every connection after its answer (`Connection: close`: keep-alive clients move on
   to the endpoints that stay; the load balancer still routes some traffic here meanwhile);
@@ -17,7 +25,9 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -36,25 +46,102 @@ Refusal = tuple[int, str, float | None, list[tuple[bytes, bytes]]]
 (written by the one error answer, `seqserve.service.web.responses.error_for`)."""
 
 
-FORM_OR_NONE = (b"", b"application/x-www-form-urlencoded")
 BODY = "seqserve.body"
 """The scope key of the request's whole body, read once here (the hot path takes it from the
 scope; FastAPI's routes get it replayed as one message)."""
+JSON = b"application/json"
+BINARY = b"application/octet-stream"
+OIP_INFER = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/infer$")
+"""The routes that also read `application/octet-stream` (OIP's binary tensor extension)."""
+UTF8 = (b"utf-8", b"utf8")
+WBITS = {b"gzip": 31, b"x-gzip": 31, b"deflate": 15}
+"""The content codings read, with zlib's `wbits` (deflate: zlib's format, as HTTP means it;
+raw deflate streams are read too)."""
 
 
-def _json_by_default(scope: Scope) -> None:
-    """Every POST body here is JSON (or the OIP binary extension, which names its own type):
-    a body sent with no content type or as a form (what `curl -d` sends) is read as JSON
-    instead of failing validation with a confusing message. Changes `scope` in place: the
-    router records the matched route in this same dict, which the request metrics read."""
-    given = b""
+def _body_kind(scope: Scope) -> tuple[bytes, bytes] | str:
+    """A POST body's media type (b"": none given) and content coding (b"": none or identity),
+    or why it is refused (415): see the module doc."""
+    kind = b""
+    codings: list[bytes] = []
+    seen = False
     for k, v in scope["headers"]:
-        if k == b"content-type":
-            given = v
-            break
-    if given.split(b";")[0].strip().lower() in FORM_OR_NONE:
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-        scope["headers"] = [*headers, (b"content-type", b"application/json")]
+        if k == b"content-type" and not seen:
+            kind, seen = v, True
+        elif k == b"content-encoding":
+            codings += [c.strip().lower() for c in v.split(b",")]
+    media, _, params = kind.partition(b";")
+    media = media.strip().lower()
+    if media == JSON or media.startswith(b"application/") and media.endswith(b"+json"):
+        for param in params.split(b";"):
+            name, _, value = param.partition(b"=")
+            if name.strip().lower() == b"charset" and \
+                    value.strip().strip(b'"').lower() not in UTF8:
+                return (f"unsupported charset in content type {_shown(kind)}: JSON bodies are "
+                        "read as UTF-8")
+    elif media and not (media == BINARY and OIP_INFER.match(scope["path"])):
+        also = (", or application/octet-stream (the binary tensor extension)"
+                if OIP_INFER.match(scope["path"]) else "")
+        return (f"unsupported content type {_shown(kind)}: this route reads JSON "
+                "(application/json or application/*+json, UTF-8; also when no content type "
+                f"is given){also}")
+    codings = [c for c in codings if c and c != b"identity"]
+    if len(codings) > 1 or codings and codings[0] not in WBITS:
+        return (f"unsupported content encoding {_shown(b', '.join(codings))}: gzip, deflate "
+                "and identity are read")
+    return media, codings[0] if codings else b""
+
+
+def _shown(value: bytes) -> str:
+    text = value.decode("latin-1")
+    return repr(text if len(text) <= 80 else text[:80] + "...")
+
+
+def _decoded(body: bytes, coding: bytes, limit: int) -> bytes | Refusal:
+    """A gzip or deflate body decompressed, or the answer to one over `limit` once
+    decompressed (413: a decompression bomb never takes more) or not of its coding (400).
+    Several gzip members are read one after the other, as gzip reads them."""
+    if not body:
+        return body
+    wbits = WBITS[coding]
+    out: list[bytes] = []
+    size = 0
+    data = body
+    while data:
+        stream = zlib.decompressobj(wbits)
+        try:
+            chunk = stream.decompress(data, limit - size + 1)  # at most one byte too many
+        except zlib.error:
+            if wbits == 15 and not out:  # deflate without zlib's header: a raw stream
+                wbits = -15
+                continue
+            return 400, f"request body is not valid {coding.decode()} data", None, []
+        size += len(chunk)
+        if size > limit:
+            return (413, f"request body exceeds max_body_bytes ({limit}) once decompressed",
+                    None, [])
+        out.append(chunk)
+        if not stream.eof:
+            return 400, f"request body is truncated {coding.decode()} data", None, []
+        data = stream.unused_data
+        if data and wbits != 31:
+            return 400, f"request body has data after its {coding.decode()} stream", None, []
+    return b"".join(out)
+
+
+def _as_read(scope: Scope, media: bytes, coding: bytes, size: int) -> None:
+    """The request's headers as the routes read its body: a body with no content type is
+    JSON (`model_validate_json`, not a guess from the bytes), a decompressed one has no
+    content coding and its own length. Changes `scope` in place: the router records the
+    matched route in this same dict, which the request metrics read."""
+    drop = {b"content-encoding", b"content-length"} if coding else set()
+    headers = [(k, v) for k, v in scope["headers"] if k not in drop]
+    if not media:
+        headers = [(k, v) for k, v in headers if k != b"content-type"]
+        headers.append((b"content-type", JSON))
+    if coding:
+        headers.append((b"content-length", str(size).encode()))
+    scope["headers"] = headers
 
 
 class ServingMiddleware:
@@ -81,12 +168,21 @@ class ServingMiddleware:
                 self._observe(scope, status["code"], time.monotonic() - start)
 
     async def _serve(self, scope: Scope, receive: Receive, send_timed: Send) -> None:
-        inference = scope["method"] == "POST" and scope["path"].startswith(INFERENCE)
-        answer = self._refusal(scope, inference)
+        post = scope["method"] == "POST"
+        inference = post and scope["path"].startswith(INFERENCE)
+        media, coding = JSON, b""
+        unread: Refusal | None = None
+        if post:
+            kind = _body_kind(scope)
+            if isinstance(kind, str):
+                unread = 415, kind, None, []
+            else:
+                media, coding = kind
+        answer = unread or self._refusal(scope, inference)
         counted = inference and answer is None
         self.admitted += counted  # before the body is read: slow bodies count too
         try:
-            got = await self._body_or_refusal(scope, receive) if answer is None else b""
+            got = await self._body_or_refusal(scope, receive, coding) if answer is None else b""
             if isinstance(got, tuple):
                 answer = got
             if answer is not None:
@@ -95,8 +191,8 @@ class ServingMiddleware:
                                                         retry_after=retry_after, headers=extra))
                 return
             body = got if isinstance(got, bytes) else b""
-            if scope["method"] == "POST":
-                _json_by_default(scope)
+            if not media or coding:
+                _as_read(scope, media, coding, len(body))
             scope[BODY] = body
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
@@ -110,8 +206,10 @@ class ServingMiddleware:
                     f"({s.max_in_flight}) requests", s.retry_after_s, [])
         return None
 
-    async def _body_or_refusal(self, scope: Scope, receive: Receive) -> bytes | Refusal:
-        """The whole body, or the answer to a body too slow (408) or too large (413)."""
+    async def _body_or_refusal(self, scope: Scope, receive: Receive,
+                               coding: bytes) -> bytes | Refusal:
+        """The whole body (decompressed: `coding`), or the answer to a body too slow (408),
+        too large (413) or not of its coding (400)."""
         s = self.state.settings
         try:
             async with asyncio.timeout(s.body_timeout_s):
@@ -121,7 +219,7 @@ class ServingMiddleware:
                     "(body_timeout_s)", None, [(b"connection", b"close")])
         if body is None:
             return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", None, []
-        return body
+        return _decoded(body, coding, s.max_body_bytes) if coding else body
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None when it is (or announces itself) over the limit."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from seqserve.export.manifest import Manifest, TokenizerSpec
-from seqserve.models.text.tokenizer_files import TextTokenizer, load_tokenizer
+from seqserve.models.text.tokenizer_files import TextTokenizer, load_tokenizer, probe_tokenizer
 from seqserve.service.core.errors import ModelNotFound, ModelNotReady
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
@@ -258,9 +258,12 @@ class ModelRepository:
 
 
 def _tokenizer(path: Path, spec: TokenizerSpec) -> TextTokenizer:
-    """A bundle's tokenizer file with the special ids its manifest declares."""
-    return load_tokenizer(path / spec.file, spec.kind,
-                          (spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id))
+    """A bundle's tokenizer file with the special ids its manifest declares, refused when it
+    fails or crawls on adversarial texts (`probe_tokenizer`)."""
+    tok = load_tokenizer(path / spec.file, spec.kind,
+                         (spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id))
+    probe_tokenizer(tok, spec.file)
+    return tok
 
 
 def _parse_version(version: int | str) -> int | None:

@@ -100,6 +100,16 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(default=10.0, gt=0)
     """A connection must send complete request headers this soon after opening (or after
     its request's first byte), else 408 and closed (slowloris, idle sockets)."""
+    max_headers: int = Field(default=100, ge=1)
+    """Most header fields in one request (trailers included); more: 431 and the connection
+    closed, before any route or API key check."""
+    max_header_bytes: int = Field(default=65_536, ge=1)
+    """Largest request head in bytes (request line and header fields, as they arrive: an
+    unterminated header is cut off at this size), also the bound of a chunked body's
+    framing and trailers; more: 431 and the connection closed."""
+    max_url_bytes: int = Field(default=8192, ge=1)
+    """Longest request target (path and query) in bytes; longer: 414 and the connection
+    closed."""
     body_timeout_s: float = Field(default=10.0, gt=0)
     """A request body must arrive within this time of its headers, else 408 and closed
     (a Content-Length longer than the body sent, a stalled upload)."""
@@ -124,7 +134,8 @@ class Settings(BaseSettings):
     truncate: bool = False
     """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
     max_body_bytes: int = Field(default=1_048_576, ge=1)
-    """Largest request body; bigger is refused before it is read."""
+    """Largest request body, as sent and, for a gzip or deflate body, decompressed; bigger is
+    refused (413), before it is read where its Content-Length says so."""
     max_new_tokens: int = Field(default=512, ge=1)
     """Language models: most tokens one generated sequence may ask for (`max_new_tokens`,
     OpenAI's `max_tokens`); more is a 400."""
@@ -195,6 +206,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_tokens "
                 f"({self.max_tokens}): a single longest text must fit one batch"
+            )
+        if self.max_url_bytes > self.max_header_bytes:
+            raise ValueError(
+                f"max_url_bytes ({self.max_url_bytes}) must be <= max_header_bytes "
+                f"({self.max_header_bytes}): the request line is part of the request head"
             )
         if self.queue_size < self.max_texts:
             raise ValueError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -19,10 +20,17 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from seqserve.export.manifest import Manifest
 from seqserve.models.text.tokenizer import Piece
-from seqserve.models.text.tokenizer_files import TextTokenizer
-from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
+from seqserve.models.text.tokenizer_files import TextTokenizer, TokenizerFailed
+from seqserve.service.core.errors import (
+    BadRequest,
+    ClientGone,
+    DeadlineExceeded,
+    TextNotTokenizable,
+)
 from seqserve.service.scheduling.base import Timing
 from seqserve.service.scheduling.models import DecodeModel, RowModel
+
+log = logging.getLogger("seqserve.workers")
 
 
 @dataclass(frozen=True)
@@ -104,8 +112,13 @@ def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: 
     if len(text) > limits.max_chars:
         raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {limits.max_chars}")
     check_text(text, i, tok)
-    pieces = tok.encode_with_offsets(text) if offsets else None
-    ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
+    try:
+        pieces = tok.encode_with_offsets(text) if offsets else None
+        ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
+    except TokenizerFailed as exc:  # e.g. a regex of a tokenizer.json over its limit
+        log.warning("the tokenizer failed on texts[%d] (%d characters): %s", i, len(text), exc)
+        raise TextNotTokenizable(f"texts[{i}]: this model's tokenizer could not process the "
+                                 f"text ({exc})") from exc
     if not ids:
         raise BadRequest(f"texts[{i}] is empty (no tokens)")
     truncated = len(ids) > limits.max_tokens

@@ -7,12 +7,15 @@ For every case and route: a 4xx with a JSON `{"error": ...}` body, no 5xx, no re
 hang (the next, good request on the same connection gets its 200), and the server stays
 ready. A case is written once: texts and options become a v1 body or an OIP body by the
 route's protocol, series become a predict body or an OIP `features` tensor (and a bad body for
-every text route); raw bodies are sent as they are.
+every text route); raw bodies are sent as they are, with the case's headers (content types
+and codings). A case may name the one status it must get.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +60,8 @@ class Bad:
     series: Any = None
     """A feature-sequence input (steps of 3 values): a predict body, an OIP `features`
     tensor (shape from its nesting) to an infer route, a bad body to every text route."""
+    status: int | None = None
+    """The one status this input must get (None: any 4xx)."""
 
     def body(self, protocol: str, task: str = "") -> bytes:
         if self.raw is not None:
@@ -97,6 +102,22 @@ def oip(data: Any, shape: list[int] | None = None, datatype: str = "BYTES",
     return {"inputs": [inp], **extra}
 
 
+def oip_binary(inputs: list[dict[str, Any]], tail: bytes = b"") -> dict[str, Any]:
+    """`raw` and `headers` of a body in the binary tensor data extension: the JSON header
+    (its length in Inference-Header-Content-Length), then `tail`."""
+    head = json.dumps({"inputs": inputs}).encode()
+    return {"raw": head + tail, "headers": {"content-type": "application/octet-stream",
+                                            "inference-header-content-length": str(len(head))}}
+
+
+def _features(data: Any, shape: list[int]) -> dict[str, Any]:
+    return oip(data, shape=shape, datatype="FP32", name="features")["inputs"][0]
+
+
+def _lengths(data: Any) -> dict[str, Any]:
+    return oip(data, shape=[len(data)], datatype="INT64", name="lengths")["inputs"][0]
+
+
 def _shape(data: Any) -> list[int]:
     """The shape a nested list claims by its first elements (ragged data: still a shape)."""
     shape = []
@@ -108,6 +129,8 @@ def _shape(data: Any) -> list[int]:
 
 STEP = [10.0, -2.0, 0.5]
 DEEP = 50_000
+BOMB = b"0" * 20_000_000
+"""Decompresses to 100 times max_body_bytes; sent as about 20 KB."""
 CASES = [
     # -- texts: encodings and characters
     Bad("lone high surrogate", texts=["two \ud800 hundred"]),
@@ -141,6 +164,33 @@ CASES = [
     Bad("deeply nested field", raw=b'{"texts": ' + b"[" * DEEP + b"]" * DEEP + b"}"),
     Bad("number with 5000 digits", raw=b'{"texts": ["one"], "top_k": 1' + b"0" * 5000 + b"}"),
     Bad("unknown field", options={"bogus": 1}),
+    # -- content types and codings: JSON (UTF-8) or none, OIP infer also binary; gzip, deflate
+    Bad("content type text/plain", headers={"content-type": "text/plain"}, status=415),
+    Bad("content type form", headers={"content-type": "application/x-www-form-urlencoded"},
+        status=415),
+    Bad("content type multipart", raw=b'--x\r\ncontent-disposition: form-data; name="texts"'
+        b'\r\n\r\none\r\n--x--\r\n', headers={"content-type": "multipart/form-data; boundary=x"},
+        status=415),
+    Bad("content type xml", headers={"content-type": "application/xml"}, status=415),
+    Bad("content type json suffix in utf-16",
+        headers={"content-type": "application/vnd.api+json; charset=UTF-16"}, status=415),
+    Bad("content type charset utf-16", headers={"content-type": "application/json; charset=utf-16"},
+        status=415),
+    Bad("content type binary outside OIP infer",
+        headers={"content-type": "application/octet-stream"}, status=415, valid_for=("v2",)),
+    Bad("content encoding br", headers={"content-encoding": "br"}, status=415),
+    Bad("content encoding zstd", headers={"content-encoding": "zstd"}, status=415),
+    Bad("content encoding unknown", headers={"content-encoding": "bogus"}, status=415),
+    Bad("content encoding stacked", headers={"content-encoding": "gzip, gzip"}, status=415),
+    Bad("gzip bomb", raw=gzip.compress(BOMB), headers={"content-encoding": "gzip"}, status=413),
+    Bad("deflate bomb", raw=zlib.compress(BOMB), headers={"content-encoding": "deflate"},
+        status=413),
+    Bad("gzip body that is not gzip", raw=b'{"texts": ["one"]}',
+        headers={"content-encoding": "gzip"}, status=400),
+    Bad("gzip body truncated", raw=gzip.compress(b'{"texts": ["one"]}')[:-12],
+        headers={"content-encoding": "gzip"}, status=400),
+    Bad("gzip of malformed json", raw=gzip.compress(b'{"texts": ['),
+        headers={"content-encoding": "gzip"}),
     # -- options: out of range, wrong type, combinations
     Bad("negative top_k", options={"top_k": -5}),
     Bad("fractional top_k", options={"top_k": 2.5}),  # 123.0 is an integer (JSON Schema)
@@ -258,6 +308,19 @@ CASES = [
     Bad("oip lengths count",
         oip={"inputs": [oip(STEP, shape=[1, 1, 3], datatype="FP32", name="features")[
             "inputs"][0], oip([1, 1], shape=[2], datatype="INT64", name="lengths")["inputs"][0]]}),
+    # -- OIP shapes and values beyond int64 and float (numpy would wrap or overflow: a 500)
+    Bad("oip shape product overflowing int64",  # np.prod wrapped it to 0 elements
+        oip={"inputs": [_features([], [2**32, 2**32, 3])]}),
+    Bad("oip lengths beyond int64", oip={"inputs": [_features(STEP, [1, 1, 3]),
+                                                    _lengths([2**70])]}),
+    Bad("oip lengths below int64", oip={"inputs": [_features(STEP, [1, 1, 3]),
+                                                   _lengths([-(2**70)])]}),
+    Bad("oip features a 400-digit integer", series=[[[10**400, 0.0, 1.0]]]),
+    Bad("oip header length of 4400 digits", oip=oip(["one"]),
+        headers={"inference-header-content-length": "1" * 4400}),
+    Bad("oip binary shape product overflowing int64", **oip_binary(
+        [{"name": "features", "datatype": "FP32", "shape": [2**32, 2**32, 3],
+          "parameters": {"binary_data_size": 0}}])),
 ]
 GOOD = {"v1": json.dumps({"texts": ["one two"], "beam_size": 1}).encode(),
         "v2": json.dumps(oip(["one two"], parameters={"beam_size": 1})).encode()}
@@ -319,6 +382,7 @@ def test_every_bad_input_is_a_4xx_and_the_connection_stays_usable(
             headers = {"content-type": "application/json", **case.headers}
             status, head, body = conn.request("POST", path, case.body(protocol, task), headers)
             assert 400 <= status < 500, (case.name, path, status, body[:300])
+            assert case.status in (None, status), (case.name, path, status, body[:300])
             error = json.loads(body)["error"]
             assert isinstance(error, str) and error, (case.name, path)
             assert head.get("connection") != "close", (case.name, path, head)
@@ -349,5 +413,52 @@ def test_unknown_model_version_or_task_is_404(server: str, task: str, protocol: 
             status, _, body = conn.request("POST", p, good,
                                            {"content-type": "application/json"})
             assert status == 404 and json.loads(body)["error"], (p, status, body)
+    finally:
+        conn.close()
+
+
+def _raw_deflate(data: bytes) -> bytes:
+    squeeze = zlib.compressobj(wbits=-15)
+    return squeeze.compress(data) + squeeze.flush()
+
+
+READABLE = [
+    ("no content type", {}, bytes),
+    ("charset utf-8", {"content-type": "application/json; charset=UTF-8"}, bytes),
+    ("quoted charset", {"content-type": 'application/json;charset="utf-8"'}, bytes),
+    ("json suffix", {"content-type": "application/vnd.api+json"}, bytes),
+    ("identity", {"content-type": "application/json", "content-encoding": "identity"}, bytes),
+    ("gzip", {"content-type": "application/json", "content-encoding": "gzip"}, gzip.compress),
+    ("gzip, no content type", {"content-encoding": "gzip"}, gzip.compress),
+    ("two gzip members", {"content-encoding": "gzip"},
+     lambda b: gzip.compress(b[:5]) + gzip.compress(b[5:])),
+    ("deflate", {"content-type": "application/json", "content-encoding": "deflate"},
+     zlib.compress),
+    ("raw deflate", {"content-type": "application/json", "content-encoding": "Deflate"},
+     _raw_deflate),
+]
+
+
+@pytest.mark.parametrize(("task", "protocol", "pinned"), ROUTES[::2],
+                         ids=[f"{t}-{p}" for t, p, _ in ROUTES[::2]])
+def test_json_bodies_without_a_type_with_a_charset_or_compressed_are_read(
+        server: str, task: str, protocol: str, pinned: bool) -> None:
+    """What the server reads: each way of sending a good body gets the plain body's answer
+    (OIP infer also takes application/octet-stream, tritonclient's type)."""
+    path = route(task, protocol, pinned)
+    good = (GOOD if task == "translator" else GOOD_SERIES if task == "series"
+            else GOOD_NO_OPTIONS)[protocol]
+    ways = list(READABLE)
+    if path.endswith("/infer"):
+        ways.append(("binary", {"content-type": "application/octet-stream"}, bytes))
+    conn = RawConnection(server, timeout=30)
+    try:
+        status, _, plain = conn.request("POST", path, good, {"content-type": "application/json"})
+        assert status == 200, (path, plain[:300])
+        for name, headers, encode in ways:
+            status, _, body = conn.request("POST", path, encode(good), headers)
+            assert status == 200, (name, path, status, body[:300])
+            if task != "lm":  # sampled: a new answer each time
+                assert body == plain, (name, path, body[:300], plain[:300])
     finally:
         conn.close()

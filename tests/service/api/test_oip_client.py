@@ -58,3 +58,15 @@ def test_tritonclient_error_is_reported(url: str) -> None:
 
     with pytest.raises(InferenceServerException, match="text"):
         client.infer(MODEL, [inp])
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_tritonclient_compressed_request(url: str, compression: str) -> None:
+    """tritonclient's request compression (Content-Encoding gzip, or deflate as zlib's
+    format) over its binary tensor extension: the same answer as uncompressed."""
+    client = httpclient.InferenceServerClient(url=url)
+    inp = httpclient.InferInput("text", [2], "BYTES")
+    inp.set_data_from_numpy(np.array(["one two three", "cent"], dtype=object), binary_data=True)
+    plain = client.infer(MODEL, [inp]).as_numpy("probabilities")
+    packed = client.infer(MODEL, [inp], request_compression_algorithm=compression)
+    assert np.array_equal(packed.as_numpy("probabilities"), plain)

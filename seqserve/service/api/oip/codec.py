@@ -8,6 +8,7 @@ Length` header) followed by each binary input's bytes in input order, sized by t
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,15 @@ NUMERIC = {
     "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
     "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
 }
+DATATYPES = (*NUMERIC, "BYTES")
+MAX_DIMS = 32
+"""Most dims of an input's shape (numpy's own limit in 1.x)."""
+MAX_ELEMENTS = 2**63 - 1
+"""Most elements a shape may describe, its zero dims left out (numpy's, int64's limit): each
+dim, and the product of the others, is checked against it with Python ints before anything
+is allocated, then against the data actually sent."""
+MAX_HEADER_DIGITS = 18
+"""Most digits of an Inference-Header-Content-Length (any body is far shorter)."""
 
 
 @dataclass
@@ -44,8 +54,11 @@ def parse_request(body: bytes, header_length: str | None) -> tuple[V2InferReques
     """Split and validate the JSON header; returns it and the binary tail."""
     split = len(body)
     if header_length is not None:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise BadRequest(f"bad Inference-Header-Content-Length {header_length!r}")
+        digits = header_length.isascii() and header_length.isdigit()
+        if not digits or len(header_length.lstrip("0")) > MAX_HEADER_DIGITS \
+                or int(header_length) > len(body):
+            shown = header_length if len(header_length) <= 40 else header_length[:40] + "..."
+            raise BadRequest(f"bad Inference-Header-Content-Length {shown!r}")
         split = int(header_length)
     try:
         text = body[:split].decode("utf-8")
@@ -68,19 +81,22 @@ def decode_inputs(request: V2InferRequest, tail: bytes) -> dict[str, V2Tensor]:
     out: dict[str, V2Tensor] = {}
     offset = 0
     for inp in request.inputs:
-        if any(d < 0 for d in inp.shape):
-            raise BadRequest(f"input {inp.name!r}: shape {inp.shape} has a negative dim")
-        count = int(np.prod(inp.shape)) if inp.shape else 1
+        if inp.datatype not in DATATYPES:
+            raise BadRequest(f"input {inp.name!r}: unknown datatype {inp.datatype!r} (one of "
+                             f"{', '.join(DATATYPES)})")
+        count = element_count(inp.name, inp.shape)
         params = inp.parameters or {}
         if "binary_data_size" in params:
             size = params["binary_data_size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0 \
                     or offset + size > len(tail):
                 raise BadRequest(f"input {inp.name!r}: binary_data_size does not fit the body")
-            data = _from_binary(inp, tail[offset: offset + size])
+            data = _from_binary(inp, tail[offset: offset + size], count)
             offset += size
         else:
             data = _elements(inp)
+            if len(data) == count:
+                _check_values(inp.name, inp.datatype, data)
         if len(data) != count:
             raise BadRequest(
                 f"input {inp.name!r}: shape {inp.shape} needs {count} elements, got {len(data)}"
@@ -91,6 +107,49 @@ def decode_inputs(request: V2InferRequest, tail: bytes) -> dict[str, V2Tensor]:
     if offset != len(tail):
         raise BadRequest("binary body is longer than the inputs' binary_data_size")
     return out
+
+
+def element_count(name: str, shape: list[int]) -> int:
+    """The number of elements `shape` describes (Python ints: no overflow), or BadRequest for
+    a shape no tensor can have: over MAX_DIMS dims, a negative dim, over MAX_ELEMENTS
+    elements (zero dims left out, so [0, 2**62, 2**62] is refused too)."""
+    if len(shape) > MAX_DIMS:
+        raise BadRequest(f"input {name!r}: shape has {len(shape)} dims, at most {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise BadRequest(f"input {name!r}: shape {shape} has a negative dim")
+    if math.prod(d for d in shape if d) > MAX_ELEMENTS:
+        raise BadRequest(f"input {name!r}: shape {shape} describes more than 2**63 - 1 "
+                         "elements")
+    return math.prod(shape)
+
+
+def _check_values(name: str, datatype: str, data: list[Any]) -> None:
+    """Every JSON element fits the input's datatype: BYTES a string, BOOL true or false, an
+    integer type an integer within its range, a float type a number (an integer within its
+    range; NaN, infinities and floats beyond it are left to the task), else BadRequest naming
+    the input and the element."""
+    if datatype == "BYTES":
+        want = "a string"
+        bad = next((i for i, x in enumerate(data) if not isinstance(x, str)), None)
+    elif datatype == "BOOL":
+        want = "true or false"
+        bad = next((i for i, x in enumerate(data) if not isinstance(x, bool)), None)
+    elif np.dtype(NUMERIC[datatype]).kind in "iu":
+        info = np.iinfo(NUMERIC[datatype])
+        lo, hi = int(info.min), int(info.max)
+        want = f"an integer within {datatype}'s range [{lo}, {hi}]"
+        bad = next((i for i, x in enumerate(data)
+                    if type(x) is not int or not lo <= x <= hi), None)
+    else:
+        big = float(np.finfo(NUMERIC[datatype]).max)
+        want = f"a number within {datatype}'s range"
+        bad = next((i for i, x in enumerate(data) if type(x) is not float
+                    and (type(x) is not int or not -big <= x <= big)), None)
+    if bad is not None:
+        x = data[bad]
+        out_of_range = type(x) is int and datatype not in ("BYTES", "BOOL")
+        got = "an integer out of that range" if out_of_range else f"a {type(x).__name__}"
+        raise BadRequest(f"input {name!r}: element {bad} must be {want}, got {got}")
 
 
 def _elements(inp: V2RequestInput) -> list[Any]:
@@ -118,8 +177,13 @@ def _nested(data: Any, shape: list[int], name: str) -> list[Any]:
     return flat
 
 
-def _from_binary(inp: V2RequestInput, raw: bytes) -> list[Any]:
+def _from_binary(inp: V2RequestInput, raw: bytes, count: int) -> list[Any]:
+    """An input's binary data: its size checked against its shape's `count` before anything
+    is decoded (a BYTES element takes at least its 4 length bytes)."""
     if inp.datatype == "BYTES":
+        if count * 4 > len(raw):
+            raise BadRequest(f"input {inp.name!r}: shape {inp.shape} needs {count} BYTES "
+                             f"elements, more than {len(raw)} bytes can hold")
         items, pos = [], 0
         while pos < len(raw):
             if pos + 4 > len(raw):
@@ -131,11 +195,11 @@ def _from_binary(inp: V2RequestInput, raw: bytes) -> list[Any]:
             items.append(raw[pos: pos + n])
             pos += n
         return items
-    dtype = NUMERIC.get(inp.datatype)
-    if dtype is None:
-        raise BadRequest(f"input {inp.name!r}: unknown datatype {inp.datatype!r}")
-    if len(raw) % np.dtype(dtype).itemsize:
-        raise BadRequest(f"input {inp.name!r}: binary size is not a multiple of its dtype")
+    dtype = NUMERIC[inp.datatype]
+    if len(raw) != count * np.dtype(dtype).itemsize:
+        raise BadRequest(f"input {inp.name!r}: shape {inp.shape} of {inp.datatype} needs "
+                         f"{count * np.dtype(dtype).itemsize} bytes, binary_data_size is "
+                         f"{len(raw)}")
     return list(np.frombuffer(raw, dtype=dtype).tolist())
 
 

@@ -248,8 +248,9 @@ def _check_dim(file: str, kind: str, name: str, t: TensorSpec, axis: int, got: A
         raise BundleError(
             f"{file}: {kind} {name} dim {axis} ({contract}) is frozen at {got}: the graph was "
             f"exported for that size only. Export it again with that dim dynamic: "
-            f"torch.onnx.export(..., dynamic_axes={{'{name}': {{{axis}: '{contract}'}}, ...}}) "
-            f"or, with dynamo=True, dynamic_shapes naming a torch.export.Dim for it")
+            f"torch.onnx.export(..., dynamo=False, dynamic_axes={{'{name}': {{{axis}: "
+            f"'{contract}'}}, ...}}) (the default exporter, dynamo=True, fixes the sequence "
+            "length of nn.LSTM / nn.GRU even when given a torch.export.Dim)")
 
 
 def session_signature(session: Any) -> tuple[Signature, Signature]:

@@ -22,6 +22,7 @@ from seqserve.export.pack.bundle import (
 )
 from seqserve.export.pack.onnx_compose import (
     LMGraphNames,
+    _dims,
     check_lm_layouts,
     compose_encoder,
     compose_lm_step,
@@ -47,10 +48,42 @@ def _load(path: PathLike | None, what: str) -> Any:
     if not p.is_file():
         raise UserError(f"{p}: no such ONNX file")
     try:
-        return onnx.load(str(p))  # external data files beside it are read in
+        model = onnx.load(str(p))  # external data files beside it are read in
     except Exception as exc:  # onnx's own errors (a missing .data file, a bad proto)
         raise UserError(f"{p}: cannot read the ONNX graph (and its external data files, "
                         f"which must lie beside it under the names it records): {exc}") from exc
+    check_not_specialised(model, p.name)
+    return model
+
+
+def check_not_specialised(model: Any, file: str) -> None:
+    """Refuse, with the fix, a graph that PyTorch's default ONNX exporter (`dynamo=True`,
+    torch.export) fixed to the example's sequence length: its inputs' time axis is dynamic
+    (the user gave a Dim) but an output's is a number, because torch.export specialises the
+    length of nn.LSTM / nn.GRU / nn.RNN (and unrolls Python loops over time steps). The
+    TorchScript-based exporter (`dynamo=False`) keeps the axis dynamic."""
+    nodes = model.graph.node
+    dynamo = bool(nodes) and sum(n.name.startswith("node_") for n in nodes) * 2 > len(nodes)
+    if not dynamo:
+        return
+    inputs = [(v.name, _dims(v)) for v in user_inputs(model)]
+    dynamic = [(n, d[1]) for n, d in inputs if len(d) >= 2 and isinstance(d[1], str)]
+    frozen_in = [(n, d[1]) for n, d in inputs if len(d) >= 2 and isinstance(d[1], int)
+                 and d[1] > 1]
+    for out in model.graph.output:
+        dims = _dims(out)
+        if len(dims) == 3 and isinstance(dims[1], int) and dims[1] > 1 and (dynamic or
+                                                                             frozen_in):
+            seen = (f"although input {dynamic[0][0]!r} has it dynamic ({dynamic[0][1]!r})"
+                    if dynamic else f"as input {frozen_in[0][0]!r}'s is")
+            raise UserError(
+                f"{file}: output {out.name!r} has its sequence axis (dim 1) fixed at "
+                f"{dims[1]} {seen}: the graph was exported by torch.onnx.export's default "
+                "exporter (dynamo=True), which specialises the sequence length of nn.LSTM / "
+                "nn.GRU / nn.RNN to the example's (and unrolls loops over time steps), so it "
+                "answers only inputs of that length. Export it again with dynamo=False: "
+                f"torch.onnx.export(model, example, {file!r}, dynamo=False, input_names=[...], "
+                "output_names=[...], dynamic_axes={name: {0: 'batch', 1: 'seq'}, ...})")
 
 
 def _names(given: str | None, actual: list[str], count: tuple[int, ...], what: str,
@@ -114,9 +147,18 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
     if len(ins) == 1:  # a graph that never reads its lengths (the exporter dropped them)
         ins = [ins[0], ""]
     n_state = len(ins) - 2
+    by_name = {v.name: v for v in user_inputs(model)}
+    second = by_name.get(ins[1])
+    if second is not None and second.type.tensor_type.elem_type == 1:  # FLOAT: not lengths
+        raise UserError(
+            f"{Path(str(onnx)).name}: your graph has no lengths input: its inputs are "
+            f"{ins}, and {ins[1]!r} is float (a state?); the contract reads (features, "
+            "lengths, state...). Export the model with a lengths input (int64 [batch], each "
+            "row's own number of steps) and, for a stateful one, wrap its nn.GRU / nn.LSTM "
+            "with seqserve.pack.length_aware(rnn) so that the state it returns is each row's "
+            "after its own last step; name the inputs with --input-names if needed")
     outs = _names(output_names, [o.name for o in model.graph.output], (1 + n_state,),
                   "output-names", ["outputs"] + ["new state..."] * bool(n_state))
-    by_name = {v.name: v for v in user_inputs(model)}
     layouts = value_layouts([by_name[n] for n in ins[2:]], str(onnx))
     tagger = task == "sequence-tagger"
     contract = ["outputs", "new_state"] if layouts else ["outputs"]
@@ -273,7 +315,6 @@ def _time_major(model: Any, ids: str, states: list[str], layout: str, file: str)
     token)."""
     if layout != "auto":
         return layout == "time-major"
-    from seqserve.export.pack.onnx_compose import _dims
 
     dims = _dims(next(v for v in user_inputs(model) if v.name == ids))
     if len(dims) != 2:

@@ -216,7 +216,7 @@ CASES = [
     Bad("oip wrong datatype", oip=oip([1.0], datatype="FP32")),
     Bad("oip shape larger than data", oip=oip(["one"], shape=[3])),
     Bad("oip negative dim", oip=oip(["one"], shape=[-1])),
-    Bad("oip two-dimensional text", oip=oip([["one"]], shape=[1, 1])),
+    Bad("oip text of two columns", oip=oip([["one", "two"]], shape=[1, 2])),  # [n, 1] is fine
     Bad("oip nested data under a flat shape", oip=oip([[["one"]]], shape=[1])),
     Bad("oip wrong input name", oip=oip(["one"], name="txt")),
     Bad("oip no data", oip={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1]}]}),

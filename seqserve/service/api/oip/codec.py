@@ -215,6 +215,18 @@ def request_parameters(request: V2InferRequest) -> dict[str, Any]:
     return {k: v for k, v in given.items() if k not in PROTOCOL_PARAMETERS}
 
 
+def check_target(request: V2InferRequest, model: str, version: str | None) -> None:
+    """The body's `model_name` / `model_version` (the KServe SDK sends them) must name the
+    path's model and version; 400 naming the mismatch."""
+    if request.model_name is not None and request.model_name != model:
+        raise BadRequest(f"model_name {request.model_name!r} in the body does not match the "
+                         f"path's model {model!r}")
+    if request.model_version not in (None, "") and version is not None \
+            and request.model_version != version:
+        raise BadRequest(f"model_version {request.model_version!r} in the body does not match "
+                         f"the path's version {version!r}")
+
+
 def timeout_s(request: V2InferRequest) -> float | None:
     """The request's own deadline (the `timeout` parameter, microseconds) in seconds."""
     value = (request.parameters or {}).get("timeout")
@@ -240,17 +252,20 @@ def check_outputs(request: V2InferRequest, produced: list[str]) -> list[str]:
     return asked
 
 
-def input_texts(inputs: dict[str, V2Tensor]) -> list[str]:
-    """The texts of an infer request: exactly one input `text`, BYTES, shape [n], n >= 1,
-    each element a str or UTF-8 bytes (every task takes its texts this way)."""
-    text = inputs.get("text")
+def input_texts(inputs: dict[str, V2Tensor], name: str = "text") -> list[str]:
+    """The texts of an infer request: exactly one input `name` ("text"; a language model's
+    "text_input"), BYTES, shape [n] or [n, 1] (Triton's examples send [n, 1]), n >= 1, each
+    element a str or UTF-8 bytes (every task takes its texts this way)."""
+    text = inputs.get(name)
     if text is None or len(inputs) != 1:
-        raise BadRequest(f"expected exactly one input named 'text', got {sorted(inputs)}")
-    if text.datatype != "BYTES" or len(text.shape) != 1:
-        raise BadRequest("input 'text' must be BYTES with shape [n]")
+        raise BadRequest(f"expected exactly one input named {name!r}, got {sorted(inputs)}")
+    if text.datatype != "BYTES" or not (
+            len(text.shape) == 1 or len(text.shape) == 2 and text.shape[1] == 1):
+        raise BadRequest(f"input {name!r} must be BYTES with shape [n] or [n, 1], got "
+                         f"{text.datatype} {text.shape}")
     texts = [_as_text(x, i) for i, x in enumerate(text.data)]
     if not texts:
-        raise BadRequest("input 'text' is empty")
+        raise BadRequest(f"input {name!r} is empty")
     return texts
 
 

@@ -26,9 +26,8 @@ router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
 
 @router.get("", name="v2_server_metadata")
 async def server_metadata(request: Request) -> V2ServerMetadata:
-    return V2ServerMetadata(
-        name="seqserve", version=request.app.version, extensions=["binary_tensor_data", "generate"]
-    )
+    return V2ServerMetadata(name="seqserve", version=request.app.version, extensions=[
+        "binary_tensor_data", "parameters", "sequence", "generate"])
 
 
 def _metadata(request: Request, name: str, version: str | None) -> V2ModelMetadata:
@@ -91,6 +90,7 @@ async def infer_answer(state: AppState, call: Call, body: bytes) -> Answer:
 
     def read(call: Call) -> None:  # the body, once the model is known
         found["req"], found["tail"] = codec.parse_request(body, call.header(HEADER))
+        codec.check_target(found["req"], call.model, call.version)
         call.asked_s = codec.timeout_s(found["req"])
 
     def check(worker: Any) -> None:  # after shedding, before the inputs' decoding

@@ -52,11 +52,18 @@ class ProtocolParameters(BaseModel):
     timeout: WholeInt | None = Field(None, ge=1)
     """The request's deadline in microseconds (Triton's unit): at most the server's
     `request_timeout_s`; admission refuses it (429) when its model's queue is longer."""
+    priority: WholeInt | None = Field(None, ge=0)
+    """Triton's scheduling priority: accepted and ignored (every request of a model is
+    batched in arrival order within its deadline)."""
 
 
 class V2InferRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    model_name: StrictStr | None = None
+    """The KServe SDK sends the model's name (and version) in the body too: it must be the
+    path's (400 naming the mismatch otherwise)."""
+    model_version: StrictStr | None = None
     id: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     inputs: list[V2RequestInput] = Field(min_length=1)

@@ -9,7 +9,9 @@ and answer `outputs` FP32 [n, k] or [n, T, k] (zeros past each row's length) and
 `probabilities` alike (and a sequence classifier's `label` BYTES [n]). A stateful one also
 takes a session as the request parameters `sequence_id` (string or uint64), `sequence_start`
 and `sequence_end` (Triton's spelling; one series per request), answered with the parameters
-`sequence_id` and `sequence_steps` (the session's steps so far).
+`sequence_id` and `sequence_steps` (the session's steps so far). A language model takes
+`text_input` BYTES [n] (its prompts) with the generate extension's parameters and answers
+`text_output` BYTES [n]. Texts may also come shaped [n, 1], as Triton's examples send them.
 """
 
 from __future__ import annotations
@@ -17,17 +19,23 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
+from seqserve.service.api.common import describe_errors
 from seqserve.service.api.oip.codec import V2Tensor, input_texts
+from seqserve.service.api.oip.generate import GenerateParameters
 from seqserve.service.api.translate import TranslateOptions
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.workers.base import ModelWorker, RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
+from seqserve.service.workers.lm import LMWorker
 from seqserve.service.workers.series import SeriesWorker
 from seqserve.service.workers.tagger import TaggerWorker
 from seqserve.service.workers.translator import TranslatorWorker
 
+LM_INPUT = [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}]
+"""A language model's infer input: its prompts (the generate extension's name)."""
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 """Triton's sequence-batcher parameters: a session's id (string or uint64) and its flags."""
 Signature = tuple[list[dict[str, Any]], list[dict[str, Any]]]
@@ -53,6 +61,8 @@ def signature(worker: ModelWorker) -> Signature:
         ]
     if isinstance(worker, TaggerWorker):
         return TEXT_INPUT, [{"name": "tags", "datatype": "BYTES", "shape": [-1]}]
+    if isinstance(worker, LMWorker):
+        return LM_INPUT, [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
     return TEXT_INPUT, [{"name": "translation", "datatype": "BYTES", "shape": [-1]},
                         {"name": "score", "datatype": "FP32", "shape": [-1]}]
 
@@ -78,6 +88,8 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
                 answer.update(sequence_id=parameters["sequence_id"], sequence_steps=steps)
             return tensors
         return await _infer_series(worker, inputs, call)
+    if isinstance(worker, LMWorker):
+        return await _infer_lm(worker, inputs, parameters, call)
     texts = input_texts(inputs)
     if isinstance(worker, TranslatorWorker):
         options = TranslateOptions.from_parameters(parameters).search_options()
@@ -99,6 +111,21 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
         data = [encode_json(r["tokens"]).decode() for r in tagged]
         return [V2Tensor("tags", "BYTES", [len(data)], data)]
     raise BadRequest(f"no OIP inference for task {worker.task!r}")
+
+
+async def _infer_lm(worker: LMWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
+                    call: RequestContext) -> list[V2Tensor]:
+    """A language model's infer: each `text_input` prompt's generation (the generate
+    extension's parameters, Triton's names), as `text_output` BYTES [n]."""
+    prompts = input_texts(inputs, "text_input")
+    try:
+        params = GenerateParameters.model_validate(parameters).params()
+    except ValidationError as exc:
+        raise BadRequest(f"bad parameters: {describe_errors(exc.errors())}") from exc
+    generation = worker.start(prompts, params, call)
+    await generation.run()
+    texts = [s.text for s in generation.seqs]
+    return [V2Tensor("text_output", "BYTES", [len(texts)], texts)]
 
 
 def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]

@@ -37,6 +37,9 @@ class Classification(BaseModel):
     top_k: list[LabelProbability]
     num_tokens: int = Field(description="Tokens the model saw (after truncation).")
     truncated: bool = Field(description="True when the text was cut to the token limit.")
+    unknown_fraction: float = Field(0.0, description="Share of its tokens the model's "
+                                    "tokenizer did not know (characters or words never seen "
+                                    "in training): near 1, the answer is about nothing.")
     attention: list[TokenAttention] | None = None
 
 

@@ -193,6 +193,9 @@ class Translation(BaseModel):
     hypotheses: list[TranslationHypothesis] = Field(description="n-best, best first.")
     attention: AttentionMatrix | None = Field(None, description="Only with return_attention.")
     truncated: bool = Field(False, description="The source was cut to the token limit.")
+    unknown_fraction: float = Field(0.0, description="Share of its tokens the model's "
+                                    "tokenizer did not know (characters or words never seen "
+                                    "in training): near 1, the answer is about nothing.")
 
 
 class TranslateResponse(BaseModel):

@@ -43,6 +43,11 @@ class BadRequest(ServiceError, status=400):
     """Input the server will not process: wrong shape, empty, over a limit."""
 
 
+class TextUnreadable(ServiceError, status=422):
+    """A text whose tokens are mostly unknown to the model's tokenizer (over the server's
+    `max_unknown_fraction`): the model would answer something confident about nothing."""
+
+
 class TextNotTokenizable(ServiceError, status=422):
     """A text the model's tokenizer failed on (e.g. a backtracking regex in a tokenizer.json
     over its limit): well-formed, but this model cannot read it."""

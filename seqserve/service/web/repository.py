@@ -145,7 +145,8 @@ class ModelRepository:
     def _context(self, entry: ModelEntry, manifest: Manifest, model: Any,
                  max_tokens: int) -> WorkerContext[Any]:
         s = self.settings
-        limits = TextLimits(s.max_texts, s.max_chars, max_tokens, s.truncate)
+        limits = TextLimits(s.max_texts, s.max_chars, max_tokens, s.truncate,
+                            s.max_unknown_fraction)
         tokenizer = _tokenizer(entry.path, manifest.tokenizer)
         tokenizer.blank_characters()  # ~0.1 s, here at load instead of in a first request
         target = (None if manifest.target_tokenizer is None

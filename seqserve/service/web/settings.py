@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     OpenAI's `max_tokens`); more is a 400."""
     max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
     """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
+    max_unknown_fraction: float | None = Field(default=None, ge=0, le=1)
+    """Refuse (422) a classify, tag or translate text whose share of tokens unknown to the
+    model's tokenizer is above this (0.5: half of it unreadable); unset: never refuse (each
+    answer still says its `unknown_fraction`)."""
     decode_groups: int | Literal["auto"] = "auto"
     """Translators: live requests split into this many groups (1 to 8) whose decoder steps
     take turns, so one group's beam bookkeeping overlaps the other's step (1 = one call per

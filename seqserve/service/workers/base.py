@@ -26,6 +26,7 @@ from seqserve.service.core.errors import (
     ClientGone,
     DeadlineExceeded,
     TextNotTokenizable,
+    TextUnreadable,
 )
 from seqserve.service.scheduling.base import Timing
 from seqserve.service.scheduling.models import DecodeModel, RowModel
@@ -45,6 +46,8 @@ class TextLimits:
     """Most tokens in one text."""
     truncate: bool
     """Over `max_tokens`: cut (and say so) instead of refusing."""
+    max_unknown_fraction: float | None = None
+    """A text whose share of unknown tokens is above this is refused (422; None: never)."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Encoded:
     pieces: list[Piece] | None
     """Pieces with character offsets (only when asked for: 10x slower than ids alone)."""
     truncated: bool
+    unknown: float = 0.0
+    """The share of `ids` that are the tokenizer's unknown token (characters or words it
+    never saw): answers carry it as `unknown_fraction`."""
 
 
 BLANK = ("\\x01-\\x20\\x7f\\x8f\\x9f\\xa0\\u061c\\u1680\\u2000-\\u200c\\u200e\\u200f\\u2028\\u2029"
@@ -126,7 +132,13 @@ def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: 
         raise BadRequest(f"texts[{i}] has {len(ids)} tokens > max_tokens {limits.max_tokens} "
                          "(the server is set to reject, not truncate)")
     kept = pieces[: limits.max_tokens] if pieces is not None else None
-    return Encoded(ids[: limits.max_tokens], kept, truncated)
+    ids = ids[: limits.max_tokens]
+    unknown = ids.count(tok.unk_id) / len(ids) if tok.unk_id >= 0 else 0.0
+    if limits.max_unknown_fraction is not None and unknown > limits.max_unknown_fraction:
+        raise TextUnreadable(f"texts[{i}]: {unknown:.0%} of its {len(ids)} tokens are unknown to "
+                             "this model's tokenizer (over max_unknown_fraction "
+                             f"{limits.max_unknown_fraction:g}): the model cannot read it")
+    return Encoded(ids, kept, truncated, unknown)
 
 
 class HasTiming(Protocol):

@@ -96,6 +96,7 @@ class ClassifierWorker:
         out: dict[str, Any] = {
             "label": top[0]["label"], "score": top[0]["probability"], "top_k": top,
             "num_tokens": len(e.ids), "truncated": e.truncated,
+            "unknown_fraction": e.unknown,
         }
         if with_att and e.pieces is not None:
             out["attention"] = [

@@ -47,7 +47,8 @@ class TaggerWorker:
             tokens.append({"token": word.text, "start": word.start, "end": word.end,
                            "label": self.labels[int(best[word.piece])] if hit else None,
                            "probability": float(prob[word.piece]) if hit else None})
-        return {"tokens": tokens, "num_tokens": len(e.ids), "truncated": e.truncated}
+        return {"tokens": tokens, "num_tokens": len(e.ids), "truncated": e.truncated,
+                "unknown_fraction": e.unknown}
 
     def describe(self) -> dict[str, Any]:
         return {"labels": self.labels, **describe_common(self.ctx)}

@@ -57,7 +57,8 @@ class TranslatorWorker:
         best = out[0] if out else {"translation": "", "score": 0.0, "tokens": [], "token_ids": []}
         result: dict[str, Any] = {"translation": best["translation"], "score": best["score"],
                                   "tokens": best["tokens"], "hypotheses": out,
-                                  "truncated": source.truncated}
+                                  "truncated": source.truncated,
+                                  "unknown_fraction": source.unknown}
         matrix = hyps[0].attention_matrix() if with_attention and hyps else None
         if matrix is not None:
             tok = self.ctx.target

@@ -255,3 +255,29 @@ def test_json_body_without_a_content_type_is_read_as_json(server: str) -> None:
         metrics = c.get("/metrics").text
     label = 'endpoint="classify",model="tiny-clf",status="200"'  # the route is known
     assert f"seqserve_requests_total{{{label}}}" in metrics
+
+
+def test_unreadable_text_says_so_and_can_be_refused(tiny_repo: Path) -> None:
+    """Characters the model never saw (emoji, zero-width joiners) got a confident answer with
+    nothing to say it was unreadable; now every classify, tag and translate result carries
+    `unknown_fraction`, and `max_unknown_fraction` refuses such text with a 422."""
+    unreadable = "\U0001f99c\u200d\U0001f99c \u0fb3\u0fb3\u0fb3 \U0001f680"
+    readable = "vingt et un"
+    with serve_in_thread(create_app(Settings(repo=tiny_repo, warmup=False))) as url:
+        for model, verb in ((MODEL, "classify"), ("tiny-mt", "translate")):
+            r = httpx.post(f"{url}/v1/models/{model}/{verb}",
+                           json={"texts": [readable, unreadable]})
+            assert r.status_code == 200, r.text
+            known, unknown = (x["unknown_fraction"] for x in r.json()["results"])
+            assert known == 0.0 and unknown >= 0.5, (verb, known, unknown)
+    strict = Settings(repo=tiny_repo, warmup=False, max_unknown_fraction=0.4)
+    with serve_in_thread(create_app(strict)) as url:
+        ok = httpx.post(f"{url}/v1/models/{MODEL}/classify", json={"texts": [readable]})
+        assert ok.status_code == 200
+        for path in (f"/v1/models/{MODEL}/classify", "/v1/models/tiny-mt/translate"):
+            r = httpx.post(url + path, json={"texts": [readable, unreadable]})
+            assert r.status_code == 422 and "texts[1]" in r.json()["error"], r.text
+            assert "unknown to this model's tokenizer" in r.json()["error"]
+        oip = httpx.post(f"{url}/v2/models/{MODEL}/infer", json={"inputs": [{
+            "name": "text", "datatype": "BYTES", "shape": [1], "data": [unreadable]}]})
+        assert oip.status_code == 422 and "request_id" in oip.json()

@@ -36,7 +36,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     S + "scheduling": (S + "scheduling", S + "runtimes.base", S + "core",
                        "seqserve.export.manifest", "seqserve.export.contract"),
     S + "engine": (S + "engine", S + "scheduling", S + "runtimes", S + "core",
-                   "seqserve.export.manifest"),
+                   "seqserve.export.manifest", "seqserve.export.signing"),
     S + "workers": (S + "workers", S + "scheduling", S + "core", "seqserve.export.manifest",
                     "seqserve.models.text.tokenizer", "seqserve.models.text.tokenizer_files",
                     "seqserve.models.text.word_align"),

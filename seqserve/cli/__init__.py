@@ -20,13 +20,15 @@ from seqserve.cli import (
     loadtest,
     pack,
     serve,
+    sign,
     train,
     translate,
     verify,
 )
 from seqserve.models.errors import UserError
 
-COMMANDS = (data, train, export, pack, verify, demo, serve, translate, loadtest, diagnose)
+COMMANDS = (data, train, export, pack, verify, sign, demo, serve, translate, loadtest,
+            diagnose)
 EXIT_BROKEN_PIPE = 128 + 13
 """Exit status when stdout's reader went away (`seqserve translate --json | head`): what a
 process killed by SIGPIPE reports, as `cat` or `seq` do in the same pipe."""

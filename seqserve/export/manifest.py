@@ -40,6 +40,8 @@ from seqserve.models.errors import BundleError
 SCHEMA_VERSION = 2
 SUPPORTED_SCHEMAS = (1, 2)
 MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"
+"""An optional signature over manifest.json (`seqserve.export.signing`): not listed in it."""
 CHECKSUM_KEY = "manifest_sha256"
 @dataclass(frozen=True)
 class TokenizerSpec:
@@ -294,12 +296,13 @@ def write_manifest(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> Pa
 
 
 def hash_files(bundle_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """sha256 of every regular file in the bundle folder except manifest.json."""
+    """sha256 of every regular file in the bundle folder except manifest.json (and its
+    signature)."""
     root = Path(bundle_dir)
     return {
         p.name: sha256_file(p)
         for p in sorted(root.iterdir())
-        if p.name != MANIFEST_FILE and p.is_file()
+        if p.name not in (MANIFEST_FILE, SIGNATURE_FILE) and p.is_file()
     }
 
 
@@ -331,7 +334,7 @@ def verify_files(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> None
         if name not in manifest.files:
             raise BundleError(f"{root / name}: used by the manifest but has no sha256 in 'files'")
     present = {p.name for p in root.iterdir()
-               if p.name != MANIFEST_FILE and not _publishing_entry(p.name)}
+               if p.name not in (MANIFEST_FILE, SIGNATURE_FILE) and not _publishing_entry(p.name)}
     for name in sorted(present - set(manifest.files)):
         raise BundleError(f"{root / name}: file is not listed in the manifest")
     real_root = root.resolve()

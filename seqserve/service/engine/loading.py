@@ -7,10 +7,12 @@ process. A failure raises (the caller records the version as failed).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
 from seqserve.export.manifest import BundleError, Manifest, list_bundles, load_bundle, read_manifest
+from seqserve.export.signing import check_signed, load_trusted
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.runtimes import load_runtime
 from seqserve.service.runtimes.base import Runtime, RuntimeSpec
@@ -42,6 +44,12 @@ def engine_bundles(options: EngineOptions) -> list[tuple[str, int, Path]]:
     return [b for b in found if keeps_sessions(b[2])]
 
 
+@functools.cache
+def trusted_keys(folder: str) -> dict[str, object]:
+    """The trusted public keys of a folder, read once per process."""
+    return load_trusted(folder)
+
+
 def failure_reason(exc: BaseException, repo: str | Path) -> str:
     """Why a version failed, as `/v1/models`, the readiness answer and the log say it: the
     exception's type and message, with the repository's own path left out (a bundle's files
@@ -67,6 +75,8 @@ def build_served(name: str, path: Path, options: EngineOptions,
     """Verify the bundle, open its runtime instances and schedule them (blocking: call it
     from a thread). Start the model with `await model.start()` (warm-up) before it serves."""
     manifest = load_bundle(path, verify=True)
+    if options.trusted_keys is not None:
+        check_signed(path, trusted_keys(options.trusted_keys))
     factory = runtime_factory or load_runtime
     instances = 1 if manifest.task in ("translator", "lm") else max(1, options.instances)
     runtimes = [factory(options.runtime, path, manifest) for _ in range(instances)]

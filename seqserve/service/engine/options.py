@@ -70,6 +70,8 @@ class EngineOptions:
     """A session idle this long expires."""
     process: ProcessSettings
     """Logging and switch interval of the engine process (the same as the API processes')."""
+    trusted_keys: str | None
+    """A folder of public keys: load only bundles signed by one of them (None: any)."""
 
     def model_config(self, max_tokens: int) -> ModelConfig:
         """How a model whose texts have at most `max_tokens` tokens is scheduled."""

@@ -168,6 +168,11 @@ class Settings(BaseSettings):
     one per line); `@PATH` reads them from a file, one per line; unset = no keys. Never logged.
     A key given here is visible to `ps` and in this process's environment: prefer
     api_key_file."""
+    trusted_keys: Path | None = None
+    """A folder of ed25519 public keys (`*.pub`, PEM): serve only bundles signed by one of
+    them (`seqserve sign`); an unsigned or mis-signed version fails with the reason. Unset:
+    bundles are checked by their hashes only (which say what a bundle holds, not who made
+    it)."""
     api_key_file: Path | None = None
     """A file of API keys, one per line (`#` comments; blank lines skipped): the same as
     api_key but read from disk, so the key is in no command line nor environment."""
@@ -243,7 +248,8 @@ class Settings(BaseSettings):
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
             drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
             session_idle_timeout_s=self.session_idle_timeout_s,
-            process=self.process_settings())
+            process=self.process_settings(),
+            trusted_keys=None if self.trusted_keys is None else str(self.trusted_keys))
 
     def runtime_spec(self) -> RuntimeSpec:
         """The runtime every bundle is loaded with."""

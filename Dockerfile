@@ -55,12 +55,13 @@ COPY --from=bundles --chown=10001:10001 /models /models
 USER 10001:10001
 WORKDIR /tmp
 VOLUME ["/models"]
-EXPOSE 8080
+# HTTP, and the KServe v2 / Triton gRPC protocol
+EXPOSE 8080 8001
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/v2/health/live', timeout=2)"]
 ENTRYPOINT ["seqserve", "serve"]
-CMD ["--repo", "/models", "--host", "0.0.0.0", "--port", "8080"]
+CMD ["--repo", "/models", "--host", "0.0.0.0", "--port", "8080", "--grpc-port", "8001"]
 
 # ---------------------------------------------------------------------------------------------
 # GPU: CUDA 12 + cuDNN 9 runtime base (what onnxruntime-gpu 1.19+ links against), the distro's
@@ -96,9 +97,10 @@ COPY --from=bundles --chown=10001:10001 /models /models
 USER 10001:10001
 WORKDIR /tmp
 VOLUME ["/models"]
-EXPOSE 8080
+# HTTP, and the KServe v2 / Triton gRPC protocol
+EXPOSE 8080 8001
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=3s --start-period=180s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/v2/health/live', timeout=2)"]
 ENTRYPOINT ["seqserve", "serve"]
-CMD ["--repo", "/models", "--host", "0.0.0.0", "--port", "8080"]
+CMD ["--repo", "/models", "--host", "0.0.0.0", "--port", "8080", "--grpc-port", "8001"]

@@ -280,9 +280,10 @@ s = socket.socket()
 s.bind(("127.0.0.1", 0))
 print(s.getsockname()[1])')
 # ENTRYPOINT + CMD as the image has them, with the listen address moved to a free local port
-# (chroot isolation shares the host's network; flags given last win).
+# and gRPC to a free one of its own (chroot isolation shares the host's network; flags given
+# last win).
 mapfile -t SERVE < <(config Entrypoint; config Cmd)
-SERVE+=(--host 127.0.0.1 --port "$PORT")
+SERVE+=(--host 127.0.0.1 --port "$PORT" --grpc-port 0)
 say "serving: ${SERVE[*]} (as the image's USER $USER_SPEC)"
 buildah run --isolation chroot "$CTR" -- "${SERVE[@]}" >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!  # buildah run itself: it passes SIGTERM on to the server

@@ -18,6 +18,7 @@ from seqserve.cli import (
     diagnose,
     export,
     loadtest,
+    models,
     pack,
     serve,
     sign,
@@ -27,7 +28,7 @@ from seqserve.cli import (
 )
 from seqserve.models.errors import UserError
 
-COMMANDS = (data, train, export, pack, verify, sign, demo, serve, translate, loadtest,
+COMMANDS = (data, train, export, pack, verify, sign, demo, serve, models, translate, loadtest,
             diagnose)
 EXIT_BROKEN_PIPE = 128 + 13
 """Exit status when stdout's reader went away (`seqserve translate --json | head`): what a

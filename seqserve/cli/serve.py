@@ -24,7 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      f"[default: {shown}; env SEQSERVE_{name.upper()}]")
         help_text = help_text.replace("%", "%%")
         kind, choices = _flag_type(field.annotation)
-        if kind is bool:
+        extra = field.json_schema_extra
+        if isinstance(extra, dict) and extra.get("repeatable"):
+            parser.add_argument(flag, action="append", default=None, help=help_text,
+                                metavar=name.upper())
+        elif kind is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                 help=help_text)
         else:

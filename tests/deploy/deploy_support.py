@@ -125,7 +125,9 @@ def running(argv: Sequence[str], log: Path, env: dict[str, str] | None = None,
 
 
 def serve_argv(seqserve: str, repo: Path, port: int) -> list[str]:
-    return [seqserve, "serve", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port)]
+    """`seqserve serve` on `port`, its gRPC front on a free port (never Triton's 8001 here)."""
+    return [seqserve, "serve", "--repo", str(repo), "--host", "127.0.0.1", "--port", str(port),
+            "--grpc-port", "0"]
 
 
 def send_traffic(base: str, n: int = 20) -> dict[str, int]:

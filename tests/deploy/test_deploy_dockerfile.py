@@ -73,7 +73,8 @@ def test_runtime_stage_contract(target: str) -> None:
     assert "/v2/health/live" in probe[2]
     args = build_parser().parse_args([*exec_form(entry.args)[1:], *exec_form(cmd.args)])
     assert args.command == "serve"
-    assert args.port == int(expose.args.split("/")[0])
+    exposed = [int(p.split("/")[0]) for p in expose.args.split()]
+    assert exposed == [args.port, args.grpc_port], "EXPOSE: HTTP, then the gRPC protocol"
     assert f":{args.port}/" in probe[2], "HEALTHCHECK asks the port the server binds"
     assert exec_form(volume.args) == [args.repo]
     # SEQSERVE_* variables the image sets are Settings fields with valid values.
@@ -150,6 +151,7 @@ def test_cpu_image_builds_and_serves(tmp_path: Path, tiny_repo: Path) -> None:
     argv = list(sim.entrypoint)
     argv[argv.index("--host") + 1] = "127.0.0.1"
     argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--grpc-port") + 1] = str(free_port())
     env = dict(sim.env)
     health = [a.replace(":8080/", f":{port}/") for a in sim.healthcheck]
     assert subprocess.run(health, env=env, capture_output=True, timeout=30).returncode != 0

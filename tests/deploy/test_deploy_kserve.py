@@ -114,7 +114,9 @@ def test_runtime_runs_the_server_on_kserves_model_mount(kserve: Docs) -> None:
     settings = runtime_settings(kserve)  # validates every value, as the server would
     assert str(settings.repo) == KSERVE_MODEL_MOUNT
     assert settings.host == "0.0.0.0"
-    assert [p["containerPort"] for p in c["ports"]] == [settings.port]
+    # HTTP first (KServe routes HTTP there), then gRPC as h2c
+    assert [p["containerPort"] for p in c["ports"]] == [settings.port, settings.grpc_port]
+    assert settings.grpc and c["ports"][1]["name"] == "h2c"
     assert settings.warmup is True  # readiness waits for the warm-up
 
 
@@ -135,14 +137,19 @@ def test_probes_and_metrics_hit_real_routes_on_the_served_port(kserve: Docs) -> 
 
 
 def test_declared_protocol_is_served(kserve: Docs) -> None:
-    """protocolVersions v2: the Open Inference Protocol's REST routes exist in the app."""
-    assert runtime(kserve)["spec"]["protocolVersions"] == ["v2"]
+    """protocolVersions v2: the Open Inference Protocol's REST routes exist in the app;
+    grpc-v2: its gRPC service (KServe's grpc_predict_v2 RPCs) is declared by the gRPC front."""
+    from seqserve.service.api.grpc import messages
+
+    assert runtime(kserve)["spec"]["protocolVersions"] == ["v2", "grpc-v2"]
     exists = route_checker()
     for path, method in (("/v2", "GET"), ("/v2/health/live", "GET"), ("/v2/health/ready", "GET"),
                          ("/v2/models/m", "GET"), ("/v2/models/m/ready", "GET"),
                          ("/v2/models/m/infer", "POST"), ("/v2/models/m/versions/1/infer",
                                                           "POST")):
         assert exists(path, method), f"{method} {path}"
+    assert {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+            "ModelInfer"} <= set(messages.method_types(messages.INFERENCE))
 
 
 def test_runtime_runs_the_cpu_image_as_its_user(kserve: Docs) -> None:

@@ -100,16 +100,18 @@ def test_probes_hit_real_routes_on_the_served_port(rendered: Docs, overlay: str)
         assert route_exists(probe["httpGet"]["path"])
         assert named_port(docs, probe["httpGet"]["port"]) == settings.port
     assert settings.host == "0.0.0.0"  # the kubelet probes the pod IP
+    served = {"http": settings.port, "grpc": settings.grpc_port}  # HTTP, and gRPC
+    assert settings.grpc and {n: named_port(docs, n) for n in served} == served
     service = one(docs, "Service")
-    for port in service["spec"]["ports"]:
-        assert named_port(docs, port["targetPort"]) == settings.port
+    assert {p["name"]: named_port(docs, p["targetPort"]) for p in service["spec"]["ports"]} \
+        == served
     monitor = one(docs, "ServiceMonitor")
     service_ports = {p["name"] for p in service["spec"]["ports"]}
     for endpoint in monitor["spec"]["endpoints"]:
         assert endpoint["port"] in service_ports and route_exists(endpoint["path"])
     for rule in one(docs, "NetworkPolicy")["spec"]["ingress"]:
-        for port in rule["ports"]:
-            assert named_port(docs, port["port"]) == settings.port
+        assert sorted(named_port(docs, port["port"]) for port in rule["ports"]) == \
+            sorted(served.values())
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -223,7 +225,8 @@ def test_deployment_agrees_with_the_image(rendered: Docs, overlay: str) -> None:
     c = container(docs)
     assert c["command"] == exec_form(entry.args)
     assert c["args"] == exec_form(cmd.args)
-    assert named_port(docs, "http") == int(expose.args.split("/")[0])
+    exposed = [int(p.split("/")[0]) for p in expose.args.split()]
+    assert [named_port(docs, "http"), named_port(docs, "grpc")] == exposed
     mounts = [m["mountPath"] for m in c["volumeMounts"]]
     assert all(v in mounts for v in exec_form(volume.args))
 

@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 class Server:
     proc: subprocess.Popen[bytes]
     url: str
+    grpc: str = ""
+    """The gRPC front's host:port (empty: off, or a port the flags chose)."""
 
     def children(self) -> dict[int, str]:
         """pid -> role ("engine" | "api") of the supervisor's live children."""
@@ -72,13 +74,19 @@ def wait_ready(server: Server, timeout: float = 90) -> None:
 @contextlib.contextmanager
 def serve(repo: Path, *flags: str) -> Iterator[Server]:
     port = free_port()
+    grpc_port = port
+    while grpc_port == port:  # a free port of its own for gRPC (never Triton's 8001 here)
+        grpc_port = free_port()
+    own_grpc = not {"--grpc-port", "--no-grpc"} & set(flags)
     env = {**os.environ, "SEQSERVE_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo), "--port",
          str(port), "--no-warmup", "--intra-op-threads", "1",
-         *(() if "--shutdown-delay-s" in flags else ("--shutdown-delay-s", "0")), *flags],
+         *(() if "--shutdown-delay-s" in flags else ("--shutdown-delay-s", "0")),
+         *(("--grpc-port", str(grpc_port)) if own_grpc else ()), *flags],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    server = Server(proc, f"http://127.0.0.1:{port}")
+    server = Server(proc, f"http://127.0.0.1:{port}",
+                    f"127.0.0.1:{grpc_port}" if own_grpc else "")
     try:
         wait_ready(server)
         yield server

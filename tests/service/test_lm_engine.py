@@ -1,7 +1,8 @@
 """Language models through the engine process (`seqserve serve --layout engine --api-workers
 1`): generate (JSON and streamed token events over the ZeroMQ frames), score, stop strings, a
 client that hangs up freeing its rows in the engine, and the real `openai` client listing
-models and streaming completions from /v1/completions."""
+models and streaming completions from /v1/completions (echo scores and tuned draws
+included)."""
 
 from __future__ import annotations
 
@@ -125,10 +126,34 @@ def test_the_openai_client_lists_and_streams(server: Server) -> None:
     assert chunks[-1].choices[0].finish_reason == "length"
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model="endless-lm", prompt="one", max_tokens=5,
-                                  extra_body={"frequency_penalty": 1.0})
-    assert "frequency_penalty" in str(bad.value)
+                                  extra_body={"suffix": "x"})
+    assert "suffix" in str(bad.value)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="one", max_tokens=5)
+
+
+def test_echo_scores_and_tuned_draws_through_the_engine(server: Server) -> None:
+    """The prompt's scores with their alternatives (the score call's `top`) and the draw's
+    logit bias and penalties (`GenerateOptions` fields) cross the engine's frames."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    text = "one two three"
+    score = httpx.post(f"{server.url}/v1/models/tiny-lm/score", json={"texts": [text]},
+                       timeout=30).json()["results"][0]
+    echoed = client.completions.create(model="tiny-lm", prompt=text, echo=True,
+                                       max_tokens=0, logprobs=2).choices[0].logprobs
+    assert echoed is not None and echoed.token_logprobs is not None
+    assert echoed.token_logprobs[1:] == pytest.approx(score["logprobs"][1:], abs=1e-6)
+    assert echoed.top_logprobs is not None and all(len(t or {}) == 2
+                                                   for t in echoed.top_logprobs[1:])
+    forced = httpx.post(f"{server.url}/tokenize", json={"model": "endless-lm", "prompt": "two",
+                                                        "add_special_tokens": False},
+                        timeout=30).json()["tokens"][0]
+    done = client.completions.create(model="endless-lm", prompt="one", max_tokens=4,
+                                     temperature=0, logit_bias={str(forced): 100},
+                                     frequency_penalty=0.5)
+    assert done.choices[0].text == " two two two two"
 
 
 def test_concurrent_streams_share_frames_and_each_gets_its_own_text(server: Server) -> None:

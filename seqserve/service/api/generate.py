@@ -2,7 +2,8 @@
 
 generate: `{"prompt": "..."}` or `{"prompts": [...]}` with the sampling options below. The
 answer is JSON, or with `"stream": true` a `text/event-stream`: one `data: {"prompt_index",
-"index", "text"}` per token as soon as it exists, one `data: {"prompt_index", "index",
+"index", "text"}` per token as soon as it exists (with `logprobs`, also the `tokens` and
+`logprobs` of the tokens it carries), one `data: {"prompt_index", "index",
 "finish_reason"}` per finished sequence, `data: {"usage": ...}`, then `data: [DONE]`. The 200
 goes out with the first events, so a refusal (429 by expected wait, 503) is a status with
 Retry-After; a failure after the 200 is an `event: error` whose data is the usual error JSON;

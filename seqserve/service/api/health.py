@@ -52,6 +52,13 @@ async def ready(request: Request) -> Response:
     return _readiness(request)
 
 
+@router.get("/health", name="health_ready", tags=["health"], responses=READINESS)
+async def health(request: Request) -> Response:
+    """/v2/health/ready at the path OpenAI-style servers (vLLM, TGI) and their clients use:
+    200 when ready, else 503 with the reason."""
+    return _readiness(request)
+
+
 @router.get("/health/live", name="health_live", tags=["health"], include_in_schema=False)
 async def live_alias() -> dict[str, bool]:
     return {"live": True}

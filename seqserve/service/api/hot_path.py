@@ -108,7 +108,10 @@ class HotPath:
         bug: Exception | None = None
         try:
             call = asgi_call(scope, receive, name or "", version)
-            reply = await serve(self.state, route, call, _parse(route, body, scope))
+            parsed = _parse(route, body, scope)
+            if route.model_of is not None:  # the model the body names: metrics, access log
+                scope["path_params"] = {"name": route.model_of(parsed)}
+            reply = await serve(self.state, route, call, parsed)
             if type(reply) is dict:
                 payload = encode_json(reply)
                 answer: Answer = 200, [JSON, (b"content-length", str(len(payload)).encode())], \

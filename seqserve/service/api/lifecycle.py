@@ -1,6 +1,6 @@
 """The one request lifecycle of every inference route, plain and streamed, transport-neutral.
 
-A front (HTTP today: `asgi_call` builds it from the ASGI scope; a gRPC front builds its own)
+A front (HTTP: `asgi_call` builds it from the ASGI scope; gRPC: `api/grpc/front.py`, from the call)
 describes one request as a `Call`: the model and version it names, the timeout its client
 asked for, how to tell that the client left, and where the transport keeps the request's
 context (Server-Timing and the request metrics read it there). Then, once for every route:
@@ -66,6 +66,8 @@ class Call:
     """Where the transport keeps the request's context (under "call")."""
     header: Callable[[bytes], str | None] = lambda name: None
     """The value of one request header (metadata) by its lower-case name, or None."""
+    entry: ModelEntry | None = None
+    """The model version `admit` found (its statistics: `Metrics.on_inference`)."""
 
 
 def asgi_call(scope: Scope, receive: Receive, model: str, version: str | None,
@@ -109,6 +111,9 @@ class Route:
     refused: Callable[[Any], Exception] | None = None
     """The route's own error for a body that fails validation (given pydantic's
     ValidationError); None: the usual 422 naming every field."""
+    model_of: Callable[[Any], str] | None = None
+    """A route whose path names no model (not `by_model`): the model its validated body
+    names (OpenAI's `model`), for the request metrics and the access log."""
     doc: str = ""
     """The operation's description, default version (the route, when not by_model)."""
     version_doc: str = ""
@@ -198,6 +203,7 @@ def admit(state: AppState, call: Call, kind: type[W] | None,
     """What every request passes before its work, plain or streamed: the worker (`lookup`),
     `read`, the deadline's seconds, early shedding, `check` (module doc)."""
     entry, worker = lookup(state, call, kind)
+    call.entry = entry
     if read is not None:
         read(call)
     timeout = request_timeout(state, call)
@@ -214,7 +220,8 @@ class RequestCall:
     `RequestContext.wait` waits on it directly. A class, not a generator-based context
     manager: that cost twice as much."""
 
-    __slots__ = ("state", "call", "timeout_s", "context", "gauge", "gone", "watcher")
+    __slots__ = ("state", "call", "timeout_s", "context", "gauge", "gone", "watcher",
+                 "started")
 
     def __init__(self, state: AppState, call: Call, timeout_s: float | None = None,
                  context: RequestContext | None = None) -> None:
@@ -223,9 +230,11 @@ class RequestCall:
         self.gauge: Any = None
         self.gone: asyncio.Future[Any] | None = None
         self.watcher: asyncio.Future[Any] | None = None
+        self.started = 0.0
 
     async def __aenter__(self) -> RequestContext:
         state, call = self.state, self.call
+        self.started = time.monotonic()
         context = self.context
         if context is None:
             seconds = request_timeout(state, call) if self.timeout_s is None else self.timeout_s
@@ -256,6 +265,10 @@ class RequestCall:
             context.gone = None  # its CancelledError's frames hold `context`: no cycle
         if self.gauge is not None:
             self.gauge.dec()
+        entry = self.call.entry
+        if entry is not None:
+            self.state.metrics.on_inference(entry.name, entry.version, exc[0] is None,
+                                            time.monotonic() - self.started, context)
 
 
 async def _watch(watch: Callable[[], Awaitable[None]], context: RequestContext) -> None:

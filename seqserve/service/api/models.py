@@ -1,7 +1,13 @@
-"""Model listing: GET /v1/models and /v1/models/{name} (versions, states, details)."""
+"""Model listing: GET /v1/models and /v1/models/{name} (versions, states, details).
+
+Both are supersets of OpenAI's: the listing has `object: "list"` and `data` (OpenAI's Model
+objects) beside `models`; one model has OpenAI's Model fields (`id`, `object: "model"`,
+`created`: when its default version was exported, `owned_by`) beside its own, so OpenAI's
+clients list and retrieve models as they do at OpenAI."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -25,17 +31,22 @@ class ModelVersionInfo(BaseModel):
     )
 
 
-class ModelInfo(BaseModel):
+class OpenAIModel(BaseModel):
+    """OpenAI's Model object."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(0, description="Unix seconds: when the default version (else the "
+                                        "newest) was exported; 0 when unknown.")
+    owned_by: str = "seqserve"
+
+
+class ModelInfo(OpenAIModel):
+    """One model: OpenAI's Model object (`id` is the name) and its versions."""
+
     name: str
     default_version: int | None
     versions: list[ModelVersionInfo]
-
-
-class OpenAIModel(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = 0
-    owned_by: str = "seqserve"
 
 
 class ModelList(BaseModel):
@@ -55,10 +66,24 @@ def version_info(entry: ModelEntry, default: int | None) -> ModelVersionInfo:
     )
 
 
+def created(repo: ModelRepository, name: str) -> int:
+    """When the model's default version (else its newest) was exported, in Unix seconds
+    (its manifest's `created`); 0 when unknown."""
+    versions = repo.versions(name)
+    default = repo.default_version(name)
+    entry = versions[default] if default is not None else versions[max(versions)]
+    stamp = entry.manifest.created if entry.manifest is not None else ""
+    try:
+        return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0
+
+
 def model_info(repo: ModelRepository, name: str) -> ModelInfo:
     default = repo.default_version(name)
     versions = [version_info(e, default) for _, e in sorted(repo.versions(name).items())]
-    return ModelInfo(name=name, default_version=default, versions=versions)
+    return ModelInfo(id=name, created=created(repo, name), name=name,
+                     default_version=default, versions=versions)
 
 
 @router.get("/models", name="v1_models")
@@ -67,10 +92,11 @@ async def list_models(request: Request) -> ModelList:
     repo = app_state(request).repository
     names = sorted(repo.entries)
     return ModelList(models=[model_info(repo, name) for name in names], object="list",
-                     data=[OpenAIModel(id=name) for name in names])
+                     data=[OpenAIModel(id=name, created=created(repo, name))
+                           for name in names])
 
 
 @router.get("/models/{name}", name="v1_model")
 async def get_model(name: str, request: Request) -> ModelInfo:
-    """One model: versions, states, labels, limits, metrics."""
+    """One model: versions, states, labels, limits, metrics; and OpenAI's Model fields."""
     return model_info(app_state(request).repository, name)

@@ -19,7 +19,9 @@ from seqserve.service.api import (
     models,
     openai,
     predict,
+    repository,
     tag,
+    tokenize,
     translate,
 )
 from seqserve.service.api.lifecycle import Route
@@ -28,8 +30,8 @@ from seqserve.service.api.oip import routes as oip
 
 FRONTS: tuple[APIRouter | Route, ...] = (
     health.router, models.router, *classify.ROUTES, *translate.ROUTES, *tag.ROUTES,
-    *predict.ROUTES, *generate.ROUTES, *openai.ROUTES, oip.router, *oip.ROUTES,
-    *oip_generate.ROUTES, admin.router)
+    *predict.ROUTES, *generate.ROUTES, *openai.ROUTES, tokenize.router, repository.router,
+    oip.router, *oip.ROUTES, *oip_generate.ROUTES, admin.router, repository.admin)
 """The API's routes in order (the OpenAPI document lists its paths in this order)."""
 TABLE: tuple[Route, ...] = tuple(r for r in FRONTS if isinstance(r, Route))
 """The inference routes."""

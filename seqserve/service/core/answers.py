@@ -67,7 +67,8 @@ class ErrorShape(enum.Enum):
     """`{"error": message}`: fixed by the Open Inference Protocol (KServe v2) for /v2."""
     OPENAI = "openai"
     """`{"error": {"message", "type", "param", "code"}}`: OpenAI's shape, for the
-    OpenAI-compatible routes (`/v1/completions`)."""
+    OpenAI-compatible routes (`/v1/completions`) and the paths under /v1 that are not ours
+    (`/v1/chat/completions`: an OpenAI client's 404)."""
 
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -85,17 +86,20 @@ def retry_after_value(seconds: float) -> bytes:
 def error_answer(status: int, message: str, *, request_id: str | None = None,
                  shape: ErrorShape = ErrorShape.PLAIN, retry_after: float | None = None,
                  headers: Iterable[tuple[bytes, bytes]] = (),
-                 fields: Mapping[str, Any] | None = None, param: str | None = None) -> Answer:
+                 fields: Mapping[str, Any] | None = None, param: str | None = None,
+                 code: str | None = None) -> Answer:
     """The whole answer of an error (every 4xx/5xx the server writes): see the module doc.
     `headers` are extra headers (lower-case names); `fields` extra members of the body (a
-    readiness answer's `ready`, `name`, `version`); `param` the request field at fault (the
-    OpenAI shape names it)."""
+    readiness answer's `ready`, `name`, `version`); `param` the request field at fault and
+    `code` OpenAI's error code (the OpenAI shape names them; a 404's code is
+    "model_not_found" unless given)."""
     error: Any = message
     if shape is ErrorShape.OPENAI:
         error = {"message": message,
                  "type": OPENAI_TYPES.get(status, "api_error" if status >= 500
                                           else "invalid_request_error"),
-                 "param": param, "code": "model_not_found" if status == 404 else None}
+                 "param": param,
+                 "code": code or ("model_not_found" if status == 404 else None)}
     doc: dict[str, Any] = {"error": error, **(fields or {})}
     if request_id is not None:
         doc["request_id"] = request_id

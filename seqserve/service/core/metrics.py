@@ -13,6 +13,7 @@ over live processes, engine gauges come from the one engine.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -51,6 +52,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384, 65536)
 SESSION_BUCKETS = (0.1, 1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 4 * 3600.0, 24 * 3600.0)
 RATIO_BUCKETS = (1.0, 1.05, 1.1, 1.15, 1.25, 1.5, 2.0, 3.0, 5.0)
+LOAD_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 MODEL = ("model",)
 
 
@@ -60,6 +62,8 @@ class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._requests: dict[tuple[str, str, int], tuple[Any, Any, Any, Any]] = {}
+        self._per_version: dict[tuple[str, int, bool], tuple[Any, ...]] = {}
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...] = LATENCY_BUCKETS,
                       labels: tuple[str, ...] = MODEL) -> Histogram:
@@ -120,6 +124,47 @@ class Metrics:
             "Feature-sequence models: a session's start to its end or expiry.", SESSION_BUCKETS)
         self.expired_sessions = counter("seqserve_expired_sessions",
                                         "Sessions expired after their idle timeout.")
+        self._model_control(histogram, gauge, counter)
+
+    def _model_control(self, histogram: Any, gauge: Any, counter: Any) -> None:
+        """Models loaded and unloaded while serving (`engine.control`), and the statistics
+        of each version's requests (the OIP statistics extension, summed over processes)."""
+        mv = ("model", "version")
+        self.load_seconds = histogram("seqserve_model_load_seconds", "One process's load of "
+                                      "a model version: verify, open runtimes, warm up.",
+                                      LOAD_BUCKETS)
+        self.unload_seconds = histogram("seqserve_model_unload_seconds", "One process's "
+                                        "unload of a model version: drain, then free.",
+                                        LOAD_BUCKETS)
+        self.loads = counter("seqserve_model_loads", "Model versions loaded by the model "
+                             "control, by outcome (ready, failed).", (*mv, "outcome"))
+        self.unloads = counter("seqserve_model_unloads", "Model versions unloaded by the "
+                               "model control.", mv)
+        self.versions_loaded = gauge("seqserve_model_versions_loaded", "Versions of the "
+                                     "model that serve.", "livemax")
+        self.last_scan = gauge("seqserve_repository_last_scan_timestamp_seconds", "Unix time "
+                               "of the model control's last repository scan.", "max", ())
+        self.inferences = counter("seqserve_model_inferences", "Requests answered per model "
+                                  "version, by outcome (success, fail).", (*mv, "outcome"))
+        self.inference_seconds = counter("seqserve_model_inference_seconds", "Cumulative "
+                                         "seconds per model version: requests (success, "
+                                         "fail), queue and compute.", (*mv, "stage"))
+        self.last_inference = gauge("seqserve_model_last_inference_timestamp_seconds",
+                                    "Unix time of the version's last answered request.",
+                                    "max", mv)
+
+    def request_series(self, model: str, endpoint: str, status: int
+                       ) -> tuple[Any, Any, Any, Any]:
+        """The label-bound series of one (model, endpoint, status) answer, looked up once:
+        its request count, duration, queue and compute time (HTTP and gRPC alike)."""
+        key = (model, endpoint, status)
+        found = self._requests.get(key)
+        if found is None:
+            found = self._requests[key] = (
+                self.requests.labels(model, endpoint, str(status)),
+                self.request_duration.labels(model, endpoint),
+                self.queue_time.labels(model, endpoint), self.compute_time.labels(model, endpoint))
+        return found
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, looked up once per label values (prometheus-client's own
@@ -130,18 +175,54 @@ class Metrics:
             found = self._children[key] = metric.labels(*labels)
         return found
 
+    def on_inference(self, model: str, version: int, ok: bool, seconds: float,
+                     timing: Any) -> None:
+        """One request answered by a model version (its statistics, `timing`: the request's
+        context, with `computed`, `queue_s` and `compute_s`)."""
+        key = (model, version, ok)
+        found = self._per_version.get(key)
+        if found is None:
+            v, outcome = str(version), "success" if ok else "fail"
+            found = self._per_version[key] = (
+                self.inferences.labels(model, v, outcome),
+                self.inference_seconds.labels(model, v, outcome),
+                self.inference_seconds.labels(model, v, "queue"),
+                self.inference_seconds.labels(model, v, "compute"),
+                self.last_inference.labels(model, v))
+        count, total, queue, compute, last = found
+        count.inc()
+        total.inc(seconds)
+        if timing.computed:
+            queue.inc(timing.queue_s)
+            compute.inc(timing.compute_s)
+        last.set(time.time())
+
     def exposition(self) -> tuple[bytes, str]:
         """Body and content type of `/metrics`: this process's registry, or every process's
         samples in multiprocess mode."""
+        return generate_latest(self.readable()), CONTENT_TYPE_LATEST
+
+    def readable(self) -> CollectorRegistry:
+        """Where every process's samples are read: in multiprocess mode a collector of them
+        all, else this process's registry."""
         if os.environ.get(MULTIPROC_ENV):
             registry = CollectorRegistry()
             MultiProcessCollector(registry)
-            return generate_latest(registry), CONTENT_TYPE_LATEST
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+            return registry
+        return self.registry
 
     def observer(self, model: str) -> ModelMetrics:
         """The scheduler-side instruments of one model, labels bound (a scheduling Observer)."""
         return ModelMetrics(self, model)
+
+
+def shared_metrics(directory: str) -> Metrics:
+    """A process's instruments written to `directory` beside its children's, for a process
+    that imported prometheus-client before that folder existed (the supervisor: the model
+    control's events)."""
+    os.environ[MULTIPROC_ENV] = directory
+    prometheus_values.ValueClass = prometheus_values.MultiProcessValue(cached_pid)
+    return Metrics()
 
 
 class ModelMetrics:

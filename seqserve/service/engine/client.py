@@ -83,6 +83,8 @@ class EngineClient:
         self._outbox: list[p.ToEngine] = []
         """Messages of this loop turn, sent together at its end (`_flush`)."""
         self._flush_scheduled = False
+        self._control: dict[int, asyncio.Future[Any]] = {}
+        """The model control's loads and unloads awaiting the engine's answer."""
 
     async def start(self) -> None:
         sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
@@ -106,6 +108,9 @@ class EngineClient:
         streams, self._streams = self._streams, {}
         for stream, _, _ in streams.values():
             stream.put(exc)
+        for future in self._control.values():
+            if not future.done():
+                future.set_exception(exc)
 
     def _on_event(self, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]
@@ -142,6 +147,40 @@ class EngineClient:
         """Nothing to drain here: the engine drains after every API process stopped."""
         return True
 
+    async def load_model(self, name: str, version: int, path: str, timeout: float
+                         ) -> p.ModelState:
+        """Have the engine load a version (the model control): its state once loaded."""
+        return await self._control_call(lambda rid: p.LoadModel(rid, name, version, path),
+                                        timeout)  # type: ignore[no-any-return]
+
+    async def unload_model(self, name: str, version: int, timeout: float) -> bool:
+        """Have the engine unload a version once it finished its work: whether it drained."""
+        return await self._control_call(lambda rid: p.UnloadModel(rid, name, version),
+                                        timeout)  # type: ignore[no-any-return]
+
+    async def _control_call(self, message: Callable[[int], p.ToEngine], timeout: float) -> Any:
+        if self.lost is not None:
+            raise self._unavailable()
+        rid = next(self._ids)
+        future = self._control[rid] = asyncio.get_running_loop().create_future()
+        try:
+            self._send(message(rid))
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._control.pop(rid, None)
+
+    async def settle(self, model: str, version: int, timeout: float) -> bool:
+        """Wait until no request of this process to the version is pending (a version the
+        model control unloads: the engine drains it only after); True when none is left."""
+        key = (model, version)
+        deadline = time.monotonic() + timeout
+        while any(p.model == key for p in self._pending.values()) \
+                or any(m == key for _, m, _ in self._streams.values()):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
+
     def expected_wait(self, model: str, version: int) -> float | None:
         """The engine's last report of the model's queue wait, if recent (< WAIT_TTL_S)."""
         found = self._waits.get((model, version))
@@ -157,11 +196,13 @@ class EngineClient:
                           len(rows), False, (model, version))
 
     def score(self, model: str, version: int, rows: Sequence[list[int]],
-              deadline: float) -> list[asyncio.Future[Any]]:
-        """Texts (bos first) a language model scores; one future per text (Timed)."""
+              deadline: float, top: int = 0) -> list[asyncio.Future[Any]]:
+        """Texts (bos first) a language model scores (with `top`, the best tokens at every
+        position too); one future per text (Timed)."""
         lengths, ids = p.pack_rows(rows if isinstance(rows, list) else list(rows))
         return self._call(lambda rid: p.SubmitScore(rid, model, version, deadline, lengths,
-                                                    ids), len(rows), False, (model, version))
+                                                    ids, top),
+                          len(rows), False, (model, version))
 
     def translate(self, model: str, version: int, sources: Sequence[list[int]],
                   options: SearchOptions, deadline: float) -> list[asyncio.Future[Any]]:
@@ -320,6 +361,11 @@ class EngineClient:
         if isinstance(msg, p.State):
             if self._state is not None and not self._state.done():
                 self._state.set_result(msg)
+            return
+        if isinstance(msg, p.Loaded | p.Unloaded):
+            found = self._control.get(msg.id)
+            if found is not None and not found.done():
+                found.set_result(msg.state if isinstance(msg, p.Loaded) else msg.drained)
             return
         if msg.id in self._streams and isinstance(msg, p.Tokens | p.Failure):
             self._deliver_tokens(msg)

@@ -11,9 +11,10 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from seqserve.export.manifest import BundleError, Manifest, list_bundles, load_bundle, read_manifest
+from seqserve.export.manifest import BundleError, Manifest, load_bundle, read_manifest
 from seqserve.export.signing import check_signed, load_trusted
 from seqserve.service.engine.options import EngineOptions
+from seqserve.service.engine.scan import startup_bundles
 from seqserve.service.runtimes import load_runtime
 from seqserve.service.runtimes.base import Runtime, RuntimeSpec
 from seqserve.service.scheduling.base import Observer
@@ -38,7 +39,7 @@ def keeps_sessions(path: Path) -> bool:
 def engine_bundles(options: EngineOptions) -> list[tuple[str, int, Path]]:
     """The bundle versions an engine process loads: every one, or (hybrid layout) only those
     that keep sessions; the API processes load the others themselves."""
-    found = list_bundles(Path(options.repo))
+    found = startup_bundles(options.repo, options.model_control, options.load_models)
     if options.bundles == "all":
         return found
     return [b for b in found if keeps_sessions(b[2])]

@@ -2,7 +2,9 @@
 
 `load(bundles)` loads, verifies, warms up and starts each bundle version one after another
 (warm-ups compete for CPU; `loading.build_served`); a version that fails is recorded as
-"failed" with the reason (log, metrics) and the others serve. Its typed calls hand each
+"failed" with the reason (log, metrics) and the others serve; while serving, the model
+control loads a version (`load_version`: off the loop, in a thread) and unloads one
+(`unload`: it drains, then its runtimes are freed). Its typed calls hand each
 request to the version's scheduled model: the dynamic batcher (rows, series, session chunks),
 the decode loop (translate) or the language-model loop (generate, score). It runs in every
 process that runs models: a single-process server, each API process of the replicated and
@@ -14,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,13 @@ class LocalEngine:
         self.metrics = metrics
         self.runtime_factory = runtime_factory
         self.served: dict[tuple[str, int], ServedModel] = {}
-        self.states: list[ModelState] = []
+        self.states: dict[tuple[str, int], ModelState] = {}
+        self.retiring: dict[tuple[str, int], ServedModel] = {}
+        """Versions unloading: they finish what they admitted; their live sessions' chunks
+        still reach them (`chunk`) until the sessions end or expire."""
         self.closing = False
         """Draining: new calls are refused (ShuttingDown), admitted ones finish."""
+        self._background: set[asyncio.Future[Any]] = set()
 
     # -- the table --------------------------------------------------------------------
 
@@ -59,10 +66,17 @@ class LocalEngine:
         for name, version, _ in bundles:  # every series exists from the start, at 0
             self.metrics.model_ready.labels(name, str(version)).set(0)
             self.metrics.load_failures.labels(name, str(version))
+            self.metrics.unload_seconds.labels(name)
         for name, version, path in bundles:
-            await self._load_one(name, version, path)
+            await self.load_version(name, version, path)
 
-    async def _load_one(self, name: str, version: int, path: Path) -> None:
+    async def load_version(self, name: str, version: int, path: Path) -> ModelState:
+        """Verify, open, warm up and start one version (the blocking part in a thread: the
+        loop serves on meanwhile); its state. A version loaded again (its files changed)
+        replaces the loaded copy only once ready, and the old copy drains; a failure leaves
+        a loaded copy serving (the state returned says failed, the table keeps the old)."""
+        key = (name, version)
+        started = time.monotonic()
         try:
             manifest, model = await asyncio.to_thread(
                 build_served, name, path, self.options, self.metrics.observer(name),
@@ -72,24 +86,75 @@ class LocalEngine:
             reason = failure_reason(exc, self.options.repo)
             log.error("model %s version %d not served: %s", name, version, reason)
             self.metrics.load_failures.labels(name, str(version)).inc()
-            self.states.append(ModelState(name, version, str(path), "failed", reason, None, {}))
-            return
-        self.served[name, version] = model
-        self.metrics.model_ready.labels(name, str(version)).set(1)
-        self.states.append(ModelState(
+            failed = ModelState(name, version, str(path), "failed", reason, None, {})
+            if key not in self.served:
+                self.states[key] = failed
+            return failed
+        old = self.served.get(key)
+        self.served[key] = model
+        state = self.states[key] = ModelState(
             name, version, str(path), "ready", None, manifest.task, model.describe(),
             manifest=manifest.to_dict(), max_tokens=model.config.max_tokens,
-            scheduling=dataclasses.asdict(model.config)))
-        log.info("model %s version %d ready (%s)", name, version, manifest.task)
+            scheduling=dataclasses.asdict(model.config))
+        self.metrics.model_ready.labels(name, str(version)).set(1)
+        seconds = time.monotonic() - started
+        self.metrics.load_seconds.labels(name).observe(seconds)
+        log.info("model %s version %d ready (%s; loaded in %.2f s)", name, version,
+                 manifest.task, seconds)
+        if old is not None:  # the same version, new files: the old copy finishes its work
+            self._later(self._retire(key, old, self.options.drain_timeout_s))
+        return state
+
+    async def unload(self, name: str, version: int, timeout: float) -> bool:
+        """Take a version out of the table: new calls to it are refused (ModelNotReady), what
+        it admitted finishes within `timeout` (its sessions until they end or expire), then
+        its runtimes are freed; True when everything admitted was answered."""
+        key = (name, version)
+        self.states.pop(key, None)
+        model = self.served.pop(key, None)
+        if model is None:
+            return True
+        self.metrics.model_ready.labels(name, str(version)).set(0)
+        store = getattr(model, "sessions", None)
+        if store is not None and len(store):  # kept for its sessions: unloaded after them
+            log.info("model %s version %d: unloading once its %d live sessions end or "
+                     "expire", name, version, len(store))
+            self._later(self._retire(key, model, timeout))
+            return True
+        started = time.monotonic()
+        drained = await self._retire(key, model, timeout)
+        seconds = time.monotonic() - started
+        self.metrics.unload_seconds.labels(name).observe(seconds)
+        log.info("model %s version %d unloaded (%s in %.2f s)", name, version,
+                 "drained" if drained else "drain timeout passed", seconds)
+        return drained
+
+    def _later(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)  # held until done (the loop keeps weak references)
+        task.add_done_callback(self._background.discard)
+
+    async def _retire(self, key: tuple[str, int], model: ServedModel, timeout: float) -> bool:
+        self.retiring[key] = model
+        try:
+            store = getattr(model, "sessions", None)
+            while store is not None and len(store) and not self.closing:
+                store.sweep()  # sessions end (their last chunk) or expire
+                await asyncio.sleep(0.1)
+            return await model.stop(timeout)
+        finally:
+            if self.retiring.get(key) is model:
+                del self.retiring[key]
 
     def models(self) -> list[ModelState]:
-        return list(self.states)
+        return list(self.states.values())
 
     async def stop(self, timeout: float) -> bool:
         """Refuse new work and drain every model concurrently within `timeout`; True when
         every one drained."""
         self.closing = True
-        results = await asyncio.gather(*(m.stop(timeout) for m in self.served.values()))
+        models = [*self.served.values(), *self.retiring.values()]
+        results = await asyncio.gather(*(m.stop(timeout) for m in models))
         return all(results)
 
     def model(self, name: str, version: int) -> ServedModel:
@@ -120,7 +185,16 @@ class LocalEngine:
 
     def chunk(self, model: str, version: int, series: np.ndarray, session: str, start: bool,
               end: bool, deadline: float) -> asyncio.Future[Timed[Any]]:
+        """A session's chunk: to `version`, or to the other version of the model (loaded,
+        or unloading) that holds the session: a session stays on the version it started on
+        until it ends or expires."""
         served = self._of(model, version, BatchedModel, "feature series")
+        own = served.sessions
+        if not start and (own is None or session not in own.sessions):
+            for (name, _), other in [*self.served.items(), *self.retiring.items()]:
+                store = getattr(other, "sessions", None)
+                if name == model and store is not None and session in store.sessions:
+                    served = other
         return served.submit_session(series, session, start, end, deadline)
 
     def translate(self, model: str, version: int, sources: Sequence[list[int]],
@@ -129,8 +203,8 @@ class LocalEngine:
             sources, options, deadline)
 
     def score(self, model: str, version: int, rows: Sequence[list[int]],
-              deadline: float) -> Futures:
-        return self._of(model, version, LMModel, "texts to score").score(rows, deadline)
+              deadline: float, top: int = 0) -> Futures:
+        return self._of(model, version, LMModel, "texts to score").score(rows, deadline, top)
 
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
                  options: GenerateOptions, deadline: float) -> TokenStream:

@@ -70,6 +70,11 @@ class EngineOptions:
     """A session idle this long expires."""
     process: ProcessSettings
     """Logging and switch interval of the engine process (the same as the API processes')."""
+    model_control: Literal["none", "poll", "explicit"]
+    """How the model table changes while serving; at start every version each model's policy
+    serves is loaded (explicit: of `load_models` only; `engine.scan.startup_bundles`)."""
+    load_models: tuple[str, ...]
+    """explicit: the models loaded at start."""
     trusted_keys: str | None
     """A folder of public keys: load only bundles signed by one of them (None: any)."""
 
@@ -95,6 +100,7 @@ class EngineOptions:
         """Plain JSON data (what `to_json` writes and the engine reports in `State`)."""
         data = asdict(self)
         data["runtime"]["providers"] = list(self.runtime.providers)
+        data["load_models"] = list(self.load_models)
         return data
 
     def to_json(self) -> str:
@@ -106,6 +112,7 @@ class EngineOptions:
         spec = dict(data.pop("runtime"))
         spec["providers"] = tuple(spec.get("providers") or ())
         process = ProcessSettings(**data.pop("process"))
+        data["load_models"] = tuple(data.get("load_models", ()))
         return cls(runtime=RuntimeSpec(**spec), process=process, **data)
 
     @classmethod

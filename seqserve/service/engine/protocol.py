@@ -1,6 +1,8 @@
 """The frames between API processes (DEALER) and the engine (ROUTER): msgspec msgpack.
 
-API -> engine: `Hello` (which models, in what state, and the engine's effective options),
+API -> engine: `Hello` (which models, in what state, and the engine's effective options);
+from the model control (the supervisor) `LoadModel` and `UnloadModel`, answered by `Loaded`
+and `Unloaded`;
 one typed message per call of the engine interface (`SubmitRows`, `SubmitScore`,
 `SubmitTranslate`, `SubmitSeries`, `SubmitChunk`, `Generate`; engine/interface.py), `StopSeq`
 and `Cancel` (the client left or its deadline passed). Engine -> API: `State`, `Rows`
@@ -48,6 +50,9 @@ class SubmitRows(Call, tag="submit-rows"):
 
 class SubmitScore(SubmitRows, tag="submit-score"):
     """Texts (bos first) a language model scores (`Engine.score`)."""
+
+    top: int = 0
+    """The best tokens asked for at every position (0: none)."""
 
 
 class SubmitTranslate(SubmitRows, tag="submit-translate"):
@@ -118,6 +123,37 @@ class ModelState(msgspec.Struct, array_like=True):
     """The model's effective `ModelConfig` (batcher, decode loop), as plain data."""
 
 
+class LoadModel(msgspec.Struct, tag="load-model", array_like=True):
+    """The model control (the supervisor): load one version (again, if its files changed)."""
+
+    id: int
+    name: str
+    version: int
+    path: str
+
+
+class UnloadModel(msgspec.Struct, tag="unload-model", array_like=True):
+    """The model control: unload one version once it finished what it admitted."""
+
+    id: int
+    name: str
+    version: int
+
+
+class Loaded(msgspec.Struct, tag="loaded", array_like=True):
+    """The answer to `LoadModel`: the version's state (ready or failed, with the reason)."""
+
+    id: int
+    state: ModelState
+
+
+class Unloaded(msgspec.Struct, tag="unloaded", array_like=True):
+    """The answer to `UnloadModel`: whether everything it admitted was answered."""
+
+    id: int
+    drained: bool
+
+
 class State(msgspec.Struct, tag="state", array_like=True):
     models: list[ModelState]
     options: dict[str, Any] = {}
@@ -183,8 +219,8 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
 
 
 ToEngine = (Hello | SubmitRows | SubmitScore | SubmitTranslate | SubmitSeries | SubmitChunk
-            | Generate | Cancel | StopSeq)
-ToApi = State | Rows | Decodes | Failure | Tokens
+            | Generate | Cancel | StopSeq | LoadModel | UnloadModel)
+ToApi = State | Rows | Decodes | Failure | Tokens | Loaded | Unloaded
 
 encoder = msgspec.msgpack.Encoder()
 engine_decoder = msgspec.msgpack.Decoder(list[ToEngine])

@@ -4,8 +4,9 @@ The models are a `LocalEngine` (engine/local.py: every bundle of the repository,
 hybrid layout those that keep sessions; a failed one is reported, the others serve);
 `serve(address)` answers `Hello` with the models' states (each with its verified manifest and
 limits: the API processes load nothing of these themselves) and the engine's effective
-options, and hands each typed message (engine/protocol.py) to the interface call it names,
-through one table (`handlers`), so rows from every API process share the same batches. A
+options, carries out the model control's `LoadModel` and `UnloadModel` (engine/control.py),
+and hands each typed message (engine/protocol.py) to the interface call it names, through
+one table (`handlers`), so rows from every API process share the same batches. A
 request's reply goes out when all its rows are done; a `Cancel` cancels its futures, which
 the schedulers drop before they cost compute. `drain(timeout)` refuses new work and finishes
 what was admitted.
@@ -23,7 +24,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import zmq
@@ -68,8 +70,11 @@ class EngineServer:
             p.Hello: self._hello, p.SubmitRows: self._rows, p.SubmitScore: self._score,
             p.SubmitTranslate: self._translate, p.SubmitSeries: self._series,
             p.SubmitChunk: self._chunk, p.Generate: self._generate, p.StopSeq: self._stop_seq,
-            p.Cancel: lambda identity, msg: self._cancel((identity, msg.id))}
+            p.Cancel: lambda identity, msg: self._cancel((identity, msg.id)),
+            p.LoadModel: self._load_model, p.UnloadModel: self._unload_model}
         """Each message type's handler: the one dispatch."""
+        self._control: set[asyncio.Future[Any]] = set()
+        """The model control's loads and unloads under way."""
 
     @property
     def closing(self) -> bool:
@@ -147,6 +152,25 @@ class EngineServer:
     def _hello(self, identity: bytes, msg: p.Hello) -> None:
         self._send(identity, p.State(self.engine.models(), self.options.to_dict(), observed()))
 
+    def _load_model(self, identity: bytes, msg: p.LoadModel) -> None:
+        """Load a version while serving (off the loop: `LocalEngine.load_version`)."""
+        async def load() -> None:
+            state = await self.engine.load_version(msg.name, msg.version, Path(msg.path))
+            self._send(identity, p.Loaded(msg.id, state))
+        self._later(load())
+
+    def _unload_model(self, identity: bytes, msg: p.UnloadModel) -> None:
+        async def unload() -> None:
+            drained = await self.engine.unload(msg.name, msg.version,
+                                               self.options.drain_timeout_s)
+            self._send(identity, p.Unloaded(msg.id, drained))
+        self._later(unload())
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._control.add(task)
+        task.add_done_callback(self._control.discard)
+
     def _rows(self, identity: bytes, msg: p.SubmitRows) -> None:
         self._submit(identity, msg, False, lambda: self.engine.rows(
             msg.model, msg.version, _readable(lambda: p.unpack_rows(msg.lengths, msg.ids)),
@@ -155,7 +179,7 @@ class EngineServer:
     def _score(self, identity: bytes, msg: p.SubmitScore) -> None:
         self._submit(identity, msg, False, lambda: self.engine.score(
             msg.model, msg.version, _readable(lambda: p.unpack_rows(msg.lengths, msg.ids)),
-            msg.deadline))
+            msg.deadline, msg.top))
 
     def _translate(self, identity: bytes, msg: p.SubmitTranslate) -> None:
         def call() -> list[asyncio.Future[Any]]:

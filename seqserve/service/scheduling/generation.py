@@ -29,6 +29,28 @@ class GenerateOptions:
     """Sequences per prompt."""
     top_logprobs: int = 0
     """Alternatives (token, log-prob) returned with every token (0 = none)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the sequence already generated (OpenAI's)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from the logit of each token the sequence already generated, times the
+    number of times it did (OpenAI's)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the logits before every draw (OpenAI's)."""
+    ignore_eos: bool = False
+    """eos is never drawn: the sequence runs to max_new_tokens (or a stop string)."""
+
+    def __post_init__(self) -> None:
+        # what travelled as plain data (the engine's frames: lists) back to pairs
+        if self.logit_bias and not isinstance(self.logit_bias[0], tuple):
+            object.__setattr__(self, "logit_bias",
+                               tuple((int(t), float(b)) for t, b in self.logit_bias))
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the draw changes the model's distribution beyond temperature and cuts
+        (penalties, biases, eos masked)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias
+                    or self.ignore_eos)
 
 
 @dataclass(slots=True)

@@ -10,13 +10,15 @@ event loop.
   score) while the live-sequence budget allows, as ONE `prefill` batch; and, when rows are
   live, ONE `lm_step` call that advances every live sequence of every request together;
 - update(): a prefill's scored texts are answered (per-token log-probs gathered from its
-  `log_probs`); each prompt's n sequences take the prompt's state and draw their first token
-  from the distribution at the prompt's last position (time to first token: one prefill);
-  a step's rows draw their next tokens (`sampling.sample`: every row in a few float32 array
-  operations, greedy rows by argmax, cut rows by a partition of their best tokens; each
-  sequence's uniform comes from its own counter-based stream keyed by (seed, index), so a
-  seed gives the same text whatever else is batched with it); sequences that reach eos or
-  their `max_new_tokens` leave. The live rows are parallel arrays (`_Rows`) beside the
+  `log_probs`, and the top-k tokens at every position when asked); each prompt's n
+  sequences take the prompt's state and draw their first token from the distribution at
+  the prompt's last position (time to first token: one prefill); a step's rows draw their
+  next tokens (`sampling.sample`: every row in a few float32 array operations, greedy rows
+  by argmax, cut rows by a partition of their best tokens; each sequence's uniform comes
+  from its own counter-based stream keyed by (seed, index), so a seed gives the same text
+  whatever else is batched with it; the rows of requests with a logit bias, penalties or
+  ignore_eos draw from their tuned copy, `sampling.tuned`); sequences that reach eos or
+  their `max_new_tokens` leave. The live rows are parallel arrays (`lm_rows.Rows`) beside the
   state; a request's rows are contiguous, so the per-step Python is one loop over rows
   building events, and one sink call per request.
 
@@ -87,11 +89,14 @@ class LMLoop(LoopDriver[Work, _Done]):
         holder["rid"] = self.submit(prompts, options, deadline, stream.put)
         return stream
 
-    def score(self, rows: Sequence[list[int]], deadline: float | None = None
+    def score(self, rows: Sequence[list[int]], deadline: float | None = None, top: int = 0
               ) -> list[asyncio.Future[Timed[Any]]]:
         """Queue texts (bos first) for one batched prefill; a future per text resolving to
-        Timed((log-probs of the text's tokens,),)."""
+        Timed((log-probs of the text's tokens,),), with `top` also the `top` best tokens at
+        each of those positions: Timed((log-probs, ids (n, top) int64, their log-probs
+        (n, top) float32),)."""
         r = self.scheduler.add(rows, None, None, deadline)
+        r.top = top
         loop = asyncio.get_running_loop()
         r.futures = [loop.create_future() for _ in rows]
         rid = r.rid
@@ -168,10 +173,11 @@ class LMModel:
         """End one sequence of a generation (it hit a stop string)."""
         self.loop.stop_sequence(rid, index)
 
-    def score(self, rows: Sequence[list[int]], deadline: float
+    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0
               ) -> list[asyncio.Future[Timed[Any]]]:
-        """Per-token log-probs of texts (bos first): one future per text."""
-        return self.loop.score(rows, deadline)
+        """Per-token log-probs of texts (bos first), with `top` the best tokens at each
+        position too: one future per text."""
+        return self.loop.score(rows, deadline, top)
 
     def expected_wait(self) -> float | None:
         return self.loop.scheduler.expected_wait()

@@ -30,11 +30,14 @@ from seqserve.service.scheduling.generation import (
     Sink,
     TokenEvent,
 )
+from seqserve.service.scheduling.lm_rows import Rows
 from seqserve.service.scheduling.loop import Outcome, RequestTable, Status
 from seqserve.service.scheduling.sampling import (
     sample,
     sequence_keys,
     top_alternatives,
+    top_arrays,
+    tuned,
     uniforms,
 )
 from seqserve.service.scheduling.work import DecodeConfig
@@ -56,67 +59,12 @@ class _Request:
     """Sequences not finished yet."""
     admitted: float = 0.0
     status: Status = Status.WAITING
+    top: int = 0
+    """A score request: the alternatives (ids, log-probs) it asks for at every position."""
 
     @property
     def sequences(self) -> int:
         return 0 if self.options is None else len(self.rows) * self.options.n
-
-
-@dataclass
-class _Rows:
-    """Live sequences as parallel arrays, one entry per row of the scheduler's `state`. A
-    request's sequences are contiguous (they join together and only ever leave)."""
-
-    rid: np.ndarray  # (N,) int64
-    index: np.ndarray  # (N,) int64: the sequence's index in its request
-    left: np.ndarray  # (N,) int64: tokens it may still generate
-    temperature: np.ndarray  # (N,) float32
-    top_k: np.ndarray  # (N,) int64
-    top_p: np.ndarray  # (N,) float32
-    top_logprobs: np.ndarray  # (N,) int64
-    key: np.ndarray  # (N,) uint64: its random stream (sampling.uniforms)
-    drawn: np.ndarray  # (N,) int64: tokens it drew so far
-
-    @classmethod
-    def empty(cls) -> _Rows:
-        return cls(*(np.zeros(0, dtype=f.type) for f in _ROW_FIELDS))
-
-    @classmethod
-    def of(cls, rid: int, options: GenerateOptions, keys: np.ndarray) -> _Rows:
-        """A request's `len(keys)` sequences (indices 0..n-1), none drawn yet."""
-        n = len(keys)
-        o = options
-        return cls(np.full(n, rid, dtype=np.int64), np.arange(n, dtype=np.int64),
-                   np.full(n, o.max_new_tokens, dtype=np.int64),
-                   np.full(n, o.temperature, dtype=np.float32),
-                   np.full(n, o.top_k, dtype=np.int64), np.full(n, o.top_p, dtype=np.float32),
-                   np.full(n, o.top_logprobs, dtype=np.int64), keys,
-                   np.zeros(n, dtype=np.int64))
-
-    def __len__(self) -> int:
-        return len(self.rid)
-
-    def take(self, which: np.ndarray) -> _Rows:
-        return _Rows(*(getattr(self, f.name)[which] for f in _ROW_FIELDS))
-
-    @staticmethod
-    def concat(parts: Sequence[_Rows]) -> _Rows:
-        if len(parts) == 1:
-            return parts[0]
-        return _Rows(*(np.concatenate([getattr(p, f.name) for p in parts])
-                       for f in _ROW_FIELDS))
-
-
-@dataclass(frozen=True)
-class _RowField:
-    name: str
-    type: type
-
-
-_ROW_FIELDS = tuple(_RowField(n, t) for n, t in (
-    ("rid", np.int64), ("index", np.int64), ("left", np.int64), ("temperature", np.float32),
-    ("top_k", np.int64), ("top_p", np.float32), ("top_logprobs", np.int64),
-    ("key", np.uint64), ("drawn", np.int64)))
 
 
 @dataclass(frozen=True)
@@ -173,10 +121,10 @@ class LMScheduler(RequestTable[_Request]):
         self._reset()
 
     def _reset(self) -> None:
-        self.rows = _Rows.empty()
+        self.rows = Rows.empty()
         self.state: np.ndarray | None = None  # (N, S)
         self.last = np.zeros(0, dtype=np.int64)  # (N,)
-        self._joining: list[tuple[_Rows, np.ndarray, np.ndarray]] = []
+        self._joining: list[tuple[Rows, np.ndarray, np.ndarray]] = []
         self._gone: set[tuple[int, int]] = set()  # (rid, index) to evict; index -1: all
         self._prefilling = False
         self._stepping = False
@@ -263,7 +211,7 @@ class LMScheduler(RequestTable[_Request]):
             work.append(StepWork(self.last, self.state, self._epoch))
         return work
 
-    def _alive(self, rows: _Rows) -> np.ndarray:
+    def _alive(self, rows: Rows) -> np.ndarray:
         """Which of `rows` were neither cancelled nor stopped (N,) bool."""
         gone = self._gone
         return np.array([(rid, -1) not in gone and (rid, i) not in gone
@@ -297,7 +245,7 @@ class LMScheduler(RequestTable[_Request]):
         old = [] if self.state is None or not len(self.rows) else [
             (self.rows, self.state, self.last)]
         parts = old + self._joining
-        self.rows = _Rows.concat([j[0] for j in parts])
+        self.rows = Rows.concat([j[0] for j in parts])
         self.state = np.concatenate([j[1] for j in parts], axis=0)
         self.last = np.concatenate([j[2] for j in parts])
         self._joining = []
@@ -405,7 +353,7 @@ class LMScheduler(RequestTable[_Request]):
         at = 0
         now = self.clock()
         live: list[_Request] = []
-        parts: list[_Rows] = []
+        parts: list[Rows] = []
         sources: list[np.ndarray] = []  # the prefill row of each sequence
         for r in work.requests:
             span = range(at, at + len(r.rows))
@@ -417,13 +365,13 @@ class LMScheduler(RequestTable[_Request]):
                 ended.append(r)
                 continue
             n = len(r.rows) * r.options.n
-            parts.append(_Rows.of(r.rid, r.options, self._keys(r.options, n)))
+            parts.append(Rows.of(r.rid, r.options, self._keys(r.options, n)))
             sources.append(np.repeat(np.arange(span.start, span.stop), r.options.n))
             r.live, r.status = n, Status.DECODING
             live.append(r)
         if not live:
             return ended
-        rows, src = _Rows.concat(parts), np.concatenate(sources)
+        rows, src = Rows.concat(parts), np.concatenate(sources)
         first = log_probs[src, lengths[src] - 1]  # (N, V) each prompt's next-token
         keep, tokens = self._advance(rows, first, live, ended)
         if keep.any():
@@ -438,9 +386,13 @@ class LMScheduler(RequestTable[_Request]):
             n = int(lengths[i])
             targets = np.asarray(row[1:n], dtype=np.int64)  # the text's tokens after bos
             lps = log_probs[i, np.arange(n - 1), targets].astype(np.float32)  # (n-1,)
+            value: tuple[np.ndarray, ...] = (lps,)
+            if r.top:  # and the best tokens at every position, from the same prefill
+                ids, tops = top_arrays(log_probs[i, : n - 1], r.top)
+                value = (lps, ids, tops.astype(np.float32))
             if not f.done():
-                f.set_result(Timed((lps,), Timing(r.admitted - r.submitted, now - r.admitted,
-                                                  len(r.rows), 0)))
+                f.set_result(Timed(value, Timing(r.admitted - r.submitted, now - r.admitted,
+                                                 len(r.rows), 0)))
         r.status = Status.FINISHED
         self.table.pop(r.rid, None)
         self.service_cost.observe(1, now - r.admitted)
@@ -451,7 +403,7 @@ class LMScheduler(RequestTable[_Request]):
             for rid in set(rows.rid.tolist()):
                 if rid in self.table:
                     self._fail(self.table[rid], done.error)
-            self.rows, self.state, self.last = _Rows.empty(), None, np.zeros(0, dtype=np.int64)
+            self.rows, self.state, self.last = Rows.empty(), None, np.zeros(0, dtype=np.int64)
             return []
         self.steps += 1
         self.observer.on_step(done.seconds, len(rows))
@@ -466,14 +418,20 @@ class LMScheduler(RequestTable[_Request]):
             self._keep(keep)
         return ended
 
-    def _advance(self, rows: _Rows, log_probs: np.ndarray, requests: Sequence[_Request | None],
+    def _advance(self, rows: Rows, log_probs: np.ndarray, requests: Sequence[_Request | None],
                  ended: list[_Request]) -> tuple[np.ndarray, np.ndarray]:
         """Every row draws its next token from its log_probs (N, V); each request of
         `requests` (one per run of rows, None: cancelled) gets its events, finished
         sequences leave (into `ended` when their request did). Returns which rows stay
         live (N,) bool and the tokens (N,) int64."""
-        tokens = sample(log_probs, rows.temperature, rows.top_k, rows.top_p,
+        drawn_from = log_probs
+        if rows.tuned.any():  # logit bias, penalties, ignore_eos: those rows' own copy
+            drawn_from = tuned(log_probs, self._tuned_spans(rows, requests), rows.counts,
+                               self.eos_id)
+        tokens = sample(drawn_from, rows.temperature, rows.top_k, rows.top_p,
                         uniforms(rows.key, rows.drawn))
+        if drawn_from is not log_probs:
+            rows.count(tokens)
         rows.drawn += 1
         rows.left -= 1
         finished = (tokens == self.eos_id) | (rows.left <= 0)
@@ -515,6 +473,15 @@ class LMScheduler(RequestTable[_Request]):
             if out and r.sink is not None:
                 r.sink(out)
         return keep, tokens
+
+    @staticmethod
+    def _tuned_spans(rows: Rows, requests: Sequence[_Request | None]
+                     ) -> list[tuple[int, int, GenerateOptions]]:
+        """(start, end, options) of the runs of rows whose request tunes its draw."""
+        _, starts = _runs(rows.rid)
+        return [(s, e, r.options) for r, s, e in zip(requests, starts, starts[1:] + [len(rows)],
+                                                      strict=True)
+                if r is not None and r.options is not None and r.options.tuned]
 
     def fail_all(self, error: Exception) -> list[Outcome]:
         """Fail every live request (answered through their sinks and futures)."""

@@ -1,5 +1,6 @@
 """Sampling: the translator's per-request draw (`Sampler`), and the language models'
-vectorised one (`sample`, `uniforms`: every live sequence in a few array operations).
+vectorised one (`sample`, `uniforms`: every live sequence in a few array operations; `tuned`:
+OpenAI's logit bias, presence and frequency penalties and ignore_eos, for the rows that ask).
 
 Translators (beam 1): each sampling request draws from its own
 `numpy.random.Generator(seed)`, so its draw cannot be batched with other requests' without
@@ -10,10 +11,12 @@ runs once per sampling request per step.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from seqserve.service.scheduling.generation import GenerateOptions
 from seqserve.service.scheduling.search import SAMPLING_CANDIDATES, SearchOptions
 
 
@@ -167,12 +170,52 @@ def _draw_ranked(tokens: np.ndarray, at: np.ndarray, ranked: np.ndarray, ids: np
     return more
 
 
-def top_alternatives(log_probs: np.ndarray, k: int) -> list[tuple[tuple[int, float], ...]]:
-    """The k most likely (token, log-prob) of every row, best first."""
+def top_arrays(log_probs: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k most likely tokens of every row of log_probs (R, V), best first: their ids
+    (R, k) int64 and log-probs (R, k), the rows' own values (ties by id)."""
     k = min(k, log_probs.shape[1])
-    part = np.argpartition(-log_probs, k - 1, axis=-1)[:, :k]  # (R, k)
+    if k >= log_probs.shape[1]:
+        part = np.broadcast_to(np.arange(k), log_probs.shape).copy()
+    else:
+        part = np.argpartition(-log_probs, k - 1, axis=-1)[:, :k]  # (R, k)
+        part.sort(axis=-1)  # ids ascending: ties rank by id whatever the partition did
     vals = np.take_along_axis(log_probs, part, -1)
     order = np.argsort(-vals, axis=-1, kind="stable")
-    ids, vals = np.take_along_axis(part, order, -1), np.take_along_axis(vals, order, -1)
+    return (np.take_along_axis(part, order, -1).astype(np.int64),
+            np.take_along_axis(vals, order, -1))
+
+
+def top_alternatives(log_probs: np.ndarray, k: int) -> list[tuple[tuple[int, float], ...]]:
+    """The k most likely (token, log-prob) of every row, best first."""
+    ids, vals = top_arrays(log_probs, k)
     return [tuple(zip(i.tolist(), v.tolist(), strict=True)) for i, v in zip(ids, vals,
                                                                              strict=True)]
+
+
+def tuned(log_probs: np.ndarray, spans: Sequence[tuple[int, int, GenerateOptions]],
+          counts: np.ndarray, eos_id: int) -> np.ndarray:
+    """log_probs (N, V) as the draw sees them for the rows of `spans` (start, end, the
+    request's options: its rows s:e), OpenAI's way, before temperature and cuts: the logit
+    bias added; eos masked (ignore_eos); the penalties subtracted from the tokens each row
+    already generated (`counts[i]`: token -> times): `frequency_penalty * times +
+    presence_penalty`. A copy; the other rows unchanged. Since log_probs are logits less a
+    row's constant, the draw (which normalises) is the one of the tuned logits."""
+    out = log_probs.copy()
+    v = out.shape[1]
+    for s, e, o in spans:
+        block = out[s:e]  # a view: changes land in `out`
+        if o.logit_bias:
+            ids = np.array([t for t, _ in o.logit_bias], dtype=np.int64)
+            bias = np.array([b for _, b in o.logit_bias], dtype=out.dtype)
+            inside = ids < v
+            block[:, ids[inside]] += bias[inside]
+        if o.presence_penalty or o.frequency_penalty:
+            for i in range(s, e):
+                seen: dict[int, int] | None = counts[i]
+                if seen:
+                    ids = np.fromiter(seen.keys(), dtype=np.int64, count=len(seen))
+                    times = np.fromiter(seen.values(), dtype=out.dtype, count=len(seen))
+                    out[i, ids] -= times * o.frequency_penalty + o.presence_penalty
+        if o.ignore_eos and 0 <= eos_id < v:
+            block[:, eos_id] = -np.inf
+    return out

@@ -145,13 +145,18 @@ class DecodeScheduler(RequestTable[Request]):
     def _fewest_steps_cost(self, sources: Sequence[list[int]],
                            options: SearchOptions) -> float | None:
         """Seconds the request's fewest decoder steps take at the measured cost of a step
-        (fixed + per row), with its rows (sources x beam): no source ends before `min_length`
-        tokens (or its length cap), whatever the load."""
+        (fixed + per row): no source ends before `min_length` tokens (or its length cap),
+        whatever the load. Its steps run with the rows already decoding (sources x beam, plus
+        the live rows it joins) and take turns with every other busy group's steps: counted
+        at the load of now (a request joining a long decode was admitted on its own rows'
+        cost, then missed its deadline)."""
         if not options.min_length or not sources:
             return None
         steps = max(min(options.min_length, max_steps(options, len(src), self.limits))
                     for src in sources)
-        return self.step_cost.seconds(steps * len(sources) * options.beam_size, batches=steps)
+        busy = sum(1 for g in self.groups if g.rows)
+        rows = len(sources) * options.beam_size + self.live_rows
+        return self.step_cost.seconds(steps * rows, batches=steps * max(1, busy))
 
     def _probe(self, sources: Sequence[list[int]], options: SearchOptions) -> None:
         """Queue `sources` with no one waiting for them: their answer updates the costs."""
@@ -327,12 +332,15 @@ class DecodeScheduler(RequestTable[Request]):
         return outcomes
 
     def _stepped(self, group: DecodeGroup, result: StepResult) -> list[Outcome]:
-        """Beam bookkeeping for the group's step; answer and evict who finished."""
+        """Beam bookkeeping for the group's step; answer and evict who finished. A step's
+        cost, for admission, is its graph's time and its bookkeeping's (`advance`)."""
+        start = time.perf_counter()
+        group.advance(result.out)
         if result.batched:
             self.stats.add(group.rows, result.seconds)
-            self.step_cost.observe(group.rows, result.seconds)
+            self.step_cost.observe(group.rows,
+                                   result.seconds + time.perf_counter() - start)
             self.observer.on_step(result.seconds, group.rows)
-        group.advance(result.out)
         leave = group.beams.done.copy()  # (Q,)
         outcomes = []
         for q, exc in result.failed.items():

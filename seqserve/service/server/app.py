@@ -36,7 +36,13 @@ from seqserve.service.server.openapi import install as install_openapi
 from seqserve.service.web.access_log import with_access_log
 from seqserve.service.web.auth import with_api_keys
 from seqserve.service.web.middleware import ServingMiddleware
-from seqserve.service.web.responses import JsonResponse, as_response, error_for, service_error_for
+from seqserve.service.web.responses import (
+    JsonResponse,
+    as_response,
+    error_for,
+    not_found,
+    service_error_for,
+)
 from seqserve.service.web.settings import Settings
 from seqserve.service.web.state import AppState
 
@@ -56,6 +62,8 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await composition.start()
+        await composition.start_control()
+        state.control = composition.control
         if freeze:
             log.debug("start-up heap frozen: %d objects", freeze_heap())
         state.started = True
@@ -119,6 +127,8 @@ def _add_error_handlers(app: FastAPI) -> None:
             detail = "request body is not valid JSON text (malformed or not UTF-8)"
         extra = [(k.lower().encode("latin-1"), v.encode("latin-1"))
                  for k, v in (exc.headers or {}).items()]
+        if exc.status_code == 404 and detail == "Not Found":  # no route has this path
+            return as_response(not_found(request.scope, detail))
         return as_response(error_for(request.scope, exc.status_code, detail, headers=extra))
 
     @app.exception_handler(Exception)

@@ -14,23 +14,30 @@ per model with one thread, on CUDA two; two decoder groups), the same on every
 machine.
 
 `Composition.start()` connects to the engine process (when there is one) and loads this
-process's bundles, then opens the repository over those engines; `stop(timeout)` drains
-them and closes the connection.
+process's bundles (what each model's policy serves, `engine.scan.startup_bundles`; an API
+process: the supervisor's table, `fleet.TABLE_ENV`), then opens the repository over those
+engines; `start_control()` starts the model control (engine/control.py): its owner here in
+one process, else this API process's end of the supervisor's (server/fleet.py); `stop(timeout)`
+drains them and closes the connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
-from seqserve.export.manifest import list_bundles
+from seqserve.export.manifest import BundleError
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient
+from seqserve.service.engine.control import Controller
 from seqserve.service.engine.interface import Engine
 from seqserve.service.engine.loading import RuntimeFactory
 from seqserve.service.engine.local import LocalEngine
 from seqserve.service.engine.options import EngineOptions
-from seqserve.service.server import layout
+from seqserve.service.engine.scan import read_policy
+from seqserve.service.server import fleet, layout
+from seqserve.service.web.control import LocalTable, ModelControl
 from seqserve.service.web.repository import ModelRepository
 from seqserve.service.web.settings import Settings
 
@@ -52,6 +59,10 @@ class Composition:
         self.local: LocalEngine | None = None
         """This process's own models, when it runs any."""
         self.repository = ModelRepository(settings, metrics)
+        self.control: ModelControl | None = None
+        """The model control the routes see, once `start_control` ran."""
+        self._owner: Controller | None = None
+        self._channel: fleet.ApiEnd | None = None
 
     async def start(self, only: str | None = None) -> None:
         """Connect, load and open every bundle version (or every version of model `only`)."""
@@ -65,17 +76,43 @@ class Composition:
             remote = {(m.name, m.version) for m in hello.models}
             engines.append(self.remote)
         if self.remote is None or self.settings.layout == "hybrid":
-            bundles = [b for b in list_bundles(self.settings.repo)
+            bundles = [b for b in fleet.startup_table(self.settings)
                        if (b[0], b[1]) not in remote and only in (None, b[0])]
             self.local = LocalEngine(self.settings.engine_options(), self.metrics,
                                      self.runtime_factory)
             await self.local.load(bundles)
             engines.append(self.local)
         await self.repository.open(engines)
+        for name in self.repository.entries:  # each model's policy default, while ready
+            with contextlib.suppress(BundleError):
+                default = read_policy(self.settings.repo / name).default
+                if default is not None:
+                    self.repository.defaults[name] = default
+
+    async def start_control(self) -> None:
+        """The model control (module doc): the owner of the table here (one process), or
+        this API process's end of the supervisor's channel."""
+        s = self.settings
+        table = LocalTable(self.repository, self.local, self.remote, s.drain_timeout_s,
+                           s.startup_timeout_s)
+        channel = fleet.ApiEnd.from_env(table)
+        if channel is not None:
+            await channel.start()
+            self._channel, self.control = channel, channel.link
+            return
+        owner = self._owner = Controller(s.repo, s.model_control, table, self.metrics,
+                                         s.load_model, s.repository_poll_s)
+        owner.adopt(table.rows())
+        owner.start()
+        self.control = owner
 
     async def stop(self, timeout: float) -> bool:
         """Drain this process's models within `timeout`, then close the engine connection;
         True when everything admitted was answered."""
+        if self._owner is not None:
+            await self._owner.stop()
+        if self._channel is not None:
+            await self._channel.stop()
         drained = await self.repository.stop_all(timeout)
         if self.remote is not None:
             await self.remote.close()

@@ -143,6 +143,10 @@ def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> 
         prop = schemas.get(name, {}).get("properties", {}).get(field)
         if prop is not None:
             prop["maximum"] = min(prop.get("maximum", s.max_new_tokens), s.max_new_tokens)
+    completion = doc.get("paths", {}).get("/v1/completions", {}).get("post", {}).get(
+        "requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
+    if "max_tokens" in completion.get("properties", {}):  # OpenAI's name of the same limit
+        completion["properties"]["max_tokens"]["maximum"] = s.max_new_tokens
     for schema in schemas.values():
         one = schema.get("properties", {}).get("text_input")
         if one is not None:

@@ -12,19 +12,28 @@ batchers. A second signal exits at once.
 Under the supervisor with several API processes, the shared listening socket is accepted on
 by a `BalancedListener` (accept.py: the least loaded process takes each new connection)
 instead of uvicorn's own asyncio server.
+
+With `grpc` on, the gRPC front (`api/grpc/server.py`) starts once the app is loaded, before
+HTTP listens (so it serves once readiness can say so), and joins uvicorn's listeners: it stops
+taking new RPCs when they close, and its RPCs in flight finish within the same drain budget,
+before the lifespan drains the models. A gRPC port that cannot be bound fails the start, as
+an HTTP one does.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from seqserve.service.api.grpc.server import GrpcServer
 from seqserve.service.server.accept import BalancedListener, Slots
 from seqserve.service.web.http_protocol import guarded_protocol
 from seqserve.service.web.state import AppState
@@ -34,8 +43,11 @@ class DrainingServer(uvicorn.Server):
     """uvicorn.Server that drains before it exits."""
 
     def __init__(self, config: uvicorn.Config, state: AppState, delay_s: float = 0.0,
-                 supervised: bool = False, balance: tuple[Slots, int] | None = None) -> None:
+                 supervised: bool = False, balance: tuple[Slots, int] | None = None,
+                 grpc: GrpcServer | None = None) -> None:
         super().__init__(config)
+        self.grpc = grpc
+        """The gRPC front, started with the server (None: `grpc` is off)."""
         self.balance = balance
         """The shared connection counters and this process's slot (accept.py), or None:
         uvicorn accepts as usual."""
@@ -60,6 +72,32 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.grpc is not None:  # gRPC serves before HTTP can say ready
+            setattr(self.lifespan, "startup", self._then_grpc(self.lifespan.startup))  # noqa: B010
+        await self._start_http(sockets)
+        if self.grpc is not None and self.grpc.server is not None:
+            self.servers = [*self.servers, self.grpc]  # type: ignore[list-item]  # closed with them
+
+    def _then_grpc(self, startup: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+        """The lifespan's startup, then the gRPC front's (a port it cannot bind fails the
+        start as uvicorn's own failures do: the lifespan shut down, STARTUP_FAILURE)."""
+        grpc = self.grpc
+        assert grpc is not None
+
+        async def run() -> None:
+            await startup()
+            if self.lifespan.should_exit:
+                return
+            try:
+                await grpc.start()
+            except RuntimeError as exc:
+                logging.getLogger("uvicorn.error").error("%s", exc)
+                await self.lifespan.shutdown()
+                self.lifespan.should_exit = True
+
+        return run
+
+    async def _start_http(self, sockets: list[socket.socket] | None) -> None:
         if self.balance is None or not sockets:
             await super().startup(sockets)
             return
@@ -102,4 +140,6 @@ def build_server(app: object, state: AppState, supervised: bool = False,
         lifespan="on",
         access_log=False,
     )
-    return DrainingServer(config, state, s.shutdown_delay_s, supervised, balance)
+    grpc = GrpcServer(state, str(getattr(app, "version", "")), exclusive=not supervised) \
+        if s.grpc else None
+    return DrainingServer(config, state, s.shutdown_delay_s, supervised, balance, grpc)

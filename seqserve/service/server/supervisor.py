@@ -22,7 +22,12 @@ seqserve.service.server.api_process`), and watches them:
   engine. A second signal stops at once.
 
 Every child gets the settings as SEQSERVE_* variables and `PROMETHEUS_MULTIPROC_DIR`, so
-`/metrics` of any API process reports all of them.
+`/metrics` of any API process reports all of them (the supervisor's own too: the model
+control's events).
+
+The supervisor owns the model table (server/fleet.py): its model control polls the
+repository or takes the API processes' load and unload requests, and changes every process's
+table in two phases (load everywhere, then switch the default).
 """
 
 from __future__ import annotations
@@ -42,12 +47,14 @@ from types import FrameType
 
 from pydantic import SecretStr
 
-from seqserve.service.core.metrics import MULTIPROC_ENV
+from seqserve.models.errors import UserError
+from seqserve.service.core.metrics import MULTIPROC_ENV, shared_metrics
 from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
 from seqserve.service.server.accept import GONE, SLOT_ENV, SLOTS_ENV, Slots
 from seqserve.service.server.api_process import LISTEN_FD_ENV
+from seqserve.service.server.fleet import SupervisorControl
 from seqserve.service.web.auth import key_file_path
 from seqserve.service.web.settings import Settings
 
@@ -127,6 +134,10 @@ class Supervisor:
         """Each API process's open connections (accept.py), with more than one."""
         if int(settings.api_workers) > 1:
             self.slots = Slots(Slots.create(self.slots_path, int(settings.api_workers)))
+        self.control = SupervisorControl(
+            settings, self.workdir, int(settings.api_workers),
+            self.address if self.with_engine else None)
+        """The owner of the model table (server/fleet.py): its changes reach every process."""
 
     def _key_file(self, settings: Settings) -> Path | None:
         """The keys' file for the children: the one configured, or the keys given inline
@@ -164,6 +175,7 @@ class Supervisor:
         assert self.sock is not None
         env = self._env()
         env[LISTEN_FD_ENV] = str(self.sock.fileno())
+        env.update(self.control.env(slot))
         if self.slots is not None:
             self.slots[slot] = GONE  # until it accepts (a dead one's count must not stay)
             env[SLOTS_ENV], env[SLOT_ENV] = str(self.slots_path), str(slot)
@@ -176,9 +188,13 @@ class Supervisor:
 
     def run(self) -> int:
         s = self.settings
+        if s.grpc:
+            self._check_grpc_port()
         self.sock = listen(s.host, s.port)
         host, port = self.sock.getsockname()[:2]
         log.info("listening on http://%s:%d", host, port)
+        if s.grpc:
+            log.info("gRPC on port %d, bound by every API process (SO_REUSEPORT)", s.grpc_port)
         previous = {sig: signal.signal(sig, self._on_signal)
                     for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -188,12 +204,27 @@ class Supervisor:
                 log.info("%s layout: %d API processes, each with its own models, no engine "
                          "process", s.layout, int(s.api_workers))
             self.api = [self._start_api(i) for i in range(int(s.api_workers))]
+            # this process's own metrics (the model control's) beside its children's
+            self.control.start(shared_metrics(str(self.metrics_dir)))
             return self._watch()
         finally:
+            self.control.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._kill_all()
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _check_grpc_port(self) -> None:
+        """Every API process binds grpc_port with SO_REUSEPORT, which would silently share
+        the connections with another server listening there the same way: a UserError
+        instead when anything listens there now."""
+        from seqserve.service.api.grpc.server import check_free
+
+        try:
+            check_free(self.settings.host, self.settings.grpc_port)
+        except RuntimeError as exc:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise UserError(str(exc)) from exc
 
     def _on_signal(self, sig: int, frame: FrameType | None) -> None:
         self.signals += 1
@@ -237,6 +268,7 @@ class Supervisor:
         log.info("draining: API processes first, then the engine (%.0f s budget)"
                  if self.engine is not None else "draining the API processes (%.0f s budget)",
                  budget)
+        self.control.stop()  # no change of the table while draining
         if self.sock is not None:
             self.sock.close()  # the API processes hold their own copies until they stop
         self._stop_api(timeout=max(1.0, deadline - time.monotonic()))

@@ -5,7 +5,7 @@
 `settings.api_key_file` names such a file. They are read once, when the app is built. The
 supervisor hands its children a file, never the key itself (no child's environment or command
 line holds it). Health (`/v2/health/*`,
-`/health/*`) and `/metrics` stay open unless `auth_health` / `auth_metrics`; the API
+`/health`, `/health/*`) and `/metrics` stay open unless `auth_health` / `auth_metrics`; the API
 description (`/openapi.json`, `/docs`, `/redoc`) stays open so that `/docs` can load it.
 
 A request without a valid key gets 401 with `WWW-Authenticate: Bearer` and the JSON error
@@ -77,7 +77,7 @@ def is_open(path: str, auth_health: bool, auth_metrics: bool) -> bool:
     """Whether `path` is served without a key."""
     if path.startswith(DOCS_PATHS):
         return True
-    if path.startswith(HEALTH_PATHS):
+    if path.startswith(HEALTH_PATHS) or path == "/health":
         return not auth_health
     if path.startswith(METRICS_PATHS):
         return not auth_metrics

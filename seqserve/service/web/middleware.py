@@ -16,7 +16,8 @@
   closes every connection after its answer (`Connection: close`: keep-alive clients move on
   to the endpoints that stay; the load balancer still routes some traffic here meanwhile);
 - answers 429 + Retry-After at once to new inference work while this process already holds
-  `max_in_flight` requests, each counted from its headers on, while its body still arrives
+  `max_in_flight` requests (HTTP and gRPC together: `AppState.admitted`), each counted from
+  its headers on, while its body still arrives
   (the engine's admission cannot see a backlog that waits for the API process's own CPU);
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
 - counts requests and observes durations into the app's metrics.
@@ -150,9 +151,6 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
-        self.admitted = 0
-        """Inference requests this process is working on (admitted, not yet answered)."""
-        self._series: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -180,7 +178,7 @@ class ServingMiddleware:
                 media, coding = kind
         answer = unread or self._refusal(scope, inference)
         counted = inference and answer is None
-        self.admitted += counted  # before the body is read: slow bodies count too
+        self.state.admitted += counted  # before the body is read: slow bodies count too
         try:
             got = await self._body_or_refusal(scope, receive, coding) if answer is None else b""
             if isinstance(got, tuple):
@@ -196,12 +194,17 @@ class ServingMiddleware:
             scope[BODY] = body
             await self.app(scope, _replay(body, receive), send_timed)
         finally:
-            self.admitted -= counted
+            self.state.admitted -= counted
+
+    @property
+    def admitted(self) -> int:
+        """Inference requests this process works on (`AppState.admitted`: HTTP and gRPC)."""
+        return self.state.admitted
 
     def _refusal(self, scope: Scope, inference: bool) -> Refusal | None:
         """429 beyond max_in_flight (draining refuses nothing: see the module doc)."""
         s = self.state.settings
-        if inference and self.admitted >= s.max_in_flight:
+        if inference and self.state.admitted >= s.max_in_flight:
             return (429, "server overloaded: this process already works on max_in_flight "
                     f"({s.max_in_flight}) requests", s.retry_after_s, [])
         return None
@@ -274,26 +277,14 @@ class ServingMiddleware:
         model = ""
         if name is not None:
             model = name if name in self.state.repository.entries else "unknown"
-        requests, duration, queue, compute = self._children(model, endpoint or "unmatched",
-                                                            status)
+        requests, duration, queue, compute = self.state.metrics.request_series(
+            model, endpoint or "unmatched", status)
         requests.inc()
         duration.observe(seconds)
         call = scope.get("state", {}).get("call")
         if call is not None and call.computed:
             queue.observe(call.queue_s)
             compute.observe(call.compute_s)
-
-    def _children(self, model: str, endpoint: str, status: int) -> tuple[Any, ...]:
-        """The label-bound series of one (model, endpoint, status), looked up once."""
-        key = (model, endpoint, status)
-        found = self._series.get(key)
-        if found is None:
-            m = self.state.metrics
-            found = self._series[key] = (
-                m.requests.labels(model, endpoint, str(status)),
-                m.request_duration.labels(model, endpoint),
-                m.queue_time.labels(model, endpoint), m.compute_time.labels(model, endpoint))
-        return found
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

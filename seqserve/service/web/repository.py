@@ -7,7 +7,10 @@ engine's model table into entries: for a ready version the verified manifest and
 engine reports, the tokenizer file read here (no hashing), and the task's worker over a
 `ModelHandle` of that engine; one path whichever engine serves it. A version that failed is
 recorded as "failed" with the reason (log, metrics, /v1/models) and skipped; the others
-serve. The highest ready version is the default.
+serve. The default version is the one the model control chose (`switch`: its policy's
+default while ready), else the highest ready one. While serving, the model control adds a
+version an engine loaded (`add`) and takes one out (`remove`): each a single change of the
+table on the event loop, so a request sees the old table or the new one.
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ class ModelEntry:
     """Its effective scheduling config (`ModelConfig` as plain data), once open."""
     runs_in: Literal["engine", "api"] | None = None
     """Where its model runs once opened: the engine process, or each API process (this one)."""
+    engine: Engine | None = None
+    """The engine that serves it, once open."""
+    late: bool = False
+    """Added while serving (the model control): not ready (loading, failed), it replaced
+    nothing, so it does not take the server out of its load balancer."""
 
     @property
     def task(self) -> str | None:
@@ -78,6 +86,9 @@ class ModelRepository:
         self.entries: dict[str, dict[int, ModelEntry]] = {}
         self.engine_state: dict[str, Any] = {}
         """With an engine process: its effective options and process values (from Hello)."""
+        self.defaults: dict[str, int] = {}
+        """The default version of each model the model control chose (or its policy names);
+        while it is not ready, the highest ready version."""
 
     async def open(self, engines: list[Engine]) -> None:
         """An entry for every version each engine holds, in (name, version) order, and the
@@ -101,7 +112,7 @@ class ModelRepository:
             log.error("model %s version %d not served: %s", entry.name, entry.version,
                       entry.reason)
             return
-        entry.worker, entry.state = worker, "ready"
+        entry.worker, entry.state, entry.engine = worker, "ready", engine
         entry.runs_in = "api" if engine.in_process else "engine"
         several = len(self.engines) > 1 or not engine.in_process
         log.info("model %s version %d ready (%s%s)", entry.name, entry.version, entry.task,
@@ -187,8 +198,50 @@ class ModelRepository:
         return found
 
     def default_version(self, name: str) -> int | None:
-        ready = [v for v, e in self.versions(name).items() if e.state == "ready"]
-        return max(ready, default=None)
+        versions = self.versions(name)
+        chosen = self.defaults.get(name)
+        if chosen is not None and chosen in versions and versions[chosen].state == "ready":
+            return chosen
+        return max((v for v, e in versions.items() if e.state == "ready"), default=None)
+
+    # -- changes while serving (the model control) -----------------------------------------
+
+    async def add(self, state: ModelState, engine: Engine) -> ModelEntry:
+        """A version `engine` loaded while serving: its worker built (off the loop), then
+        put in the table in one step, replacing a loaded copy of the same version, except a
+        ready one by a failed one. The model's default stays what it was until `switch`."""
+        entry = ModelEntry(state.name, state.version, Path(state.path), late=True)
+        await self._open(entry, state, engine)
+        versions = self.entries.setdefault(state.name, {})
+        if state.name not in self.defaults and versions:
+            serving = self.default_version(state.name)
+            if serving is not None:
+                self.defaults[state.name] = serving
+        old = versions.get(state.version)
+        if entry.state != "ready" and old is not None and old.state == "ready":
+            return entry
+        versions[state.version] = entry
+        return entry
+
+    def switch(self, name: str, default: int | None) -> None:
+        """Unpinned requests of `name` go to `default` from now on (None: its highest ready
+        version)."""
+        if default is None:
+            self.defaults.pop(name, None)
+        else:
+            self.defaults[name] = default
+
+    def remove(self, name: str, version: int) -> ModelEntry | None:
+        """Take a version out of the table: requests pinned to it are 404 from now on (what
+        it admitted finishes: the engine's `unload`); the model is gone with its last."""
+        versions = self.entries.get(name, {})
+        entry = versions.pop(version, None)
+        if not versions:
+            self.entries.pop(name, None)
+            self.defaults.pop(name, None)
+        elif self.defaults.get(name) == version:
+            del self.defaults[name]
+        return entry
 
     def entry(self, name: str, version: int | str | None = None) -> ModelEntry:
         """The entry for `name` (default version when `version` is None), any state."""
@@ -245,11 +298,14 @@ class ModelRepository:
 
     def serving(self, strict: bool) -> bool:
         """Whether the server may take traffic: every version ready (strict; Triton's
-        default), or at least one (relaxed). An empty repository serves nothing, and nothing
+        default), or at least one (relaxed); a version the model control added while
+        serving that is not ready (loading, failed) does not count: it replaced nothing, so
+        whatever answered before answers on. An empty repository serves nothing, and nothing
         is served once the engine process is gone."""
         if any(e.lost is not None for e in self.engines):
             return False
-        states = [e.state == "ready" for v in self.entries.values() for e in v.values()]
+        states = [e.state == "ready" for v in self.entries.values() for e in v.values()
+                  if e.state == "ready" or not e.late]
         return bool(states) and (all(states) if strict else any(states))
 
     def not_ready(self) -> list[str]:

@@ -1,7 +1,8 @@
 """The one error answer and the one JSON encoder (`seqserve.service.core.answers`), on ASGI.
 
 - `error_for(scope, status, message, ...)`: the error answer of a request, with its request id
-  (set by the access-log middleware) and the shape of its protocol (`shape_of`);
+  (set by the access-log middleware) and the shape of its protocol (`shape_of`); `not_found`
+  the 404 of a path no route serves;
 - `send_answer(send, answer)`: writes an answer on ASGI (middleware, API keys, hot path);
 - `as_response(answer)`: the same answer as a Starlette `Response` (FastAPI's handlers);
 - `JsonResponse`: the app's response class for success bodies, encoded by the same encoder.
@@ -27,6 +28,14 @@ from seqserve.service.core.errors import ServiceError
 OIP_PREFIX = "/v2"
 OPENAI_PATHS = frozenset({"/v1/completions"})
 """The OpenAI-compatible routes: their errors (refusals and API keys included) are OpenAI's."""
+NATIVE_V1 = ("/v1/models", "/v1/admin")
+"""Our own routes under /v1 (their errors keep our shape); any other /v1 path is OpenAI's
+namespace (`/v1/chat/completions`, `/v1/embeddings`): its 404 is in OpenAI's shape."""
+NOT_SERVED = {
+    "/v1/chat/completions": "chat completions are not served: seqserve serves text "
+                            "completions (POST /v1/completions) with its language models",
+}
+"""Why an OpenAI path clients try is not served."""
 
 
 def request_id_of(scope: Scope) -> str | None:
@@ -41,9 +50,23 @@ def shape_of(scope: Scope) -> ErrorShape:
     path = scope.get("path", "")
     if path == OIP_PREFIX or path.startswith(OIP_PREFIX + "/"):
         return ErrorShape.OIP
-    if path in OPENAI_PATHS:
+    if path in OPENAI_PATHS or path.startswith("/v1/") and not any(
+            path == p or path.startswith(p + "/") for p in NATIVE_V1):
         return ErrorShape.OPENAI
     return ErrorShape.PLAIN
+
+
+def not_found(scope: Scope, message: str) -> Answer:
+    """The 404 of a path no route serves; under OpenAI's namespace (`shape_of`) in its
+    shape, saying what is served instead."""
+    path = scope.get("path", "")
+    if shape_of(scope) is not ErrorShape.OPENAI or path in OPENAI_PATHS:
+        return error_for(scope, 404, message)
+    why = NOT_SERVED.get(path.rstrip("/")) or (
+        f"{path} is not served: the OpenAI-compatible routes here are POST /v1/completions, "
+        "GET /v1/models and GET /v1/models/{model}")
+    return error_answer(404, why, request_id=request_id_of(scope), shape=ErrorShape.OPENAI,
+                        code="unknown_url")
 
 
 def error_for(scope: Scope, status: int, message: str, *, retry_after: float | None = None,

@@ -28,10 +28,30 @@ class Settings(BaseSettings):
 
     repo: Path = Path("model_repository")
     """Model repository: `repo/NAME/VERSION/` bundles."""
+    model_control: Literal["none", "poll", "explicit"] = "poll"
+    """How models come and go while serving: poll, the repository is scanned every
+    repository_poll_s and new models, new and removed versions and changed files are loaded
+    or unloaded (each model's policy.json chooses its versions); explicit, only on request
+    (POST /v2/repository/models/NAME/load or unload, /v1/admin/models, `seqserve models`)
+    and the load_model models at start; none, what is there at start until a restart."""
+    repository_poll_s: float = Field(default=5.0, gt=0)
+    """poll: seconds between two scans of the repository."""
+    load_model: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, json_schema_extra={"repeatable": True})
+    """explicit: a model loaded at start (repeat the flag for several; comma-separated in
+    the environment)."""
     host: str = "127.0.0.1"
     """Address to bind."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port to bind (0 picks a free one)."""
+    grpc: bool = True
+    """Also serve the KServe v2 gRPC protocol as Triton does (inference.GRPCInferenceService,
+    and grpc.health.v1 for probes) on grpc_port, in every API process, through the same
+    lifecycle, keys, limits, metrics and drain as HTTP; --no-grpc: HTTP only."""
+    grpc_port: int = Field(default=8001, ge=0, le=65535)
+    """Port of the gRPC protocol (Triton's 8001), bound by every API process with
+    SO_REUSEPORT (the kernel spreads connections over them); 0 picks a free one (per
+    process)."""
     runtime: Literal["onnx", "torchscript"] = "onnx"
     """Which graph format runs: ONNX Runtime or TorchScript (imports torch)."""
     device: Literal["cpu", "cuda"] = "cpu"
@@ -133,6 +153,10 @@ class Settings(BaseSettings):
     """Most tokens in one text (also capped by the bundle's own limit)."""
     truncate: bool = False
     """Over `max_tokens`: truncate (and say so in the answer) instead of rejecting."""
+    max_unknown_fraction: float | None = Field(default=None, ge=0, le=1)
+    """Refuse (422) a classify, tag or translate text whose share of tokens unknown to the
+    model's tokenizer is above this (0.5: half of it unreadable); unset: never refuse (each
+    answer still says its `unknown_fraction`)."""
     max_body_bytes: int = Field(default=1_048_576, ge=1)
     """Largest request body, as sent and, for a gzip or deflate body, decompressed; bigger is
     refused (413), before it is read where its Content-Length says so."""
@@ -141,10 +165,6 @@ class Settings(BaseSettings):
     OpenAI's `max_tokens`); more is a 400."""
     max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
     """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
-    max_unknown_fraction: float | None = Field(default=None, ge=0, le=1)
-    """Refuse (422) a classify, tag or translate text whose share of tokens unknown to the
-    model's tokenizer is above this (0.5: half of it unreadable); unset: never refuse (each
-    answer still says its `unknown_fraction`)."""
     decode_groups: int | Literal["auto"] = "auto"
     """Translators: live requests split into this many groups (1 to 8) whose decoder steps
     take turns, so one group's beam bookkeeping overlaps the other's step (1 = one call per
@@ -185,11 +205,13 @@ class Settings(BaseSettings):
     default 5 ms makes the batch thread wait behind the busy event loop after every runtime
     call; 0.5 ms measured ~15% faster)."""
 
-    @field_validator("providers", mode="before")
+    @field_validator("providers", "load_model", mode="before")
     @classmethod
     def _split_providers(cls, v: object) -> object:
         if isinstance(v, str):
             return [p.strip() for p in v.split(",") if p.strip()]
+        if isinstance(v, list | tuple):  # a repeated flag: each may hold several
+            return [p.strip() for item in v for p in str(item).split(",") if p.strip()]
         return v
 
     @field_validator("api_workers", "instances", "decode_groups")
@@ -216,6 +238,9 @@ class Settings(BaseSettings):
                 f"max_batch_tokens ({self.max_batch_tokens}) must be >= max_tokens "
                 f"({self.max_tokens}): a single longest text must fit one batch"
             )
+        if self.grpc and self.grpc_port == self.port != 0:
+            raise ValueError(f"grpc_port and port are both {self.port}: give gRPC a port of "
+                             "its own (or --no-grpc)")
         if self.max_url_bytes > self.max_header_bytes:
             raise ValueError(
                 f"max_url_bytes ({self.max_url_bytes}) must be <= max_header_bytes "
@@ -249,6 +274,7 @@ class Settings(BaseSettings):
             drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
             session_idle_timeout_s=self.session_idle_timeout_s,
             process=self.process_settings(),
+            model_control=self.model_control, load_models=tuple(self.load_model),
             trusted_keys=None if self.trusted_keys is None else str(self.trusted_keys))
 
     def runtime_spec(self) -> RuntimeSpec:

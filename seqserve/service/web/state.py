@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from seqserve.service.core.metrics import Metrics
+from seqserve.service.web.control import ModelControl
 from seqserve.service.web.repository import ModelRepository
 from seqserve.service.web.settings import Settings
 
@@ -22,11 +23,16 @@ class AppState:
     repository: ModelRepository
     started: bool = False
     """Lifespan startup finished (repository loaded and warmed up)."""
+    control: ModelControl | None = None
+    """The model control (web/control.py), once started."""
     draining: bool = False
     """Shutdown began: readiness false, answers close their connections (work is still
     served until the shutdown delay ends and the listener closes)."""
     drain_started: float | None = None
     """time.monotonic() when draining began: one drain budget covers HTTP and batchers."""
+    admitted: int = 0
+    """Inference requests this process works on (admitted, not yet answered), HTTP and gRPC
+    alike: `max_in_flight` bounds them together (`web.middleware`, `api/grpc/front.py`)."""
 
     @property
     def ready(self) -> bool:

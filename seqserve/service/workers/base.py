@@ -77,10 +77,16 @@ def text_pattern(blank: str = BLANK) -> str:
     return f"^[^\\x00]*[^\\x00{blank}][^\\x00]*$"
 
 
-@functools.cache
 def _kept(tok: TextTokenizer) -> re.Pattern[str]:
     """Matches a character `tok` keeps (one that can make a token)."""
-    return re.compile(f"[^\\x00{tok.blank_characters()}]")
+    return _kept_pattern(tok.blank_characters())
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_pattern(blank: str) -> re.Pattern[str]:
+    """(Cached by the characters, not the tokenizer: a cache of tokenizers would keep every
+    unloaded model version's tokenizer alive.)"""
+    return re.compile(f"[^\\x00{blank}]")
 
 
 def check_text(text: str, i: int, tok: TextTokenizer) -> None:
@@ -90,7 +96,7 @@ def check_text(text: str, i: int, tok: TextTokenizer) -> None:
     for a tokenizer that drops punctuation: it has no tokens)."""
     if "\x00" in text:
         raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
-    if _kept(tok).search(text) is None:  # type: ignore[arg-type]  # instances hash
+    if _kept(tok).search(text) is None:
         raise BadRequest(f"texts[{i}] is empty (nothing this model's tokenizer keeps, so no "
                          "tokens)")
     if text.isascii():

@@ -1,11 +1,15 @@
 """Language-model worker: prompts -> token rows -> the LM scheduler -> text as it is generated.
 
 `LMWorker.start(prompts, params, call)` checks the prompts with the one input contract
-(`encode_texts`) and the generation limits, submits every prompt (bos first) as one request
-and returns a `Generation`: `async for event in generation.events()` yields one
-`{"prompt_index", "index", "text"}` per token as soon as it exists and one
-`{"prompt_index", "index", "finish_reason"}` per finished sequence; afterwards
-`generation.results()` and `generation.usage()` hold the whole answer.
+(`encode_texts`; prompts given as token ids: `LMWorker.prompts`, each id in the vocabulary)
+and the generation limits, submits every prompt (bos first, once: a prompt of ids that
+starts with bos keeps its own) as one request and returns a `Generation`: `async for event
+in generation.events()` yields one `{"prompt_index", "index", "text"}` per token as soon as
+it exists (with log-probs asked, also the `tokens`, `logprobs` and, with alternatives,
+`top_logprobs` of the tokens it carries; tokens whose text is not sent, a stop string's,
+come with the finish event) and one `{"prompt_index", "index", "finish_reason"}` per
+finished sequence; afterwards `generation.results()` and `generation.usage()` hold the whole
+answer.
 
 Text is decoded from the sequence's pieces after the prompt's last piece (so a piece's
 leading space survives). Stop strings are found in that text: the sequence ends before the
@@ -13,7 +17,10 @@ stop string (finish_reason "stop") and the scheduler is told to drop its row; te
 be the start of a stop string is held back until it is not.
 
 `score(texts, call)`: one batched prefill; the log-probability of every token of each text
-after bos, and the text's perplexity.
+after bos, and the text's perplexity. `submit_scores` / `scored`: the same for prompts, with
+the best tokens at every position when asked (OpenAI's `echo` with `logprobs`). The
+tokenizer's own operations (token ids <-> text, special tokens by their strings):
+`workers.lm_text`.
 """
 
 from __future__ import annotations
@@ -26,7 +33,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from seqserve.service.core.errors import BadRequest, ClientGone, DeadlineExceeded
+from seqserve.models.text.tokenizer_files import TokenizerFailed
+from seqserve.service.core.errors import (
+    BadRequest,
+    ClientGone,
+    DeadlineExceeded,
+    TextNotTokenizable,
+)
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.generation import (
     FINISH_STOP,
@@ -34,6 +47,7 @@ from seqserve.service.scheduling.generation import (
     TokenEvent,
     TokenStream,
 )
+from seqserve.service.workers import lm_text
 from seqserve.service.workers.base import (
     RequestContext,
     WorkerContext,
@@ -48,8 +62,8 @@ class LMServed(Protocol):
     def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
                  deadline: float) -> TokenStream: ...
 
-    def score(self, rows: Sequence[list[int]],
-              deadline: float) -> list[asyncio.Future[Timed[Any]]]: ...
+    def score(self, rows: Sequence[list[int]], deadline: float,
+              top: int = 0) -> list[asyncio.Future[Timed[Any]]]: ...
 
     def expected_wait(self) -> float | None: ...
 
@@ -64,6 +78,12 @@ class GenerateParams(GenerateOptions):
 
     stop: tuple[str, ...] = ()
     logprobs: bool = False
+    with_eos: bool = False
+    """Log-probs list the eos a sequence drew, last (OpenAI's and vLLM's way; what lm-eval
+    reads); its text never holds it."""
+    limit_name: str = "max_new_tokens"
+    """The request's name of `max_new_tokens` (OpenAI's and OIP's: max_tokens): the error
+    over the server's limit names it."""
 
     def sampling(self) -> GenerateOptions:
         """The options the scheduler needs (what travels to the engine)."""
@@ -73,8 +93,34 @@ class GenerateParams(GenerateOptions):
 SAMPLING_FIELDS = dataclasses.fields(GenerateOptions)
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt as the model reads it."""
+
+    ids: list[int]
+    """Its tokens, as given or encoded (never the bos the server puts first)."""
+    row: list[int]
+    """What the model reads: bos first (once)."""
+    text: str
+    """Its text: as given, or its ids' (special tokens by their strings)."""
+    starts: list[int] | None = None
+    """Where each of `ids` starts in `text` (when asked for)."""
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A prompt's log-probs from one prefill: `logprobs[j]` = log P(row[j+1] | row[:j+1]),
+    `tops[j]` the best (token, log-prob) there (when asked for)."""
+
+    logprobs: list[float]
+    tops: list[tuple[tuple[int, float], ...]]
+
+
 @dataclass
-class _Seq:
+class Seq:
+    """One generated sequence as it grows (what a `Generation` holds for each)."""
+
     prompt_index: int
     index: int
     context: int
@@ -84,6 +130,10 @@ class _Seq:
     text: str = ""
     sent: int = 0
     """Characters of `text` already sent."""
+    told: int = 0
+    """Tokens whose log-probs were already sent (streams with log-probs)."""
+    eos: tuple[float, tuple[tuple[int, float], ...]] | None = None
+    """The eos it drew, if it did: its log-prob and alternatives."""
     finish: str | None = None
 
 
@@ -97,34 +147,128 @@ class LMWorker:
         self.max_new_tokens = max_new_tokens
         tok = ctx.tokenizer
         self._bos, self._eos = tok.bos_id, tok.eos_id
+        self.specials = lm_text.Specials.of(tok)
 
-    def start(self, prompts: list[str], params: GenerateParams, call: RequestContext,
+    @property
+    def eos_id(self) -> int:
+        return self._eos
+
+    def prompts(self, prompts: Sequence[str] | Sequence[list[int]], starts: bool = False,
+                single: bool = False) -> list[Prompt]:
+        """Texts (the one input contract) or token-id lists (each id in the vocabulary, the
+        same count and token limits) as prompts; `starts`: where each token starts in its
+        text too; `single`: the request gave one prompt (a 400 names `prompt`, not
+        `prompt[i]`)."""
+        tok, limits = self.ctx.tokenizer, self.ctx.limits
+        if not prompts or isinstance(prompts[0], str):
+            texts = [str(p) for p in prompts]
+            encoded = encode_texts(tok, texts, limits, offsets=starts)
+            return [Prompt(e.ids, [self._bos, *e.ids], t,
+                           [p.start for p in e.pieces] if e.pieces is not None else None,
+                           e.truncated) for t, e in zip(texts, encoded, strict=True)]
+        if len(prompts) > limits.max_texts:
+            raise BadRequest(f"too many prompts: {len(prompts)} > max_texts "
+                             f"{limits.max_texts}", param="prompt")
+        out = []
+        for i, given in enumerate(prompts):
+            where = "prompt" if single else f"prompt[{i}]"
+            ids = [int(x) for x in given]  # type: ignore[call-overload]  # ids here
+            if not ids:
+                raise BadRequest(f"{where} is empty (no tokens)", param="prompt")
+            lm_text.check_ids(ids, tok.vocab_size, where)
+            truncated = len(ids) > limits.max_tokens
+            if truncated and not limits.truncate:
+                raise BadRequest(f"{where} has {len(ids)} tokens > max_tokens "
+                                 f"{limits.max_tokens} (the server is set to reject, not "
+                                 "truncate)", param="prompt")
+            ids = ids[: limits.max_tokens]
+            text = self.detokenize(ids)
+            out.append(Prompt(ids, ids if ids[0] == self._bos else [self._bos, *ids], text,
+                              lm_text.offsets(tok, self.specials, ids, text) if starts
+                              else None, truncated))
+        return out
+
+    def start(self, prompts: Sequence[str] | Sequence[Prompt], params: GenerateParams,
+              call: RequestContext,
               on_token: Callable[[float, bool], None] | None = None) -> Generation:
         """Check and submit; BadRequest / QueueFull / ShuttingDown refuse at once."""
         if params.max_new_tokens > self.max_new_tokens:
-            raise BadRequest(f"max_new_tokens {params.max_new_tokens} > the server's limit "
-                             f"{self.max_new_tokens}")
+            name = params.limit_name
+            raise BadRequest(f"{name} {params.max_new_tokens} > the server's limit "
+                             f"{self.max_new_tokens}", param=name)
         if len(prompts) * params.n > self.ctx.limits.max_texts:
             raise BadRequest(f"{len(prompts)} prompts x n={params.n} sequences > max_texts "
                              f"{self.ctx.limits.max_texts}")
-        encoded = encode_texts(self.ctx.tokenizer, prompts, self.ctx.limits)
+        given = [p for p in prompts if isinstance(p, Prompt)]
+        if len(given) != len(prompts):
+            given = self.prompts([str(p) for p in prompts])
+        self.check_bias(params.logit_bias)
         options = params.sampling()
-        rows = [[self._bos, *e.ids] for e in encoded]
-        stream = self.ctx.model.generate(rows, options, call.deadline)
-        return Generation(self, [e.ids for e in encoded], params, stream, call, on_token)
+        stream = self.ctx.model.generate([p.row for p in given], options, call.deadline)
+        return Generation(self, [p.ids for p in given], params, stream, call, on_token)
 
-    async def score(self, texts: list[str], call: RequestContext) -> list[dict[str, Any]]:
-        encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits)
-        futures = self.ctx.model.score([[self._bos, *e.ids] for e in encoded], call.deadline)
+    def check_bias(self, bias: Sequence[tuple[int, float]]) -> None:
+        """A 400 naming a biased token id outside the vocabulary."""
+        size = self.ctx.tokenizer.vocab_size
+        for token, _ in bias:
+            if not 0 <= token < size:
+                raise BadRequest(f"logit_bias: token id {token} is not in the vocabulary (0 "
+                                 f"to {size - 1})", param="logit_bias")
+
+    def submit_scores(self, prompts: Sequence[Prompt], top: int, deadline: float
+                      ) -> list[asyncio.Future[Timed[Any]]]:
+        """Queue the prompts' scoring (one batched prefill, like `score`), with `top` the
+        best tokens at every position; `scored` waits for them."""
+        if top:
+            return self.ctx.model.score([p.row for p in prompts], deadline, top)
+        return self.ctx.model.score([p.row for p in prompts], deadline)
+
+    async def scored(self, futures: list[asyncio.Future[Timed[Any]]], call: RequestContext
+                     ) -> list[Scored]:
+        """The scores `submit_scores` queued."""
         done: list[Timed[Any]] = await call.wait(futures)
         out = []
-        for e, t in zip(encoded, done, strict=True):
-            lps = [float(x) for x in t.value[0]]
-            mean = -sum(lps) / len(lps)
-            out.append({"tokens": [self.piece(i) for i in e.ids], "logprobs": lps,
-                        "num_tokens": len(lps), "perplexity": math.exp(min(mean, 700.0)),
-                        "truncated": e.truncated})
+        for t in done:
+            value = t.value
+            tops: list[tuple[tuple[int, float], ...]] = []
+            if len(value) > 2:
+                tops = [tuple(zip(i.tolist(), v.tolist(), strict=True))
+                        for i, v in zip(value[1], value[2], strict=True)]
+            out.append(Scored(value[0].tolist(), tops))
         return out
+
+    async def score(self, texts: list[str], call: RequestContext) -> list[dict[str, Any]]:
+        prompts = self.prompts(texts)
+        done = await self.scored(self.submit_scores(prompts, 0, call.deadline), call)
+        out = []
+        for p, scored in zip(prompts, done, strict=True):
+            lps = scored.logprobs
+            mean = -sum(lps) / len(lps)
+            out.append({"tokens": [self.piece(i) for i in p.ids], "logprobs": lps,
+                        "num_tokens": len(lps), "perplexity": math.exp(min(mean, 700.0)),
+                        "truncated": p.truncated})
+        return out
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """The ids of `text`, special tokens by their strings (`lm_text.tokenize`)."""
+        if len(text) > self.ctx.limits.max_chars:
+            raise BadRequest(f"prompt has {len(text)} characters > max_chars "
+                             f"{self.ctx.limits.max_chars}", param="prompt")
+        try:
+            return lm_text.tokenize(self.ctx.tokenizer, self.specials, text,
+                                    add_special_tokens)
+        except TokenizerFailed as exc:
+            raise TextNotTokenizable(f"this model's tokenizer could not process the text "
+                                     f"({exc})") from exc
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, special tokens by their strings (`lm_text.detokenize`)."""
+        lm_text.check_ids(ids, self.ctx.tokenizer.vocab_size, "tokens", "tokens")
+        return lm_text.detokenize(self.ctx.tokenizer, self.specials, ids)
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        return lm_text.info(self.ctx.tokenizer, self.specials, self.ctx.name,
+                            self.ctx.limits.max_tokens)
 
     def piece(self, token: int) -> str:
         """A token as text (SentencePiece's visible space as a space)."""
@@ -144,7 +288,7 @@ class Generation:
                  on_token: Callable[[float, bool], None] | None) -> None:
         self.worker, self.params, self.stream, self.call = worker, params, stream, call
         self.prompt_tokens = sum(len(p) for p in prompts)
-        self.seqs = [_Seq(i // params.n, i % params.n, prompts[i // params.n][-1])
+        self.seqs = [Seq(i // params.n, i % params.n, prompts[i // params.n][-1])
                      for i in range(len(prompts) * params.n)]
         self.on_token = on_token
         self.started = time.monotonic()
@@ -225,16 +369,37 @@ class Generation:
             end = len(seq.text) if seq.finish or not stops else len(seq.text) - _held(
                 seq.text, stops)
             if end > seq.sent:
-                out.append({**where, "text": seq.text[seq.sent : end]})
+                out.append(self._told(seq, {**where, "text": seq.text[seq.sent : end]}))
                 seq.sent = end
         else:
+            if ev.token is not None:  # eos: never text; its log-prob when asked
+                seq.eos = (ev.logprob, ev.top)
             seq.finish = ev.finish or seq.finish
             if seq.finish and seq.sent < len(seq.text):
-                out.append({**where, "text": seq.text[seq.sent :]})
+                out.append(self._told(seq, {**where, "text": seq.text[seq.sent :]}))
                 seq.sent = len(seq.text)
         if seq.finish is not None:
-            out.append({**where, "finish_reason": seq.finish})
+            out.append(self._told(seq, {**where, "finish_reason": seq.finish}))
         return out
+
+    def _told(self, seq: Seq, event: dict[str, Any]) -> dict[str, Any]:
+        """`event` with the log-probs of the tokens not told yet, when asked (module doc);
+        with `with_eos`, the finish event's has the eos drawn last."""
+        params = self.params
+        if not params.logprobs:
+            return event
+        ids, lps, tops = seq.ids[seq.told:], seq.logprobs[seq.told:], seq.tops[seq.told:]
+        if params.with_eos and seq.eos is not None and "finish_reason" in event:
+            ids, lps, tops = [*ids, self.worker.eos_id], [*lps, seq.eos[0]], [*tops, seq.eos[1]]
+        if not ids:
+            return event
+        piece = self.worker.piece
+        event["tokens"] = [piece(i) for i in ids]
+        event["logprobs"] = lps
+        if params.top_logprobs:
+            event["top_logprobs"] = [{piece(i): lp for i, lp in top} for top in tops]
+        seq.told = len(seq.ids)
+        return event
 
     def _timing(self) -> None:
         now = time.monotonic()
@@ -243,7 +408,7 @@ class Generation:
             self.on_token(now - (self.started if self._last is None else self._last), first)
         self._last = now
 
-    def _decode(self, seq: _Seq) -> str:
+    def _decode(self, seq: Seq) -> str:
         """The sequence's text with its newest piece: the text of (previous piece, newest)
         after the previous piece's own, appended (a piece's leading space survives; O(1) a
         token, not a decode of the whole sequence each time). When the pair's text does not

@@ -9,36 +9,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import venv
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
+from client_venvs import client_python
 from service_fakes import serve_in_thread
 
 from seqserve.service.server.app import create_app
 from seqserve.service.web.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[3]
-VENV = ROOT / ".client-venvs" / "kserve"
+VENV_NAME = "kserve"
 REQUIREMENT = "kserve==0.21.*"
 MODEL = "tiny-clf"
 
 
 @pytest.fixture(scope="module")
 def kserve_python() -> Path:
-    python = VENV / "bin" / "python"
-    stamp = VENV / ".installed"
-    if not stamp.exists() or stamp.read_text() != REQUIREMENT:
-        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", REQUIREMENT],
-                              capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            pytest.fail(f"installing {REQUIREMENT} failed:\n{done.stderr[-3000:]}")
-        stamp.write_text(REQUIREMENT)
-    return python
+    return client_python(VENV_NAME, REQUIREMENT)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,9 @@ def test_refusal_rules() -> None:
     # a deadline the means would just meet: refused (met about half the time, else a 504)
     assert "left" in (admission_refusal(0.0, 0.3, now + 0.5, 0.5, now) or "")
     assert admission_refusal(0.0, 0.3, now + 0.61, 0.5, now) is None
+    # a deadline of a few ms: the hand-offs around the compute do not fit (was a 504)
+    assert "left" in (admission_refusal(0.0, 0.0003, now + 0.00084, 0.5, now) or "")
+    assert admission_refusal(0.0, 0.0003, now + 0.0027, 0.5, now) is None
 
 
 def test_cost_estimate_follows_recent_batches() -> None:

@@ -4,7 +4,9 @@ schedule / execute / update. Vectorised sampling draws what each row's own distr
 uniform say (greedy = argmax, top-k and top-p cut, the inverse CDF otherwise); a seed gives
 the same tokens whatever else shares the batch; finishing (eos, length), stops and cancels;
 admission refuses by the measured costs, and an idle model with a stale estimate refuses
-too and generates the refused request for no one, to measure again."""
+too and generates the refused request for no one, to measure again. OpenAI's logit bias,
+penalties and ignore_eos tune the draw of the rows that ask (and of no other); a score
+request's best tokens come from the same prefill."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from seqserve.service.scheduling.sampling import (
     NUCLEUS_CANDIDATES,
     sample,
     sequence_keys,
+    tuned,
     uniforms,
 )
 
@@ -269,3 +272,74 @@ def test_an_idle_lm_probes_with_scores_too() -> None:
         c.add([[1, 5, 6]], None, None, time.monotonic() + 1)
     run(c)  # the texts are scored for no one (no futures to answer)
     assert c.service_cost.per_unit is not None and c.service_cost.per_unit < 10
+
+
+def test_bias_penalties_and_ignore_eos_tune_only_their_rows() -> None:
+    rng = np.random.default_rng(4)
+    lp = rng.normal(size=(4, 10)).astype(np.float32)
+    counts = np.empty(4, dtype=object)
+    counts[1] = {3: 2, 5: 1}
+    opts = GenerateOptions(logit_bias=((7, -100.0), (2, 1.5)), frequency_penalty=0.5,
+                           presence_penalty=0.25, ignore_eos=True)
+    out = tuned(lp, [(1, 3, opts)], counts, EOS)
+    assert np.array_equal(out[[0, 3]], lp[[0, 3]]) and out is not lp
+    want = lp[1].copy()
+    want[7] -= 100
+    want[2] = -np.inf  # eos (2) masked after its bias
+    want[3] -= 2 * 0.5 + 0.25
+    want[5] -= 1 * 0.5 + 0.25
+    assert np.allclose(out[1], want)
+    assert out[2, 7] == lp[2, 7] - 100 and out[2, 2] == -np.inf  # no counts: bias and eos
+    assert GenerateOptions(logit_bias=[[7, 1]]).logit_bias == ((7, 1.0),)  # type: ignore[arg-type]
+
+
+def test_tuned_requests_draw_what_they_ask_and_others_do_not_change() -> None:
+    plain = GenerateOptions(max_new_tokens=12, temperature=0.0)
+    alone, _, sink = collect()
+    c = core(FakeLM(eos_bias=3.0))
+    c.add([[1, 4]], plain, sink)
+    run(c)
+    busy, _, sink = collect()
+    forced, forced_finish, forced_sink = collect()
+    penalized, _, penalized_sink = collect()
+    c = core(FakeLM(eos_bias=3.0))
+    c.add([[1, 4]], plain, sink)
+    c.add([[1, 4]], GenerateOptions(max_new_tokens=12, temperature=0.0, ignore_eos=True,
+                                    logit_bias=((9, 100.0),)), forced_sink)
+    c.add([[1, 4]], GenerateOptions(max_new_tokens=12, temperature=0.0,
+                                    frequency_penalty=2.0, ignore_eos=True), penalized_sink)
+    run(c)
+    assert busy == alone  # a tuned neighbour changes nothing of an untuned row
+    assert forced[0] == [9] * 12 and forced_finish[0] == "length"
+    assert EOS not in penalized[0] and len(penalized[0]) == 12
+    assert max(np.bincount(penalized[0])) < 12
+
+
+def test_a_score_requests_best_tokens_come_from_its_prefill() -> None:
+    import asyncio
+
+    from seqserve.service.scheduling.lm import LMLoop
+
+    fake = FakeLM()
+    row = [1, 5, 6, 7]
+
+    async def scenario() -> tuple[Any, Any]:
+        loop = LMLoop(fake, EOS, V, decode_config(max_queue=100))  # type: ignore[arg-type]
+        loop.start()
+        try:
+            (plain,) = loop.score([row])
+            (topped,) = loop.score([row], top=3)
+            return await plain, await topped
+        finally:
+            await loop.drain(1.0, RuntimeError("stopped"))
+
+    a, b = asyncio.run(scenario())
+    assert len(a.value) == 1 and len(b.value) == 3
+    lps, ids, tops = b.value
+    assert np.array_equal(lps, a.value[0]) and ids.shape == tops.shape == (3, 3)
+    table = fake.run("prefill", {"input_ids": np.array([row]), "lengths": np.array([4])})
+    for j in range(3):
+        want = np.argsort(-table["log_probs"][0, j], kind="stable")[:3]
+        assert ids[j].tolist() == want.tolist()
+        assert tops[j].tolist() == pytest.approx(table["log_probs"][0, j, want].tolist())
+        assert lps[j] <= tops[j, 0]

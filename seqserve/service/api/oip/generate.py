@@ -58,7 +58,8 @@ class GenerateParameters(BaseModel):
         stops = () if p.stop is None else (p.stop,) if isinstance(p.stop, str) \
             else tuple(p.stop)
         return GenerateParams(max_new_tokens=p.max_tokens, temperature=float(p.temperature),
-                              top_k=p.top_k, top_p=float(p.top_p), seed=p.seed, stop=stops)
+                              top_k=p.top_k, top_p=float(p.top_p), seed=p.seed, stop=stops,
+                              limit_name="max_tokens")
 
 
 class StreamParameters(GenerateParameters):

@@ -27,7 +27,8 @@ router = APIRouter(prefix="/v2", tags=["v2"], responses=ERRORS)
 @router.get("", name="v2_server_metadata")
 async def server_metadata(request: Request) -> V2ServerMetadata:
     return V2ServerMetadata(name="seqserve", version=request.app.version, extensions=[
-        "binary_tensor_data", "parameters", "sequence", "generate"])
+        "binary_tensor_data", "parameters", "sequence", "generate", "model_repository",
+        "statistics", "model_configuration"])
 
 
 def _metadata(request: Request, name: str, version: str | None) -> V2ModelMetadata:

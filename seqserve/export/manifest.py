@@ -47,20 +47,14 @@ CHECKSUM_KEY = "manifest_sha256"
 class TokenizerSpec:
     """The tokenizer file and its special ids (-1: the tokenizer has none)."""
 
-    file: str = "tokenizer.model"
-    """Tokenizer file name inside the bundle."""
-    vocab_size: int = 0
-    """Number of pieces, specials included."""
-    pad_id: int = 0
-    """Padding id (right padding)."""
-    unk_id: int = 1
-    """Unknown-piece id."""
-    bos_id: int = 2
-    """Beginning-of-sequence id (decoder start token)."""
-    eos_id: int = 3
-    """End-of-sequence id (decoder stop token)."""
+    file: str = "tokenizer.model"  # Tokenizer file name inside the bundle.
+    vocab_size: int = 0  # Number of pieces, specials included.
+    pad_id: int = 0  # Padding id (right padding).
+    unk_id: int = 1  # Unknown-piece id.
+    bos_id: int = 2  # Beginning-of-sequence id (decoder start token).
+    eos_id: int = 3  # End-of-sequence id (decoder stop token).
+    # "sentencepiece" (.model) or "tokenizers" (Hugging Face tokenizer.json).
     kind: str = "sentencepiece"
-    """"sentencepiece" (.model) or "tokenizers" (Hugging Face tokenizer.json)."""
 
 
 @dataclass(frozen=True)

@@ -90,26 +90,20 @@ class ParityGrid:
     """Configured maximum input length (always part of the grid)."""
     vocab_size: int
     """Token ids are drawn from [4, vocab_size)."""
-    batch_sizes: tuple[int, ...] = BATCH_SIZES
-    """Batch sizes (requests per batch)."""
+    batch_sizes: tuple[int, ...] = BATCH_SIZES  # Batch sizes (requests per batch).
+    # Longest lengths per batch (those above max_length are dropped).
     lengths: tuple[int, ...] = LENGTHS
-    """Longest lengths per batch (those above max_length are dropped)."""
-    parity_tol: float = PARITY_TOL
-    """Bound on |format - reference|."""
+    parity_tol: float = PARITY_TOL  # Bound on |format - reference|.
+    # Bound on |row in batch - row alone| and on padded outputs.
     invariance_tol: float = INVARIANCE_TOL
-    """Bound on |row in batch - row alone| and on padded outputs."""
-    pad_id: int = 0
-    """Padding id."""
-    seed: int = 0
-    """Seed of the generated batches."""
+    pad_id: int = 0  # Padding id.
+    seed: int = 0  # Seed of the generated batches.
+    # Decoder-step ids are drawn from [4, target_vocab_size) (None: vocab_size).
     target_vocab_size: int | None = None
-    """Decoder-step ids are drawn from [4, target_vocab_size) (None: vocab_size)."""
+    # Lowest generated id (above seqserve's four specials; packed bundles may use 1).
     first_id: int = 4
-    """Lowest generated id (above seqserve's four specials; packed bundles may use 1)."""
-    features: int = 0
-    """Feature-sequence graphs: the width of a step's feature vector."""
-    state_dim: int = 0
-    """Feature-sequence graphs with state: its width (0: stateless)."""
+    features: int = 0  # Feature-sequence graphs: the width of a step's feature vector.
+    state_dim: int = 0  # Feature-sequence graphs with state: its width (0: stateless).
 
     def series_cases(self) -> Iterator[Arrays]:
         """Padded feature batches {features (B, T, D), lengths (B,)[, state (B, S)]} over

@@ -47,6 +47,8 @@ log = logging.getLogger("seqserve.lm")
 
 @dataclass(eq=False)
 class _Request:
+    """One generate or score request: its rows and where their events go."""
+
     rid: int
     rows: list[list[int]]
     """Token rows to prefill: prompts (bos first) or texts to score (bos first)."""

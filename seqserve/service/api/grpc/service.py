@@ -46,7 +46,7 @@ from seqserve.service.api.generate import count_tokens, token_timer
 from seqserve.service.api.grpc import codec
 from seqserve.service.api.grpc import messages as pb
 from seqserve.service.api.grpc.front import Front, Rpc, done_future, request_id
-from seqserve.service.api.lifecycle import Call, RequestCall, admit, answer
+from seqserve.service.api.lifecycle import Call, RequestCall, admit
 from seqserve.service.api.oip import codec as oip
 from seqserve.service.api.oip import tasks
 from seqserve.service.api.oip.generate import StreamParameters
@@ -198,26 +198,11 @@ class InferenceService:
                                       lambda call: self.infer(call, request))
 
     async def infer(self, call: Call, request: Any) -> Any:
-        """One infer request's answer: HTTP OIP infer's steps (module doc)."""
-        found: dict[str, Any] = {}
-
-        def read(call: Call) -> None:  # the request, once the model is known
-            found["req"], found["tail"] = codec.v2_request(request)
-            call.asked_s = oip.timeout_s(found["req"])
-
-        def check(worker: Any) -> None:  # after shedding, before the inputs' decoding
-            req = found["req"]
-            found["inputs"] = oip.decode_inputs(req, found["tail"])
-            found["asked"] = oip.check_outputs(req, tasks.output_names(worker))
-            found["parameters"] = oip.request_parameters(req)
-
-        extra: dict[str, Any] = {}
-        entry, outputs = await answer(
-            self.state, call, None,
-            lambda w, ctx: tasks.infer(w, found["inputs"], found["parameters"], ctx, extra),
-            check=check, read=read)
+        """One infer request's answer: HTTP OIP infer's steps (`oip.tasks.run_infer`)."""
+        entry, _, outputs, asked, extra = await tasks.run_infer(
+            self.state, call, lambda call: codec.v2_request(request))
         return codec.infer_response(entry.name, str(entry.version), request.id, outputs,
-                                    found["asked"], extra, typed=codec.typed_data(request))
+                                    asked, extra, typed=codec.typed_data(request))
 
     async def model_stream_infer(self, requests: Any, context: Any) -> None:
         """Each request of the stream, concurrently, answered on it (module doc)."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from seqserve.service.api.common import ERRORS, app_state
-from seqserve.service.api.lifecycle import Call, Route, answer
+from seqserve.service.api.lifecycle import Call, Route
 from seqserve.service.api.oip import codec, tasks
 from seqserve.service.api.oip.schemas import (
     V2InferRequest,
@@ -87,25 +87,9 @@ async def model_version_ready(name: str, version: str, request: Request) -> Resp
 
 async def infer_answer(state: AppState, call: Call, body: bytes) -> Answer:
     """An infer request's answer: JSON, or the binary tensor data extension's."""
-    found: dict[str, Any] = {}
-
-    def read(call: Call) -> None:  # the body, once the model is known
-        found["req"], found["tail"] = codec.parse_request(body, call.header(HEADER))
-        codec.check_target(found["req"], call.model, call.version)
-        call.asked_s = codec.timeout_s(found["req"])
-
-    def check(worker: Any) -> None:  # after shedding, before the inputs' decoding
-        req = found["req"]
-        found["inputs"] = codec.decode_inputs(req, found["tail"])
-        found["asked"] = codec.check_outputs(req, tasks.output_names(worker))
-        found["parameters"] = codec.request_parameters(req)
-
-    extra: dict[str, Any] = {}
-    entry, outputs = await answer(
-        state, call, None,
-        lambda w, ctx: tasks.infer(w, found["inputs"], found["parameters"], ctx, extra),
-        check=check, read=read)
-    head, payload, media = response_parts(entry, found["req"], outputs, found["asked"], extra)
+    entry, req, outputs, asked, extra = await tasks.run_infer(
+        state, call, lambda call: codec.parse_request(body, call.header(HEADER)))
+    head, payload, media = response_parts(entry, req, outputs, asked, extra)
     return 200, [(b"content-type", media.encode()), *head,
                  (b"content-length", str(len(payload)).encode())], payload
 

@@ -16,17 +16,30 @@ and `sequence_end` (Triton's spelling; one series per request), answered with th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 
 from seqserve.service.api.common import describe_errors
-from seqserve.service.api.oip.codec import V2Tensor, input_texts
+from seqserve.service.api.lifecycle import Call, answer
+from seqserve.service.api.oip.codec import (
+    V2Tensor,
+    check_outputs,
+    check_target,
+    decode_inputs,
+    input_texts,
+    request_parameters,
+    timeout_s,
+)
 from seqserve.service.api.oip.generate import GenerateParameters
+from seqserve.service.api.oip.schemas import V2InferRequest
 from seqserve.service.api.translate import TranslateOptions
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import BadRequest
+from seqserve.service.web.repository import ModelEntry
+from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import ModelWorker, RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.lm import LMWorker
@@ -225,3 +238,35 @@ async def _infer_session(worker: SeriesWorker, inputs: dict[str, V2Tensor],
         if not worker.per_step:
             out.append(V2Tensor("label", "BYTES", [1], [result["label"]]))
     return out, steps
+
+
+Parsed = tuple[V2InferRequest, bytes | None]
+"""An infer request as its transport decoded it: the request and its binary tail."""
+
+
+async def run_infer(state: AppState, call: Call, parse: Callable[[Call], Parsed]
+                    ) -> tuple[ModelEntry, V2InferRequest, list[V2Tensor], list[str],
+                               dict[str, Any]]:
+    """One infer request through the one lifecycle, whatever its transport (HTTP's JSON or
+    binary body, gRPC's message): `parse(call)` once the model is known, the body's target
+    and deadline read, the inputs decoded after shedding; its entry, request, outputs, the
+    outputs asked for and the answer's own parameters."""
+    found: dict[str, Any] = {}
+
+    def read(call: Call) -> None:
+        found["req"], found["tail"] = parse(call)
+        check_target(found["req"], call.model, call.version)
+        call.asked_s = timeout_s(found["req"])
+
+    def check(worker: Any) -> None:  # after shedding, before the inputs' decoding
+        req = found["req"]
+        found["inputs"] = decode_inputs(req, found["tail"])
+        found["asked"] = check_outputs(req, output_names(worker))
+        found["parameters"] = request_parameters(req)
+
+    extra: dict[str, Any] = {}
+    entry, outputs = await answer(
+        state, call, None, lambda w, ctx: infer(w, found["inputs"], found["parameters"], ctx,
+                                                extra),
+        check=check, read=read)
+    return entry, found["req"], outputs, found["asked"], extra

@@ -1,8 +1,14 @@
-"""Liveness, readiness, metrics."""
+"""Liveness, readiness, metrics.
+
+Every health route answers `HEAD` as it answers `GET`, without the body (status and headers,
+Content-Length included: load balancers and uptime checkers probe with HEAD); the HEAD
+routes are not listed in the API description.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import PlainTextResponse
@@ -12,6 +18,17 @@ from seqserve.service.api.common import app_state
 from seqserve.service.web.responses import JsonResponse, as_response, error_for
 
 router = APIRouter()
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+
+
+def _also_head(path: str, name: str) -> Callable[[Endpoint], Endpoint]:
+    """Registers the decorated GET route's function for `HEAD path` too (see module doc)."""
+
+    def register(endpoint: Endpoint) -> Endpoint:
+        router.head(path, name=name, tags=["health"], include_in_schema=False)(endpoint)
+        return endpoint
+
+    return register
 
 
 class Readiness(BaseModel):
@@ -39,12 +56,14 @@ def _readiness(request: Request) -> Response:
                                  fields={"ready": False}))
 
 
+@_also_head("/v2/health/live", "health_live")
 @router.get("/v2/health/live", name="health_live", tags=["health"])
 async def live() -> dict[str, bool]:
     """The process is up and answering."""
     return {"live": True}
 
 
+@_also_head("/v2/health/ready", "health_ready")
 @router.get("/v2/health/ready", name="health_ready", tags=["health"], responses=READINESS)
 async def ready(request: Request) -> Response:
     """200 once every model version is loaded and warmed up (`--readiness any`: at least one);
@@ -52,6 +71,7 @@ async def ready(request: Request) -> Response:
     return _readiness(request)
 
 
+@_also_head("/health", "health_ready")
 @router.get("/health", name="health_ready", tags=["health"], responses=READINESS)
 async def health(request: Request) -> Response:
     """/v2/health/ready at the path OpenAI-style servers (vLLM, TGI) and their clients use:
@@ -59,11 +79,13 @@ async def health(request: Request) -> Response:
     return _readiness(request)
 
 
+@_also_head("/health/live", "health_live")
 @router.get("/health/live", name="health_live", tags=["health"], include_in_schema=False)
 async def live_alias() -> dict[str, bool]:
     return {"live": True}
 
 
+@_also_head("/health/ready", "health_ready")
 @router.get("/health/ready", name="health_ready", tags=["health"], include_in_schema=False)
 async def ready_alias(request: Request) -> Response:
     return _readiness(request)

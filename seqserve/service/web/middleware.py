@@ -19,6 +19,8 @@
   `max_in_flight` requests (HTTP and gRPC together: `AppState.admitted`), each counted from
   its headers on, while its body still arrives
   (the engine's admission cannot see a backlog that waits for the API process's own CPU);
+- answers CORS preflights and adds the CORS headers to answers (`cors_origins`: see
+  `seqserve.service.web.cors`), before the API-key and content-type checks;
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
 - counts requests and observes durations into the app's metrics.
 """
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from seqserve.service.web.cors import Cors
 from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
@@ -151,6 +154,8 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
+        origins = state.settings.cors_origins
+        self.cors = Cors(origins) if origins else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -158,8 +163,15 @@ class ServingMiddleware:
             return
         start = time.monotonic()
         status = {"code": 500, "observed": 0}
+        origin = self.cors.origin(scope) if self.cors is not None else None
+        if self.cors is not None and origin is not None:
+            send = self.cors.sending(send, origin)
         send_timed = self._timed_send(scope, send, start, status)
         try:
+            if self.cors is not None and origin is not None and self.cors.is_preflight(scope):
+                scope["endpoint_name"] = "cors_preflight"  # before keys, body and 415
+                await send_answer(send_timed, self.cors.preflight(scope, origin))
+                return
             await self._serve(scope, receive, send_timed)
         finally:
             if not status["observed"]:  # no response went out (an exception escaped)

@@ -8,6 +8,7 @@ docstring is its description, which `seqserve serve --help` shows with the field
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -200,12 +201,17 @@ class Settings(BaseSettings):
     """With api_key: also require a key on the health routes (probes then need it too)."""
     auth_metrics: bool = False
     """With api_key: also require a key on /metrics (the scraper then needs it too)."""
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Origins that browser pages may call this server from (CORS): comma-separated
+    (`https://app.example.com,http://localhost:3000`) or `*` for any; empty = off (no CORS
+    headers; browsers refuse cross-origin calls). Preflights are answered without an API key;
+    Authorization and Content-Type may be sent."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """Python's GIL switch interval of every `seqserve serve` process, API and engine (Python's
     default 5 ms makes the batch thread wait behind the busy event loop after every runtime
     call; 0.5 ms measured ~15% faster)."""
 
-    @field_validator("providers", "load_model", mode="before")
+    @field_validator("providers", "load_model", "cors_origins", mode="before")
     @classmethod
     def _split_providers(cls, v: object) -> object:
         if isinstance(v, str):
@@ -213,6 +219,16 @@ class Settings(BaseSettings):
         if isinstance(v, list | tuple):  # a repeated flag: each may hold several
             return [p.strip() for item in v for p in str(item).split(",") if p.strip()]
         return v
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, v: list[str]) -> list[str]:
+        origins = [o.rstrip("/") if o != "*" else o for o in v]
+        for origin in origins:
+            if origin != "*" and not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s?#]+", origin):
+                raise ValueError(f"{origin!r} is not an origin: give scheme://host[:port] "
+                                 "(no path), or '*' for any")
+        return origins
 
     @field_validator("api_workers", "instances", "decode_groups")
     @classmethod

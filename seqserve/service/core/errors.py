@@ -96,3 +96,7 @@ class SessionBusy(ServiceError, status=409):
 
 class TooManySessions(ServiceError, status=429):
     """A new session beyond the model's `max_sessions` (live sessions are never evicted)."""
+
+
+class StateMismatch(ServiceError, status=409):
+    """A state token of another bundle (name, version or content) than the one asked."""

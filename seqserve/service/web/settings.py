@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from seqserve.service.core.process import ProcessSettings
+from seqserve.service.core.state_token import load_secrets
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.search import MAX_BEAM_SIZE
@@ -197,6 +198,15 @@ class Settings(BaseSettings):
     api_key_file: Path | None = None
     """A file of API keys, one per line (`#` comments; blank lines skipped): the same as
     api_key but read from disk, so the key is in no command line nor environment."""
+    state_secret_file: Path | None = None
+    """A file of state-token secrets, one per line (the first signs, all verify: rotation):
+    with it, language-model and series answers can return their recurrent state as a signed
+    token (`return_state`) that any replica with the same bundle and file continues (`state`);
+    unset = state tokens are refused (400). Read from disk in each process, never passed in an
+    environment or command line."""
+    prefix_cache_bytes: int = Field(default=32 * 1024 * 1024, ge=0)
+    """Bytes of language-model states after prompt prefixes each API process keeps per model
+    version (a prompt that extends a cached prefix runs only its remainder); 0 = off."""
     auth_health: bool = False
     """With api_key: also require a key on the health routes (probes then need it too)."""
     auth_metrics: bool = False
@@ -247,6 +257,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
+        if self.state_secret_file is not None:
+            load_secrets(self.state_secret_file)  # a ValueError naming the file and the fault
         if self.api_key is not None and self.api_key_file is not None:
             raise ValueError("give api_key or api_key_file, not both")
         if self.max_batch_tokens < self.max_tokens:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from seqserve.service.core.metrics import Metrics
+from seqserve.service.core.state_token import StateCodec
 from seqserve.service.web.control import ModelControl
 from seqserve.service.web.repository import ModelRepository
 from seqserve.service.web.settings import Settings
@@ -33,6 +34,15 @@ class AppState:
     admitted: int = 0
     """Inference requests this process works on (admitted, not yet answered), HTTP and gRPC
     alike: `max_in_flight` bounds them together (`web.middleware`, `api/grpc/front.py`)."""
+
+    _states: StateCodec | None = None
+
+    @property
+    def states(self) -> StateCodec:
+        """The state-token codec (`--state-secret-file`; without it every token is a 400)."""
+        if self._states is None:
+            self._states = StateCodec.from_file(self.settings.state_secret_file)
+        return self._states
 
     @property
     def ready(self) -> bool:

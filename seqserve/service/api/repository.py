@@ -15,6 +15,8 @@ configuration extensions, and the same for the v1 API under /v1/admin/models.
   (with the manifest and the effective scheduling under `seqserve`).
 
 All behind the API key when keys are on (`web/auth.py`: every path but health and metrics).
+The gRPC front's RepositoryIndex, RepositoryModelLoad / Unload, ModelStatistics and ModelConfig
+(`api/grpc/repository.py`) answer with these same functions and the same control.
 """
 
 from __future__ import annotations
@@ -69,11 +71,16 @@ class LoadRequest(BaseModel):
     parameters: LoadParameters = Field(default_factory=LoadParameters)
 
 
-def _control(request: Request) -> ModelControl:
-    control = app_state(request).control
+def control_of(state: AppState) -> ModelControl:
+    """The model control the routes (HTTP's and gRPC's) ask (ShuttingDown until started)."""
+    control = state.control
     if control is None:  # (only an app whose lifespan did not run)
         raise ShuttingDown("the model control is not started", retry_after=1)
     return control
+
+
+def _control(request: Request) -> ModelControl:
+    return control_of(app_state(request))
 
 
 async def _change(request: Request, name: str, load: bool) -> Response:
@@ -157,7 +164,9 @@ def statistics(state: AppState, entries: list[ModelEntry]) -> list[dict[str, Any
     return out
 
 
-def _entries(state: AppState, name: str | None, version: str | None) -> list[ModelEntry]:
+def entries(state: AppState, name: str | None, version: str | None) -> list[ModelEntry]:
+    """The entries statistics are asked for: every version of every model (`name` None),
+    of one model (`version` None) or one version (ModelNotFound: no such model or version)."""
     repo = state.repository
     if name is None:
         return [e for n in sorted(repo.entries) for _, e in sorted(repo.entries[n].items())]
@@ -170,20 +179,20 @@ def _entries(state: AppState, name: str | None, version: str | None) -> list[Mod
 async def all_stats(request: Request) -> dict[str, Any]:
     """Every model version's statistics (Triton's statistics extension)."""
     state = app_state(request)
-    return {"model_stats": statistics(state, _entries(state, None, None))}
+    return {"model_stats": statistics(state, entries(state, None, None))}
 
 
 @router.get("/v2/models/{name}/stats", name="v2_model_stats")
 async def model_stats(name: str, request: Request) -> dict[str, Any]:
     """Each version's request counts and cumulative durations, summed over every process."""
     state = app_state(request)
-    return {"model_stats": statistics(state, _entries(state, name, None))}
+    return {"model_stats": statistics(state, entries(state, name, None))}
 
 
 @router.get("/v2/models/{name}/versions/{version}/stats", name="v2_model_stats")
 async def model_version_stats(name: str, version: str, request: Request) -> dict[str, Any]:
     state = app_state(request)
-    return {"model_stats": statistics(state, _entries(state, name, version))}
+    return {"model_stats": statistics(state, entries(state, name, version))}
 
 
 # -- configuration -----------------------------------------------------------------------
@@ -208,9 +217,14 @@ def model_config(entry: ModelEntry) -> dict[str, Any]:
             "seqserve": {"manifest": manifest.to_dict(), "scheduling": entry.scheduling}}
 
 
-def _config(request: Request, name: str, version: str | None) -> dict[str, Any]:
-    entry, _ = app_state(request).repository.ready(name, version)
+def config_of(state: AppState, name: str, version: str | None) -> dict[str, Any]:
+    """The configuration of a ready version (the default one when `version` is None)."""
+    entry, _ = state.repository.ready(name, version)
     return model_config(entry)
+
+
+def _config(request: Request, name: str, version: str | None) -> dict[str, Any]:
+    return config_of(app_state(request), name, version)
 
 
 @router.get("/v2/models/{name}/config", name="v2_model_config")

@@ -116,9 +116,9 @@ def test_errors_are_grpc_status_codes(served: Running) -> None:
         "StatusCode.INVALID_ARGUMENT"
     big = text_input(grpcclient, ["a " * 600_000])  # over max_body_bytes (1 MiB)
     assert status_of(lambda: client.infer(MODEL, [big])) == "StatusCode.RESOURCE_EXHAUSTED"
-    assert status_of(lambda: client.get_model_config(MODEL)) == "StatusCode.UNIMPLEMENTED"
-    assert status_of(lambda: client.get_inference_statistics()) == \
-        "StatusCode.UNIMPLEMENTED"
+    assert status_of(lambda: client.get_model_config("nope")) == "StatusCode.NOT_FOUND"
+    assert status_of(lambda: client.get_inference_statistics("nope")) == \
+        "StatusCode.NOT_FOUND"
 
 
 def samples(url: str, name: str) -> dict[tuple[str, str, str], float]:

@@ -66,7 +66,9 @@ def test_every_field_and_method_is_the_protocols(ours: str, theirs: Any) -> None
 def test_the_inference_service_is_kserve_v2_plus_triton_streaming() -> None:
     methods = set(pb.method_types(pb.INFERENCE))
     assert methods == {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                       "ModelMetadata", "ModelInfer", "ModelStreamInfer"}
+                       "ModelMetadata", "ModelInfer", "ModelStreamInfer", "ModelConfig",
+                       "ModelStatistics", "RepositoryIndex", "RepositoryModelLoad",
+                       "RepositoryModelUnload"}
     assert set(pb.method_types(pb.HEALTH)) == {"Check", "Watch"}
 
 

@@ -92,6 +92,8 @@ class Outcome:
     status: int = 200
     message: str = ""
     retry_after: float | None = None
+    code: grpc.StatusCode | None = None
+    """The gRPC status when the error names one (`grpc_code`), else `code_of(status)`."""
 
 
 Work = Callable[[Call], Awaitable[Any]]
@@ -152,7 +154,8 @@ class Front:
             return outcome.response
         if outcome.retry_after is not None:
             trailing.append(("retry-after", retry_after_value(outcome.retry_after).decode()))
-        await context.abort(code_of(outcome.status), outcome.message, tuple(trailing))
+        await context.abort(outcome.code or code_of(outcome.status), outcome.message,
+                            tuple(trailing))
 
     async def opened(self, rpc: Rpc, context: Any) -> dict[str, str]:
         """A streaming RPC's start: its metadata once its key is checked (else the RPC ends
@@ -191,7 +194,8 @@ class Front:
                         header=lambda name: metadata.get(name.decode("latin-1")))
             outcome.response = await work(call)
         except ServiceError as exc:
-            outcome = Outcome(None, exc.status, exc.message, exc.retry_after)
+            outcome = Outcome(None, exc.status, exc.message, exc.retry_after,
+                              getattr(exc, "grpc_code", None))
         except asyncio.CancelledError:
             left = context.time_remaining()
             status = 504 if left is not None and left <= 0 else 499
@@ -205,12 +209,12 @@ class Front:
             if counted:
                 self.state.admitted -= 1
         self.record(rpc, context, model, version, outcome.status, time.monotonic() - start,
-                    keep, rid, bug)
+                    keep, rid, bug, outcome.code)
         return outcome
 
     def record(self, rpc: Rpc, context: Any, model: str, version: str | None, status: int,
                seconds: float, keep: dict[str, Any], rid: str,
-               bug: Exception | None = None) -> None:
+               bug: Exception | None = None, code: grpc.StatusCode | None = None) -> None:
         """The request metrics and the access-log line of one finished request."""
         call = keep.get("call")
         if rpc.traffic:
@@ -229,7 +233,7 @@ class Front:
         fields = {
             "method": "GRPC", "route": rpc.path, "model": model[:128],
             "version": (version or "")[:32], "status": status,
-            "grpc_status": code_of(status).name,
+            "grpc_status": (code or code_of(status)).name,
             "queue_ms": round(call.queue_s * 1000, 3) if call else 0.0,
             "compute_ms": round(call.compute_s * 1000, 3) if call else 0.0,
             "total_ms": round(seconds * 1000, 3), "request_id": rid,

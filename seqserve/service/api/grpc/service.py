@@ -26,8 +26,11 @@ count, deadline, metrics, access log, status codes) and the one request lifecycl
   "live" SERVING while the process answers; another name NOT_FOUND (Check) or
   SERVICE_UNKNOWN (Watch). A Watch ends, after a last NOT_SERVING, when the server stops.
 
-Any other RPC (Triton's ModelConfig, ModelStatistics, repository, shared-memory, trace and log
-RPCs, health's List) answers UNIMPLEMENTED: no handler is registered for it.
+- RepositoryIndex, RepositoryModelLoad / Unload, ModelConfig, ModelStatistics: the model
+  control's, as HTTP answers them (`repository.py`).
+
+Any other RPC (Triton's shared-memory, trace and log RPCs, health's List) answers
+UNIMPLEMENTED: no handler is registered for it.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from seqserve.service.api.generate import count_tokens, token_timer
 from seqserve.service.api.grpc import codec
 from seqserve.service.api.grpc import messages as pb
 from seqserve.service.api.grpc.front import Front, Rpc, done_future, request_id
+from seqserve.service.api.grpc.repository import RepositoryRpcs
 from seqserve.service.api.lifecycle import Call, RequestCall, admit
 from seqserve.service.api.oip import codec as oip
 from seqserve.service.api.oip import tasks
@@ -55,7 +59,8 @@ from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext
 from seqserve.service.workers.lm import LMWorker
 
-EXTENSIONS = ("binary_tensor_data", "parameters", "sequence", "generate")
+EXTENSIONS = ("binary_tensor_data", "parameters", "sequence", "generate", "model_repository",
+              "statistics", "model_configuration")
 """The protocol extensions ServerMetadata lists (the server's, as over HTTP)."""
 FINAL = "triton_final_response"
 STREAM_PARAMETERS = ("triton_enable_empty_final_response",)
@@ -100,7 +105,8 @@ class InferenceService:
                 "ServerLive": self.server_live, "ServerReady": self.server_ready,
                 "ModelReady": self.model_ready, "ServerMetadata": self.server_metadata,
                 "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer,
-                "ModelStreamInfer": self.model_stream_infer},
+                "ModelStreamInfer": self.model_stream_infer,
+                **RepositoryRpcs(self.state, self.front).methods()},
             pb.HEALTH: {"Check": self.check, "Watch": self.watch},
         }
         out: list[grpc.GenericRpcHandler] = []

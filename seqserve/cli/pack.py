@@ -86,6 +86,12 @@ def _rows(p: argparse.ArgumentParser, task: str) -> None:
                          "the graph's own name of its per-token logits or log-probs "
                          "(batch, seq, labels)") + " (default: its outputs in order; recorded "
                    "in the manifest, the file keeps its names)")
+    if task == "tagger":
+        p.add_argument("--words", choices=["whitespace", "tokenizer"], default="whitespace",
+                       help="the unit that gets one label: whitespace words (default: "
+                       "\"Hello,\" is one word) or the tokenizer.json's own pre-tokenized "
+                       "words (a BERT pre-tokenizer makes \"Hello\" and \",\" two); a word's "
+                       "label is read at its first token")
     _common(p)
 
 
@@ -250,7 +256,9 @@ def run(args: argparse.Namespace) -> int:
                    target_tokenizer=args.target_tokenizer,
                    max_decode_length=args.max_decode_length, **common)
     else:
+        words = {"words": args.words} if args.task == "tagger" else {}
         pack_files(args.task, onnx=args.onnx, torchscript=args.torchscript,
                    tokenizer=args.tokenizer, labels=args.labels,
-                   input_names=args.input_names, output_names=args.output_names, **common)
+                   input_names=args.input_names, output_names=args.output_names, **common,
+                   **words)
     return 0

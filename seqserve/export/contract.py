@@ -361,6 +361,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
                                                              "pattern": "^[0-9a-f]{64}$"}},
         "decoder": {"enum": ["none", "bahdanau", "luong"]},
         "attention": {"type": "boolean"},
+        "words": {"enum": ["whitespace", "tokenizer"]},
         "manifest_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     },
 }

@@ -114,6 +114,11 @@ class Manifest:
     outputs * std + mean (the graph's outputs are normalised). None: as the graph gives."""
     state_dim: int | None = None
     """Feature-sequence graphs that take a `state` and return `new_state`: its width."""
+    words: str | None = None
+    """Text taggers: the unit that gets one label, "whitespace" (runs of non-space
+    characters) or "tokenizer" (the words of a tokenizer.json's own pre-tokenizer: a BERT
+    pre-tokenizer makes "Hello," two words); None (older bundles, seqserve's own taggers):
+    whitespace."""
 
     @property
     def has_tokenizer(self) -> bool:
@@ -182,6 +187,8 @@ class Manifest:
             d["attention"] = self.attention
         if self.source:
             d["source"] = self.source
+        if self.words is not None:
+            d["words"] = self.words
         if not self.has_tokenizer:
             del d["tokenizer"]
             d["features"] = self.features
@@ -226,6 +233,7 @@ class Manifest:
                 normalization=_stats(d.get("normalization")),
                 output_scale=_stats(d.get("output_scale")),
                 state_dim=None if d.get("state_dim") is None else int(d["state_dim"]),
+                words=None if d.get("words") is None else str(d["words"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc
@@ -430,6 +438,12 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
     extra = sorted(set(manifest.graphs) - set(GRAPHS_BY_TASK[manifest.task]))
     if extra:
         raise BundleError(f"{where}: graphs {extra} are not part of a {manifest.task} bundle")
+    if manifest.words is not None and manifest.task != "tagger":
+        raise BundleError(f"{where}: words is a tagger's field, not a {manifest.task}'s")
+    if manifest.words == "tokenizer" and manifest.tokenizer.kind != "tokenizers":
+        raise BundleError(f"{where}: words \"tokenizer\" labels the words of a tokenizer.json's "
+                          f"pre-tokenizer; {manifest.tokenizer.file} is a "
+                          f"{manifest.tokenizer.kind} model, whose words are whitespace words")
     if manifest.has_tokenizer:
         _check_specials(manifest, where)
     else:

@@ -117,9 +117,10 @@ def classifier(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLi
 def tagger(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, name: str,
            version: int | None = None, torchscript: bool = True, max_tokens: int = 128,
            specials: dict[str, Any] | None = None, opset: int = DEFAULT_OPSET,
-           progress: bool = True) -> Path:
+           progress: bool = True, words: str = "whitespace") -> Path:
     """Pack a tagger `module(ids (B, T), lengths (B,))` -> logits (B, T, C) (log-probs work
-    too: log-softmax is appended either way)."""
+    too: log-softmax is appended either way). `words`: the unit that gets one label,
+    "whitespace" words or the "tokenizer"'s own pre-tokenized words (a tokenizer.json)."""
     vocab = special_ids(tokenizer, specials).vocab_size
     ids, lengths = example_ids(vocab)
     wrap = TaggerWrap(module.eval()).eval()
@@ -127,7 +128,8 @@ def tagger(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, 
     graph = PackedGraph(["log_probs"], onnx_model, traced if torchscript else None, eager=wrap)
     return _run_common("tagger", {"tagger": graph}, tokenizer, repo, name, version=version,
                        labels=parse_labels(labels), specials=specials, max_tokens=max_tokens,
-                       progress=progress, opset=opset, module_name=type(module).__name__)
+                       progress=progress, opset=opset, module_name=type(module).__name__,
+                       words=words)
 
 
 def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] | None = None,

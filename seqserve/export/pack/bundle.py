@@ -62,9 +62,10 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                 max_tokens: int = 128, max_decode_length: int = 128,
                 source: dict[str, Any] | None = None, opset: int | None = None,
                 progress: bool = True, grid: dict[str, Any] | None = None,
-                attention: bool | None = None) -> Path:
+                attention: bool | None = None, words: str | None = None) -> Path:
     """Write `repo/name/version` from packed graphs and return its path (see module doc).
-    `attention` False: a translator whose step has no attention (its graph returns zeros)."""
+    `attention` False: a translator whose step has no attention (its graph returns zeros).
+    `words` (taggers): "whitespace" (None: the same) or "tokenizer" (`Manifest.words`)."""
 
     check_args(name, version, ["onnx"])
     missing = [g for g in GRAPHS_BY_TASK[task] if g not in graphs]
@@ -76,6 +77,14 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                         "one label per line)")
     if len(set(labels)) != len(labels):
         raise UserError(f"labels {labels} repeat a label")
+    if words not in (None, "whitespace", "tokenizer"):
+        raise UserError(f"words {words!r}: give whitespace or tokenizer")
+    if words is not None and task != "tagger":
+        raise UserError(f"--words is a tagger's option, not a {task}'s")
+    if words == "tokenizer" and tokenizer_kind(tokenizer) != "tokenizers":
+        raise UserError(f"--words tokenizer labels the words of a tokenizer.json's "
+                        f"pre-tokenizer; {Path(tokenizer).name} is a SentencePiece model, "
+                        "which splits words at whitespace only: use --words whitespace")
     limits = {"max_tokens": int(max_tokens)}
     if task == "translator":
         limits["max_decode_length"] = int(max_decode_length)
@@ -90,7 +99,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         return Manifest(task=task, name=name, version=version, tokenizer=tok,
                         target_tokenizer=target_tok, labels=labels, limits=limits,
                         graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
-                        attention=attention, source=dict(source or _PACKED_BY))
+                        attention=attention, source=dict(source or _PACKED_BY),
+                        words=words if task == "tagger" else None)
 
     return _write(repo, name, version, graphs, build, grid or {}, progress)
 

@@ -198,8 +198,10 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
                output_names: str | None = None, version: int | None = None,
                specials: dict[str, Any] | None = None,
                target_specials: dict[str, Any] | None = None, max_tokens: int = 128,
-               max_decode_length: int = 128, progress: bool = True) -> Path:
+               max_decode_length: int = 128, progress: bool = True,
+               words: str = "whitespace") -> Path:
     """Pack files as bundle `repo/name/version` (see module doc and `seqserve pack --help`).
+    `words` (taggers): the unit labelled, "whitespace" or "tokenizer" (`Manifest.words`).
     `specials` name the special tokens of `tokenizer` / `source_tokenizer`, `target_specials`
     those of `target_tokenizer` (a translator with separate vocabularies only)."""
     from seqserve.models.text.tokenizer_files import special_ids
@@ -241,7 +243,8 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
             graph = PackedGraph(["log_probs"], compose_tagger(model, ins, outs[0]), twin)
         return pack_bundle(task, {task: graph}, tokenizer, repo, name,
                            labels=parse_labels(labels or []), specials=specials,
-                           source=source, **common)
+                           source=source, words=words if task == "tagger" else None,
+                           **common)
     if task != "translator":
         raise UserError(f"unknown task {task!r}: classifier, tagger or translator")
     src = source_tokenizer or tokenizer

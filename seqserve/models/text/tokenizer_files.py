@@ -203,6 +203,23 @@ class JsonTokenizer:
         return [Piece(int(i), str(t), int(a), int(b))
                 for i, t, (a, b) in zip(enc.ids, enc.tokens, enc.offsets, strict=True)]
 
+    def words(self, text: str) -> list[tuple[int, int, int]]:
+        """The words of the tokenizer's own pre-tokenizer in `text` (a BERT pre-tokenizer
+        splits "Hello," into "Hello" and ","), each as (the index of its first token in
+        `encode(text)`, start, end), [start, end) a character span of `text`."""
+        if not text:
+            return []
+        enc = self._encoding(text)
+        out: dict[int, list[int]] = {}
+        for i, (word, (start, end)) in enumerate(zip(enc.word_ids, enc.offsets, strict=True)):
+            if word is None:
+                continue  # a special token the post-processor added
+            if word in out:
+                out[word][2] = max(out[word][2], int(end))
+            else:
+                out[word] = [i, int(start), int(end)]
+        return [(first, start, end) for first, start, end in out.values()]
+
     def _encoding(self, text: str) -> Any:
         try:
             return self._tok.encode(text)

@@ -10,9 +10,19 @@ bundle with labels adds `label` and `probabilities` (per step for a tagger).
 Sessions (a bundle whose graph exports its state): `"session": "ID"` with exactly one series,
 the next chunk of that session, `"start": true` on its first chunk, `"end": true` on its last;
 the id may come in the `X-Session-Id` header instead (what an ingress hashes on to route a
-session to its replica). The answer adds `session` and `steps` (the session's steps so far).
+session to its replica). The answer adds `session` and `steps` (the session's steps so far);
+its `version` is the one the session runs on: the version its first chunk ran on, which stays
+its version after a newer default appears (model control).
 The engine keeps the state (`seqserve.service.scheduling.sessions` for the rules: 404 for an
 unknown or expired session, 409 for a second chunk in flight, 429 beyond max_sessions).
+
+State as a value (a stateful bundle, a server with `--state-secret-file`): `"return_state":
+true` with exactly one series adds `"state": "<token>"` to its result, the signed state after
+its last step; `"state": "<token>"` runs the one series from that state, on any replica with
+the same bundle and secret (the client carries the session: no sticky routing). The answer's
+`steps` then counts every step since the series began. Refused (400) with several series or a
+session; a bad token or no secret 400; a token of another bundle or version 409
+(`workers.series.SeriesWorker.check_carried`).
 """
 
 from __future__ import annotations
@@ -57,6 +67,12 @@ class PredictRequest(BaseModel):
                               "zero state); on a live session it restarts it.")
     end: StrictBool = Field(False, description="With a session: its last chunk; the server "
                             "frees its state after it.")
+    state: str | None = Field(
+        None, min_length=1, description="A state token a previous answer returned: the one "
+        "series continues from it (any replica with the same bundle and state secret). Not "
+        "with a session or several series.")
+    return_state: StrictBool = Field(False, description="Return the state after the one "
+                                     "series as a token (`results[0].state`).")
 
 
 class Prediction(BaseModel):
@@ -68,6 +84,8 @@ class Prediction(BaseModel):
                                           "label (per step for a tagger).")
     probabilities: list[float] | list[list[float]] | None = Field(
         None, description="With labels: softmax over the k outputs (per step for a tagger).")
+    state: str | None = Field(None, description="With return_state: the state token after "
+                              "this series' last step (send it as `state` to continue).")
 
 
 class PredictResponse(BaseModel):
@@ -75,8 +93,8 @@ class PredictResponse(BaseModel):
     version: int
     results: list[Prediction]
     session: str | None = Field(None, description="With a session: its id.")
-    steps: int | None = Field(None, description="With a session: the steps it has seen so "
-                              "far, this chunk's included.")
+    steps: int | None = Field(None, description="With a session or a state token: the steps "
+                              "seen so far, this chunk's included.")
 
 
 SESSION_HEADER = b"x-session-id"
@@ -102,6 +120,12 @@ async def predict_answer(state: AppState, call: Call, body: PredictRequest) -> d
     """The answer (as plain data, the shape of PredictResponse): series, or a session's
     chunk (its check once, before any queueing)."""
     session = session_of(call, body)
+    if body.state is not None or body.return_state:
+        if session is not None:
+            raise BadRequest("state and return_state carry the series' state in the request: "
+                             "not with a session (the server keeps a session's state)",
+                             param="state" if body.state is not None else "return_state")
+        return await _carried(state, call, body)
     if session is None:
         entry, results = await answer(state, call, SeriesWorker,
                                       lambda w, ctx: w.predict(body.series, ctx))
@@ -110,8 +134,25 @@ async def predict_answer(state: AppState, call: Call, body: PredictRequest) -> d
         state, call, SeriesWorker, lambda w, ctx: w.predict_session(
             body.series, session, body.start, body.end, ctx),
         check=lambda w: w.check_session(session, body.start, body.end))
-    return {"model": call.model, "version": entry.version, "results": [result],
+    # the version the session runs on (its first chunk's), not always today's default
+    version = result.pop("version", entry.version)
+    return {"model": call.model, "version": version, "results": [result],
             "session": session, "steps": steps}
+
+
+async def _carried(state: AppState, call: Call, body: PredictRequest) -> dict[str, Any]:
+    """One series carried by state tokens (module doc): checked before any queueing."""
+    codec = state.states
+    found: dict[str, Any] = {}
+
+    def check(w: SeriesWorker) -> None:
+        found["start"] = w.check_carried(codec, body.state, body.return_state, len(body.series))
+
+    entry, (result, steps) = await answer(
+        state, call, SeriesWorker, lambda w, ctx: w.predict_carried(
+            body.series, found["start"], body.return_state, codec, ctx), check=check)
+    return {"model": call.model, "version": entry.version, "results": [result],
+            "steps": steps}
 
 
 ROUTES = [Route(

@@ -187,15 +187,18 @@ class LocalEngine:
               end: bool, deadline: float) -> asyncio.Future[Timed[Any]]:
         """A session's chunk: to `version`, or to the other version of the model (loaded,
         or unloading) that holds the session: a session stays on the version it started on
-        until it ends or expires."""
+        until it ends or expires. The result's steps array is (steps, the version that ran
+        it): the answer names it."""
         served = self._of(model, version, BatchedModel, "feature series")
+        ran = version
         own = served.sessions
         if not start and (own is None or session not in own.sessions):
-            for (name, _), other in [*self.served.items(), *self.retiring.items()]:
+            for (name, other_version), other in [*self.served.items(),
+                                                 *self.retiring.items()]:
                 store = getattr(other, "sessions", None)
                 if name == model and store is not None and session in store.sessions:
-                    served = other
-        return served.submit_session(series, session, start, end, deadline)
+                    served, ran = other, other_version
+        return _ran_on(served.submit_session(series, session, start, end, deadline), ran)
 
     def translate(self, model: str, version: int, sources: Sequence[list[int]],
                   options: SearchOptions, deadline: float) -> list[asyncio.Future[Decoded]]:
@@ -222,3 +225,24 @@ class LocalEngine:
         if not isinstance(served, kind):
             raise BadRequest(f"model {name!r} does not take {what}")
         return served
+
+
+def _ran_on(chunk: asyncio.Future[Timed[Any]], version: int) -> asyncio.Future[Timed[Any]]:
+    """A session chunk's future whose steps array also names the version that ran it."""
+    out: asyncio.Future[Timed[Any]] = asyncio.get_running_loop().create_future()
+
+    def done(f: asyncio.Future[Timed[Any]]) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+        elif f.exception() is not None:
+            out.set_exception(f.exception())  # type: ignore[arg-type]
+        else:
+            t = f.result()
+            steps = np.array([int(t.value[1][0]), version], np.int64)
+            out.set_result(Timed((t.value[0], steps), t.timing))
+
+    chunk.add_done_callback(done)
+    out.add_done_callback(lambda o: chunk.cancel() if o.cancelled() else None)
+    return out

@@ -89,8 +89,9 @@ class LocalTable:
         entry = self.repository.remove(name, version)
         if entry is None:
             return
-        if entry.engine is not None and entry.engine is self.remote:
-            if not await self.remote.settle(name, version, self.drain_timeout_s):
+        remote = self.remote
+        if remote is not None and entry.engine is remote:
+            if not await remote.settle(name, version, self.drain_timeout_s):
                 log.warning("model %s version %d: requests still pending in the engine after "
                             "%.0f s", name, version, self.drain_timeout_s)
         elif self.local is not None:  # (a failed version: only its state to forget)

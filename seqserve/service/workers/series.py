@@ -8,20 +8,36 @@ limit: the server's `max_tokens` capped by the bundle's `max_steps`), every step
 float32's range are 400s). The engine normalises, pads, runs and de-normalises
 (`scheduling.models.series_rows`); a bundle with labels also answers each output's label and
 probabilities (softmax over the k outputs).
+
+A stateful bundle's series also travels as a value (`predict_carried`): one series run from a
+state token's state (or from zeros) answers, with `return_state`, the signed token of the
+state after its last step (`core.state_token`, KIND_SERIES; position = every step consumed
+since the series began), so that any replica with the same bundle and secret continues it.
+The API process signs and checks tokens; the model (in-process or in the engine) sees only the
+state's floats (a `scheduling.models.SessionRow`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
 
 from seqserve.export.manifest import Manifest
 from seqserve.service.core.errors import BadRequest
+from seqserve.service.core.state_token import (
+    KIND_SERIES,
+    Identity,
+    StateCodec,
+    StateValue,
+    bundle_identity,
+    check_identity,
+)
 from seqserve.service.scheduling.base import Timed
-from seqserve.service.scheduling.models import SeriesModel
+from seqserve.service.scheduling.models import SeriesModel, SessionRow
 from seqserve.service.scheduling.sessions import MAX_SESSION_ID
 
 __all__ = ["F32_MAX", "MAX_SESSION_ID", "SERIES_WORKERS", "SequenceClassifierWorker",
@@ -155,8 +171,9 @@ class SeriesWorker:
 
     async def predict_session(self, series: Sequence[Any], session: str, start: bool,
                               end: bool, call: RequestContext) -> tuple[dict[str, Any], int]:
-        """One chunk of a session (exactly one series): its result and the session's steps
-        so far (`scheduling.sessions` for the rules and errors). The caller checked the
+        """One chunk of a session (exactly one series): its result (with `version`: the
+        version that ran it, the session's) and the session's steps so far
+        (`scheduling.sessions` for the rules and errors). The caller checked the
         session's id and flags first (`check_session`, before any queueing)."""
         if not isinstance(series, list | tuple) or len(series) != 1:
             n = len(series) if isinstance(series, list | tuple) else "no"
@@ -165,8 +182,61 @@ class SeriesWorker:
         (array,) = self.check(series)
         future = self.ctx.model.submit_session(array, session, start, end, call.deadline)
         (done,) = await call.wait([future])
-        y, steps = done.value[0], int(done.value[1][0])
-        return self._result(array, y), steps
+        y, tail = done.value[0], done.value[1]
+        result = self._result(array, y)
+        # the engine names the version that ran it (the session's, which may not be the
+        # default after a swap): the steps array is (steps, version)
+        result["version"] = int(tail[1]) if len(tail) > 1 else self.ctx.version
+        return result, int(tail[0])
+
+    @cached_property
+    def identity(self) -> Identity:
+        """The bundle a state token of this model belongs to (`core.state_token`)."""
+        return bundle_identity(self.ctx.name, self.ctx.version, self.ctx.manifest.to_dict())
+
+    def check_carried(self, codec: StateCodec, token: Any, return_state: Any,
+                      series_count: int, field: str = "state") -> StateValue | None:
+        """A request's `state` token and `return_state` flag before any queueing: the token's
+        verified value (None without one), or 400 (no secret, a bad token, several series, a
+        model without state) / 409 (a token of another bundle or version). `field` names
+        the token in errors (OIP: `input 'state'`)."""
+        if not isinstance(return_state, bool):
+            raise BadRequest("return_state must be true or false", param="return_state")
+        if token is None and not return_state:
+            return None
+        asked = field if token is not None else "return_state"
+        codec.require(asked)
+        if not self.stateful:
+            raise BadRequest(f"{asked}: model {self.ctx.name!r} has no recurrent state (its "
+                             "graph has no state input and output: a bundle packed without "
+                             "--state); send each whole series", param=asked)
+        if series_count != 1:
+            raise BadRequest(f"{asked}: a request carrying state sends exactly one series "
+                             f"(the steps after the state), not {series_count}", param=asked)
+        if token is None:
+            return None
+        value = codec.decode(token, field)
+        check_identity(value, self.identity, KIND_SERIES, int(self.ctx.manifest.state_dim or 0),
+                       field)
+        return value
+
+    async def predict_carried(self, series: Sequence[Any], start: StateValue | None,
+                              return_state: bool, codec: StateCodec, call: RequestContext
+                              ) -> tuple[dict[str, Any], int]:
+        """One series run from `start`'s state (None: zeros), checked by `check_carried`:
+        its result (with `return_state`, `"state"`: the token of the state after its last
+        step) and the steps consumed since the series began (`start`'s position included)."""
+        (array,) = self.check(series)
+        position = (start.position if start is not None else 0) + int(array.shape[0])
+        row: Any = array if start is None else SessionRow(
+            array, np.frombuffer(start.state, "<f4").astype(np.float32))
+        (done,) = await call.wait(self.ctx.model.submit([row], call.deadline))
+        result = self._result(array, done.value[0])
+        if return_state:
+            state = np.ascontiguousarray(done.value[1], "<f4").tobytes()
+            result["state"] = codec.encode(StateValue(KIND_SERIES, self.identity, position,
+                                                      state))
+        return result, position
 
     def _result(self, series: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {"outputs": y.tolist(), "steps": int(series.shape[0])}

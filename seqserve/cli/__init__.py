@@ -17,6 +17,7 @@ from seqserve.cli import (
     demo,
     diagnose,
     export,
+    inspect_bundle,
     loadtest,
     models,
     pack,
@@ -28,8 +29,8 @@ from seqserve.cli import (
 )
 from seqserve.models.errors import UserError
 
-COMMANDS = (data, train, export, pack, verify, sign, demo, serve, models, translate, loadtest,
-            diagnose)
+COMMANDS = (data, train, export, pack, verify, inspect_bundle, sign, demo, serve, models,
+            translate, loadtest, diagnose)
 EXIT_BROKEN_PIPE = 128 + 13
 """Exit status when stdout's reader went away (`seqserve translate --json | head`): what a
 process killed by SIGPIPE reports, as `cat` or `seq` do in the same pipe."""

@@ -215,10 +215,12 @@ class EngineClient:
 
     def series(self, model: str, version: int, series: Sequence[Any],
                deadline: float) -> list[asyncio.Future[Any]]:
-        """Float series (each (T_i, D) float32); one future per series (Timed)."""
-        lengths, features, width = p.pack_series(list(series))
+        """Float series (each (T_i, D) float32, or a `SessionRow`: from its state); one
+        future per series (Timed)."""
+        steps, states = p.pack_states(list(series))
+        lengths, features, width = p.pack_series(steps)
         return self._call(lambda rid: p.SubmitSeries(rid, model, version, deadline, lengths,
-                                                     features, width),
+                                                     features, width, states),
                           len(series), False, (model, version))
 
     def chunk(self, model: str, version: int, series: Any, session: str, start: bool,
@@ -226,8 +228,9 @@ class EngineClient:
         """One series that is a chunk of `session`, whose state the engine keeps."""
         lengths, features, width = p.pack_series([series])
         (future,) = self._call(lambda rid: p.SubmitChunk(rid, model, version, deadline,
-                                                         lengths, features, width, session,
-                                                         start, end),
+                                                         lengths, features, width,
+                                                         session=session, start=start,
+                                                         end=end),
                                1, False, (model, version))
         return future
 

@@ -25,6 +25,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from seqserve.service.scheduling.models import SessionRow
+
 
 class Hello(msgspec.Struct, tag="hello", array_like=True):
     pass
@@ -71,6 +73,9 @@ class SubmitSeries(Call, tag="submit-series"):
     """float32 (sum of lengths, width): the series' steps concatenated."""
     width: int
     """Floats per step."""
+    states: bytes = b""
+    """float32 (n, S): each series' initial state (a state token's, carried by the client:
+    `pack_states`); empty: every series from zeros."""
 
 
 class SubmitChunk(SubmitSeries, tag="submit-chunk"):
@@ -277,6 +282,27 @@ def unpack_series(lengths: bytes, features: bytes, width: int) -> list[np.ndarra
         out.append(flat[start : start + n])
         start += n
     return out
+
+
+def pack_states(rows: list[Any]) -> tuple[list[np.ndarray], bytes]:
+    """Series that may be `SessionRow`s (a series run from a given state) -> their steps and
+    their initial states as float32 (n, S) bytes (zeros for a plain series; empty when no
+    row has a state)."""
+    given = [r for r in rows if isinstance(r, SessionRow)]
+    if not given:
+        return rows, b""
+    zeros = np.zeros_like(given[0].state, dtype=np.float32)
+    states = np.stack([r.state if isinstance(r, SessionRow) else zeros for r in rows])
+    return ([r.steps if isinstance(r, SessionRow) else r for r in rows],
+            np.ascontiguousarray(states, np.float32).tobytes())
+
+
+def unpack_states(series: list[np.ndarray], states: bytes) -> list[Any]:
+    """The inverse of `pack_states`: each series as a `SessionRow` from its state."""
+    if not states:
+        return series
+    rows = np.frombuffer(states, dtype=np.float32).reshape(len(series), -1)  # (n, S)
+    return [SessionRow(s, rows[i]) for i, s in enumerate(series)]
 
 
 def to_array(a: np.ndarray) -> Array:

@@ -312,7 +312,8 @@ class EngineServer:
 
 
 def _series(msg: p.SubmitSeries) -> list[Any]:
-    return _readable(lambda: p.unpack_series(msg.lengths, msg.features, msg.width))
+    return _readable(lambda: p.unpack_states(
+        p.unpack_series(msg.lengths, msg.features, msg.width), msg.states))
 
 
 T = TypeVar("T")

@@ -9,7 +9,11 @@ and answer `outputs` FP32 [n, k] or [n, T, k] (zeros past each row's length) and
 `probabilities` alike (and a sequence classifier's `label` BYTES [n]). A stateful one also
 takes a session as the request parameters `sequence_id` (string or uint64), `sequence_start`
 and `sequence_end` (Triton's spelling; one series per request), answered with the parameters
-`sequence_id` and `sequence_steps` (the session's steps so far). A language model takes
+`sequence_id` and `sequence_steps` (the session's steps so far). Or its state travels as a
+value: the parameter `return_state` answers the output `state` BYTES [1] (a state token) and
+an input `state` BYTES [1] continues one series from a token (`sequence_steps` then counts
+the steps since the series began); neither is in the metadata, which names what every
+request has. A language model takes
 `text_input` BYTES [n] (its prompts) with the generate extension's parameters and answers
 `text_output` BYTES [n]. Texts may also come shaped [n, 1], as Triton's examples send them.
 """
@@ -38,6 +42,7 @@ from seqserve.service.api.oip.schemas import V2InferRequest
 from seqserve.service.api.translate import TranslateOptions
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import BadRequest
+from seqserve.service.core.state_token import StateCodec
 from seqserve.service.web.repository import ModelEntry
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import ModelWorker, RequestContext
@@ -81,20 +86,35 @@ def signature(worker: ModelWorker) -> Signature:
 
 
 def output_names(worker: ModelWorker) -> list[str]:
-    """The names of the outputs a worker's task produces."""
-    return [o["name"] for o in signature(worker)[1]]
+    """The names of the outputs a worker's task produces (a stateful series model's `state`
+    too, answered with `return_state`)."""
+    names = [o["name"] for o in signature(worker)[1]]
+    return [*names, "state"] if isinstance(worker, SeriesWorker) and worker.stateful else names
 
 
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
-                call: RequestContext, answer: dict[str, Any] | None = None) -> list[V2Tensor]:
+                call: RequestContext, answer: dict[str, Any] | None = None,
+                states: StateCodec | None = None) -> list[V2Tensor]:
     """Run the worker's task on the decoded inputs; BadRequest for what does not fit it.
-    The answer's own `parameters` (a session's id and steps) go into `answer`."""
+    The answer's own `parameters` (a session's id and steps) go into `answer`; `states`
+    signs and checks state tokens (None: a server without a secret)."""
     if isinstance(worker, SeriesWorker):
         given = dict(parameters)
         session = sequence_of(given)  # removes the sequence parameters from `given`
+        return_state = given.pop("return_state", False)
         if given:
             raise BadRequest(f"unknown parameters {sorted(given)}: this model takes only "
-                             f"{list(SEQUENCE_PARAMETERS)}")
+                             f"{[*SEQUENCE_PARAMETERS, 'return_state']}")
+        if "state" in inputs or return_state is not False:
+            if session is not None:
+                raise BadRequest("a state token carries the series' state in the request: "
+                                 "not with parameters.sequence_id (the server keeps a "
+                                 "sequence's state)")
+            tensors, steps = await _infer_carried(worker, inputs, return_state,
+                                                  states or StateCodec([]), call)
+            if answer is not None:
+                answer.update(sequence_steps=steps)
+            return tensors
         if session is not None:
             tensors, steps = await _infer_session(worker, inputs, session, call)
             if answer is not None:
@@ -178,6 +198,48 @@ def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]
     return x, lengths
 
 
+async def _infer_carried(worker: SeriesWorker, inputs: dict[str, V2Tensor], return_state: Any,
+                         codec: StateCodec, call: RequestContext
+                         ) -> tuple[list[V2Tensor], int]:
+    """One series carried by state tokens (module doc): from the input `state`'s token (if
+    given), the output `state` with `return_state`; and the steps since the series began."""
+    inputs = dict(inputs)
+    given = inputs.pop("state", None)
+    token: Any = None
+    if given is not None:
+        if given.datatype != "BYTES" or len(given.data) != 1:
+            raise BadRequest(f"input 'state' must be BYTES with one element (a state token), "
+                             f"got {given.datatype} {given.shape}", param="state")
+        token = given.data[0]
+        if isinstance(token, bytes):
+            try:
+                token = token.decode("ascii")
+            except UnicodeDecodeError:
+                raise BadRequest("input 'state' is not a state token (not ASCII)",
+                                 param="state") from None
+    x, lengths = series_inputs(worker, inputs)
+    start = worker.check_carried(codec, token, return_state, x.shape[0])
+    result, steps = await worker.predict_carried([x[0, : int(lengths[0])]], start,
+                                                 return_state, codec, call)
+    out = _result_tensors(worker, result)
+    if return_state:
+        out.append(V2Tensor("state", "BYTES", [1], [result["state"]]))
+    return out, steps
+
+
+def _result_tensors(worker: SeriesWorker, result: dict[str, Any]) -> list[V2Tensor]:
+    """One series' v1 result as the OIP outputs of a batch of one."""
+    y = np.asarray(result["outputs"], np.float32)[None]  # (1, k) or (1, T, k)
+    out = [V2Tensor("outputs", "FP32", list(y.shape), y.reshape(-1).tolist())]
+    if "probabilities" in result:
+        probs = np.asarray(result["probabilities"], np.float32)[None]
+        out.append(V2Tensor("probabilities", "FP32", list(probs.shape),
+                            probs.reshape(-1).tolist()))
+        if not worker.per_step:
+            out.append(V2Tensor("label", "BYTES", [1], [result["label"]]))
+    return out
+
+
 async def _infer_series(worker: SeriesWorker, inputs: dict[str, V2Tensor],
                         call: RequestContext) -> list[V2Tensor]:
     x, lengths = series_inputs(worker, inputs)
@@ -229,15 +291,7 @@ async def _infer_session(worker: SeriesWorker, inputs: dict[str, V2Tensor],
                          f"chunk), not {x.shape[0]}")
     result, steps = await worker.predict_session([x[0, : int(lengths[0])]], sid, start, end,
                                                  call)
-    y = np.asarray(result["outputs"], np.float32)[None]  # (1, k) or (1, T, k)
-    out = [V2Tensor("outputs", "FP32", list(y.shape), y.reshape(-1).tolist())]
-    if "probabilities" in result:
-        probs = np.asarray(result["probabilities"], np.float32)[None]
-        out.append(V2Tensor("probabilities", "FP32", list(probs.shape),
-                            probs.reshape(-1).tolist()))
-        if not worker.per_step:
-            out.append(V2Tensor("label", "BYTES", [1], [result["label"]]))
-    return out, steps
+    return _result_tensors(worker, result), steps
 
 
 Parsed = tuple[V2InferRequest, bytes | None]
@@ -267,6 +321,6 @@ async def run_infer(state: AppState, call: Call, parse: Callable[[Call], Parsed]
     extra: dict[str, Any] = {}
     entry, outputs = await answer(
         state, call, None, lambda w, ctx: infer(w, found["inputs"], found["parameters"], ctx,
-                                                extra),
+                                                extra, state.states),
         check=check, read=read)
     return entry, found["req"], outputs, found["asked"], extra

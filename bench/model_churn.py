@@ -9,7 +9,7 @@ requests to it, `POST .../unload`. After each cycle the RSS of every server proc
 in between (the issue's bound: under 10 MB from cycle 5 to 50), plus the load and unload
 times the client saw.
 
-    .venv/bin/python bench/bench_model_control.py --repo model_repository --model numbers-en-fr \\
+    .venv/bin/python bench/model_churn.py --repo model_repository --model numbers-en-fr \\
         --cycles 50 --api-workers 2 --layout hybrid --json bench_results/control.json
 """
 
@@ -112,8 +112,8 @@ def main() -> int:
                 unload_s.append(time.perf_counter() - start)
                 time.sleep(0.2)  # the processes free what they drained
                 rss.append({p: rss_mb(p) for p in children(proc.pid)})
-                print(f"cycle {cycle + 1}: RSS MB {sorted(round(v, 1) for v in rss[-1].values())}",
-                      flush=True)
+                print(f"cycle {cycle + 1}: RSS MB " + ", ".join(
+                    f"pid {p} {v:.1f}" for p, v in sorted(rss[-1].items())), flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

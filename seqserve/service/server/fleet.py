@@ -183,7 +183,7 @@ class ApiEnd:
         if op == "switch":
             await self.table.switch(msg["name"], msg["default"])
         elif op == "unload":
-            await self.table.unload(msg["name"], msg["version"])
+            await self.table.unload(msg["name"], msg["version"], bool(msg.get("keep_failed")))
         elif op == "rows":
             return {"ok": True, "rows": self.table.rows()}
         return {"ok": True}
@@ -230,8 +230,8 @@ class Fleet:
                                    "path": str(path)})
         failed = [a for a in answers if not a.get("ok")]
         if failed:
-            if not again:  # what loaded goes again: all or nothing
-                await self._unload_everywhere(name, version, engine)
+            if not again:  # what loaded goes again: all or nothing (a failure stays listed)
+                await self._unload_everywhere(name, version, engine, keep_failed=True)
             first = failed[0]
             return str(first.get("reason") or first.get("error") or first.get("refused"))
         self.loaded[name, version] = str(path)
@@ -251,8 +251,10 @@ class Fleet:
         self._write()
         await self._unload_everywhere(name, version, self.engine is not None)
 
-    async def _unload_everywhere(self, name: str, version: int, engine: bool) -> None:
-        await self._all({"op": "unload", "name": name, "version": version})
+    async def _unload_everywhere(self, name: str, version: int, engine: bool,
+                                 keep_failed: bool = False) -> None:
+        await self._all({"op": "unload", "name": name, "version": version,
+                         "keep_failed": keep_failed})
         if engine and self.engine is not None:
             await self.engine.unload_model(name, version, self.settings.drain_timeout_s + 5)
 

@@ -5,9 +5,12 @@ what the routes ask of the control.
 (loaded off the event loop), or in the engine process (loaded there first; here its state is
 read again from the engine's `Hello` answer), and the repository gets its worker; a switch
 moves the model's default; an unload takes the version out of the repository, then drains it
-here (or waits until this process has nothing pending for it in the engine process). It is
-the `Executor` of the one-process server's `Controller`, and what an API process does when
-the supervisor, the table's owner, sends it a change (server/fleet.py).
+here (or waits until this process has nothing pending for it in the engine process). A
+bundle with sessions published while a hybrid server runs without an engine process (none
+had sessions at start) is not served: it is listed failed with the reason (`NO_ENGINE`), as
+in the repository index. It is the `Executor` of the one-process server's `Controller`, and
+what an API process does when the supervisor, the table's owner, sends it a change
+(server/fleet.py).
 
 `ModelControl` is what the routes (the repository extension, /v1/admin/models) see: the
 `Controller` itself in one process, else a link to the supervisor's
@@ -16,7 +19,10 @@ the supervisor, the table's owner, sends it a change (server/fleet.py).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
+import sys
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +35,14 @@ from seqserve.service.web.repository import ModelRepository
 
 log = logging.getLogger("seqserve.control")
 
-__all__ = ["LocalTable", "ModelControl", "Refused"]
+__all__ = ["NO_ENGINE", "LocalTable", "ModelControl", "Refused"]
+
+NO_ENGINE = ("it keeps sessions, which the hybrid layout serves in the engine process, and this "
+             "server started without one (no bundle with sessions at start): restart the "
+             "server to serve it (the engine process then starts), or serve with --layout "
+             "engine")
+"""Why a bundle with sessions published while a hybrid server runs without its engine
+process is not served (each API process would hold its own sessions)."""
 
 
 class ModelControl(Protocol):
@@ -64,8 +77,14 @@ class LocalTable:
         return self.local is None or keeps_sessions(path)
 
     async def load(self, name: str, version: int, path: Path) -> str | None:
-        """Serve the version here (module doc): None when it is ready, else why not."""
+        """Serve the version here (module doc): None when it is ready, else why not (a
+        version that cannot be served is listed failed with the reason: `/v1/models`)."""
         state: ModelState | None
+        if self.remote is None and self.repository.settings.layout == "hybrid" \
+                and keeps_sessions(path):
+            failed = ModelState(name, version, str(path), "failed", NO_ENGINE, None, {})
+            await self.repository.add(failed, self.local)  # type: ignore[arg-type]
+            return NO_ENGINE
         if self.in_engine(path):
             assert self.remote is not None
             hello = await self.remote.hello(self.startup_timeout_s)
@@ -85,7 +104,12 @@ class LocalTable:
     async def switch(self, name: str, default: int | None) -> None:
         self.repository.switch(name, default)
 
-    async def unload(self, name: str, version: int) -> None:
+    async def unload(self, name: str, version: int, keep_failed: bool = False) -> None:
+        """Take the version out (module doc); `keep_failed`: a load that failed elsewhere
+        is undone, so a version that failed here stays listed with its reason."""
+        found = self.repository.entries.get(name, {}).get(version)
+        if keep_failed and found is not None and found.state == "failed":
+            return
         entry = self.repository.remove(name, version)
         if entry is None:
             return
@@ -96,8 +120,29 @@ class LocalTable:
                             "%.0f s", name, version, self.drain_timeout_s)
         elif self.local is not None:  # (a failed version: only its state to forget)
             await self.local.unload(name, version, self.drain_timeout_s)
+            trim_heap()
 
     def rows(self) -> list[tuple[str, int, str, bool, str | None]]:
         """Every version of the repository as (name, version, path, ready, reason)."""
         return [(e.name, e.version, str(e.path), e.state == "ready", e.reason)
                 for versions in self.repository.entries.values() for e in versions.values()]
+
+
+def trim_heap() -> None:
+    """Give the heap pages an unloaded version's runtimes freed back to the system (glibc's
+    malloc_trim; elsewhere nothing): without it a process's RSS after many loads and
+    unloads depends on where the allocator's free pages happen to lie (measured by
+    bench/model_churn.py)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _libc() -> Any:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim  # noqa: B018 (glibc only)
+        return libc
+    return None
+
+
+_LIBC = _libc() if sys.platform.startswith("linux") else None

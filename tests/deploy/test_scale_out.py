@@ -1,0 +1,200 @@
+"""Scale-out without sticky routing (issue 36), shown with real processes: two `seqserve
+serve` replicas with the same bundle and state secret (one in the engine layout, where the
+state crosses into the engine process; one a single process) behind nginx round robin with
+no affinity. A client streams the whole Mauna Loa CO2 series (2,284 weeks, beyond the
+bundle's 256-step limit for one request) in chunks carried by state tokens: the chunks
+alternate replicas, one replica is killed mid-way (SIGKILL) and the client goes on through
+the balancer with nothing lost; the outputs equal one whole-series request (the first 256
+steps) and a server-held session on one replica over the whole series, within 1e-5.
+
+nginx is Debian's (`deploy/install-test-tools.sh` installs it); the test skips, saying so,
+only when the binary is missing."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from process_support import Server, serve
+from service_fakes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "co2-forecast"
+CHUNK = 100
+
+
+def _nginx() -> str:
+    found = shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None)
+    if found is None:
+        pytest.skip("nginx is not installed (deploy/install-test-tools.sh installs Debian's "
+                    "nginx): the scale-out test needs a real load balancer")
+    return found
+
+
+NGINX_CONF = """
+daemon off;
+master_process on;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 64; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    upstream replicas {{
+        # round robin, no affinity (no ip_hash, no hash on a session header)
+        server 127.0.0.1:{a} max_fails=1 fail_timeout=60s;
+        server 127.0.0.1:{b} max_fails=1 fail_timeout=60s;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        client_max_body_size 16m;
+        location / {{
+            proxy_pass http://replicas;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_next_upstream error timeout;
+            add_header X-Upstream $upstream_addr always;
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def balancer(tmp: Path, replicas: list[str]) -> Iterator[str]:
+    """nginx round robin over the replicas' URLs on a free port; yields its URL."""
+    binary = _nginx()
+    port = free_port()
+    a, b = (u.rsplit(":", 1)[1] for u in replicas)
+    conf = tmp / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=tmp, a=a, b=b, port=port))
+    proc = subprocess.Popen([binary, "-p", str(tmp), "-e", "stderr", "-c", str(conf)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            if proc.poll() is not None:
+                out = proc.stdout.read().decode() if proc.stdout else ""
+                raise AssertionError(f"nginx exited: {out}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "nginx did not answer in time"
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGQUIT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("scale-out") / "repo"
+    shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def co2() -> np.ndarray:
+    """The whole weekly series, (2284, 1) ppm."""
+    from seqserve.models.data.co2 import load_co2
+
+    return load_co2().values[:, None]
+
+
+def _post(url: str, body: dict[str, Any], retries: int = 3) -> tuple[dict[str, Any], str]:
+    """One predict through `url`: its answer and the replica that gave it. A 502/503 (a
+    replica that died while nginx had the request) is retried: the token makes it safe."""
+    for attempt in range(retries + 1):  # nginx passes a refused connection on by itself
+        r = httpx.post(f"{url}/v1/models/{MODEL}/predict", json=body, timeout=60)
+        if r.status_code in (502, 503, 504) and attempt < retries:
+            time.sleep(0.2)
+            continue
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out, r.headers.get("x-upstream", "")
+    raise AssertionError("unreachable")
+
+
+def _session_reference(url: str, series: np.ndarray) -> np.ndarray:
+    """The whole series through a server-held session on one replica, 256 steps a chunk."""
+    outs = []
+    for a in range(0, len(series), 256):
+        b = min(a + 256, len(series))
+        body = {"series": [series[a:b].tolist()], "session": "reference", "start": a == 0,
+                "end": b == len(series)}
+        r = httpx.post(f"{url}/v1/models/{MODEL}/predict", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        outs.append(np.asarray(r.json()["results"][0]["outputs"]))
+    return np.concatenate(outs)
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_a_series_carried_by_tokens_survives_round_robin_and_a_dead_replica(
+        repo: Path, co2: np.ndarray, tmp_path: Path) -> None:
+    _nginx()
+    secret = tmp_path / "state-secret"
+    secret.write_text("scale-out-test-secret-0123456789abcdef\n")
+    flags = ("--state-secret-file", str(secret), "--no-grpc")
+    with serve(repo, *flags, "--layout", "engine", "--api-workers", "1") as engine, \
+            serve(repo, *flags, "--api-workers", "0") as single:
+        replicas: list[Server] = [engine, single]
+        lb_dir = tmp_path / "nginx"
+        lb_dir.mkdir()
+        with balancer(lb_dir, [s.url for s in replicas]) as lb:
+            whole = httpx.post(f"{engine.url}/v1/models/{MODEL}/predict",
+                               json={"series": [co2[:256].tolist()]}, timeout=60)
+            assert whole.status_code == 200, whole.text
+            reference = _session_reference(engine.url, co2)
+            token: str | None = None
+            outs, seen = [], []
+            chunks = list(range(0, len(co2), CHUNK))
+            killed_at = len(chunks) // 2
+            for i, a in enumerate(chunks):
+                if i == killed_at:  # mid-way: the single-process replica dies at once
+                    single.proc.kill()
+                    single.proc.wait(10)
+                b = min(a + CHUNK, len(co2))
+                body: dict[str, Any] = {"series": [co2[a:b].tolist()], "return_state": True}
+                if token is not None:
+                    body["state"] = token
+                answer, upstream = _post(lb, body)
+                assert answer["steps"] == b, answer["steps"]
+                token = answer["results"][0]["state"]
+                outs.append(np.asarray(answer["results"][0]["outputs"]))
+                seen.append(upstream)
+    before, after = seen[:killed_at], seen[killed_at:]
+    ports = {u.rsplit(":", 1)[1] for u in (engine.url, single.url)}
+    assert {s.rsplit(":", 1)[-1] for s in before} == ports, before
+    assert all(x != y for x, y in zip(before, before[1:], strict=False)), before  # alternating
+    survivor = engine.url.rsplit(":", 1)[1]
+    assert all(s.rsplit(":", 1)[-1] == survivor for s in after), after
+    # one request went to the dead replica first; nginx passed it on (upstream "dead, alive")
+    assert sum("," in s for s in after) == 1, after
+    got = np.concatenate(outs)  # (2284, 1)
+    _close(got[:256], np.asarray(whole.json()["results"][0]["outputs"]))
+    _close(got, reference)

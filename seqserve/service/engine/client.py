@@ -10,10 +10,18 @@ gone) the engine is told, and drops the work.
 
 Faults are answered, never waited out: a socket monitor on the DEALER reports the engine's
 disconnection (on ipc: the engine process is gone) at once, and then every request pending
-here and every new one fails with `EngineUnavailable` (503 + Retry-After) until the
-supervisor, which saw the engine exit too, stops this process; a send that fails leaves
-nothing pending; an answer that cannot be read fails its request alone. The DEALER's identity
-names this process's pid, so that the engine can drop the work of a process that died.
+here and every new one fails with `EngineUnavailable` (503 + Retry-After) while the engine is
+`down`; a send that fails leaves nothing pending; an answer that cannot be read fails its
+request alone. The DEALER's identity names this process's pid, so that the engine can drop
+the work of a process that died.
+
+The supervisor restarts a dead engine at the same address, and ZeroMQ connects the DEALER
+to the new one by itself: once connected, the client asks it `hello` again (its models, as
+it loaded them from the supervisor's model table) and is up again. Its `listeners` hear of
+each change (the composition root marks the engine's models not ready meanwhile). `lost`,
+what the server's readiness reads, says the engine is gone for good only once it has been
+down longer than `RESTART_BOUND_S`. Sessions do not survive the restart: a chunk of one
+the old engine held answers 404, and the message names the restart (`restarted_at`).
 """
 
 from __future__ import annotations
@@ -42,6 +50,11 @@ from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 log = logging.getLogger("seqserve.engine.client")
 
 
+RESTART_BOUND_S = 30.0
+"""An engine down (not connected, or not answering `hello`) for longer than this is `lost`:
+the server's readiness turns false. Within it the server stays ready while the supervisor
+restarts the engine (its models answer 503 + Retry-After meanwhile)."""
+
 WAIT_TTL_S = 0.5
 """How long an engine's report of a model's queue wait stays usable for early shedding."""
 
@@ -64,13 +77,27 @@ class EngineClient:
 
     in_process = False
 
-    def __init__(self, address: str, retry_after_s: float = 1.0) -> None:
+    def __init__(self, address: str, retry_after_s: float = 1.0,
+                 restart_bound_s: float = RESTART_BOUND_S) -> None:
         self.address = address
         self.state: p.State | None = None
         """The engine's models and options, from its answer to `hello`."""
         self.retry_after_s = retry_after_s
+        self.restart_bound_s = restart_bound_s
+        self.down: str | None = None
+        """Why the engine is unavailable now (its socket disconnected), else None."""
+        self.down_since: float | None = None
+        """time.monotonic() when it went down."""
+        self.restarted_at: float | None = None
+        """time.time() when a restarted engine last answered (None: never restarted)."""
+        self.restarts = 0
+        self.listeners: list[Callable[[], None]] = []
+        """Called after the engine went down and after it is up again."""
         self.lost: str | None = None
-        """Why the engine is unavailable (its socket disconnected), else None."""
+        """Why the engine is gone for good: down for longer than `restart_bound_s` (None: up,
+        or restarting within the bound)."""
+        self._back: asyncio.Task[None] | None = None
+        self._bound: asyncio.TimerHandle | None = None
         self._monitor: Channel | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -96,6 +123,10 @@ class EngineClient:
         self._monitor = Channel(monitor, self._on_event)
 
     async def close(self) -> None:
+        if self._back is not None:
+            self._back.cancel()
+        if self._bound is not None:
+            self._bound.cancel()
         close_monitored(self._channel, self._monitor)
         self._fail_all(errors.ShuttingDown("this API process is stopping"))
 
@@ -115,15 +146,51 @@ class EngineClient:
     def _on_event(self, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]
         if event == zmq.EVENT_DISCONNECTED:
-            self.lost = "the engine process is gone"
-            log.error("%s: answering %d pending requests with 503", self.lost,
+            if self.down is None:
+                self.down, self.down_since = "the engine process is gone", time.monotonic()
+                self._bound = asyncio.get_running_loop().call_later(self.restart_bound_s,
+                                                                    self._too_long)
+            log.error("%s: answering %d pending requests with 503", self.down,
                       len(self._pending) + len(self._streams))
             self._fail_all(self._unavailable())
-        elif event == zmq.EVENT_CONNECTED:
-            self.lost = None
+            self._tell()
+        elif event == zmq.EVENT_CONNECTED and self.down is not None \
+                and (self._back is None or self._back.done()):
+            self._back = asyncio.get_running_loop().create_task(self._reconnected())
+
+    def _too_long(self) -> None:
+        self._bound = None
+        if self.down is not None:
+            self.lost = f"{self.down} (for longer than the {self.restart_bound_s:g} s an " \
+                        "engine restart may take)"
+            log.error("%s: the server is not ready", self.lost)
+
+    async def _reconnected(self) -> None:
+        """A (restarted) engine is connected: up again once it answered `hello`."""
+        try:
+            await self.hello(self.restart_bound_s)
+        except EngineUnavailable as exc:
+            log.error("the engine connected again but %s", exc)
+            return
+        self.down = self.down_since = self.lost = None
+        if self._bound is not None:
+            self._bound.cancel()
+            self._bound = None
+        self.restarted_at = time.time()
+        self.restarts += 1
+        log.warning("the engine is back (restart %d): serving its %d model versions again",
+                    self.restarts, len(self.models()))
+        self._tell()
+
+    def _tell(self) -> None:
+        for listener in self.listeners:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not stop the others
+                log.exception("an engine listener failed")
 
     def _unavailable(self) -> errors.ServiceError:
-        return EngineUnavailable(f"engine unavailable: {self.lost or 'not connected'}",
+        return EngineUnavailable(f"engine unavailable: {self.down or 'not connected'}",
                                  retry_after=self.retry_after_s)
 
     async def hello(self, timeout: float) -> p.State:
@@ -159,7 +226,7 @@ class EngineClient:
                                         timeout)  # type: ignore[no-any-return]
 
     async def _control_call(self, message: Callable[[int], p.ToEngine], timeout: float) -> Any:
-        if self.lost is not None:
+        if self.down is not None:
             raise self._unavailable()
         rid = next(self._ids)
         future = self._control[rid] = asyncio.get_running_loop().create_future()
@@ -237,7 +304,7 @@ class EngineClient:
     def _call(self, message: Callable[[int], p.ToEngine], n: int, decoding: bool,
               model: tuple[str, int]) -> list[asyncio.Future[Any]]:
         """Send one request (`message(request id)`); its n futures, answered by one reply."""
-        if self.lost is not None:
+        if self.down is not None:
             raise self._unavailable()
         loop = asyncio.get_running_loop()
         rid = next(self._ids)
@@ -252,7 +319,7 @@ class EngineClient:
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
                  options: GenerateOptions, deadline: float) -> TokenStream:
         """Send one generation; its token events arrive on the returned stream."""
-        if self.lost is not None:
+        if self.down is not None:
             raise self._unavailable()
         rid = next(self._ids)
 
@@ -295,6 +362,17 @@ class EngineClient:
             for f in pending.futures:
                 f.cancel()
             self._send_quietly(p.Cancel(rid))
+
+    def _restart_noted(self, exc: errors.ServiceError) -> errors.ServiceError:
+        """A session the engine does not hold, after the engine restarted: the message says
+        that sessions held by the old engine were lost with it."""
+        if not isinstance(exc, errors.SessionNotFound) or self.restarted_at is None:
+            return exc
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.restarted_at))
+        return errors.SessionNotFound(
+            f"{exc}; the engine process restarted at {at} ({time.time() - self.restarted_at:.0f}"
+            " s ago) and the sessions it held were lost with it: start the session again "
+            "(start: true) with its history", retry_after=exc.retry_after)
 
     def _send(self, msg: p.ToEngine) -> None:
         """Queue `msg`: what this loop turn sends goes out at its end as one frame
@@ -381,7 +459,7 @@ class EngineClient:
         if isinstance(msg, p.Failure):
             del self._pending[msg.id]
             pending.done = True
-            _fail(pending, _error(msg))
+            _fail(pending, self._restart_noted(_error(msg)))
             return
         values: list[Any]  # read whole before the request leaves `_pending` (see _on_frames)
         if isinstance(msg, p.Rows):

@@ -11,6 +11,11 @@ request's reply goes out when all its rows are done; a `Cancel` cancels its futu
 the schedulers drop before they cost compute. `drain(timeout)` refuses new work and finishes
 what was admitted.
 
+Under the supervisor the engine loads the model table the supervisor keeps
+(`ENGINE_TABLE_ENV`: the versions that serve now, after every load and unload of the model
+control), so an engine restarted after a crash serves what its predecessor served; without
+that file, what the repository's policies serve (`engine_bundles`).
+
 Every request gets an answer: an exception anywhere in its handling (not only a
 `ServiceError`) fails that request alone (`BadRequest` when the engine cannot read it,
 `InferenceFailed`, a 500, for our own faults). When an API process dies its work is dropped:
@@ -22,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -35,7 +42,7 @@ from seqserve.service.core.errors import BadRequest, ServiceError
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
 from seqserve.service.engine import protocol as p
-from seqserve.service.engine.loading import RuntimeFactory, engine_bundles
+from seqserve.service.engine.loading import RuntimeFactory, engine_bundles, keeps_sessions
 from seqserve.service.engine.local import LocalEngine
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.transport import Channel, close_monitored
@@ -46,6 +53,10 @@ from seqserve.service.scheduling.lm import LMModel
 from seqserve.service.scheduling.search import SearchOptions
 
 log = logging.getLogger("seqserve.engine")
+
+ENGINE_TABLE_ENV = "SEQSERVE_ENGINE_TABLE"
+"""The supervisor's model table (JSON: {"bundles": [[name, version, path], ...]}), which an
+engine process loads at start (see the module doc)."""
 
 Key = tuple[bytes, int]
 """(API socket identity, request id)."""
@@ -82,7 +93,8 @@ class EngineServer:
 
     async def load(self) -> None:
         """Load, warm up and start every bundle version it serves, one after another."""
-        await self.engine.load(engine_bundles(self.options))
+        table = table_bundles(self.options)
+        await self.engine.load(engine_bundles(self.options) if table is None else table)
 
     # -- serving ----------------------------------------------------------------------
 
@@ -309,6 +321,22 @@ class EngineServer:
             except Exception as bug:  # this request's answer, not the loop's callbacks
                 answer = _failure(rid, bug, wait)
         self._send(identity, answer)
+
+
+def table_bundles(options: EngineOptions) -> list[tuple[str, int, Path]] | None:
+    """The engine's share of the supervisor's model table (`ENGINE_TABLE_ENV`): every version
+    (`bundles = "all"`) or those that keep sessions; None without a readable table."""
+    path = os.environ.get(ENGINE_TABLE_ENV)
+    if not path:
+        return None
+    try:
+        rows = json.loads(Path(path).read_text())["bundles"]
+        bundles = [(str(n), int(v), Path(b)) for n, v, b in rows]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("the model table %s cannot be read (%s): loading what the repository "
+                    "serves", path, exc)
+        return None
+    return [b for b in bundles if options.bundles == "all" or keeps_sessions(b[2])]
 
 
 def _series(msg: p.SubmitSeries) -> list[Any]:

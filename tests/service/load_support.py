@@ -132,8 +132,9 @@ def engine_pid(server: Server) -> int:
 
 
 async def sigkill_engine(server: Server, after_s: float = 2.0) -> dict[str, Any]:
-    """Load, SIGKILL of the engine, load for `after_s` more: every answer and how long the
-    requests in flight at the kill (or sent after it) waited for theirs."""
+    """Load, SIGKILL of the engine, load for `after_s` more: every answer, how long the
+    requests in flight at the kill (or sent after it) waited for theirs, and how long until
+    the supervisor's new engine answered a request (the server goes on running)."""
     load = Load(server.url)
     runner = asyncio.ensure_future(load.run())
     await asyncio.sleep(1.0)
@@ -141,13 +142,18 @@ async def sigkill_engine(server: Server, after_s: float = 2.0) -> dict[str, Any]
     t0 = time.monotonic()
     load.stop_at = t0 + after_s
     await runner
-    rc = await asyncio.to_thread(server.proc.wait, 60)
+    back = None
+    async with httpx.AsyncClient(base_url=server.url, timeout=HANG_S) as c:
+        while back is None and time.monotonic() < t0 + 120 and server.proc.poll() is None:
+            if (await c.post(PATH, json=BODY)).status_code == 200:
+                back = round(time.monotonic() - t0, 2)
+            await asyncio.sleep(0.1)
     late = [s for s in load.shots if s.done >= t0]
     waits = [s.done - max(s.sent, t0) for s in late]
     return {"before": tally([s for s in load.shots if s.done < t0]),
             "at_or_after_kill": tally(late),
             "max_wait_after_kill_s": round(max(waits, default=0.0), 3),
-            "exit": rc, "exit_s": round(time.monotonic() - t0, 2)}
+            "served_again_s": back, "exit": server.proc.poll()}
 
 
 def main() -> None:

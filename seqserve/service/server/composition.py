@@ -19,6 +19,12 @@ process: the supervisor's table, `fleet.TABLE_ENV`), then opens the repository o
 engines; `start_control()` starts the model control (engine/control.py): its owner here in
 one process, else this API process's end of the supervisor's (server/fleet.py); `stop(timeout)`
 drains them and closes the connection.
+
+While the engine process is down (the supervisor restarts it), the versions it serves are
+marked not ready here (`_engine_changed`: their requests and model-ready endpoints answer 503
++ Retry-After naming the restart) without taking the server out of its load balancer (they
+count as `late` meanwhile: the other models serve on); once the new engine answered, each is
+ready again, or failed with the reason the engine gives (then readiness says so).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.scan import read_policy
 from seqserve.service.server import fleet, layout
 from seqserve.service.web.control import LocalTable, ModelControl
-from seqserve.service.web.repository import ModelRepository
+from seqserve.service.web.repository import ModelEntry, ModelRepository
 from seqserve.service.web.settings import Settings
 
 log = logging.getLogger("seqserve.repository")
@@ -63,6 +69,8 @@ class Composition:
         """The model control the routes see, once `start_control` ran."""
         self._owner: Controller | None = None
         self._channel: fleet.ApiEnd | None = None
+        self._held: dict[tuple[str, int], bool] = {}
+        """The engine's versions marked not ready while it restarts: their `late` before."""
 
     async def start(self, only: str | None = None) -> None:
         """Connect, load and open every bundle version (or every version of model `only`)."""
@@ -83,11 +91,33 @@ class Composition:
             await self.local.load(bundles)
             engines.append(self.local)
         await self.repository.open(engines)
+        if self.remote is not None:
+            self.remote.listeners.append(self._engine_changed)
         for name in self.repository.entries:  # each model's policy default, while ready
             with contextlib.suppress(BundleError):
                 default = read_policy(self.settings.repo / name).default
                 if default is not None:
                     self.repository.defaults[name] = default
+
+    def _engine_changed(self) -> None:
+        """The engine went down or is back (see the module doc)."""
+        remote = self.remote
+        assert remote is not None
+        entries = [e for versions in self.repository.entries.values()
+                   for e in versions.values() if e.engine is remote]
+        if remote.down is not None:
+            for e in entries:
+                if e.state == "ready":
+                    self._held[e.name, e.version] = e.late
+                    e.state, e.late = "loading", True
+                    e.reason = "the engine process is restarting"
+            return
+        states = {(m.name, m.version): m for m in remote.models()}
+        for e in entries:
+            if (e.name, e.version) not in self._held:
+                continue
+            e.late = self._held.pop((e.name, e.version))
+            _back(e, states.get((e.name, e.version)))
 
     async def start_control(self) -> None:
         """The model control (module doc): the owner of the table here (one process), or
@@ -117,6 +147,17 @@ class Composition:
         if self.remote is not None:
             await self.remote.close()
         return drained
+
+
+def _back(entry: ModelEntry, state: Any) -> None:
+    """An engine version after the engine's restart: ready again, or failed with why."""
+    if state is not None and state.state == "ready":
+        entry.state, entry.reason = "ready", None
+        return
+    entry.state = "failed"
+    entry.reason = "the restarted engine " + (
+        f"did not load it: {state.reason}" if state is not None else "does not serve it")
+    log.error("model %s version %d: %s", entry.name, entry.version, entry.reason)
 
 
 def resolved(settings: Settings) -> Settings:

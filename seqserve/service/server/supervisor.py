@@ -12,14 +12,22 @@ least loaded process taking each new connection: accept.py's shared counters), s
 the engine (`python -m seqserve.service.engine`) and the API processes (`python -m
 seqserve.service.server.api_process`), and watches them:
 
-- an API process that exits is restarted (its live gauges are marked dead); one that keeps
-  dying at start makes the supervisor give up and exit non-zero;
-- an engine that exits ends the server with a non-zero status (the orchestrator restarts
-  the pod) instead of leaving API processes that can only answer errors;
-- SIGTERM or SIGINT drains, inside one `drain_timeout_s` budget: the API processes first
-  (readiness false, `shutdown_delay_s` of serving as usual with `Connection: close`, then
-  they stop listening and answer what they admitted, which still needs the engine), then the
-  engine. A second signal stops at once.
+- a child that exits, an API process or the engine, is restarted (its live gauges are marked
+  dead). A restarted engine loads the current model table (the one the model control keeps,
+  `fleet.Fleet`'s file, `ENGINE_TABLE_ENV`), and the API processes' engine clients connect
+  to it again by themselves (engine/client.py). Meanwhile the other models serve on: in the
+  hybrid layout every model an API process runs itself; the engine's models answer 503 +
+  Retry-After and their model-ready endpoints say not ready (`composition.Composition`),
+  while the server's readiness stays true unless the engine stays away longer than
+  `client.RESTART_BOUND_S`; sessions the dead engine held are gone (their next chunk: 404
+  naming the restart).
+- one crash-loop rule for every child: the `MAX_DEATHS`th death within `DEATH_WINDOW_S`
+  (5 in 30 s) ends the server non-zero, after draining what still runs;
+- SIGTERM or SIGINT drains: the API processes first (readiness false, `shutdown_delay_s` of
+  serving as usual with `Connection: close`, then they stop listening, read and answer what
+  their connections already sent, and answer what they admitted, which still needs the
+  engine), each given `api_stop_bound_s` (delay + drain + margin) before it is killed; then
+  the engine, given `engine_stop_bound_s`. A second signal stops at once.
 
 Every child gets the settings as SEQSERVE_* variables and `PROMETHEUS_MULTIPROC_DIR`, so
 `/metrics` of any API process reports all of them (the supervisor's own too: the model
@@ -52,6 +60,7 @@ from seqserve.service.core.metrics import MULTIPROC_ENV, shared_metrics
 from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
+from seqserve.service.engine.server import ENGINE_TABLE_ENV
 from seqserve.service.server.accept import GONE, SLOT_ENV, SLOTS_ENV, Slots
 from seqserve.service.server.api_process import LISTEN_FD_ENV
 from seqserve.service.server.fleet import SupervisorControl
@@ -60,9 +69,27 @@ from seqserve.service.web.settings import Settings
 
 log = logging.getLogger("seqserve.supervisor")
 
-RESTART_WINDOW_S = 30.0
-"""An API process that dies this many times within this window at start: give up."""
-MAX_RESTARTS = 5
+DEATH_WINDOW_S = 30.0
+MAX_DEATHS = 5
+"""The crash-loop rule, one for every child (API process or engine): the MAX_DEATHS-th death
+within DEATH_WINDOW_S ends the server non-zero (after a drain of what still runs)."""
+STOP_MARGIN_S = 5.0
+"""Beyond a child's own stop budget, before the supervisor kills it: what its exit takes
+(the lifespan's shutdown, closing its sockets, the interpreter's exit)."""
+
+
+def api_stop_bound_s(settings: Settings) -> float:
+    """How long an API process may take to stop after SIGTERM: `shutdown_delay_s` of
+    serving as usual, then its drain (`drain_timeout_s`: the requests it admitted, then its
+    own models' batchers), then `STOP_MARGIN_S`. Killing it sooner cut its drain short (the
+    old stop timeout equalled the delay: SIGKILL 2 ms into the drain)."""
+    return settings.shutdown_delay_s + settings.drain_timeout_s + STOP_MARGIN_S
+
+
+def engine_stop_bound_s(settings: Settings) -> float:
+    """How long the engine may take to stop after SIGTERM (sent once every API process
+    stopped): its drain (`drain_timeout_s`), then `STOP_MARGIN_S`."""
+    return settings.drain_timeout_s + STOP_MARGIN_S
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -168,6 +195,7 @@ class Supervisor:
     def _start_engine(self) -> Child:
         env = self._env()
         env[OPTIONS_ENV] = self.settings.engine_options().to_json()
+        env[ENGINE_TABLE_ENV] = str(self.control.table_file)  # a restart loads what serves
         proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.engine"], env=env)
         return Child("engine", proc)
 
@@ -231,48 +259,57 @@ class Supervisor:
 
     def _watch(self) -> int:
         while not self.signals:
-            code = self.engine.proc.poll() if self.engine is not None else None
-            if code is not None:
-                log.error("the engine process exited (status %s): stopping the server", code)
-                self._stop_api(timeout=5.0)
-                return code or 1
-            for i, child in enumerate(self.api):
-                if child.proc.poll() is not None and not self._restart(i, child):
+            engine = self.engine
+            if engine is not None and engine.proc.poll() is not None:
+                if not self._died(engine):
                     return 1
+                log.error("the engine process exited (status %s): restarting it; its models "
+                          "answer 503 meanwhile, the others serve on", engine.proc.returncode)
+                self.engine = self._start_engine()
+            for i, child in enumerate(self.api):
+                if child.proc.poll() is not None:
+                    if not self._died(child):
+                        return 1
+                    log.error("API process %d exited (status %s): restarting it",
+                              child.proc.pid, child.proc.returncode)
+                    self.api[i] = self._start_api(i)
             time.sleep(0.1)
         return self._drain()
 
-    def _restart(self, i: int, child: Child) -> bool:
+    def _died(self, child: Child) -> bool:
+        """Count a child's death (the crash-loop rule, `MAX_DEATHS`); False: give up, after
+        draining what still runs."""
         from prometheus_client import multiprocess
 
-        log.error("API process %d exited (status %s): restarting it", child.proc.pid,
-                  child.proc.returncode)
         multiprocess.mark_process_dead(child.proc.pid, str(self.metrics_dir))
         now = time.monotonic()
-        self.deaths = [t for t in self.deaths if now - t < RESTART_WINDOW_S] + [now]
-        if len(self.deaths) > MAX_RESTARTS:
-            log.error("API processes keep dying (%d in %.0f s): giving up", len(self.deaths),
-                      RESTART_WINDOW_S)
-            self._stop_api(timeout=5.0)
-            self._stop(self.engine, timeout=5.0)
-            return False
-        self.api[i] = self._start_api(i)
-        return True
+        self.deaths = [t for t in self.deaths if now - t < DEATH_WINDOW_S] + [now]
+        if len(self.deaths) < MAX_DEATHS:
+            return True
+        log.error("%s process %d exited (status %s): %d deaths of children in %.0f s, giving "
+                  "up", child.role, child.proc.pid, child.proc.returncode, len(self.deaths),
+                  DEATH_WINDOW_S)
+        self.control.stop()
+        self._stop_api(timeout=api_stop_bound_s(self.settings))
+        self._stop(self.engine, timeout=engine_stop_bound_s(self.settings))
+        return False
 
     # -- drain ----------------------------------------------------------------------------
 
     def _drain(self) -> int:
-        """API processes first (they still need the engine), then the engine; one budget."""
-        budget = self.settings.drain_timeout_s + self.settings.shutdown_delay_s
-        deadline = time.monotonic() + budget
-        log.info("draining: API processes first, then the engine (%.0f s budget)"
-                 if self.engine is not None else "draining the API processes (%.0f s budget)",
-                 budget)
+        """API processes first (they still need the engine), then the engine, each within
+        its stop bound (`api_stop_bound_s`, `engine_stop_bound_s`)."""
+        s = self.settings
+        if self.engine is not None:
+            log.info("draining: API processes first (%.0f s bound), then the engine (%.0f s)",
+                     api_stop_bound_s(s), engine_stop_bound_s(s))
+        else:
+            log.info("draining the API processes (%.0f s bound)", api_stop_bound_s(s))
         self.control.stop()  # no change of the table while draining
         if self.sock is not None:
             self.sock.close()  # the API processes hold their own copies until they stop
-        self._stop_api(timeout=max(1.0, deadline - time.monotonic()))
-        self._stop(self.engine, timeout=max(1.0, deadline - time.monotonic()))
+        self._stop_api(timeout=api_stop_bound_s(s))
+        self._stop(self.engine, timeout=engine_stop_bound_s(s))
         failed = [c for c in [*self.api, self.engine] if c and c.proc.returncode not in (0,)]
         for c in failed:
             log.warning("%s process %d exited with status %s", c.role, c.proc.pid,

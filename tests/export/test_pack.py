@@ -263,7 +263,8 @@ def test_naive_bidirectional_model_is_refused_naming_the_fix(tmp_path: Path) -> 
         seqserve.pack.classifier(model, tokenizer=tok, labels=LABELS, repo=tmp_path / "r",
                                  name="bi", max_tokens=16, progress=False)
     msg = str(err.value)
-    assert "batch invariance of classifier.logits" in msg and "bidirectional" in msg
+    assert "batch invariance of NaiveBiGRUClassifier (your module)'s logits" in msg
+    assert "classifier.logits" not in msg and "bidirectional" in msg
     assert "seqserve.pack.bidirectional" in msg
     assert not (tmp_path / "r" / "bi" / "1").exists()
     model.rnn, model.fixed = seqserve.pack.bidirectional(model.rnn), True  # same weights

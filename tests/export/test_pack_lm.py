@@ -210,7 +210,7 @@ def test_bad_lm_graphs_are_refused_naming_the_fix(packed: dict[str, Any], tmp_pa
     # a name that is not in the graph
     assert main([*base, "--prefill", str(onnx), "--name", "names",
                  "--prefill-input-names", "input_ids,h,c0"]) == 2
-    assert "['h'] are not in the graph" in capsys.readouterr().err
+    assert "--prefill-input-names ['h']: not in the graph" in capsys.readouterr().err
     # a prefill whose state is another size than the step's
     other = _init(RNNModel("LSTM", VOCAB, 16, 20, 2))
     wide = _tutorial_onnx(other, tmp_path / "other.onnx")
@@ -234,7 +234,7 @@ def test_bad_lm_graphs_are_refused_naming_the_fix(packed: dict[str, Any], tmp_pa
         pack_lm_files(repo=repo, name="naive", prefill=naive, step=step, tokenizer=tok,
                       specials={"bos": "<eos>"}, max_tokens=16, progress=False)
     msg = str(refused.value)
-    assert "batch invariance of prefill.state is broken" in msg
+    assert "batch invariance of naive.onnx's state is broken" in msg
     assert "seqserve.pack.length_aware" in msg and "seqserve.pack.lm" in msg
     assert not repo.exists() or not any(repo.rglob("manifest.json"))
     # the Python API: a module whose output layer does not match the tokenizer

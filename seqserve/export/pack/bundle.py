@@ -22,6 +22,7 @@ from seqserve.export.manifest import Manifest, TokenizerSpec
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, bundle_runners, torch_threads
 from seqserve.export.verify import check_graph_files, series_grid
+from seqserve.export.pack.user_names import UserNames
 from seqserve.export.writer import Build, check_args, say, write_bundle
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind
@@ -102,7 +103,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                         attention=attention, source=dict(source or _PACKED_BY),
                         words=words if task == "tagger" else None)
 
-    return _write(repo, name, version, graphs, build, grid or {}, progress)
+    return _write(repo, name, version, graphs, build, grid or {}, progress,
+                  UserNames.from_source(task, source))
 
 
 _PACKED_BY = {"packed_by": "seqserve pack"}
@@ -138,18 +140,25 @@ def _opset(opset: int | None, graphs: dict[str, PackedGraph]) -> int | None:
 
 def _write(repo: str | os.PathLike[str], name: str, version: int | None,
            graphs: dict[str, PackedGraph], build: Build, grid: dict[str, Any],
-           progress: bool) -> Path:
+           progress: bool, names: UserNames) -> Path:
     """The bundle written by the one writer, then checked as `seqserve verify` checks it:
     signatures as ONNX Runtime sees them, sizes against the labels / tokenizer / state,
-    parity with the TorchScript twin or the eager module and batch invariance."""
+    parity with the TorchScript twin or the eager module and batch invariance. Every
+    refusal names the user's files and tensors (`names`), not the contract's."""
 
     def check(tmp: Path, manifest: Manifest) -> dict[str, Any]:
+        try:
+            return checked(tmp, manifest)
+        except (BundleError, UserError) as exc:
+            raise type(exc)(names.message(str(exc))) from exc
+
+    def checked(tmp: Path, manifest: Manifest) -> dict[str, Any]:
         check_graph_files(tmp, manifest)
         eager = {g: p.eager for g, p in graphs.items() if p.eager is not None}
         runners = bundle_runners(tmp, manifest.graphs, eager,
                                  order=("eager", "torchscript", "onnx"))
         if manifest.has_tokenizer:
-            _check_sizes(manifest, runners)
+            _check_sizes(manifest, runners, names)
             say(progress, "checking parity and batch invariance on random padded batches")
             params = _grid(manifest, grid)
         else:
@@ -161,7 +170,8 @@ def _write(repo: str | os.PathLike[str], name: str, version: int | None,
             return check_parity(manifest.task, runners, next(iter(runners)), manifest.graphs,
                                 params)
 
-    return write_bundle(repo, name, version, build, check, progress=progress, explain=explain)
+    return write_bundle(repo, name, version, build, check, progress=progress,
+                        explain=lambda report: explain(report, names))
 
 
 def parse_stats(value: Any, what: str, size: int) -> dict[str, list[float]] | None:
@@ -241,7 +251,8 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
                         state_dim=None if state_dim is None else int(state_dim),
                         source_run=dict(source_run or {}))
 
-    return _write(repo, name, version, graphs, build, grid or {}, progress)
+    return _write(repo, name, version, graphs, build, grid or {}, progress,
+                  UserNames.from_source(task, source))
 
 
 def series_labels(labels: Any, outputs: int | None, flags: bool) -> list[str]:
@@ -333,7 +344,8 @@ def _grid(manifest: Manifest, overrides: dict[str, Any]) -> ParityGrid:
                       first_id=_first_id(min(src.vocab_size, tgt.vocab_size)), **overrides)
 
 
-def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]]) -> None:
+def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]],
+                 users: UserNames) -> None:
     """The label count against the graph's output; vocabularies against the step's."""
     task = manifest.task
     fmt = next(iter(runners))
@@ -344,17 +356,18 @@ def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]]) -> N
     try:
         out = runners[fmt][first]({names[0]: ids, names[1]: lengths})
     except Exception as exc:  # the runtime's own error, named
-        raise BundleError(f"{first} graph fails on a (1, 3) batch of token ids: {exc}") from exc
+        raise BundleError(f"{users.file(first)}: the {first} graph fails on a (1, 3) batch of "
+                          f"token ids: {exc}") from exc
     if task == "lm":
         _check_lm_sizes(runners[fmt], manifest, out, fmt)
         return
     n = len(manifest.labels)
-    if task == "classifier" and out["logits"].shape[-1] != n:
-        raise UserError(f"the classifier has {out['logits'].shape[-1]} outputs but {n} labels "
-                        f"were given")
-    if task == "tagger" and out["log_probs"].shape[-1] != n:
-        raise UserError(f"the tagger has {out['log_probs'].shape[-1]} labels per token but {n} "
-                        "labels were given")
+    key = {"classifier": "logits", "tagger": "log_probs"}.get(task)
+    if key is not None and out[key].shape[-1] != n:
+        per = " per token" if task == "tagger" else ""
+        raise UserError(f"{users.tensor(f'{first}.{key}')} has {out[key].shape[-1]} scores"
+                        f"{per} but {n} labels were given ({', '.join(manifest.labels)}): "
+                        "give one label per score, in the order of the scores (--labels)")
 
 
 def _check_lm_sizes(runners: dict[str, Runner], manifest: Manifest, out: dict[str, Any],
@@ -424,10 +437,17 @@ def _series_fault(fmt: str, key: str, value: float, tol: float) -> str:
             f"or {LENGTH_AWARE_FIX}), and mask pooling (docs/bundle-format.md, 'Padding')")
 
 
-def explain(report: dict[str, Any]) -> str:
-    """A failed parity report as a refusal that names the output, the size of the difference,
-    the likely cause and the fix."""
+def explain(report: dict[str, Any], names: UserNames | None = None) -> str:
+    """A failed parity report as a refusal that names the output (the user's: `names`), the
+    size of the difference, the likely cause and the fix."""
     lines = ["the packed model was refused, nothing was written:"]
+    names = names or UserNames()
+    lines += [names.message(line) for line in _explained(report)]
+    return "\n".join(lines)
+
+
+def _explained(report: dict[str, Any]) -> list[str]:
+    lines = []
     tol = report["tolerances"]["invariance"]
     for fmt, row in report["invariance_max_diff"].items():
         for key, value in row.items():
@@ -458,4 +478,4 @@ def explain(report: dict[str, Any]) -> str:
                              f"(> {tol:g}): the two files do not compute the same function; "
                              "export both from the same module and weights")
     lines += [f"- {f}" for f in report["failures"] if "top-k ids" in f or "ignores its k" in f]
-    return "\n".join(lines)
+    return lines

@@ -87,17 +87,28 @@ def check_not_specialised(model: Any, file: str) -> None:
 
 
 def _names(given: str | None, actual: list[str], count: tuple[int, ...], what: str,
-           contract: list[str]) -> list[str]:
+           contract: list[str], file: PathLike | None = None) -> list[str]:
+    """The user's tensor names in the contract's order (`--input-names`/`--output-names`, or
+    the graph's own in order); UserError naming `file` and its tensors when they do not fit."""
+    where = f"{Path(str(file)).name}: " if file is not None else ""
+    side = "inputs" if what.endswith("input-names") else "outputs"
     if given:
         names = [n.strip() for n in given.split(",") if n.strip()]
         unknown = [n for n in names if n not in actual]
         if unknown:
-            raise UserError(f"{what} {unknown} are not in the graph, which has {actual}")
+            raise UserError(f"{where}--{what} {unknown}: not in the graph, whose {side} are "
+                            f"{actual}")
     else:
         names = actual
     if len(names) not in count:
-        raise UserError(f"the graph has {what} {names}; expected {' or '.join(map(str, count))}"
-                        f" in the contract's order {contract} (choose them with --{what})")
+        counted = " or ".join(map(str, count))
+        lost = ""
+        if side == "inputs" and contract[1:2] == ["lengths"] and len(names) == 1:
+            lost = (f"; your graph has no lengths input: torch.onnx.export drops an input "
+                    f"that forward never reads, so a model that ignores its lengths loses it. "
+                    f"Use it (e.g. zero the outputs past each row's length) and export again")
+        raise UserError(f"{where}the graph's {side} are {names}; expected {counted}, in the "
+                        f"contract's order {contract} (map yours with --{what}){lost}")
     return names
 
 
@@ -143,7 +154,7 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
     model = _load(onnx, "--onnx")
     actual = [v.name for v in user_inputs(model)]
     ins = _names(input_names, actual, tuple(range(1, max(3, len(actual) + 1))), "input-names",
-                 ["features", "lengths", "state..."])
+                 ["features", "lengths", "state..."], onnx)
     if len(ins) == 1:  # a graph that never reads its lengths (the exporter dropped them)
         ins = [ins[0], ""]
     n_state = len(ins) - 2
@@ -158,7 +169,7 @@ def pack_series_files(task: str, *, repo: PathLike, name: str, onnx: PathLike | 
             "with seqserve.pack.length_aware(rnn) so that the state it returns is each row's "
             "after its own last step; name the inputs with --input-names if needed")
     outs = _names(output_names, [o.name for o in model.graph.output], (1 + n_state,),
-                  "output-names", ["outputs"] + ["new state..."] * bool(n_state))
+                  "output-names", ["outputs"] + ["new state..."] * bool(n_state), onnx)
     layouts = value_layouts([by_name[n] for n in ins[2:]], str(onnx))
     tagger = task == "sequence-tagger"
     contract = ["outputs", "new_state"] if layouts else ["outputs"]
@@ -213,10 +224,10 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
             raise UserError("--tokenizer is required (tokenizer.json or a SentencePiece .model)")
         model = _load(onnx, "--onnx")
         ins = _names(input_names, [v.name for v in user_inputs(model)], (2,), "input-names",
-                     ["input_ids", "lengths"])
+                     ["input_ids", "lengths"], onnx)
         outs = _names(output_names, [o.name for o in model.graph.output],
                       (1, 2) if task == "classifier" else (1,), "output-names",
-                      ["logits", "attention"] if task == "classifier" else ["logits"])
+                      ["logits", "attention"] if task == "classifier" else ["logits"], onnx)
         vocab = special_ids(tokenizer, specials).vocab_size
         source: dict[str, Any] = {"packed_by": "seqserve pack", "task": task,
                                   "onnx": str(onnx),
@@ -347,7 +358,7 @@ def _lm_names(model: Any, file: str, flag: str, inputs: str | None, outputs: str
     by_name = {v.name: v for v in user_inputs(model)}
     what = "prefill" if n_state is not None else "step"
     ins = _names(inputs, actual, tuple(range(1, len(actual) + 1)) or (1,),
-                 f"{flag}-input-names", ["ids", "lengths?", "state..."])
+                 f"{flag}-input-names", ["ids", "lengths?", "state..."], file)
     unfed = [a for a in actual if a not in ins]
     if unfed:
         raise UserError(f"{file}: the {what} graph's inputs {unfed} are not named in "
@@ -367,7 +378,7 @@ def _lm_names(model: Any, file: str, flag: str, inputs: str | None, outputs: str
                           f"inputs in order with --{flag}-input-names)")
     count = n_state if n_state is not None else len(states)
     outs = _names(outputs, [o.name for o in model.graph.output], (1 + count,),
-                  f"{flag}-output-names", ["logits", *["new state"] * count])
+                  f"{flag}-output-names", ["logits", *["new state"] * count], file)
     tm = _time_major(model, ins[0], states + outs[1:], layout, file)
     return LMGraphNames(ins[0], lengths, states, outs[0], outs[1:], tm)
 

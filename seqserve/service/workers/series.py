@@ -100,6 +100,16 @@ class SeriesWorker:
             raise BadRequest(f"too many series: {len(series)} > max_texts {limits.max_series}")
         return [self._one(s, i) for i, s in enumerate(series)]
 
+    def _too_long(self, i: int, steps: int) -> str:
+        """Series i is over the limit: which limit, and the flag that sets it."""
+        served = self.ctx.limits.max_steps
+        bundle = int(self.ctx.manifest.limits.get("max_steps", served))
+        why = (f"the server's --max-tokens {served} caps this bundle's max_steps {bundle}: "
+               f"serve with --max-tokens {bundle} to accept up to {bundle}" if served < bundle
+               else "the bundle's max_steps, set when it was packed (seqserve pack "
+               "--max-steps)")
+        return f"series[{i}] has {steps} steps > the model's limit {served} ({why})"
+
     def _one(self, steps: Any, i: int) -> np.ndarray:
         limits = self.ctx.limits
         if isinstance(steps, np.ndarray):
@@ -108,8 +118,7 @@ class SeriesWorker:
             if not isinstance(steps, list | tuple) or not steps:
                 raise BadRequest(f"series[{i}] is empty: send at least one step")
             if len(steps) > limits.max_steps:
-                raise BadRequest(f"series[{i}] has {len(steps)} steps > the model's limit "
-                                 f"{limits.max_steps}")
+                raise BadRequest(self._too_long(i, len(steps)))
             for j, step in enumerate(steps):
                 if not isinstance(step, list | tuple) or len(step) != self.features:
                     width = len(step) if isinstance(step, list | tuple) else "not a list"
@@ -123,8 +132,7 @@ class SeriesWorker:
             raise BadRequest(f"series[{i}] has shape {list(array.shape)}; this model takes "
                              f"[steps, {self.features}]")
         if array.shape[0] > limits.max_steps:
-            raise BadRequest(f"series[{i}] has {array.shape[0]} steps > the model's limit "
-                             f"{limits.max_steps}")
+            raise BadRequest(self._too_long(i, int(array.shape[0])))
         finite = np.isfinite(array) & (np.abs(array) <= F32_MAX)
         if not finite.all():
             j, k = (int(v) for v in np.argwhere(~finite)[0])

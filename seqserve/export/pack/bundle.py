@@ -19,10 +19,10 @@ import numpy as np
 
 from seqserve.export.contract import GRAPHS_BY_TASK, GraphSpec, expected_spec
 from seqserve.export.manifest import Manifest, TokenizerSpec
+from seqserve.export.pack.user_names import UserNames
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, bundle_runners, torch_threads
 from seqserve.export.verify import check_graph_files, series_grid
-from seqserve.export.pack.user_names import UserNames
 from seqserve.export.writer import Build, check_args, say, write_bundle
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind

@@ -104,9 +104,9 @@ def _names(given: str | None, actual: list[str], count: tuple[int, ...], what: s
         counted = " or ".join(map(str, count))
         lost = ""
         if side == "inputs" and contract[1:2] == ["lengths"] and len(names) == 1:
-            lost = (f"; your graph has no lengths input: torch.onnx.export drops an input "
-                    f"that forward never reads, so a model that ignores its lengths loses it. "
-                    f"Use it (e.g. zero the outputs past each row's length) and export again")
+            lost = ("; your graph has no lengths input: torch.onnx.export drops an input "
+                    "that forward never reads, so a model that ignores its lengths loses it. "
+                    "Use it (e.g. zero the outputs past each row's length) and export again")
         raise UserError(f"{where}the graph's {side} are {names}; expected {counted}, in the "
                         f"contract's order {contract} (map yours with --{what}){lost}")
     return names

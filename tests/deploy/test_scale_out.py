@@ -5,7 +5,8 @@ no affinity. A client streams the whole Mauna Loa CO2 series (2,284 weeks, beyon
 bundle's 256-step limit for one request) in chunks carried by state tokens: the chunks
 alternate replicas, one replica is killed mid-way (SIGKILL) and the client goes on through
 the balancer with nothing lost; the outputs equal one whole-series request (the first 256
-steps) and a server-held session on one replica over the whole series, within 1e-5.
+steps) and a server-held session on one replica over the whole series, within 1e-5. A
+text-lm generation carried in turns the same way (greedy) equals one uninterrupted generation.
 
 nginx is Debian's (`deploy/install-test-tools.sh` installs it); the test skips, saying so,
 only when the binary is missing."""
@@ -198,3 +199,59 @@ def test_a_series_carried_by_tokens_survives_round_robin_and_a_dead_replica(
     got = np.concatenate(outs)  # (2284, 1)
     _close(got[:256], np.asarray(whole.json()["results"][0]["outputs"]))
     _close(got, reference)
+
+
+def _generate(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    for attempt in range(4):  # a 502/503 while a replica dies: the token makes a retry safe
+        r = httpx.post(f"{url}/v1/models/text-lm/generate", json=body, timeout=120)
+        if r.status_code in (502, 503, 504) and attempt < 3:
+            time.sleep(0.2)
+            continue
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out, r.headers.get("x-upstream", "")
+    raise AssertionError("unreachable")
+
+
+def test_a_generation_carried_in_turns_survives_round_robin_and_a_dead_replica(
+        tmp_path: Path) -> None:
+    """text-lm, greedy: four turns of 6 tokens, each continuing the last turn's token on the
+    next replica (one killed after the second turn), equal one 24-token generation."""
+    _nginx()
+    if not (ROOT / "model_repository" / "text-lm").is_dir():
+        pytest.skip("model_repository/text-lm is not built here (make demo builds it)")
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "model_repository" / "text-lm", repo / "text-lm")
+    secret = tmp_path / "state-secret"
+    secret.write_text("scale-out-test-secret-0123456789abcdef\n")
+    flags = ("--state-secret-file", str(secret), "--no-grpc")
+    prompt = "The assert statement"
+    options = {"temperature": 0, "logprobs": True, "max_new_tokens": 6}
+    with serve(repo, *flags, "--layout", "engine", "--api-workers", "1") as engine, \
+            serve(repo, *flags, "--api-workers", "0") as single:
+        lb_dir = tmp_path / "nginx"
+        lb_dir.mkdir()
+        with balancer(lb_dir, [engine.url, single.url]) as lb:
+            whole, _ = _generate(engine.url, {"prompt": prompt, **options,
+                                              "max_new_tokens": 24})
+            want = whole["results"][0]["tokens"]
+            got: list[str] = []
+            seen = []
+            token: str | None = None
+            for turn in range(4):
+                if turn == 2:
+                    single.proc.kill()
+                    single.proc.wait(10)
+                body: dict[str, Any] = {"prompt": prompt if token is None else "",
+                                        **options, "return_state": True}
+                if token is not None:
+                    body["state"] = token
+                answer, upstream = _generate(lb, body)
+                result = answer["results"][0]
+                got += result["tokens"]
+                token = result["state"]
+                seen.append(upstream)
+                if result["finish_reason"] != "length":
+                    break
+    assert got == want[: len(got)] and len(got) == len(want), (got, want)
+    assert len({s.split(",")[0] for s in seen[:2]}) == 2, seen  # both replicas answered

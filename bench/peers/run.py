@@ -2,8 +2,9 @@
 server on the same bundle, one after another under the same closed-loop load, on short and
 long texts, next to the bare ONNX Runtime ceiling and floor measured in the same run; with
 `translate` among the workloads, seqserve's translator next to a per-request FastAPI + ONNX
-Runtime beam-search server and TorchServe with a batch handler running beam search per batch
-(apps/torchserve_translate.py), on the same translator bundle.
+Runtime beam-search server, TorchServe with a batch handler running beam search per batch
+(apps/torchserve_translate.py) and mosec running one batched beam search per batch
+(apps/mosec_translate.py; 2 workers, max batch 32, 5 ms), on the same translator bundle.
 
     python bench/peers/run.py --repo model_repository --duration 20
     python bench/peers/run.py --install-peers          # mosec + TorchServe venv (.peers-venv)
@@ -90,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="TorchServe WORKERSxTHREADS (torch threads per worker) to sweep")
     p.add_argument("--fastapi-settings", default="1x1,2x1",
                    help="per-request FastAPI server: uvicorn WORKERSxTHREADS (ORT threads)")
+    p.add_argument("--mosec-translate-settings", default="2x1,1x1",
+                   help="mosec beam search per batch (translate) WORKERSxTHREADS to sweep")
     p.add_argument("--translate-settings", default="1x1,2x1",
                    help="per-request FastAPI beam-search server: uvicorn WORKERSxTHREADS")
     p.add_argument("--translate-sample", type=int, default=256,
@@ -196,6 +199,11 @@ def build_translate_servers(args: argparse.Namespace, bundle: Path,
     if "fastapi" in wanted:
         out += [sv.fastapi_translate(sys.executable, bundle, args.translate_model, t, w)
                 for w, t in settings(args.translate_settings)]
+    if "mosec" in wanted:
+        python = str(args.peers_venv.resolve() / "bin" / "python")
+        out += [sv.mosec_translate(python, bundle, args.translate_model, t, w, args.max_batch,
+                                   args.max_wait_ms)
+                for w, t in settings(args.mosec_translate_settings)]
     if "torchserve" in wanted:
         venv_bin = args.peers_venv.resolve() / "bin"
         out += [sv.torchserve(venv_bin, bundle, args.translate_model,

@@ -124,6 +124,25 @@ def mosec(python: str, bundle: Path, model: str, threads: int, workers: int, max
                   _missing(python, "mosec"), peer="mosec", setting=setting)
 
 
+def mosec_translate(python: str, bundle: Path, model: str, threads: int, workers: int,
+                    max_batch: int, wait_ms: int) -> Server:
+    """mosec with one batched beam search per batch on the translator's two ONNX graphs
+    (apps/mosec_translate.py)."""
+    def launch(port: int) -> Launch:
+        return Launch([python, str(SERVERS / "mosec_translate.py"), "--port", str(port),
+                       "--address", "127.0.0.1", "--log-level", "warning", "--timeout", "30000"],
+                      {"PEER_BUNDLE": str(bundle), "PEER_MODEL": model,
+                       "PEER_THREADS": str(threads), "PEER_WORKERS": str(workers),
+                       "PEER_MAX_BATCH": str(max_batch), "PEER_WAIT_MS": str(wait_ms)})
+
+    setting = _setting(workers, threads)
+    return Server(f"mosec beam search per batch ({setting})", f"/v1/models/{model}/translate",
+                  f"mosec {_version(python, 'mosec')}, {workers} worker(s), batch {max_batch}, "
+                  f"{wait_ms} ms, beam search per batch (beam 5), ORT {threads} thread(s)",
+                  launch, _missing(python, "mosec"), peer="mosec beam search per batch",
+                  setting=setting)
+
+
 def torchserve(venv_bin: Path, bundle: Path, model: str, workdir: Path, threads: int,
                workers: int, max_batch: int, wait_ms: int, task: str = "classify") -> Server:
     """TorchServe with a batch handler: the classifier's TorchScript twin (task "classify"),

@@ -53,8 +53,8 @@ class UserNames:
                                  ("lm_step", "step_names", "prev_ids")):
             recorded = source.get(key) or {}
             if recorded:
-                names.tensors[graph] = {ours: recorded.get("ids"),
-                                        "log_probs": recorded.get("logits")}
+                names.tensors[graph] = {ours: str(recorded.get("ids") or ""),
+                                        "log_probs": str(recorded.get("logits") or "")}
         return names
 
     def file(self, graph: str) -> str:
@@ -76,16 +76,22 @@ class UserNames:
             for ours, own in names.items():
                 if own and own != ours:
                     text = re.sub(rf"\b{re.escape(graph)}\.{re.escape(ours)}\b",
-                                  f"{file}'s {tensor_kind(graph, ours)} {own!r}", text)
+                                  _literal(f"{file}'s {tensor_kind(graph, ours)} {own!r}"),
+                                  text)
                     text = re.sub(rf"(\b{re.escape(graph)}\.onnx: (?:input|output) ){ours}\b",
-                                  rf"\g<1>{own!r}", text)
+                                  rf"\g<1>{_literal(repr(own))}", text)
             # a tensor the user's graph has under no name of theirs (pack composed it)
             text = re.sub(rf"(?<![\w/.-]){re.escape(graph)}\.(?!onnx\b)(\w+)\b",
-                          lambda m, f=file: f"{f}'s {m.group(1)}", text)
-            text = re.sub(rf"(?<![\w/.-]){re.escape(graph)}\.onnx\b", file, text)
+                          rf"{_literal(file)}'s \1", text)
+            text = re.sub(rf"(?<![\w/.-]){re.escape(graph)}\.onnx\b", _literal(file), text)
         return text
 
 
 def tensor_kind(graph: str, tensor: str) -> str:
     ins = _IO.get(graph, ([], []))[0] + ["input_ids", "prev_ids", "src_ids", "src_lengths"]
     return "input" if tensor in ins else "output"
+
+
+def _literal(text: str) -> str:
+    """`text` as a literal in a `re.sub` replacement."""
+    return text.replace("\\", "\\\\")

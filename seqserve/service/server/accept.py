@@ -18,6 +18,16 @@ replacement).
 
 Accepted sockets go to uvicorn's protocol through `loop.connect_accepted_socket`, so every
 connection is served exactly as uvicorn serves the ones it accepts itself.
+
+Stopping to listen loses nothing: the connections already waiting in the listen queue
+(accepted by the kernel, their requests perhaps sent) would be reset when the last copy of
+the socket closes, so `close()` takes every one waiting first (`take_waiting`, whatever the
+balance) and hands it to the protocol stopping (`serve_stopping`: its request, when already
+sent, is read and answered with `Connection: close`; else it is closed at once). The
+supervisor closed its own copy at the signal, and each API process takes what waits as it
+closes, so only a connection that arrives after the last process closed is refused (it sent
+nothing yet). The one-listener server (uvicorn's own asyncio server) does the same at its
+close (server/shutdown.py).
 """
 
 from __future__ import annotations
@@ -190,9 +200,11 @@ class BalancedListener:
             self.publish()
 
     def close(self) -> None:
-        """Stop accepting (uvicorn's shutdown); the slot reads GONE from now on."""
+        """Stop accepting (uvicorn's shutdown), after taking every connection waiting in the
+        listen queue (module doc); the slot reads GONE from now on."""
         if self._closed:
             return
+        serve_stopping(self.loop, self.factory, take_waiting(self.sock))
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -204,6 +216,52 @@ class BalancedListener:
 
     async def wait_closed(self) -> None:
         return None
+
+
+def take_waiting(sock: socket.socket) -> list[socket.socket]:
+    """Every connection waiting in `sock`'s listen queue now (non-blocking accepts)."""
+    taken: list[socket.socket] = []
+    blocking = sock.getblocking()
+    sock.setblocking(False)
+    try:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:  # out of descriptors: what waits is reset at the close
+                log.warning("connections waiting at close not taken: %s", exc)
+                break
+            taken.append(conn)
+    finally:
+        sock.setblocking(blocking)
+    return taken
+
+
+def serve_stopping(loop: asyncio.AbstractEventLoop,
+                   factory: Callable[[], asyncio.Protocol],
+                   conns: list[socket.socket]) -> None:
+    """Hand connections taken at close to the protocol, each told at once that the server
+    stops (`shutdown()`: a request already sent is answered, then the connection closes)."""
+    async def one(conn: socket.socket) -> None:
+        try:
+            conn.setblocking(False)
+            if conn.family in (socket.AF_INET, socket.AF_INET6):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _, protocol = await loop.connect_accepted_socket(factory, conn)
+        except Exception as exc:  # the client left at once
+            log.debug("connection taken at close dropped: %s", exc)
+            conn.close()
+            return
+        stop = getattr(protocol, "shutdown", None)
+        if stop is not None:
+            stop()
+
+    for conn in conns:
+        loop.create_task(one(conn))
+    if conns:
+        log.info("stopping to listen: %d connections waiting taken and answered",
+                 len(conns))
 
 
 def slots_from_env() -> tuple[Slots, int] | None:

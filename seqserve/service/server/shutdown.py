@@ -9,6 +9,11 @@ copy at the same moment; the supervisor closed its own at the signal), waits up 
 `drain_timeout_s` for admitted requests, then runs the lifespan shutdown, which drains the
 batchers. A second signal exits at once.
 
+Stopping to listen loses nothing already sent: the connections waiting in the listen queue
+are taken before the listener closes and their requests answered (accept.py
+`take_waiting`), idle connections whose client already sent a request are not closed under
+it, and a connection closes between requests, never inside one (web/http_protocol.py).
+
 Under the supervisor with several API processes, the shared listening socket is accepted on
 by a `BalancedListener` (accept.py: the least loaded process takes each new connection)
 instead of uvicorn's own asyncio server.
@@ -22,6 +27,7 @@ an HTTP one does.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import signal
@@ -34,7 +40,7 @@ from typing import Any
 import uvicorn
 
 from seqserve.service.api.grpc.server import GrpcServer
-from seqserve.service.server.accept import BalancedListener, Slots
+from seqserve.service.server.accept import BalancedListener, Slots, serve_stopping, take_waiting
 from seqserve.service.web.http_protocol import guarded_protocol
 from seqserve.service.web.state import AppState
 
@@ -102,10 +108,7 @@ class DrainingServer(uvicorn.Server):
             await super().startup(sockets)
             return
         await super().startup([])  # the lifespan, and no asyncio server: ours accept
-        config = self.config
-        protocol: Any = config.http_protocol_class  # uvicorn's own call (Server.startup)
-        factory = functools.partial(protocol, config=config, server_state=self.server_state,
-                                    app_state=self.lifespan.state)
+        factory = self._factory()
         slots, index = self.balance
         connections = self.server_state.connections
         self.listeners = [BalancedListener(sock, factory, slots, index,
@@ -113,6 +116,27 @@ class DrainingServer(uvicorn.Server):
         for listener in self.listeners:
             listener.start()
         self.servers = self.listeners  # type: ignore[assignment]  # uvicorn close()s them
+
+    def _factory(self) -> Any:
+        """uvicorn's protocol factory, as its own Server.startup makes it."""
+        config = self.config
+        protocol: Any = config.http_protocol_class
+        return functools.partial(protocol, config=config, server_state=self.server_state,
+                                 app_state=self.lifespan.state)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, after taking the connections that wait in the listen queue
+        of uvicorn's own asyncio servers (the balanced listeners take theirs at close)."""
+        loop = asyncio.get_running_loop()
+        for server in self.servers:
+            if not isinstance(server, BalancedListener):  # asyncio's (or uvloop's) server
+                for listening in getattr(server, "sockets", None) or ():
+                    sock = socket.socket(fileno=listening.fileno())
+                    try:
+                        serve_stopping(loop, self._factory(), take_waiting(sock))
+                    finally:
+                        sock.detach()
+        await super().shutdown(sockets)
 
     async def on_tick(self, counter: int) -> bool:
         for listener in self.listeners:
@@ -136,7 +160,8 @@ def build_server(app: object, state: AppState, supervised: bool = False,
         timeout_keep_alive=max(1, round(s.keepalive_timeout_s)),
         http=guarded_protocol(s.header_timeout_s, max_headers=s.max_headers,
                               max_header_bytes=s.max_header_bytes,
-                              max_url_bytes=s.max_url_bytes),
+                              max_url_bytes=s.max_url_bytes,
+                              draining=lambda: state.draining),
         lifespan="on",
         access_log=False,
     )

@@ -32,6 +32,18 @@ request that waits for `http.disconnect` (measured: that task, its cancellation 
 reference cycle its CancelledError left for the garbage collector were a sixth of the API
 process's CPU per request).
 
+Stopping loses nothing a client already sent, and a connection closes between requests,
+never inside one (`draining`: the server's drain has begun):
+- while draining, a response that would close its connection (`Connection: close`: the
+  drain's, or uvicorn's at shutdown) keeps it open when the client has already sent more:
+  a pipelined request parsed and waiting, or bytes unread in the socket (peeked, only then);
+  the last request answered closes it;
+- at shutdown (uvicorn's `shutdown()`, and the keep-alive timeout) an idle connection with
+  bytes unread is not closed: its request is read and answered (with `Connection: close`);
+- the server closes a connection after an answer by half-closing it (FIN after the answer)
+  and reading and dropping what still arrives for `LINGER_S`: a close with unread data
+  resets the connection, and the client may lose the answer it has not read yet.
+
 Every response goes out in one write where it can: uvicorn writes the status line and headers
 (`http.response.start`) and then the body as two socket writes (two syscalls, two TCP
 segments); here a response's first write waits for its next one (the body, sent right after
@@ -42,6 +54,8 @@ nothing follows at once (a stream's first chunk may take a while).
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -86,19 +100,28 @@ class _Refused(Exception):
 
 class OneWrite:
     """A response cycle's transport: its first write (the status line and headers) is held
-    until the next write joins it, a close, or the loop's next turn (see the module doc)."""
+    until the next write joins it, a close, or the loop's next turn (see the module doc).
+    While the server drains (`protocol.draining()`), a head that closes the connection keeps
+    it open when the client has already sent more (`keep_open`); the cycle's close is the
+    protocol's lingering close (`protocol.close_after_answer`)."""
 
-    __slots__ = ("transport", "loop", "held", "first")
+    __slots__ = ("transport", "loop", "held", "first", "protocol", "cycle")
 
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 protocol: Any = None, cycle: Any = None) -> None:
         self.transport = transport
         self.loop = loop
         self.held: bytes | None = None
         self.first = True
+        self.protocol = protocol
+        self.cycle = cycle
 
     def write(self, data: bytes) -> None:
         if self.first:
             self.first = False
+            protocol = self.protocol
+            if protocol is not None and protocol.closing_soon():
+                data = protocol.keep_open(self.cycle, data)
             self.held = data
             self.loop.call_soon(self.flush)
             return
@@ -114,7 +137,10 @@ class OneWrite:
 
     def close(self) -> None:
         self.flush()
-        self.transport.close()
+        if self.protocol is not None:
+            self.protocol.close_after_answer()
+        else:
+            self.transport.close()
 
     def is_closing(self) -> bool:
         return self.transport.is_closing()
@@ -123,14 +149,38 @@ class OneWrite:
         return getattr(self.transport, name)
 
 
+CLOSE_LINE = b"\r\nconnection: close\r\n"
+"""How uvicorn writes a closing head's Connection field (names lower-cased)."""
+
+
+def unread(transport: Any) -> bool:
+    """Whether the connection's socket holds bytes not read yet (a peek: nothing consumed)."""
+    raw = transport.get_extra_info("socket")
+    if raw is None:
+        return False
+    sock = socket.socket(fileno=raw.fileno())
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return False
+    finally:
+        sock.detach()
+
+
 def guarded_protocol(header_timeout_s: float, *,
                      max_headers: int = _default("max_headers"),
                      max_header_bytes: int = _default("max_header_bytes"),
-                     max_url_bytes: int = _default("max_url_bytes")) -> type[HttpToolsProtocol]:
+                     max_url_bytes: int = _default("max_url_bytes"),
+                     draining: Callable[[], bool] | None = None) -> type[HttpToolsProtocol]:
     """The protocol class for uvicorn's `http=` with this header deadline and these limits
-    on request heads (the settings of the same names; see the module doc)."""
+    on request heads (the settings of the same names), and `draining`, whether the server's
+    drain has begun (see the module doc)."""
+    is_draining = draining
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
+        draining = staticmethod(is_draining) if is_draining is not None else None
         _header_timer: asyncio.TimerHandle | None = None
         _open: list[tuple[Any, asyncio.Future[None]]]
         """Requests of this connection whose response is not complete, with their futures."""
@@ -146,9 +196,14 @@ def guarded_protocol(header_timeout_s: float, *,
         """The refusal's answer, while the responses to earlier (pipelined) requests are not
         complete yet."""
         _linger: asyncio.TimerHandle | None
+        _closing: bool
+        """Closed after an answer (`close_after_answer`): what arrives now is dropped."""
+        _stopping: bool
+        """The server stops: each request is its connection's last unless more waits."""
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self._closing = self._stopping = False
             self._open = []
             self._room = max_header_bytes
             self._quiet = 0
@@ -235,11 +290,13 @@ def guarded_protocol(header_timeout_s: float, *,
             super().on_headers_complete()
             cycle = self.cycle
             if cycle is not None and cycle is not before:
-                cycle.transport = OneWrite(self.transport, self.loop)  # type: ignore[assignment]
+                cycle.transport = OneWrite(self.transport, self.loop, self, cycle)  # type: ignore[assignment]
                 gone: asyncio.Future[None] = self.loop.create_future()
                 cycle.scope.setdefault("extensions", {})[DISCONNECT] = gone  # type: ignore[assignment]
                 self._open = [o for o in self._open if not o[0].response_complete]
                 self._open.append((cycle, gone))
+                if self._stopping:
+                    cycle.keep_alive = False
 
         def on_body(self, body: bytes) -> None:
             self._quiet = 0
@@ -251,6 +308,9 @@ def guarded_protocol(header_timeout_s: float, *,
             super().on_message_complete()
 
         def on_response_complete(self) -> None:
+            if self._closing:  # closed after this answer: nothing more is served
+                self.server_state.total_requests += 1
+                return
             super().on_response_complete()
             if self._room is None and self.cycle.response_complete:
                 self._arm()  # answered before its body came: the rest must come soon
@@ -268,6 +328,64 @@ def guarded_protocol(header_timeout_s: float, *,
                     gone.set_result(None)
             self._open = []
             super().connection_lost(exc)
+
+        # -- closing between requests (module doc) ---------------------------------------
+
+        def closing_soon(self) -> bool:
+            """The server drains or stops: a response may close its connection."""
+            return self._stopping or (self.draining is not None and self.draining())
+
+        def keep_open(self, cycle: Any, head: bytes) -> bytes:
+            """A response head written while draining: without its `Connection: close`
+            when the client has sent more already (answered next, on this connection)."""
+            if CLOSE_LINE not in head or not self._client_keeps_alive(cycle):
+                return head
+            if not self.pipeline and not unread(self.transport):
+                return head
+            cycle.keep_alive = True
+            return head.replace(CLOSE_LINE, b"\r\n", 1)
+
+        def _client_keeps_alive(self, cycle: Any) -> bool:
+            headers = cycle.scope.get("headers", ())
+            if cycle.scope.get("http_version") == "1.0":
+                return False
+            return not any(n == b"connection" and b"close" in v.lower() for n, v in headers)
+
+        def close_after_answer(self) -> None:
+            """Close after an answer: FIN after it, then read and drop what still arrives
+            for LINGER_S (a close with unread data resets the connection)."""
+            transport = self.transport
+            if transport.is_closing():
+                return
+            self._refused = self._closing = True
+            self._disarm()
+            if transport.can_write_eof():
+                transport.write_eof()
+                self._linger = self.loop.call_later(LINGER_S, transport.close)
+            else:
+                transport.close()
+
+        def _close_idle(self) -> bool:
+            """Close an idle connection unless its client sent a request already (then it
+            is read and answered; the drain closes after it); True when closing."""
+            if unread(self.transport):
+                return False
+            self.close_after_answer()
+            return True
+
+        def shutdown(self) -> None:
+            """The server stops (uvicorn's call on every connection; ours on a connection
+            taken from the listen queue at close): idle, close unless a request was sent
+            already; in a request, close after the last one the client has sent."""
+            self._stopping = True
+            if self.cycle is None or self.cycle.response_complete:
+                self._close_idle()
+            else:
+                self.cycle.keep_alive = False  # (keep_open lifts it while more waits)
+
+        def timeout_keep_alive_handler(self) -> None:
+            if not self.transport.is_closing() and not self._close_idle():
+                self.timeout_keep_alive_task = None  # a request came in: it re-arms
 
         def _refuse(self, status: int, message: str) -> None:
             """Answer a request head over a limit (Connection: close), after the responses

@@ -74,8 +74,9 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
         shutil.copyfile(run / "tokenizer.model", tmp / "tokenizer.model")
         defs.extend(graph_defs(task, model, int(config["model"]["vocab_size"])))
         graphs = _write_graphs(defs, tmp, formats, opset, progress)
+        state_dim = getattr(model.config, "state_dim", None) if task == "lm" else None
         return _manifest(task, name, version, run, config, tokenizer, graphs,
-                         opset if "onnx" in formats else None)
+                         opset if "onnx" in formats else None, state_dim)
 
     def check(tmp: Path, manifest: Manifest) -> dict[str, Any]:
         return _parity(task, defs, manifest, tmp, config, progress, grid)
@@ -140,13 +141,15 @@ def _parity(task: str, defs: list[GraphDef], manifest: Manifest, out: Path,
     model_cfg = config["model"]
     params = ParityGrid(max_length=int(model_cfg["max_length"]),
                         vocab_size=int(model_cfg["vocab_size"]),
-                        pad_id=int(model_cfg.get("pad_id", 0)), **grid)
+                        pad_id=int(model_cfg.get("pad_id", 0)),
+                        **{"state_dim": int(manifest.state_dim or 0), **grid})
     say(progress, "checking parity and batch invariance against the eager model")
     return check_parity(task, runners, "eager", manifest.graphs, params, progress=progress)
 
 
 def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, Any],
-              tokenizer: Any, graphs: dict[str, GraphSpec], opset: int | None) -> Manifest:
+              tokenizer: Any, graphs: dict[str, GraphSpec], opset: int | None,
+              state_dim: int | None = None) -> Manifest:
     """The run's manifest (the writer adds created, libraries and the files' hashes)."""
     max_length = int(config["model"]["max_length"])
     limits = {"max_tokens": max_length}
@@ -163,4 +166,5 @@ def _manifest(task: str, name: str, version: int, run: Path, config: dict[str, A
         labels=[str(x) for x in config.get("labels") or []],
         limits=limits, graphs=graphs, opset=opset,
         decoder=str(config["model"].get("decoder", "luong")) if task == "translator" else None,
+        state_dim=state_dim,  # a language model: its prefill's initial_state width
     )

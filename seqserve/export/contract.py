@@ -131,7 +131,8 @@ DECODER_STEP_SPEC = GraphSpec(
              _spec("attention", "float32", "rows", "src_len")),
 )
 PREFILL_SPEC = GraphSpec(
-    inputs=(_spec("input_ids", "int64", "batch", "seq"), _spec("lengths", "int64", "batch")),
+    inputs=(_spec("input_ids", "int64", "batch", "seq"), _spec("lengths", "int64", "batch"),
+            _spec("initial_state", "float32", "batch", "state_dim")),
     outputs=(_spec("state", "float32", "batch", "state_dim"),
              _spec("log_probs", "float32", "batch", "seq", "vocab")),
 )
@@ -169,6 +170,10 @@ STATE_INPUTS: dict[str, tuple[str, str]] = {"sequence_classifier": ("state", "ne
                                             "sequence_tagger": ("state", "new_state")}
 """Optional inputs that come with an optional output: a feature-sequence graph takes `state`
 exactly when it returns `new_state`."""
+OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {"prefill": ("initial_state",)}
+"""Inputs a graph may leave out on their own (schema 3): a language model's prefill that takes
+the flat `initial_state` to start from continues a cached prefix or a client's state token in
+one call; without it the server feeds those tokens through `lm_step`."""
 DATA_DIMS = frozenset({"batch", "seq", "src_len", "rows", "k", "time"})
 """Dims that change from call to call: they must be symbolic in a graph. The others
 (classes, labels, mem_dim, state_dim) are sizes of the model and may be fixed numbers."""
@@ -183,13 +188,16 @@ Signature = list[tuple[str, str, list[str | int | None]]]
 """A graph's inputs or outputs as read from its file: (name, dtype, dims)."""
 
 
-def expected_spec(graph: str, outputs: Sequence[str]) -> GraphSpec:
-    """The contract of `graph` for a bundle that declares `outputs` (optional outputs it
-    leaves out are dropped; the order stays the contract's)."""
+def expected_spec(graph: str, outputs: Sequence[str],
+                  inputs_given: Sequence[str] = ()) -> GraphSpec:
+    """The contract of `graph` for a bundle that declares `outputs` and (for the optional
+    inputs, `OPTIONAL_INPUTS`) `inputs_given`: what it leaves out is dropped; the order stays
+    the contract's."""
     want = SPECS[graph]
     optional = OPTIONAL_OUTPUTS.get(graph, ())
     kept = tuple(t for t in want.outputs if t.name not in optional or t.name in outputs)
-    inputs = want.inputs
+    left_out = set(OPTIONAL_INPUTS.get(graph, ())) - set(inputs_given)
+    inputs = tuple(t for t in want.inputs if t.name not in left_out)
     if graph in STATE_INPUTS:
         given, returned = STATE_INPUTS[graph]
         if returned not in outputs:
@@ -324,7 +332,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["schema_version", "task", "name", "version", "graphs", "files"],
     "properties": {
-        "schema_version": {"enum": [1, 2]},
+        "schema_version": {"enum": [1, 2, 3]},
         "task": {"enum": list(TASKS)},
         "name": {"type": "string", "minLength": 1},
         "version": {"type": "integer", "minimum": 1},

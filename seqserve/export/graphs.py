@@ -43,7 +43,7 @@ ENTRY_POINTS = {"classifier": "classify", "tagger": "tag", "encoder": "encode",
 - decoder_step `Translator.decode_step`, k an int64 (1,) tensor: prev_ids (R,), state
   (R, state_dim), memory (N, S, D), src_mask (N, S), memory_index (R,), k (1,) -> new_state
   (R, state_dim), topk_logprobs (R, k), topk_ids (R, k), attention (R, S);
-- prefill `LanguageModel.prefill`: input_ids (B, T), lengths (B,) -> state (B, S),
+- prefill `LanguageModel.prefill`: input_ids (B, T), lengths (B,), state (B, S) -> state (B, S),
   log_probs (B, T, V); lm_step `LanguageModel.lm_step`: prev_ids (R,), state (R, S) ->
   new_state (R, S), log_probs (R, V)."""
 
@@ -99,7 +99,8 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
             state, _ = model.prefill(ids, lengths)  # type: ignore[operator]  # (B, S)
         index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)  # (R,) rows != batch
         prev = torch.randint(4, vocab_size, (5,), generator=torch.Generator().manual_seed(1))
-        return [GraphDef("prefill", EntryGraph(model, "prefill").eval(), (ids, lengths)),
+        start = state[[2, 0, 1]]  # (B, S): the prefill from a state (a cached prefix's)
+        return [GraphDef("prefill", EntryGraph(model, "prefill").eval(), (ids, lengths, start)),
                 GraphDef("lm_step", EntryGraph(model, "lm_step").eval(),
                          (prev, state[index]))]  # (R,), (R, S)
     encoder = EntryGraph(model, "encoder").eval()

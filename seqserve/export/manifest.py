@@ -37,8 +37,8 @@ from seqserve.export.contract import (
 )
 from seqserve.models.errors import BundleError
 
-SCHEMA_VERSION = 2
-SUPPORTED_SCHEMAS = (1, 2)
+SCHEMA_VERSION = 3
+SUPPORTED_SCHEMAS = (1, 2, 3)
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 """An optional signature over manifest.json (`seqserve.export.signing`): not listed in it."""
@@ -113,7 +113,8 @@ class Manifest:
     """Feature-sequence regressions: {"mean", "std"} per output; the server answers
     outputs * std + mean (the graph's outputs are normalised). None: as the graph gives."""
     state_dim: int | None = None
-    """Feature-sequence graphs that take a `state` and return `new_state`: its width."""
+    """Feature-sequence graphs that take a `state` and return `new_state`, and language models
+    whose prefill takes an `initial_state` (schema 3): the flat state's width."""
     words: str | None = None
     """Text taggers: the unit that gets one label, "whitespace" (runs of non-space
     characters) or "tokenizer" (the words of a tokenizer.json's own pre-tokenizer: a BERT
@@ -189,6 +190,8 @@ class Manifest:
             d["source"] = self.source
         if self.words is not None:
             d["words"] = self.words
+        if self.task == "lm" and self.state_dim is not None:
+            d["state_dim"] = self.state_dim
         if not self.has_tokenizer:
             del d["tokenizer"]
             d["features"] = self.features
@@ -421,7 +424,7 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
     contract's: what both `seqserve verify` and the server check before running anything."""
     for name in GRAPHS_BY_TASK[manifest.task]:
         got = manifest.graphs[name]
-        want = expected_spec(name, [t.name for t in got.outputs])
+        want = expected_spec(name, [t.name for t in got.outputs], [t.name for t in got.inputs])
         if (got.inputs, got.outputs) != (want.inputs, want.outputs):
             raise BundleError(
                 f"{where}: graph {name} declares inputs {names(got.inputs)} -> outputs "
@@ -444,6 +447,12 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
         raise BundleError(f"{where}: words \"tokenizer\" labels the words of a tokenizer.json's "
                           f"pre-tokenizer; {manifest.tokenizer.file} is a "
                           f"{manifest.tokenizer.kind} model, whose words are whitespace words")
+    if manifest.task == "lm":
+        takes = any(t.name == "initial_state" for t in manifest.graphs["prefill"].inputs)
+        if takes != (manifest.state_dim is not None):
+            raise BundleError(f"{where}: state_dim {manifest.state_dim} but the prefill "
+                              f"{'takes' if takes else 'has no'} initial_state: state_dim is "
+                              "the width of its flat state, given exactly when it takes one")
     if manifest.has_tokenizer:
         _check_specials(manifest, where)
     else:

@@ -103,7 +103,7 @@ class ParityGrid:
     # Lowest generated id (above seqserve's four specials; packed bundles may use 1).
     first_id: int = 4
     features: int = 0  # Feature-sequence graphs: the width of a step's feature vector.
-    state_dim: int = 0  # Feature-sequence graphs with state: its width (0: stateless).
+    state_dim: int = 0  # Graphs with state (series; an LM prefill's initial_state): its width.
 
     def series_cases(self) -> Iterator[Arrays]:
         """Padded feature batches {features (B, T, D), lengths (B,)[, state (B, S)]} over
@@ -161,16 +161,20 @@ def _row_invariance(tally: _Tally, fmt: str, graph: str, spec: GraphSpec, batch_
 
 def _sequence_graph(tally: _Tally, graph: str, spec: GraphSpec, runners: dict[str, Runner],
                     reference: str, ids: np.ndarray, lengths: np.ndarray, tol: float,
-                    inv_tol: float) -> Arrays:
-    """classifier or encoder on one batch: parity against reference and row invariance.
-    Returns the reference outputs."""
+                    inv_tol: float, start: np.ndarray | None = None) -> Arrays:
+    """classifier, encoder or prefill on one batch (a prefill that takes an initial_state:
+    from `start` (B, S)): parity against reference and row invariance. Returns the reference
+    outputs."""
     names = [t.name for t in spec.inputs]  # (ids, lengths) under their graph names
-    outs = {fmt: run({names[0]: ids, names[1]: lengths}) for fmt, run in runners.items()}
+    extra: Arrays = {} if start is None else {"initial_state": start}
+    outs = {fmt: run({names[0]: ids, names[1]: lengths, **extra})
+            for fmt, run in runners.items()}
     for fmt, got in outs.items():
         if fmt != reference:
             _compare_outputs(tally, fmt, graph, spec, outs[reference], got, tol)
         for b, n in enumerate(lengths.tolist()):
-            alone = runners[fmt]({names[0]: ids[b : b + 1, :n], names[1]: lengths[b : b + 1]})
+            alone = runners[fmt]({names[0]: ids[b : b + 1, :n], names[1]: lengths[b : b + 1],
+                                  **{k: v[b : b + 1] for k, v in extra.items()}})
             _row_invariance(tally, fmt, graph, spec, got, b, n, alone, inv_tol)
     return outs[reference]
 
@@ -258,8 +262,13 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
     bar = _progress(len(cases), f"parity {task}", progress)
     for ids, lengths in cases:
         graph_runners = {fmt: r[first_graph] for fmt, r in runners.items()}
+        start = None
+        if any(t.name == "initial_state" for t in specs[first_graph].inputs):
+            start = (0.5 * rng.standard_normal((len(lengths), grid.state_dim))
+                     ).astype(np.float32)  # a prefill from a state (a cached prefix's)
         ref_out = _sequence_graph(tally, first_graph, specs[first_graph], graph_runners,
-                                  reference, ids, lengths, grid.parity_tol, grid.invariance_tol)
+                                  reference, ids, lengths, grid.parity_tol, grid.invariance_tol,
+                                  start)
         if task == "translator":
             step_runners = {fmt: r["decoder_step"] for fmt, r in runners.items()}
             step_in = _step_inputs(rng, ref_out, grid.target_vocab_size or grid.vocab_size,

@@ -227,21 +227,25 @@ class LanguageModel(nn.Module):
             out.append((h, c))
         return out
 
-    def prefill(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
-        """input_ids (B, T), lengths (B,) -> state (B, S) after each row's last token,
-        log_probs (B, T, V) of the next token at every position (0 on padding)."""
+    def prefill(self, input_ids: Tensor, lengths: Tensor, state: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
+        """input_ids (B, T), lengths (B,)[, state (B, S): the flat state to start from, zeros
+        when not given] -> state (B, S) after each row's last token, log_probs (B, T, V) of the
+        next token at every position (0 on padding). From a state, the prefill continues a
+        sequence (a cached prefix's, a client's state token) exactly as `lm_step` would, one
+        token at a time, with the same cell equations."""
         cfg = self.config
         valid = length_mask(lengths, input_ids.shape[1]).unsqueeze(-1)  # (B, T, 1) bool
         x = self.embedding(input_ids)  # (B, T, E)
-        zeros = x[:, 0, :1] * 0.0  # (B, 1): follows the batch and device
+        if state is None:
+            state = (x[:, 0, :1] * 0.0).expand(-1, cfg.state_dim)  # follows batch and device
         finals: list[Tensor] = []
-        for layer in self.layers:
+        for layer, (h0, c0) in zip(self.layers, self._split(state), strict=True):
             w_ih, w_hh, b_ih, b_hh = self._weights(layer)
-            h0 = zeros.expand(-1, cfg.output_size)
             if cfg.cell == "lstm":
+                assert c0 is not None
                 xw = F.linear(x, w_ih, b_ih + b_hh)
                 w_hr, peep = self._lstm_extras(layer, x)
-                c0 = zeros.expand(-1, cfg.hidden_size)
                 x, h, c = _lstm_loop(xw, valid, w_hh, w_hr, peep, h0, c0, cfg.cifg)
                 finals += [h, c]
             else:

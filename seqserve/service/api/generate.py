@@ -51,6 +51,7 @@ from seqserve.service.api.lifecycle import (
 from seqserve.service.api.translate import MAX_SEED, Number
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import ServiceError
+from seqserve.service.core.state_token import MAX_TOKEN_CHARS
 from seqserve.service.scheduling.generation import GenerateOptions
 from seqserve.service.web.responses import send_answer, service_error_for
 from seqserve.service.web.state import AppState
@@ -64,6 +65,12 @@ MAX_STOPS = 4
 MAX_TOP_LOGPROBS = 5
 StopText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=64)]
 StopList = Annotated[list[StopText], Field(max_length=MAX_STOPS)]
+RETURN_STATE_DOC = ("Return each sequence's recurrent state as a signed token (needs the "
+                    "server's --state-secret-file): any replica with the same bundle "
+                    "continues it.")
+STATE_DOC = ("A state token (from return_state): continue that sequence with the one prompt "
+             "(possibly empty: generation goes on) fed after it; n must be 1.")
+StateText = Annotated[StrictStr, StringConstraints(min_length=1, max_length=MAX_TOKEN_CHARS)]
 DEFAULTS = GenerateOptions()
 """The language-model request defaults (scheduling.generation.GenerateOptions, the one table
 of them): the v1, OIP and OpenAI schemas take theirs from it."""
@@ -110,6 +117,8 @@ class GenerateRequest(SamplingOptions):
                           "before the first one it produces (finish_reason stop).")
     logprobs: StrictBool = Field(False, description="Return each token and its log-prob.")
     stream: StrictBool = Field(False, description="Answer as server-sent events.")
+    return_state: StrictBool = Field(False, description=RETURN_STATE_DOC)
+    state: StateText | None = Field(None, description=STATE_DOC)
 
     @model_validator(mode="after")
     def _one_input(self) -> GenerateRequest:
@@ -125,12 +134,13 @@ class GenerateRequest(SamplingOptions):
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
-    def params(self, top_logprobs: int = 0) -> GenerateParams:
+    def params(self, top_logprobs: int = 0, scope: str = "") -> GenerateParams:
         return GenerateParams(max_new_tokens=self.max_new_tokens,
                               temperature=float(self.temperature), top_k=self.top_k,
                               top_p=float(self.top_p), seed=self.seed, n=self.n,
                               top_logprobs=top_logprobs, stop=self.stops(),
-                              logprobs=self.logprobs or top_logprobs > 0)
+                              logprobs=self.logprobs or top_logprobs > 0,
+                              return_state=self.return_state, cache_scope=scope)
 
 
 class GeneratedText(BaseModel):
@@ -140,11 +150,14 @@ class GeneratedText(BaseModel):
     finish_reason: str = Field(description="length | stop | eos")
     tokens: list[str] | None = Field(None, description="With logprobs: generated tokens.")
     logprobs: list[float] | None = Field(None, description="With logprobs: their log-probs.")
+    state: str | None = Field(None, description="With return_state: the sequence's state "
+                                                "token (continue it with `state`).")
 
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = Field(0, description="Prompt tokens a cached prefix state saved.")
 
 
 class GenerateResponse(BaseModel):
@@ -157,6 +170,10 @@ class GenerateResponse(BaseModel):
 class ScoreRequest(TextsRequest):
     """POST /v1/models/{name}/score body."""
 
+    return_state: StrictBool = Field(False, description=RETURN_STATE_DOC)
+    state: StateText | None = Field(None, description="A state token: the one text is "
+                                                      "scored after that sequence.")
+
 
 class ScoredText(BaseModel):
     tokens: list[str]
@@ -164,6 +181,8 @@ class ScoredText(BaseModel):
     num_tokens: int
     perplexity: float = Field(description="exp(-mean log-prob) over the text's tokens.")
     truncated: bool = False
+    state: str | None = Field(None, description="With return_state: the state token after "
+                                                "the text.")
 
 
 class ScoreResponse(BaseModel):
@@ -192,12 +211,30 @@ def count_tokens(state: AppState, name: str, generation: Generation) -> None:
     state.metrics.generated_tokens.labels(name).inc(generation.usage()["completion_tokens"])
 
 
-async def generated(state: AppState, call: Call, texts: list[str], params: GenerateParams
-                    ) -> tuple[int, Generation]:
+def state_args(state: AppState, params: GenerateParams, token: str | None
+               ) -> dict[str, Any]:
+        """The worker's state arguments of a request (`LMWorker.start`): the signer when
+        states are asked, the decoded token to continue (a 400 when it does not verify or
+        the server has no secret)."""
+        codec = state.states
+        out: dict[str, Any] = {}
+        if params.return_state:
+            codec.require("return_state")
+            out["issue"] = codec.encode
+        if token is not None:
+            out["resume"] = codec.decode(token)
+        return out
+
+
+async def generated(state: AppState, call: Call, texts: list[str], params: GenerateParams,
+                    token: str | None = None) -> tuple[int, Generation]:
     """A generation answered whole (JSON): the one lifecycle (`lifecycle.answer`) around
     running it to its end; its version and the finished generation."""
+    extra = state_args(state, params, token)
+
     async def work(worker: LMWorker, context: RequestContext) -> Generation:
-        generation = worker.start(texts, params, context, token_timer(state, call.model))
+        generation = worker.start(texts, params, context, token_timer(state, call.model),
+                                  **extra)
         try:
             await generation.run()
         finally:
@@ -209,13 +246,16 @@ async def generated(state: AppState, call: Call, texts: list[str], params: Gener
 
 
 def streamed(state: AppState, call: Call, texts: list[str], params: GenerateParams,
-             render: Callable[[Generation, int], AsyncIterator[bytes]]) -> EventStream:
+             render: Callable[[Generation, int], AsyncIterator[bytes]],
+             token: str | None = None) -> EventStream:
     """A streamed generation: the lookup, deadline and shedding of the one lifecycle now (a
     refusal is a status), the generation started; `render(generation, version)` makes its
     events, which the returned `EventStream` sends inside the request's one `RequestCall`."""
+    extra = state_args(state, params, token)
     entry, worker, timeout = admit(state, call, LMWorker)
     context = RequestContext(deadline=time.monotonic() + timeout)
-    generation = worker.start(texts, params, context, token_timer(state, call.model))
+    generation = worker.start(texts, params, context, token_timer(state, call.model),
+                              **extra)
 
     async def events() -> AsyncIterator[bytes]:
         try:
@@ -297,8 +337,9 @@ class EventStream:
 async def generate_answer(state: AppState, call: Call, body: GenerateRequest
                           ) -> dict[str, Any] | EventStream:
     """The JSON answer, or with `stream` the events (module doc)."""
+    params = body.params(scope=call.scope)
     if not body.stream:
-        v, generation = await generated(state, call, body.texts(), body.params())
+        v, generation = await generated(state, call, body.texts(), params, body.state)
         return {"model": call.model, "version": v, "results": generation.results(),
                 "usage": generation.usage()}
 
@@ -307,7 +348,22 @@ async def generate_answer(state: AppState, call: Call, body: GenerateRequest
             yield b"".join(sse(ev) for ev in batch)
         yield sse({"usage": generation.usage()}) + sse("[DONE]")
 
-    return streamed(state, call, body.texts(), body.params(), render)
+    return streamed(state, call, body.texts(), params, render, body.state)
+
+
+async def score_answer(state: AppState, call: Call, body: ScoreRequest) -> dict[str, Any]:
+    """Scores; with `state` one text continuing a state token, with `return_state` each
+    text's state token."""
+    codec = state.states
+    if body.return_state:
+        codec.require("return_state")
+    resume = codec.decode(body.state) if body.state is not None else None
+
+    async def work(worker: LMWorker, context: RequestContext) -> list[dict[str, Any]]:
+        return await worker.score(body.texts, context, codec.encode, resume, body.return_state)
+
+    entry, results = await answer(state, call, LMWorker, work)
+    return {"model": call.model, "version": entry.version, "results": results}
 
 
 ROUTES = [
@@ -317,8 +373,7 @@ ROUTES = [
               "top-k,\ntop-p, seed) or greedy, n samples per prompt, stop strings, optional "
               "log-probs, as JSON\nor streamed as server-sent events.",
           version_doc="Generate text with one version."),
-    Route("/v1", "score", "score", ScoreRequest, LMWorker,
-          run=lambda w, body, ctx: w.score(body.texts, ctx), reads="fastapi",
+    Route("/v1", "score", "score", ScoreRequest, answer=score_answer, reads="fastapi",
           response_model=ScoreResponse,
           doc="Score texts with the default version: each token's log-probability given the "
               "text\nbefore it, and each text's perplexity (one batched prefill, no decoding).",

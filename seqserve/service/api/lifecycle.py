@@ -27,6 +27,7 @@ Errors are raised as `core.errors` classes; the front maps them to its protocol'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -68,6 +69,13 @@ class Call:
     """The value of one request header (metadata) by its lower-case name, or None."""
     entry: ModelEntry | None = None
     """The model version `admit` found (its statistics: `Metrics.on_inference`)."""
+
+    @property
+    def scope(self) -> str:
+        """Whose request this is, for what must not be shared across clients (the prefix
+        cache): a digest of its Authorization header ("" without one)."""
+        key = self.header(b"authorization")
+        return hashlib.sha256(key.encode()).hexdigest()[:16] if key else ""
 
 
 def asgi_call(scope: Scope, receive: Receive, model: str, version: str | None,

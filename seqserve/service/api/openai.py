@@ -30,6 +30,7 @@ of a document: OpenAI has no "eos").
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -49,11 +50,15 @@ from seqserve.service.api.generate import (
     DEFAULTS,
     MAX_N,
     MAX_TOP_LOGPROBS,
+    RETURN_STATE_DOC,
+    STATE_DOC,
     EventStream,
+    StateText,
     StopList,
     StopText,
     count_tokens,
     sse,
+    state_args,
     token_timer,
 )
 from seqserve.service.api.lifecycle import Call, Route, admit, answer
@@ -118,6 +123,8 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[StrictStr, Bias] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     ignore_eos: StrictBool = False
     user: StrictStr | None = Field(None, description="Accepted, unused.")
+    return_state: StrictBool = Field(False, description=RETURN_STATE_DOC)
+    state: StateText | None = Field(None, description=STATE_DOC)
 
     def prompts(self) -> list[str] | list[list[int]]:
         p: Any = self.prompt
@@ -162,6 +169,9 @@ class CompletionRequest(BaseModel):
             raise BadRequest("best_of is not served with stream (the best sequences are known "
                              "only at the end)", param="best_of")
         # stream_options without stream: ignored (a whole answer carries its usage anyway)
+        if self.state is not None and (self.echo or not self.single()):
+            raise BadRequest("state continues one prompt (a string, possibly empty), without "
+                             "echo", param="state")
         self.bias()
 
     def params(self) -> GenerateParams:
@@ -175,7 +185,8 @@ class CompletionRequest(BaseModel):
                               presence_penalty=float(self.presence_penalty),
                               frequency_penalty=float(self.frequency_penalty),
                               logit_bias=self.bias(), ignore_eos=self.ignore_eos,
-                              with_eos=True, limit_name="max_tokens")
+                              with_eos=True, limit_name="max_tokens",
+                              return_state=self.return_state)
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
@@ -254,9 +265,12 @@ def _choice(index: int, body: CompletionRequest, worker: LMWorker, prompt: Promp
                 ids, lps, tops = [*ids, worker.eos_id], [*lps, seq.eos[0]], [*tops, seq.eos[1]]
             _generated(logprobs, [piece(i) for i in ids], lps,
                        [{piece(i): lp for i, lp in top} for top in tops], len(head))
-    return {"text": head + (seq.text if seq is not None else ""), "index": index,
-            "logprobs": logprobs,
-            "finish_reason": _finish(seq.finish or "length") if seq is not None else "length"}
+    out = {"text": head + (seq.text if seq is not None else ""), "index": index,
+           "logprobs": logprobs,
+           "finish_reason": _finish(seq.finish or "length") if seq is not None else "length"}
+    if seq is not None and seq.state is not None:
+        out["state"] = seq.state
+    return out
 
 
 def _picked(body: CompletionRequest, generation: Generation | None, p: int
@@ -272,23 +286,34 @@ def _picked(body: CompletionRequest, generation: Generation | None, p: int
     return list(seqs)
 
 
-def _usage(prompts: list[Prompt], generation: Generation | None) -> dict[str, int]:
+def _usage(prompts: list[Prompt], generation: Generation | None) -> dict[str, Any]:
     made = generation.usage()["completion_tokens"] if generation is not None else 0
+    cached = generation.usage()["cached_tokens"] if generation is not None else 0
     given = sum(len(p.ids) for p in prompts)
-    return {"prompt_tokens": given, "completion_tokens": made, "total_tokens": given + made}
+    return {"prompt_tokens": given, "completion_tokens": made, "total_tokens": given + made,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _prepare(state: AppState, name: str, body: CompletionRequest, worker: LMWorker,
-             context: RequestContext
+             context: RequestContext, scope: str = ""
              ) -> tuple[list[Prompt], list[asyncio.Future[Any]], Generation | None]:
     """The prompts, their scoring (echo with log-probs) and the generation (max_tokens >
     0), both queued now (so that they usually share one prefill)."""
+    params = dataclasses.replace(body.params(), cache_scope=scope)
+    extra = state_args(state, params, body.state)
+    if body.state is not None:  # one prompt after the state: the worker reads its text
+        text = body.prompt if isinstance(body.prompt, str) else worker.detokenize(
+            body.prompts()[0])  # type: ignore[arg-type]
+        prompts = [Prompt([], [], str(text))]
+        resumed: Generation = worker.start([str(text)], params, context, token_timer(state, name),
+                                  **extra)
+        return prompts, [], resumed
     prompts = worker.prompts(body.prompts(), starts=body.scores(), single=body.single())
     futures = worker.submit_scores(prompts, body.logprobs or 0, context.deadline) \
         if body.scores() else []
     try:
-        generation = worker.start(prompts, body.params(), context, token_timer(state, name)) \
-            if body.max_tokens else None
+        generation = worker.start(prompts, params, context, token_timer(state, name),
+                                  **extra) if body.max_tokens else None
     except BaseException:
         for f in futures:
             f.cancel()
@@ -305,7 +330,8 @@ async def complete(state: AppState, call: Call, body: CompletionRequest
         return _streamed(state, call, body)
 
     async def work(worker: LMWorker, context: RequestContext) -> dict[str, Any]:
-        prompts, futures, generation = _prepare(state, name, body, worker, context)
+        prompts, futures, generation = _prepare(state, name, body, worker, context,
+                                                call.scope)
         try:
             if generation is not None:
                 try:
@@ -333,7 +359,7 @@ def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStre
     name = call.model
     _, worker, timeout = admit(state, call, LMWorker)
     context = RequestContext(deadline=time.monotonic() + timeout)
-    prompts, futures, generation = _prepare(state, name, body, worker, context)
+    prompts, futures, generation = _prepare(state, name, body, worker, context, call.scope)
     head = _head(name)
     usage_too = body.stream_options is not None and body.stream_options.include_usage
     extra: dict[str, Any] = {"usage": None} if usage_too else {}
@@ -350,8 +376,11 @@ def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStre
             logprobs = _empty()
             at[index] = _generated(logprobs, ev["tokens"], ev["logprobs"],
                                    ev.get("top_logprobs"), at.get(index, 0))
-        return {"text": ev.get("text", ""), "index": index, "logprobs": logprobs,
-                "finish_reason": _finish(ev.get("finish_reason"))}
+        out = {"text": ev.get("text", ""), "index": index, "logprobs": logprobs,
+               "finish_reason": _finish(ev.get("finish_reason"))}
+        if "state" in ev:
+            out["state"] = ev["state"]
+        return out
 
     async def events() -> AsyncIterator[bytes]:
         try:

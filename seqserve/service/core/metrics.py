@@ -117,6 +117,13 @@ class Metrics:
             "Language models: time between a request's consecutive generated tokens.")
         self.live_sequences = gauge("seqserve_live_sequences",
                                     "Language models: sequences being generated.")
+        self.prefix_cache = counter("seqserve_prefix_cache_events", "Language models' prefix "
+                                    "cache: lookups that hit or missed, entries evicted.",
+                                    ("model", "event"))
+        self.prefix_cache_tokens = counter("seqserve_prefix_cache_hit_tokens",
+                                           "Prompt tokens cached prefixes saved.")
+        self.prefix_cache_bytes = gauge("seqserve_prefix_cache_bytes",
+                                        "Bytes the language models' prefix caches hold.")
         self.live_sessions = gauge("seqserve_live_sessions",
                                    "Feature-sequence models: live stateful sessions.")
         self.session_lifetime = histogram(
@@ -246,6 +253,10 @@ class ModelMetrics:
         self.live_sessions = m.live_sessions.labels(model)
         self.session_lifetime = m.session_lifetime.labels(model)
         self.expired_sessions = m.expired_sessions.labels(model)
+        self._cache = {e: m.prefix_cache.labels(model, e) for e in ("hit", "miss", "evicted")}
+        self._cache_tokens = m.prefix_cache_tokens.labels(model)
+        self._cache_bytes = m.prefix_cache_bytes.labels(model)
+        self._cache_seen = (0, 0, 0, 0)
 
     def on_batch(self, rows: int, padded_tokens: int, real_tokens: int) -> None:
         self.batch_size.observe(rows)
@@ -267,6 +278,18 @@ class ModelMetrics:
 
     def on_live_sequences(self, sequences: int) -> None:
         self.live_sequences.set(sequences)
+
+    def on_prefix_cache(self, cache: Any) -> None:
+        """A prefix cache's cumulative stats (`scheduling.prefix_cache`): the counters move
+        by what changed since the last report."""
+        st = cache.stats
+        now = (st.hits, st.misses, st.evictions, st.hit_tokens)
+        for child, new, old in zip((*self._cache.values(), self._cache_tokens), now,
+                                   self._cache_seen, strict=True):
+            if new > old:
+                child.inc(new - old)
+        self._cache_seen = now
+        self._cache_bytes.set(cache.bytes)
 
     def on_sessions(self, live: int) -> None:
         self.live_sessions.set(live)

@@ -263,12 +263,14 @@ class EngineClient:
                           len(rows), False, (model, version))
 
     def score(self, model: str, version: int, rows: Sequence[list[int]],
-              deadline: float, top: int = 0) -> list[asyncio.Future[Any]]:
+              deadline: float, top: int = 0, start: tuple[bytes, int] | None = None,
+              return_state: bool = False) -> list[asyncio.Future[Any]]:
         """Texts (bos first) a language model scores (with `top`, the best tokens at every
-        position too); one future per text (Timed)."""
+        position too; `start`, `return_state`: `LMLoop.score`); one future per text."""
         lengths, ids = p.pack_rows(rows if isinstance(rows, list) else list(rows))
+        state, token = start if start is not None else (b"", -1)
         return self._call(lambda rid: p.SubmitScore(rid, model, version, deadline, lengths,
-                                                    ids, top),
+                                                    ids, top, state, token, return_state),
                           len(rows), False, (model, version))
 
     def translate(self, model: str, version: int, sources: Sequence[list[int]],
@@ -349,6 +351,10 @@ class EngineClient:
         events = [TokenEvent(i, None if t < 0 else t, lp,
                              tuple(map(tuple, top)) if top else (), f)  # type: ignore[arg-type]
                   for i, t, lp, top, f in msg.events]
+        for j, cached, state, key, drawn in msg.extras:
+            events[j].cached = cached
+            if state is not None:
+                events[j].state = (state, key, drawn)
         open_[0] -= sum(1 for e in events if e.finish is not None)
         if open_[0] <= 0:
             del self._streams[msg.id]

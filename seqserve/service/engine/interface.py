@@ -52,7 +52,8 @@ class Engine(Protocol):
                   options: SearchOptions, deadline: float) -> list[asyncio.Future[Decoded]]: ...
 
     def score(self, model: str, version: int, rows: Sequence[list[int]],
-              deadline: float, top: int = 0) -> Futures: ...
+              deadline: float, top: int = 0, start: tuple[bytes, int] | None = None,
+              return_state: bool = False) -> Futures: ...
 
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
                  options: GenerateOptions, deadline: float) -> TokenStream: ...
@@ -112,8 +113,10 @@ class LMHandle(ModelHandle):
                  deadline: float) -> TokenStream:
         return self.engine.generate(self.name, self.version, prompts, options, deadline)
 
-    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0) -> Futures:
-        return self.engine.score(self.name, self.version, rows, deadline, top)
+    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0,
+              start: tuple[bytes, int] | None = None, return_state: bool = False) -> Futures:
+        return self.engine.score(self.name, self.version, rows, deadline, top, start,
+                                 return_state)
 
 
 def handle(engine: Engine, state: ModelState, has_tokenizer: bool) -> ModelHandle:

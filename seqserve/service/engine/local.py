@@ -206,8 +206,10 @@ class LocalEngine:
             sources, options, deadline)
 
     def score(self, model: str, version: int, rows: Sequence[list[int]],
-              deadline: float, top: int = 0) -> Futures:
-        return self._of(model, version, LMModel, "texts to score").score(rows, deadline, top)
+              deadline: float, top: int = 0, start: tuple[bytes, int] | None = None,
+              return_state: bool = False) -> Futures:
+        return self._of(model, version, LMModel, "texts to score").score(
+            rows, deadline, top, start, return_state)
 
     def generate(self, model: str, version: int, prompts: Sequence[list[int]],
                  options: GenerateOptions, deadline: float) -> TokenStream:

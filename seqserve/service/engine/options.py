@@ -77,6 +77,8 @@ class EngineOptions:
     """explicit: the models loaded at start."""
     trusted_keys: str | None
     """A folder of public keys: load only bundles signed by one of them (None: any)."""
+    prefix_cache_bytes: int = 0
+    """Language models: bytes of prompt-prefix states kept per model version."""
 
     def model_config(self, max_tokens: int) -> ModelConfig:
         """How a model whose texts have at most `max_tokens` tokens is scheduled."""
@@ -94,7 +96,8 @@ class EngineOptions:
                                  idle_timeout_s=self.session_idle_timeout_s,
                                  retry_after_s=self.retry_after_s)
         return ModelConfig(batcher=batcher, decode=decode, max_tokens=max_tokens,
-                           warmup=self.warmup, sessions=sessions)
+                           warmup=self.warmup, sessions=sessions,
+                           prefix_cache_bytes=self.prefix_cache_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (what `to_json` writes and the engine reports in `State`)."""

@@ -55,6 +55,12 @@ class SubmitScore(SubmitRows, tag="submit-score"):
 
     top: int = 0
     """The best tokens asked for at every position (0: none)."""
+    start_state: bytes = b""
+    """One text continuing a state (flat float32 bytes; empty: from bos)..."""
+    start_token: int = -1
+    """...whose pending token is fed first."""
+    return_state: bool = False
+    """Each text's state before its last token, and that token, end its result."""
 
 
 class SubmitTranslate(SubmitRows, tag="submit-translate"):
@@ -211,6 +217,9 @@ class Tokens(msgspec.Struct, tag="tokens", array_like=True):
     id: int
     events: list[tuple[int, int, float, list[tuple[int, float]], str | None]]
     wait: float | None = None
+    extras: list[tuple[int, int, bytes | None, int, int]] = []
+    """Events that carry more (rare): (position in `events`, cached prompt tokens, the
+    finished sequence's state bytes or None, its stream key, its draws)."""
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):

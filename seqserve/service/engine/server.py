@@ -191,7 +191,8 @@ class EngineServer:
     def _score(self, identity: bytes, msg: p.SubmitScore) -> None:
         self._submit(identity, msg, False, lambda: self.engine.score(
             msg.model, msg.version, _readable(lambda: p.unpack_rows(msg.lengths, msg.ids)),
-            msg.deadline, msg.top))
+            msg.deadline, msg.top, (msg.start_state, msg.start_token) if msg.start_state
+            else None, msg.return_state))
 
     def _translate(self, identity: bytes, msg: p.SubmitTranslate) -> None:
         def call() -> list[asyncio.Future[Any]]:
@@ -254,7 +255,9 @@ class EngineServer:
                     tokens = p.Tokens(msg.id, [
                         (e.index, -1 if e.token is None else e.token, e.logprob,
                          e.top, e.finish)  # type: ignore[misc]
-                        for e in events], wait)
+                        for e in events], wait, [
+                        (j, e.cached, *(e.state or (None, 0, 0)))  # type: ignore[misc]
+                        for j, e in enumerate(events) if e.cached or e.state is not None])
                 except Exception as exc:  # our bug: this generation fails, the others go on
                     self._cancel(key)
                     self._send(identity, _failure(msg.id, exc, wait))

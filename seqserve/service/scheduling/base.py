@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -57,6 +57,9 @@ class Observer(Protocol):
     def on_live_sequences(self, sequences: int) -> None:
         """Sequences a language model is generating changed."""
 
+    def on_prefix_cache(self, cache: Any) -> None:
+        """A language model's prefix cache changed (its cumulative `stats` and `bytes`)."""
+
     def on_sessions(self, live: int) -> None:
         """Live sessions of a stateful feature-sequence model changed."""
 
@@ -83,6 +86,9 @@ class NullObserver:
         pass
 
     def on_live_sequences(self, sequences: int) -> None:
+        pass
+
+    def on_prefix_cache(self, cache: Any) -> None:
         pass
 
     def on_sessions(self, live: int) -> None:

@@ -24,3 +24,5 @@ class ModelConfig:
     """Run the model over its length buckets before it serves."""
     sessions: SessionConfig
     """Stateful feature-sequence models: bounds of their sessions."""
+    prefix_cache_bytes: int = 0
+    """Language models: bytes of prefix states kept (`scheduling.prefix_cache`; 0 = off)."""

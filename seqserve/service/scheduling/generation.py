@@ -38,12 +38,22 @@ class GenerateOptions:
     """(token id, bias) pairs added to the logits before every draw (OpenAI's)."""
     ignore_eos: bool = False
     """eos is never drawn: the sequence runs to max_new_tokens (or a stop string)."""
+    return_state: bool = False
+    """Each finish event carries the sequence's state (`TokenEvent.state`)."""
+    resume: tuple[bytes, int, int, int] | None = None
+    """Continue a sequence (one prompt, n = 1): its flat state (float32 bytes), the pending
+    token (drawn, not fed yet), its random stream's key and draws so far. The prompt row is
+    then the new tokens after the pending one (no bos; empty: generation goes on)."""
+    cache_scope: str = ""
+    """The prefix cache's partition (the API key's): hits only among the same scope."""
 
     def __post_init__(self) -> None:
         # what travelled as plain data (the engine's frames: lists) back to pairs
         if self.logit_bias and not isinstance(self.logit_bias[0], tuple):
             object.__setattr__(self, "logit_bias",
                                tuple((int(t), float(b)) for t, b in self.logit_bias))
+        if self.resume is not None and not isinstance(self.resume, tuple):
+            object.__setattr__(self, "resume", tuple(self.resume))
 
     @property
     def tuned(self) -> bool:
@@ -68,6 +78,11 @@ class TokenEvent:
     top: tuple[tuple[int, float], ...] = ()
     finish: str | None = None
     """"eos" | "length" | "stop" when the sequence ended with this event."""
+    cached: int = 0
+    """A sequence's first event: prompt tokens a cached prefix saved (`prefix_cache`)."""
+    state: tuple[bytes, int, int] | None = None
+    """A finish event of a request with `return_state`: the sequence's flat state before its
+    last token (float32 bytes; the token is this event's), its stream's key and draws."""
 
 
 Sink = Callable[[list[TokenEvent] | BaseException], None]

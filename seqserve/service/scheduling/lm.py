@@ -48,6 +48,7 @@ from seqserve.service.scheduling.config import ModelConfig
 from seqserve.service.scheduling.generation import GenerateOptions, Sink, TokenStream
 from seqserve.service.scheduling.lm_scheduler import LMScheduler, Work, _Done
 from seqserve.service.scheduling.loop import LoopDriver
+from seqserve.service.scheduling.prefix_cache import PrefixCache
 from seqserve.service.scheduling.work import DecodeConfig
 
 
@@ -58,10 +59,13 @@ class LMLoop(LoopDriver[Work, _Done]):
     scheduler: LMScheduler
 
     def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, takes_state: bool = False,
+                 state_dim: int | None = None, cache: PrefixCache | None = None) -> None:
         self.observer: Observer = observer or NullObserver()
         self.config = config
-        super().__init__(LMScheduler(runtime, eos_id, vocab_size, config, self.observer),
+        super().__init__(LMScheduler(runtime, eos_id, vocab_size, config, self.observer,
+                                     takes_state=takes_state, state_dim=state_dim,
+                                     cache=cache),
                          ["prefill", "lm-step"])
 
     def submit(self, prompts: Sequence[list[int]], options: GenerateOptions,
@@ -89,14 +93,17 @@ class LMLoop(LoopDriver[Work, _Done]):
         holder["rid"] = self.submit(prompts, options, deadline, stream.put)
         return stream
 
-    def score(self, rows: Sequence[list[int]], deadline: float | None = None, top: int = 0
+    def score(self, rows: Sequence[list[int]], deadline: float | None = None, top: int = 0,
+              start: tuple[bytes, int] | None = None, return_state: bool = False
               ) -> list[asyncio.Future[Timed[Any]]]:
         """Queue texts (bos first) for one batched prefill; a future per text resolving to
         Timed((log-probs of the text's tokens,),), with `top` also the `top` best tokens at
         each of those positions: Timed((log-probs, ids (n, top) int64, their log-probs
-        (n, top) float32),)."""
+        (n, top) float32),). `start` (flat state bytes, pending token): the texts (no bos)
+        continue that state, the pending token fed first; `return_state`: each value ends
+        with the state before the text's last token (S,) float32 and that token (1,) int64."""
         r = self.scheduler.add(rows, None, None, deadline)
-        r.top = top
+        r.top, r.start, r.score_state = top, start, return_state
         loop = asyncio.get_running_loop()
         r.futures = [loop.create_future() for _ in rows]
         rid = r.rid
@@ -134,7 +141,12 @@ class LMModel:
         """The model's effective scheduling (its `decode` part runs the loop: one group)."""
         decode = dataclasses.replace(config.decode, pad_id=max(tok.pad_id, 0), groups=1)
         self.decode = decode
-        self.loop = LMLoop(runtime, tok.eos_id, tok.vocab_size, decode, observer)
+        self.takes_state = any(t.name == "initial_state"
+                               for t in manifest.graphs["prefill"].inputs)
+        """Its prefill continues a state in one call (else through lm_step)."""
+        self.cache = PrefixCache(config.prefix_cache_bytes)
+        self.loop = LMLoop(runtime, tok.eos_id, tok.vocab_size, decode, observer,
+                           self.takes_state, manifest.state_dim, self.cache)
 
     async def start(self) -> None:
         self.loop.start()
@@ -150,9 +162,15 @@ class LMModel:
             timeout, ShuttingDown("the server stopped before this generation finished"))
 
     def describe(self) -> dict[str, Any]:
+        on = self.loop.scheduler.cache is not None
         return {"runtime": self.runtime.name, "providers": list(self.runtime.providers),
                 "limits": {"max_live_sequences": self.decode.max_live_hypotheses,
-                           "queue_size": self.decode.max_queue}}
+                           "queue_size": self.decode.max_queue},
+                "prefix_cache": {"bytes": self.cache.capacity if on else 0,
+                                 "block": self.cache.block} if on else {
+                    "bytes": 0, "reason": "off (--prefix-cache-bytes 0)" if not
+                    self.cache.enabled else "off: this bundle's prefill takes no "
+                    "initial_state (re-export or re-pack it)"}}
 
     def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
                  deadline: float) -> TokenStream:
@@ -173,11 +191,12 @@ class LMModel:
         """End one sequence of a generation (it hit a stop string)."""
         self.loop.stop_sequence(rid, index)
 
-    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0
+    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0,
+              start: tuple[bytes, int] | None = None, return_state: bool = False
               ) -> list[asyncio.Future[Timed[Any]]]:
         """Per-token log-probs of texts (bos first), with `top` the best tokens at each
-        position too: one future per text."""
-        return self.loop.score(rows, deadline, top)
+        position too: one future per text (`LMLoop.score`)."""
+        return self.loop.score(rows, deadline, top, start, return_state)
 
     def expected_wait(self) -> float | None:
         return self.loop.scheduler.expected_wait()

@@ -21,7 +21,6 @@ from seqserve.service.scheduling.base import (
     Timed,
     Timing,
     admit_by_wait,
-    pad_rows,
 )
 from seqserve.service.scheduling.generation import (
     FINISH_EOS,
@@ -30,8 +29,15 @@ from seqserve.service.scheduling.generation import (
     Sink,
     TokenEvent,
 )
+from seqserve.service.scheduling.lm_prefill import (
+    PrefillOut,
+    PrefillRow,
+    plan_rows,
+    run_prefill,
+)
 from seqserve.service.scheduling.lm_rows import Rows
 from seqserve.service.scheduling.loop import Outcome, RequestTable, Status
+from seqserve.service.scheduling.prefix_cache import PrefixCache
 from seqserve.service.scheduling.sampling import (
     sample,
     sequence_keys,
@@ -63,6 +69,12 @@ class _Request:
     status: Status = Status.WAITING
     top: int = 0
     """A score request: the alternatives (ids, log-probs) it asks for at every position."""
+    start: tuple[bytes, int] | None = None
+    """A score request that continues a state: (flat state bytes, pending token)."""
+    score_state: bool = False
+    """A score request that wants each text's state back (before its last token)."""
+    cached: list[int] = field(default_factory=list)
+    """Per row, the prompt tokens a cached prefix saved."""
 
     @property
     def sequences(self) -> int:
@@ -72,9 +84,11 @@ class _Request:
 @dataclass(frozen=True)
 class PrefillWork:
     requests: list[_Request]
-    rows: list[list[int]]
+    rows: list[PrefillRow]
     pad_id: int
     epoch: int
+    keys: list[tuple[str, list[int], int]]
+    """Per row: its cache scope, its whole row and the prefix length its tokens start at."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class _Done:
     out: dict[str, np.ndarray]
     seconds: float
     error: Exception | None = None
+    prefill: PrefillOut | None = None
 
 
 Work = PrefillWork | StepWork
@@ -101,9 +116,16 @@ class LMScheduler(RequestTable[_Request]):
 
     def __init__(self, runtime: Runtime, eos_id: int, vocab_size: int, config: DecodeConfig,
                  observer: Observer | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, takes_state: bool = False,
+                 state_dim: int | None = None, cache: PrefixCache | None = None) -> None:
         super().__init__()
         self.runtime = runtime
+        self.takes_state = takes_state
+        """The prefill takes initial_state (schema 3): states continue in one call."""
+        self.state_dim = state_dim
+        self.cache = cache if cache is not None and cache.enabled and takes_state else None
+        """The prefix cache (only for a prefill that takes initial_state: an older bundle's
+        misses could not be cut into blocks)."""
         self.eos_id = eos_id
         self.vocab_size = vocab_size
         self.config = config
@@ -203,15 +225,38 @@ class LMScheduler(RequestTable[_Request]):
             self._evict()
             self._join()
         admitted = self._admit()
+        rest = self._join_resumed(admitted)
+        if len(rest) < len(admitted) and not self._stepping:
+            self._join()  # continued states step from now on
+        admitted = rest
         if admitted:
             self._prefilling = True
-            rows = [row for r in admitted for row in r.rows]
-            work.append(PrefillWork(admitted, rows, self.config.pad_id, self._epoch))
+            rows, keys = plan_rows(admitted, self.cache)
+            work.append(PrefillWork(admitted, rows, self.config.pad_id, self._epoch, keys))
         if not self._stepping and len(self.rows):
             assert self.state is not None
             self._stepping = True
             work.append(StepWork(self.last, self.state, self._epoch))
         return work
+
+    def _join_resumed(self, admitted: list[_Request]) -> list[_Request]:
+        """Generations that continue a state with no new tokens join the live rows at once,
+        their pending token next to feed, exactly as if they had never stopped; the others
+        (returned) need a prefill."""
+        rest = []
+        for r in admitted:
+            o = r.options
+            if o is None or o.resume is None or r.rows != [[]]:
+                rest.append(r)
+                continue
+            state, pending, key, drawn = o.resume
+            rows = Rows.of(r.rid, o, np.array([key], dtype=np.uint64))
+            rows.drawn[:] = drawn
+            r.live, r.status = 1, Status.DECODING
+            r.cached = [0]
+            self._joining.append((rows, np.frombuffer(state, dtype=np.float32)[None].copy(),
+                                  np.array([pending], dtype=np.int64)))
+        return rest
 
     def _alive(self, rows: Rows) -> np.ndarray:
         """Which of `rows` were neither cancelled nor stopped (N,) bool."""
@@ -292,9 +337,11 @@ class LMScheduler(RequestTable[_Request]):
         start = time.perf_counter()
         try:
             if isinstance(work, PrefillWork):
-                ids, lengths = pad_rows(work.rows, work.pad_id)
-                out = self.runtime.run("prefill", {"input_ids": ids, "lengths": lengths})
-                out["lengths"] = lengths
+                pre = run_prefill(self.runtime, work.rows, work.pad_id, self.takes_state,
+                                  self.state_dim)
+                return _Done({"state": pre.state, "log_probs": pre.log_probs,
+                              "lengths": pre.lengths}, time.perf_counter() - start,
+                             prefill=pre)
             else:
                 out = self.runtime.run("lm_step", {"prev_ids": work.prev_ids,
                                                    "state": work.state})
@@ -342,15 +389,22 @@ class LMScheduler(RequestTable[_Request]):
 
     def _prefilled(self, work: PrefillWork, done: _Done) -> list[_Request]:
         self.observer.on_encode(done.seconds, len(work.rows))
-        longest = max(len(x) for x in work.rows)
+        longest = max(len(x.tokens) for x in work.rows)
         self.observer.on_batch(len(work.rows), longest * len(work.rows),
-                               sum(len(x) for x in work.rows))
+                               sum(len(x.tokens) for x in work.rows))
         if done.error is not None:
             for r in work.requests:
                 if r.status is not Status.FINISHED:
                     self._fail(r, done.error)
             return list(work.requests)
         state, log_probs, lengths = done.out["state"], done.out["log_probs"], done.out["lengths"]
+        if self.cache is not None and done.prefill is not None:
+            for (scope, row, k), entry, cuts in zip(work.keys, work.rows,
+                                                    done.prefill.cut_states, strict=True):
+                for c, kept in zip(entry.cuts, cuts, strict=False):
+                    self.cache.put(scope, row, k + c, kept)
+            self.observer.on_prefix_cache(self.cache)
+        cut_states = done.prefill.cut_states if done.prefill is not None else None
         ended: list[_Request] = []
         at = 0
         now = self.clock()
@@ -363,11 +417,14 @@ class LMScheduler(RequestTable[_Request]):
             if r.status is Status.FINISHED:  # cancelled while its prefill ran
                 continue
             if r.options is None:
-                self._answer_scores(r, log_probs, lengths, span, now)
+                self._answer_scores(r, log_probs, lengths, span, now, work.rows, cut_states)
                 ended.append(r)
                 continue
             n = len(r.rows) * r.options.n
-            parts.append(Rows.of(r.rid, r.options, self._keys(r.options, n)))
+            rows_of = Rows.of(r.rid, r.options, self._keys(r.options, n))
+            if r.options.resume is not None:  # the state's own random stream, continued
+                rows_of.key[:], rows_of.drawn[:] = r.options.resume[2], r.options.resume[3]
+            parts.append(rows_of)
             sources.append(np.repeat(np.arange(span.start, span.stop), r.options.n))
             r.live, r.status = n, Status.DECODING
             live.append(r)
@@ -375,23 +432,32 @@ class LMScheduler(RequestTable[_Request]):
             return ended
         rows, src = Rows.concat(parts), np.concatenate(sources)
         first = log_probs[src, lengths[src] - 1]  # (N, V) each prompt's next-token
-        keep, tokens = self._advance(rows, first, live, ended)
+        cached = [k for r in live for k in r.cached for _ in range(r.sequences // len(r.rows))
+                  ] if any(any(r.cached) for r in live) else None
+        keep, tokens = self._advance(rows, first, live, ended, state[src], cached)
         if keep.any():
             self._joining.append((rows.take(keep), state[src[keep]], tokens[keep]))
         return ended
 
     def _answer_scores(self, r: _Request, log_probs: np.ndarray, lengths: np.ndarray,
-                       span: range, now: float) -> None:
-        for f, i, row in zip(r.futures or [None] * len(r.rows), span, r.rows, strict=True):
+                       span: range, now: float, rows: list[PrefillRow],
+                       cut_states: list[list[np.ndarray]] | None) -> None:
+        for f, i in zip(r.futures or [None] * len(r.rows), span, strict=True):
             if f is None:  # a probe: no one waits for it
                 continue
             n = int(lengths[i])
-            targets = np.asarray(row[1:n], dtype=np.int64)  # the text's tokens after bos
+            row = rows[i].tokens  # bos (or a state's pending token) first
+            targets = np.asarray(row[1:n], dtype=np.int64)  # the text's tokens after it
             lps = log_probs[i, np.arange(n - 1), targets].astype(np.float32)  # (n-1,)
             value: tuple[np.ndarray, ...] = (lps,)
             if r.top:  # and the best tokens at every position, from the same prefill
                 ids, tops = top_arrays(log_probs[i, : n - 1], r.top)
                 value = (lps, ids, tops.astype(np.float32))
+            if r.score_state:  # the state before the text's last token, and that token
+                assert cut_states is not None  # a scored row has >= 2 tokens: one cut
+                before = cut_states[i][0]
+                value = (*value, np.asarray(before, np.float32),
+                         np.array([row[n - 1]], dtype=np.int64))
             if not f.done():
                 f.set_result(Timed(value, Timing(r.admitted - r.submitted, now - r.admitted,
                                                  len(r.rows), 0)))
@@ -415,17 +481,21 @@ class LMScheduler(RequestTable[_Request]):
             r = self.table.get(rid)
             requests.append(r if r is not None and r.status is Status.DECODING else None)
         ended: list[_Request] = []
-        keep, self.last = self._advance(rows, done.out["log_probs"], requests, ended)
+        keep, self.last = self._advance(rows, done.out["log_probs"], requests, ended,
+                                        self.state)
         if not keep.all():
             self._keep(keep)
         return ended
 
     def _advance(self, rows: Rows, log_probs: np.ndarray, requests: Sequence[_Request | None],
-                 ended: list[_Request]) -> tuple[np.ndarray, np.ndarray]:
+                 ended: list[_Request], states: np.ndarray,
+                 cached: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Every row draws its next token from its log_probs (N, V); each request of
         `requests` (one per run of rows, None: cancelled) gets its events, finished
-        sequences leave (into `ended` when their request did). Returns which rows stay
-        live (N,) bool and the tokens (N,) int64."""
+        sequences leave (into `ended` when their request did); `states` (N, S) are the rows'
+        states the draw came from (a finish event carries its row's when asked), `cached`
+        each row's prompt tokens a cached prefix saved (first events). Returns which rows
+        stay live (N,) bool and the tokens (N,) int64."""
         drawn_from = log_probs
         if rows.tuned.any():  # logit bias, penalties, ignore_eos: those rows' own copy
             drawn_from = tuned(log_probs, self._tuned_spans(rows, requests), rows.counts,
@@ -466,7 +536,13 @@ class LMScheduler(RequestTable[_Request]):
                 if token != eos:
                     self.generated += 1
                 top = tops[i][: want_list[i]] if tops is not None and i in tops else ()
-                out.append(TokenEvent(index, token, chosen[i], top, finish))
+                event = TokenEvent(index, token, chosen[i], top, finish)
+                if cached is not None:
+                    event.cached = cached[i]
+                if finish is not None and r.options is not None and r.options.return_state:
+                    event.state = (states[i].astype(np.float32).tobytes(), int(rows.key[i]),
+                                   int(rows.drawn[i]))
+                out.append(event)
             if r.live <= 0:
                 r.status = Status.FINISHED
                 self.table.pop(r.rid, None)

@@ -303,7 +303,8 @@ class Settings(BaseSettings):
             session_idle_timeout_s=self.session_idle_timeout_s,
             process=self.process_settings(),
             model_control=self.model_control, load_models=tuple(self.load_model),
-            trusted_keys=None if self.trusted_keys is None else str(self.trusted_keys))
+            trusted_keys=None if self.trusted_keys is None else str(self.trusted_keys),
+            prefix_cache_bytes=self.prefix_cache_bytes)
 
     def runtime_spec(self) -> RuntimeSpec:
         """The runtime every bundle is loaded with."""

@@ -33,12 +33,21 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
+
 from seqserve.models.text.tokenizer_files import TokenizerFailed
 from seqserve.service.core.errors import (
     BadRequest,
     ClientGone,
     DeadlineExceeded,
     TextNotTokenizable,
+)
+from seqserve.service.core.state_token import (
+    KIND_LM,
+    LMResume,
+    StateValue,
+    bundle_identity,
+    check_identity,
 )
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.generation import (
@@ -47,6 +56,7 @@ from seqserve.service.scheduling.generation import (
     TokenEvent,
     TokenStream,
 )
+from seqserve.service.scheduling.sampling import sequence_keys
 from seqserve.service.workers import lm_text
 from seqserve.service.workers.base import (
     RequestContext,
@@ -62,8 +72,9 @@ class LMServed(Protocol):
     def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
                  deadline: float) -> TokenStream: ...
 
-    def score(self, rows: Sequence[list[int]], deadline: float,
-              top: int = 0) -> list[asyncio.Future[Timed[Any]]]: ...
+    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0,
+              start: tuple[bytes, int] | None = None, return_state: bool = False
+              ) -> list[asyncio.Future[Timed[Any]]]: ...
 
     def expected_wait(self) -> float | None: ...
 
@@ -115,6 +126,8 @@ class Scored:
 
     logprobs: list[float]
     tops: list[tuple[tuple[int, float], ...]]
+    state: tuple[bytes, int] | None = None
+    """With return_state: the flat state before the text's last token, and that token."""
 
 
 @dataclass
@@ -135,6 +148,12 @@ class Seq:
     eos: tuple[float, tuple[tuple[int, float], ...]] | None = None
     """The eos it drew, if it did: its log-prob and alternatives."""
     finish: str | None = None
+    drawn: int = 0
+    """Tokens it drew (eos included)."""
+    cached: int = 0
+    """Its prompt's tokens a cached prefix saved."""
+    state: str | None = None
+    """With return_state: its state token, once finished."""
 
 
 class LMWorker:
@@ -148,6 +167,8 @@ class LMWorker:
         tok = ctx.tokenizer
         self._bos, self._eos = tok.bos_id, tok.eos_id
         self.specials = lm_text.Specials.of(tok)
+        self.identity = bundle_identity(ctx.name, ctx.version, ctx.manifest.to_dict())
+        """What its state tokens name (`core.state_token`)."""
 
     @property
     def eos_id(self) -> int:
@@ -188,10 +209,50 @@ class LMWorker:
                               else None, truncated))
         return out
 
+    def resumed(self, value: StateValue, text: str, params: GenerateParams
+                ) -> tuple[Prompt, GenerateParams, int]:
+        """A prompt that continues a state token's sequence (`text` after it, possibly
+        empty: generation goes on), the params that carry the state, and the position the
+        generation starts at. The token's random stream continues unless the request gives
+        another seed. A 400 / 409 names what does not fit."""
+        check_identity(value, self.identity, KIND_LM, self.ctx.manifest.state_dim or
+                       value.floats)
+        lm = value.lm
+        assert lm is not None  # a language-model token always carries it
+        if params.n != 1:
+            raise BadRequest("state continues one sequence: n must be 1", param="state")
+        if params.seed is None or params.seed == lm.seed:
+            key, drawn, seed = lm.key, lm.drawn, lm.seed
+        else:  # another seed: a new stream of that seed
+            key, drawn, seed = int(sequence_keys(params.seed, _ZERO)[0]), 0, params.seed
+        ids = self.prompts([text])[0].ids if text else []
+        prompt = Prompt(ids, ids, text)
+        params = dataclasses.replace(params, seed=seed,
+                                     resume=(value.state, lm.pending, key, drawn))
+        return prompt, params, value.position + 1
+
     def start(self, prompts: Sequence[str] | Sequence[Prompt], params: GenerateParams,
               call: RequestContext,
-              on_token: Callable[[float, bool], None] | None = None) -> Generation:
-        """Check and submit; BadRequest / QueueFull / ShuttingDown refuse at once."""
+              on_token: Callable[[float, bool], None] | None = None,
+              issue: Callable[[StateValue], str] | None = None,
+              resume: StateValue | None = None) -> Generation:
+        """Check and submit; BadRequest / QueueFull / ShuttingDown refuse at once. `issue`
+        signs a finished sequence's state (with `return_state`); `resume` continues a state
+        token's sequence (one prompt, possibly empty)."""
+        if params.return_state and issue is None:
+            raise BadRequest("return_state: this server issues no state tokens",
+                             param="return_state")
+        if params.return_state and params.stop:
+            raise BadRequest("return_state cannot be combined with stop strings (the state "
+                             "after a stop string is not kept)", param="return_state")
+        start_at = None
+        if resume is not None:
+            if len(prompts) != 1:
+                raise BadRequest("state continues one prompt, not several", param="state")
+            first = prompts[0]
+            prompt, params, at = self.resumed(resume, first.text if isinstance(
+                first, Prompt) else str(first), params)
+            prompts, start_at = [prompt], at
         if params.max_new_tokens > self.max_new_tokens:
             name = params.limit_name
             raise BadRequest(f"{name} {params.max_new_tokens} > the server's limit "
@@ -205,7 +266,12 @@ class LMWorker:
         self.check_bias(params.logit_bias)
         options = params.sampling()
         stream = self.ctx.model.generate([p.row for p in given], options, call.deadline)
-        return Generation(self, [p.ids for p in given], params, stream, call, on_token)
+        positions = [start_at + len(p.row) if start_at is not None else len(p.row)
+                     for p in given]
+        contexts = [p.row[-1] if p.row else params.resume[1] for p in given  # type: ignore[index]
+                    ]
+        return Generation(self, [p.ids for p in given], params, stream, call, on_token,
+                          issue, positions, contexts)
 
     def check_bias(self, bias: Sequence[tuple[int, float]]) -> None:
         """A 400 naming a biased token id outside the vocabulary."""
@@ -215,38 +281,74 @@ class LMWorker:
                 raise BadRequest(f"logit_bias: token id {token} is not in the vocabulary (0 "
                                  f"to {size - 1})", param="logit_bias")
 
-    def submit_scores(self, prompts: Sequence[Prompt], top: int, deadline: float
+    def submit_scores(self, prompts: Sequence[Prompt], top: int, deadline: float,
+                      resume: StateValue | None = None, return_state: bool = False
                       ) -> list[asyncio.Future[Timed[Any]]]:
         """Queue the prompts' scoring (one batched prefill, like `score`), with `top` the
-        best tokens at every position; `scored` waits for them."""
-        if top:
-            return self.ctx.model.score([p.row for p in prompts], deadline, top)
-        return self.ctx.model.score([p.row for p in prompts], deadline)
+        best tokens at every position; `scored` waits for them. `resume`: one text scored
+        after a state token's sequence; `return_state`: each text's state comes back."""
+        if resume is None and not return_state:
+            if top:
+                return self.ctx.model.score([p.row for p in prompts], deadline, top)
+            return self.ctx.model.score([p.row for p in prompts], deadline)
+        start = None
+        rows = [p.row for p in prompts]
+        if resume is not None:
+            check_identity(resume, self.identity, KIND_LM, self.ctx.manifest.state_dim or
+                           resume.floats)
+            if len(prompts) != 1:
+                raise BadRequest("state continues one text, not several", param="state")
+            assert resume.lm is not None
+            start, rows = (resume.state, resume.lm.pending), [prompts[0].ids]
+        return self.ctx.model.score(rows, deadline, top, start, return_state)
 
-    async def scored(self, futures: list[asyncio.Future[Timed[Any]]], call: RequestContext
-                     ) -> list[Scored]:
-        """The scores `submit_scores` queued."""
+    async def scored(self, futures: list[asyncio.Future[Timed[Any]]], call: RequestContext,
+                     with_state: bool = False) -> list[Scored]:
+        """The scores `submit_scores` queued (`with_state`: asked with return_state)."""
         done: list[Timed[Any]] = await call.wait(futures)
         out = []
         for t in done:
-            value = t.value
+            value = list(t.value)
+            state = None
+            if with_state:  # (state before the last token (S,), that token (1,)) last
+                state = (value[-2].astype("float32").tobytes(), int(value[-1][0]))
+                value = value[:-2]
             tops: list[tuple[tuple[int, float], ...]] = []
             if len(value) > 2:
                 tops = [tuple(zip(i.tolist(), v.tolist(), strict=True))
                         for i, v in zip(value[1], value[2], strict=True)]
-            out.append(Scored(value[0].tolist(), tops))
+            out.append(Scored(value[0].tolist(), tops, state))
         return out
 
-    async def score(self, texts: list[str], call: RequestContext) -> list[dict[str, Any]]:
+    async def score(self, texts: list[str], call: RequestContext,
+                    issue: Callable[[StateValue], str] | None = None,
+                    resume: StateValue | None = None, return_state: bool = False
+                    ) -> list[dict[str, Any]]:
+        """Each text's tokens, log-probs and perplexity; `resume`: one text scored after a
+        state token's sequence; `return_state` (with `issue`): each text's state token."""
+        if return_state and issue is None:
+            raise BadRequest("return_state: this server issues no state tokens",
+                             param="return_state")
         prompts = self.prompts(texts)
-        done = await self.scored(self.submit_scores(prompts, 0, call.deadline), call)
+        futures = self.submit_scores(prompts, 0, call.deadline, resume, return_state)
+        done = await self.scored(futures, call, return_state)
+        base = 0 if resume is None else resume.position + 1
         out = []
         for p, scored in zip(prompts, done, strict=True):
             lps = scored.logprobs
             mean = -sum(lps) / len(lps)
-            out.append({"tokens": [self.piece(i) for i in p.ids], "logprobs": lps,
-                        "num_tokens": len(lps), "perplexity": math.exp(min(mean, 700.0)),
-                        "truncated": p.truncated})
+            item = {"tokens": [self.piece(i) for i in p.ids], "logprobs": lps,
+                    "num_tokens": len(lps), "perplexity": math.exp(min(mean, 700.0)),
+                    "truncated": p.truncated}
+            if scored.state is not None and issue is not None:
+                fed = base + (len(p.ids) if resume is not None else len(p.row)) - 1
+                seed_of = resume.lm if resume is not None else None
+                item["state"] = issue(StateValue(
+                    KIND_LM, self.identity, fed, scored.state[0],
+                    LMResume(scored.state[1], seed_of.key if seed_of else 0,
+                             seed_of.drawn if seed_of else 0,
+                             seed_of.seed if seed_of else None)))
+            out.append(item)
         return out
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -285,10 +387,17 @@ class Generation:
 
     def __init__(self, worker: LMWorker, prompts: list[list[int]], params: GenerateParams,
                  stream: TokenStream, call: RequestContext,
-                 on_token: Callable[[float, bool], None] | None) -> None:
+                 on_token: Callable[[float, bool], None] | None,
+                 issue: Callable[[StateValue], str] | None = None,
+                 positions: list[int] | None = None, contexts: list[int] | None = None
+                 ) -> None:
         self.worker, self.params, self.stream, self.call = worker, params, stream, call
+        self.issue = issue
+        self.positions = positions or [len(p) for p in prompts]
+        """Per prompt: tokens its state has consumed when generation starts."""
         self.prompt_tokens = sum(len(p) for p in prompts)
-        self.seqs = [Seq(i // params.n, i % params.n, prompts[i // params.n][-1])
+        contexts = contexts or [p[-1] for p in prompts]
+        self.seqs = [Seq(i // params.n, i % params.n, contexts[i // params.n])
                      for i in range(len(prompts) * params.n)]
         self.on_token = on_token
         self.started = time.monotonic()
@@ -349,7 +458,13 @@ class Generation:
         if seq.finish is not None:
             return []
         out: list[dict[str, Any]] = []
-        where = {"prompt_index": seq.prompt_index, "index": seq.index}
+        where: dict[str, Any] = {"prompt_index": seq.prompt_index, "index": seq.index}
+        if ev.token is not None:
+            seq.drawn += 1
+        if ev.cached:
+            seq.cached = ev.cached
+        if ev.state is not None and self.issue is not None and ev.token is not None:
+            seq.state = self._state_token(seq, ev)
         if ev.token is not None and ev.token != self.worker._eos:
             self._timing()
             seq.ids.append(ev.token)
@@ -379,8 +494,20 @@ class Generation:
                 out.append(self._told(seq, {**where, "text": seq.text[seq.sent :]}))
                 seq.sent = len(seq.text)
         if seq.finish is not None:
-            out.append(self._told(seq, {**where, "finish_reason": seq.finish}))
+            last: dict[str, Any] = {**where, "finish_reason": seq.finish}
+            if seq.state is not None:
+                last["state"] = seq.state
+            out.append(self._told(seq, last))
         return out
+
+    def _state_token(self, seq: Seq, ev: TokenEvent) -> str:
+        """The finished sequence's state token: its state before its last token (pending)."""
+        assert ev.state is not None and ev.token is not None and self.issue is not None
+        state, key, drawn = ev.state
+        seed = self.params.seed
+        return self.issue(StateValue(
+            KIND_LM, self.worker.identity, self.positions[seq.prompt_index] + seq.drawn - 1,
+            state, LMResume(ev.token, key, drawn, seed)))
 
     def _told(self, seq: Seq, event: dict[str, Any]) -> dict[str, Any]:
         """`event` with the log-probs of the tokens not told yet, when asked (module doc);
@@ -432,6 +559,8 @@ class Generation:
         for s in self.seqs:
             r: dict[str, Any] = {"prompt_index": s.prompt_index, "index": s.index,
                                  "text": s.text, "finish_reason": s.finish or "length"}
+            if s.state is not None:
+                r["state"] = s.state
             if self.params.logprobs:
                 r["tokens"] = [self.worker.piece(i) for i in s.ids]
                 r["logprobs"] = list(s.logprobs)
@@ -442,8 +571,13 @@ class Generation:
         return out
 
     def usage(self) -> dict[str, int]:
+        cached = {s.prompt_index: s.cached for s in self.seqs}
         return {"prompt_tokens": self.prompt_tokens,
-                "completion_tokens": sum(len(s.ids) for s in self.seqs)}
+                "completion_tokens": sum(len(s.ids) for s in self.seqs),
+                "cached_tokens": sum(cached.values())}
+
+
+_ZERO = np.zeros(1, dtype=np.int64)
 
 
 def _find_stop(text: str, stops: tuple[str, ...], checked: int = 0) -> int | None:

@@ -93,7 +93,9 @@ def test_stream_events_match_the_json_answer(url: str) -> None:
     whole = post(url, "/v1/models/endless-lm/generate", body).json()
     got = events(url, "/v1/models/endless-lm/generate", body)
     assert got[-1] == "[DONE]" and "usage" in got[-2]
-    assert got[-2]["usage"] == whole["usage"]
+    cached = "cached_tokens"  # the second asking hits the prefix cache: what it saved differs
+    assert {k: v for k, v in got[-2]["usage"].items() if k != cached} == \
+        {k: v for k, v in whole["usage"].items() if k != cached}
     texts: dict[tuple[int, int], str] = {}
     finished = {}
     for ev in got[:-2]:

@@ -20,6 +20,7 @@ request has. A language model takes
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -122,7 +123,7 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
             return tensors
         return await _infer_series(worker, inputs, call)
     if isinstance(worker, LMWorker):
-        return await _infer_lm(worker, inputs, parameters, call)
+        return await _infer_lm(worker, inputs, parameters, call, states or StateCodec([]))
     texts = input_texts(inputs)
     if isinstance(worker, TranslatorWorker):
         options = TranslateOptions.from_parameters(parameters).search_options()
@@ -147,18 +148,47 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
 
 
 async def _infer_lm(worker: LMWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
-                    call: RequestContext) -> list[V2Tensor]:
+                    call: RequestContext, states: StateCodec) -> list[V2Tensor]:
     """A language model's infer: each `text_input` prompt's generation (the generate
-    extension's parameters, Triton's names), as `text_output` BYTES [n]."""
-    prompts = input_texts(inputs, "text_input")
+    extension's parameters, Triton's names), as `text_output` BYTES [n]; with
+    `parameters.return_state` also each sequence's state token as `state` BYTES [n]; a
+    `state` BYTES [1] input continues that sequence (one prompt, possibly empty)."""
+    given = dict(parameters)
+    return_state = given.pop("return_state", False)
+    if not isinstance(return_state, bool):
+        raise BadRequest("parameters.return_state must be true or false")
+    token = inputs.get("state")
+    rest = {k: v for k, v in inputs.items() if k != "state"}
+    prompts = input_texts(rest, "text_input") if token is None else _one_text(rest)
     try:
-        params = GenerateParameters.model_validate(parameters).params()
+        params = GenerateParameters.model_validate(given).params()
     except ValidationError as exc:
         raise BadRequest(f"bad parameters: {describe_errors(exc.errors())}") from exc
-    generation = worker.start(prompts, params, call)
+    extra: dict[str, Any] = {}
+    if return_state:
+        states.require("return_state")
+        params = dataclasses.replace(params, return_state=True)
+        extra["issue"] = states.encode
+    if token is not None:
+        extra["resume"] = states.decode(input_texts({"state": token}, "state")[0])
+    generation = worker.start(prompts, params, call, **extra)
     await generation.run()
     texts = [s.text for s in generation.seqs]
-    return [V2Tensor("text_output", "BYTES", [len(texts)], texts)]
+    out = [V2Tensor("text_output", "BYTES", [len(texts)], texts)]
+    if return_state:
+        out.append(V2Tensor("state", "BYTES", [len(texts)],
+                            [s.state or "" for s in generation.seqs]))
+    return out
+
+
+def _one_text(inputs: dict[str, V2Tensor]) -> list[str]:
+    """The one prompt after a state: `text_input` BYTES [1] (possibly empty)."""
+    text = inputs.get("text_input")
+    if text is None or len(inputs) != 1 or text.datatype != "BYTES" or len(text.data) != 1:
+        raise BadRequest("with a state input: exactly one more input, text_input BYTES [1] "
+                         "(the text after the state, possibly empty)")
+    x = text.data[0]
+    return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x)]
 
 
 def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]

@@ -84,7 +84,7 @@ Bias = Annotated[Number, Field(ge=-100, le=100)]
 Penalty = Annotated[Number, Field(ge=-2, le=2)]
 SERVED = ("model", "prompt", "max_tokens", "temperature", "top_p", "n", "best_of", "stop",
           "seed", "stream", "stream_options", "logprobs", "echo", "presence_penalty",
-          "frequency_penalty", "logit_bias", "ignore_eos", "user")
+          "frequency_penalty", "logit_bias", "ignore_eos", "user", "return_state", "state")
 PROMPT_SHAPES = ("prompt: a string, a list of strings, a list of token ids or a list of lists "
                  "of token ids (none empty)")
 
@@ -96,6 +96,9 @@ class StreamOptions(BaseModel):
 
     include_usage: StrictBool = Field(False, description="A last chunk with `usage` and no "
                                                          "choices.")
+    continuous_usage_stats: StrictBool = Field(
+        False, description="vLLM's: every chunk carries the usage so far (what guidellm "
+                           "sends); with include_usage.")
 
 
 class CompletionRequest(BaseModel):
@@ -361,12 +364,16 @@ def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStre
     context = RequestContext(deadline=time.monotonic() + timeout)
     prompts, futures, generation = _prepare(state, name, body, worker, context, call.scope)
     head = _head(name)
-    usage_too = body.stream_options is not None and body.stream_options.include_usage
+    options = body.stream_options
+    usage_too = options is not None and options.include_usage
+    running = usage_too and options is not None and options.continuous_usage_stats
     extra: dict[str, Any] = {"usage": None} if usage_too else {}
     n = body.n
     at: dict[int, int] = {}  # each choice's text offset so far
 
     def chunk(choice: dict[str, Any]) -> bytes:
+        if running:  # the usage so far on every chunk
+            return sse({**head, "choices": [choice], "usage": _usage(prompts, generation)})
         return sse({**head, "choices": [choice], **extra})
 
     def told(ev: dict[str, Any]) -> dict[str, Any]:

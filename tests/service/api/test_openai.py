@@ -7,6 +7,7 @@ GET /health, the tokenizer endpoints, and the model's name in the metrics and ac
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections import Counter
@@ -369,3 +370,20 @@ def test_tokenizer_endpoints_round_trip(url: str) -> None:
     bad = post(url, "/detokenize", {"model": "tiny-lm", "tokens": [1, 10_000]})
     assert bad.status_code == 400 and "tokens[1]" in bad.json()["error"]
     assert post(url, "/tokenize", {"model": "no-such", "prompt": "a"}).status_code == 404
+
+
+def test_continuous_usage_stats_as_guidellm_asks(url: str) -> None:
+    """guidellm sends `stream_options.continuous_usage_stats` on every request: each chunk
+    then carries the usage so far (vLLM's), the counts only growing to the final ones."""
+    body = {"model": "tiny-lm", "prompt": "one two", "max_tokens": 5, "temperature": 0,
+            "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    made = [c["usage"]["completion_tokens"] for c in chunks]
+    assert all(c["usage"] is not None for c in chunks)
+    assert made == sorted(made) and made[-1] == 5 and chunks[-1]["choices"] == []

@@ -131,6 +131,12 @@ class Metrics:
             "Feature-sequence models: a session's start to its end or expiry.", SESSION_BUCKETS)
         self.expired_sessions = counter("seqserve_expired_sessions",
                                         "Sessions expired after their idle timeout.")
+        self.session_capacity = gauge("seqserve_session_capacity", "Feature-sequence "
+                                      "models: most live sessions (max_sessions).")
+        self.session_refusals = counter(
+            "seqserve_session_refusals", "Session chunks the session table refused, by "
+            "reason: full (max_sessions), busy (a chunk in flight), unknown (not live).",
+            ("model", "reason"))
         self._model_control(histogram, gauge, counter)
 
     def _model_control(self, histogram: Any, gauge: Any, counter: Any) -> None:
@@ -253,6 +259,9 @@ class ModelMetrics:
         self.live_sessions = m.live_sessions.labels(model)
         self.session_lifetime = m.session_lifetime.labels(model)
         self.expired_sessions = m.expired_sessions.labels(model)
+        self.session_capacity = m.session_capacity.labels(model)
+        self._session_refusals = m.session_refusals
+        self._model = model
         self._cache = {e: m.prefix_cache.labels(model, e) for e in ("hit", "miss", "evicted")}
         self._cache_tokens = m.prefix_cache_tokens.labels(model)
         self._cache_bytes = m.prefix_cache_bytes.labels(model)
@@ -298,6 +307,14 @@ class ModelMetrics:
         self.session_lifetime.observe(lifetime_s)
         if expired:
             self.expired_sessions.inc()
+
+    def on_session_capacity(self, most: int) -> None:
+        """The session table's size (`scheduling.sessions`)."""
+        self.session_capacity.set(most)
+
+    def on_session_refused(self, reason: str) -> None:
+        """A chunk the session table refused: "full", "busy" or "unknown"."""
+        self._session_refusals.labels(self._model, reason).inc()
 
     def on_finish(self, tokens: int, seconds: float) -> None:
         self.tokens.inc(tokens)

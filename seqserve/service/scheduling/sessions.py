@@ -21,6 +21,11 @@ keys stores by (model, version), so a session is (model, version, session id)):
   it periodically and `acquire` checks the one it finds, so expiry is exact to the second
   whatever the sweep's period.
 
+Metrics: the observer's `on_sessions` (live sessions), and, where it has them (core.metrics'
+`ModelMetrics` does; the scheduling `Observer` protocol does not require them),
+`on_session_capacity` (max_sessions, once) and `on_session_refused(reason)` for each chunk
+refused: "full", "busy" or "unknown".
+
 Memory: one float32 row of `state_dim` per session, at most max_sessions x state_dim x 4
 bytes per model version. Everything runs on the event loop's thread (no locks).
 """
@@ -78,6 +83,15 @@ class SessionStore:
         self.observer: Observer = observer or NullObserver()
         self.clock = clock
         self.sessions: dict[str, Session] = {}
+        self._refused = getattr(self.observer, "on_session_refused", None)
+        capacity = getattr(self.observer, "on_session_capacity", None)
+        if capacity is not None:
+            capacity(config.max_sessions)
+
+    def _refuse(self, reason: str, exc: Exception) -> Exception:
+        if self._refused is not None:
+            self._refused(reason)
+        return exc
 
     def __len__(self) -> int:
         return len(self.sessions)
@@ -108,22 +122,23 @@ class SessionStore:
         if s is None and start and end:  # one-shot: no slot (module doc)
             return Session(session_id, self._zeros(), started=now, used=now, busy=True)
         if s is not None and s.busy:
-            raise SessionBusy(f"session {session_id!r} has a chunk in flight: send its next "
-                              "chunk after that one's answer (one chunk per session at a time)")
+            raise self._refuse("busy", SessionBusy(
+                f"session {session_id!r} has a chunk in flight: send its next chunk after "
+                "that one's answer (one chunk per session at a time)"))
         if s is None and not start:
-            raise SessionNotFound(
+            raise self._refuse("unknown", SessionNotFound(
                 f"session {session_id!r} is unknown: it was never started, it ended, it "
                 f"expired after {self.config.idle_timeout_s:g} s idle, or the server restarted "
                 "(sessions live in memory). Start it again with \"start\": true (OIP: "
-                "sequence_start) and its history")
+                "sequence_start) and its history"))
         if s is None:
             if len(self.sessions) >= self.config.max_sessions:
                 self.sweep()
             if len(self.sessions) >= self.config.max_sessions:
-                raise TooManySessions(
+                raise self._refuse("full", TooManySessions(
                     f"this model holds its limit of {self.config.max_sessions} live sessions "
                     "(max_sessions); retry later, or end sessions you no longer need "
-                    "(\"end\": true)", retry_after=self.config.retry_after_s)
+                    "(\"end\": true)", retry_after=self.config.retry_after_s))
             s = Session(session_id, self._zeros(), started=now, used=now)
             self.sessions[session_id] = s
             self.observer.on_sessions(len(self.sessions))

@@ -114,7 +114,7 @@ class LocalTable:
         if entry is None:
             return
         remote = self.remote
-        if remote is not None and entry.engine is remote:
+        if entry.engine is remote and remote is not None:  # (this order narrows remote)
             if not await remote.settle(name, version, self.drain_timeout_s):
                 log.warning("model %s version %d: requests still pending in the engine after "
                             "%.0f s", name, version, self.drain_timeout_s)

@@ -62,11 +62,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--beam-size", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="ORT intra-op and torch threads")
+    p.add_argument("--switch-interval-ms", type=float, default=0.5,
+                   help="the GIL switch interval (sys.setswitchinterval) of the process; "
+                   "0.5, the server's default (ProcessSettings), unless told otherwise")
     p.add_argument("--groups", type=int, default=1, help="decode loop decoder-step groups")
     p.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="training run for (c) (default: the manifest's source run)")
     p.add_argument("--skip-eager", action="store_true")
+    p.add_argument("--only", choices=["continuous", "request-level"], default=None,
+                   help="run this one decode-loop mode alone (for a profiler); no ratios")
     p.add_argument("--gpu-check", action="store_true",
                    help="TorchScript on CUDA vs CPU: equality and tokens/s at 1/32/256")
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -250,6 +255,7 @@ def step_table(stats: StepStats) -> list[tuple[str, int, float, float]]:
 
 def main() -> None:
     args = parse_args()
+    sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     path, manifest = bundle(args.repo, args.model)
     if args.gpu_check:
         gpu_check(args, path, manifest)
@@ -266,6 +272,13 @@ def main() -> None:
           f"clients, beam {args.beam_size}, {args.threads} thread(s), {args.groups} group(s), "
           f"decode loop of {_tree()}")
     results: dict[str, dict[str, float]] = {}
+    if args.only:
+        figures, st = asyncio.run(loop_mode(runtime, limits, items, args,
+                                            args.only == "continuous"))
+        print(f"{args.only}: {figures['tokens_per_s']:.1f} tokens/s, p99 "
+              f"{figures['p99_ms']:.1f} ms, {st.steps} steps, "
+              f"{figures['cpu_ms_per_1k_tokens']:.1f} cpu ms/1k tokens")
+        return
     results["a_continuous"], stats = asyncio.run(loop_mode(runtime, limits, items, args, True))
     results["b_request_level"], stats_b = asyncio.run(
         loop_mode(runtime, limits, items, args, False))

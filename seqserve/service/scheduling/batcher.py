@@ -390,11 +390,17 @@ def _stop_threads(queues: list[queue.SimpleQueue[tuple[Any, ...] | None]]) -> No
         jobs.put(None)  # each instance's thread ends after the batch it runs, if any
 
 
+MIN_OVERHEAD = 1e-6
+"""The least fixed cost `plan_batch` counts per batch (in tokens): a tie-break, not a cost."""
+
+
 def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
                overhead: float) -> tuple[int, int]:
     """The group [i, j) of sorted `lengths` holding `anchor` in the cheapest split of all rows
     into contiguous groups, a group costing `overhead + rows x lengths[j-1]`, each group
-    within `max_rows` and `max_tokens` (a single row always forms a valid group)."""
+    within `max_rows` and `max_tokens` (a single row always forms a valid group). A group
+    costs at least `MIN_OVERHEAD` more than its rows, so that of splits equal in padding the
+    one with fewer groups wins (with no overhead, rows of equal length went one per batch)."""
     n = len(lengths)
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of lengths[:j]
     start = [0] * (n + 1)
@@ -404,7 +410,7 @@ def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
             rows = j - i
             if rows > 1 and rows * longest > max_tokens:
                 break
-            cost = best[i] + overhead + rows * longest
+            cost = best[i] + max(overhead, MIN_OVERHEAD) + rows * longest
             if cost < best[j]:
                 best[j], start[j] = cost, i
     j = n

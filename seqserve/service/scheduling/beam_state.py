@@ -16,7 +16,7 @@ from functools import lru_cache
 import numpy as np
 
 from seqserve.service.scheduling.arrays import Columns, fit
-from seqserve.service.scheduling.finished import FinishedStore
+from seqserve.service.scheduling.finished import FinishedStore, Found
 from seqserve.service.scheduling.sampling import Sampler, sampling_k
 from seqserve.service.scheduling.search import (
     DecodeLimits,
@@ -224,9 +224,13 @@ class BeamState:
 
     def results(self, positions: np.ndarray) -> list[list[Hypothesis]]:
         """The n-best of the requests at `positions`, best first."""
+        return self.gathered(positions).hypotheses()
+
+    def gathered(self, positions: np.ndarray) -> Found:
+        """`results` copied out as arrays (the answers built later: `Found.hypotheses`)."""
         r = self.reqs
-        return self.finished.hypotheses(positions, r.src_len[positions],
-                                        r.coverage[positions], r.attention[positions])
+        return self.finished.gather(positions, r.src_len[positions], r.coverage[positions],
+                                    r.attention[positions])
 
     def _membership_changed(self, joined: bool) -> None:
         r = self.rows

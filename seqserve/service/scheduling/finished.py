@@ -126,16 +126,40 @@ class FinishedStore:
                    attention: np.ndarray) -> list[list[Hypothesis]]:
         """The finished hypotheses of the requests at `positions`, best first, as answers;
         with coverage / attention rows where those (n,) flags are set."""
+        return self.gather(positions, src_len, coverage, attention).hypotheses()
+
+    def gather(self, positions: np.ndarray, src_len: np.ndarray, coverage: np.ndarray,
+               attention: np.ndarray) -> Found:
+        """The n-best of the requests at `positions` copied out of the pool (arrays only):
+        `Found.hypotheses()` builds the answers later, whatever the store does meanwhile."""
         index = self.index[positions]  # (n, N) slots fill from the first
-        counts = (index >= 0).sum(1).tolist()
-        found = self.pool.take(np.maximum(index, 0))  # (n, N, ...)
+        return Found((index >= 0).sum(1), self.pool.take(np.maximum(index, 0)), src_len,
+                     coverage, attention)
+
+
+@dataclass(frozen=True, eq=False)
+class Found:
+    """Some requests' n-best, gathered: (n, N, ...) entries, the first `counts` of each row
+    valid; the per-request source length and coverage / attention flags (n,)."""
+
+    counts: np.ndarray
+    entries: Entries
+    src_len: np.ndarray
+    coverage: np.ndarray
+    attention: np.ndarray
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        """The answers, one list per request, best first."""
+        found = self.entries
+        counts = self.counts.tolist()
         scores, logps = found.score.tolist(), found.logp.tolist()
         lengths, ended, tokens = found.length.tolist(), found.ended.tolist(), found.tokens.tolist()
+        src_len, coverage, attention = self.src_len.tolist(), self.coverage, self.attention
         out = []
-        for i in range(len(positions)):
+        for i, count in enumerate(counts):
             hyps = []
-            for j in range(counts[i]):
-                n, s = lengths[i][j], int(src_len[i])
+            for j in range(count):
+                n, s = lengths[i][j], src_len[i]
                 hyps.append(Hypothesis(
                     tuple(tokens[i][j][:n]), logps[i][j], scores[i][j], ended[i][j],
                     coverage=found.coverage[i, j, :s].copy() if coverage[i] else None,

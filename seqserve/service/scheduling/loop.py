@@ -4,10 +4,12 @@ A scheduler (`Scheduled`: the translator's `DecodeScheduler`, the language model
 `LMScheduler`, anything later) is synchronous and model-free: `schedule()` says what to run
 next (an admission batch, one step per group), `execute(work)` runs one item (on a lane's
 thread: lanes.py), `update(work, result)` applies what came back and returns the `Outcome`s of
-the requests that left, `fail_all(error)` fails every request (a bug must not hang clients),
-`abort(error)` ends every request with `error` (a shutdown past its grace).
-`LoopDriver` is the asyncio task that feeds it: launch what it schedules on the item's lane,
-wait for any item to come back, update, resolve, report, and sleep when nothing runs until
+the requests that left, `settle()` those whose answers it built only after the driver launched
+the next work (so the runtime does not wait for them), `fail_all(error)` fails every request
+(a bug must not hang clients), `abort(error)` ends every request with `error` (a shutdown
+past its grace). `LoopDriver` is the asyncio task that feeds it: launch what it schedules on
+the item's lane, wait for any item to come back, update, resolve, report, and sleep when
+nothing runs until
 `kick()` wakes it; `stop()` ends it once the scheduler is closing and idle, `drain(timeout,
 error)` stops it within a grace and aborts what is left. Every request of every scheduler has
 one `Status`.
@@ -75,6 +77,12 @@ class RequestTable(Generic[Q]):
         """End `request` with `error` where the scheduler answers its requests (the
         language models' sinks); by default the driver's `resolve` does."""
 
+    def settle(self) -> list[Outcome]:
+        """Requests that left in the last updates and are answered only now, after the
+        driver launched the next work (the translator's: building its n-best answers off
+        the decoder's path); none by default."""
+        return []
+
     def abort(self, error: Exception) -> list[Outcome]:
         """Every live request is aborted (shutdown past its grace): they leave with
         `error`."""
@@ -102,6 +110,8 @@ class Scheduled(Protocol[W, R]):
     def execute(self, work: W) -> R: ...
 
     def update(self, work: W, result: R) -> list[Outcome]: ...
+
+    def settle(self) -> list[Outcome]: ...
 
     def fail_all(self, error: Exception) -> list[Outcome]: ...
 
@@ -168,6 +178,7 @@ class LoopDriver(Generic[W, R]):
             try:
                 for work in scheduler.schedule():
                     lanes.put(scheduler.lane(work), work)
+                self.resolve(scheduler.settle())  # after the puts: off the runtime's path
             except Exception as exc:  # a bug here must not hang every waiting client
                 log.exception("%s schedule failed", type(scheduler).__name__)
                 self.resolve(scheduler.fail_all(exc))

@@ -40,6 +40,7 @@ from seqserve.service.scheduling.base import (
     Observer,
     admit_by_wait,
 )
+from seqserve.service.scheduling.finished import Found
 from seqserve.service.scheduling.group import DecodeGroup
 from seqserve.service.scheduling.loop import Outcome, RequestTable, Status
 from seqserve.service.scheduling.search import DecodeLimits, Hypothesis, SearchOptions, max_steps
@@ -99,6 +100,7 @@ class DecodeScheduler(RequestTable[Request]):
         self.groups = [DecodeGroup(self.limits) for _ in range(self.config.groups)]
         self._busy: set[int] = set()  # groups whose step is out
         self._encoding = False
+        self._settling: list[tuple[list[Request], list[int], Found]] = []
         self._epoch += 1
 
     # -- requests in ----------------------------------------------------------------------
@@ -186,7 +188,7 @@ class DecodeScheduler(RequestTable[Request]):
         return sum(g.rows for g in self.groups)
 
     def has_work(self) -> bool:
-        return bool(self.table) or bool(self._busy) or self._encoding
+        return bool(self.table) or bool(self._busy) or self._encoding or bool(self._settling)
 
     # -- the step -------------------------------------------------------------------------
 
@@ -195,7 +197,7 @@ class DecodeScheduler(RequestTable[Request]):
         outcomes = []
         for work in self.schedule():
             outcomes += self.update(work, self.execute(work))
-        return outcomes
+        return outcomes + self.settle()
 
     def lane(self, work: Work) -> int:
         """The work lane of an item: encoder batches on one thread, decoder steps on another."""
@@ -238,9 +240,19 @@ class DecodeScheduler(RequestTable[Request]):
             return [self._fail(self.table[rid], exc) for rid in work.group.keys.tolist()
                     if rid in self.table]
 
+    def settle(self) -> list[Outcome]:
+        """The answers of the requests that finished in the updates since the last call.
+        Their n-best was copied out in `update`; building the answers (a `Hypothesis` per
+        hypothesis) waits for this call, which the driver makes once it has launched the
+        next steps, so that the decoder does not wait for it."""
+        settling, self._settling = self._settling, []
+        return [self._answer(r, hyps, steps) for requests, steps_of, found in settling
+                for r, steps, hyps in zip(requests, steps_of, found.hypotheses(), strict=True)]
+
     def fail_all(self, error: Exception) -> list[Outcome]:
-        """Fail every live request (a bug in the loop must not hang its clients)."""
-        outcomes = [self._fail(r, error) for r in list(self.table.values())]
+        """Fail every live request (a bug in the loop must not hang its clients); those
+        already finished are answered."""
+        outcomes = self.settle() + [self._fail(r, error) for r in list(self.table.values())]
         self._reset()
         return outcomes
 
@@ -351,10 +363,13 @@ class DecodeScheduler(RequestTable[Request]):
         positions = np.flatnonzero(leave)
         answered = [q for q in positions.tolist() if q not in result.failed
                     and self.table[int(group.keys[q])].status is Status.DECODING]
-        for q, hyps in zip(answered, group.beams.results(np.array(answered, np.int64)),
-                           strict=True):
-            outcomes.append(self._answer(self.table[int(group.keys[q])], hyps,
-                                         int(group.beams.reqs.steps[q])))
+        if answered:  # answered by `settle`, once the next steps are out
+            at = np.array(answered, np.int64)
+            requests = [self.table[rid] for rid in group.keys[at].tolist()]
+            for r in requests:
+                r.status = Status.FINISHED
+            self._settling.append((requests, group.beams.reqs.steps[at].tolist(),
+                                   group.beams.gathered(at)))
         for rid in group.keys[positions].tolist():
             self._cancelled.discard(rid)
             self.table.pop(rid, None)
@@ -364,7 +379,6 @@ class DecodeScheduler(RequestTable[Request]):
 
     def _answer(self, r: Request, hyps: list[Hypothesis], steps: int) -> Outcome:
         now = self.clock()
-        r.status = Status.FINISHED
         best = hyps[0] if hyps else None
         tokens = len(best.token_ids) - int(best.ended) if best else 0  # EOS not counted
         self.stats.generated_tokens += tokens

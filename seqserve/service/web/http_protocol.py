@@ -317,6 +317,9 @@ def guarded_protocol(header_timeout_s: float, *,
             if self._waiting is not None and self.cycle.response_complete:
                 answer, self._waiting = self._waiting, None
                 self.loop.call_soon(self._answer_and_close, answer)  # after OneWrite's flush
+            elif self._stopping and not self.pipeline and self.cycle.response_complete \
+                    and not self.transport.is_closing():
+                self.loop.call_soon(self._close_idle)  # the server stops: after OneWrite's flush
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -359,6 +362,7 @@ def guarded_protocol(header_timeout_s: float, *,
                 return
             self._refused = self._closing = True
             self._disarm()
+            self.flow.resume_reading()  # (paused while a request was pipelined): drop it
             if transport.can_write_eof():
                 transport.write_eof()
                 self._linger = self.loop.call_later(LINGER_S, transport.close)
@@ -368,6 +372,9 @@ def guarded_protocol(header_timeout_s: float, *,
         def _close_idle(self) -> bool:
             """Close an idle connection unless its client sent a request already (then it
             is read and answered; the drain closes after it); True when closing."""
+            if self.transport.is_closing() or (
+                    self.cycle is not None and not self.cycle.response_complete):
+                return False  # closed already, or a request came in meanwhile
             if unread(self.transport):
                 return False
             self.close_after_answer()

@@ -572,8 +572,10 @@ class Generation:
 
     def usage(self) -> dict[str, int]:
         cached = {s.prompt_index: s.cached for s in self.seqs}
+        eos = self.params.with_eos  # OpenAI's and vLLM's count: a drawn eos is a token
         return {"prompt_tokens": self.prompt_tokens,
-                "completion_tokens": sum(len(s.ids) for s in self.seqs),
+                "completion_tokens": sum(len(s.ids) + (eos and s.eos is not None)
+                                         for s in self.seqs),
                 "cached_tokens": sum(cached.values())}
 
 

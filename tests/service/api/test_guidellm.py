@@ -8,11 +8,9 @@ answers for the same body unstreamed; their sum is what /metrics says was genera
 
 Greedy (`extras.body.temperature=0`) and `max_tokens` go through guidellm's backend
 options, so the replay is deterministic; tiny-lm draws eos, so lengths vary. A generation
-whose first draw is eos (text "", `completion_tokens` 0) is an error to guidellm
-("[UNUSABLE_BACKEND_RESPONSE] backend resolved with empty response payload": it wants text,
-tool calls or output tokens; vLLM counts the eos in `completion_tokens`), so the profiles'
-prompts are those whose greedy answer has text, and `test_guidellm_eos_first` pins that
-case (an xfail while it is one).
+whose first draw is eos has text "" and, as vLLM counts it, `completion_tokens` 1 (with 0,
+guidellm took it for an error: "[UNUSABLE_BACKEND_RESPONSE] backend resolved with empty
+response payload"); `test_guidellm_eos_first` pins that case.
 
 guidellm runs in its own environment (`.client-venvs/guidellm`, made once from the registry),
 as a subprocess, offline: no tokenizer (its token counts are the server's usage)."""
@@ -147,19 +145,18 @@ UNUSABLE = ("ValueError('[UNUSABLE_BACKEND_RESPONSE] backend resolved with empty
 
 
 def test_guidellm_eos_first(guidellm_bin: Path, url: str, tmp_path: Path) -> None:
-    """eos drawn first (a logit bias): the server answers text "" and completion_tokens 0,
-    which guidellm 0.8.1 counts as an error (xfail while it does; vLLM counts the eos)."""
+    """eos drawn first (a logit bias): the server answers text "" with completion_tokens 1
+    (the eos drawn counts, as vLLM counts it; guidellm 0.8.1 takes a completion with no text
+    and 0 tokens for an error)."""
     eos = httpx.get(f"{url}/tokenizer_info", timeout=30).json()["eos_token_id"]
     body = {"model": MODEL, "prompt": "one two three\n", "max_tokens": MAX_TOKENS,
             "temperature": 0, "logit_bias": {str(eos): 100}}
     answer = complete(url, body)
     assert answer["choices"][0]["text"] == "" and answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["usage"]["completion_tokens"] == 1
     benchmark = run_guidellm(guidellm_bin, url, tmp_path / "run", ["one two three"],
                              "kind=synchronous", 1, f",extras.body.logit_bias.{eos}=100")
-    if errors(benchmark) == [UNUSABLE]:
-        pytest.xfail("issue 35: guidellm 0.8.1 rejects a completion with no text and "
-                     f"completion_tokens {answer['usage']['completion_tokens']} (eos first)")
-    assert errors(benchmark) == []
+    assert errors(benchmark) == [], UNUSABLE
     (request,) = benchmark["requests"]["successful"]
     assert json.loads(request["request_args"])["body"]["logit_bias"] == {str(eos): 100}
     assert request["output"] == ""

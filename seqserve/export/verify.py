@@ -86,6 +86,7 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
             max_length=int(manifest.limits.get("max_tokens", 64)),
             vocab_size=_vocab_size(manifest), pad_id=max(manifest.tokenizer.pad_id, 0),
             target_vocab_size=manifest.target.vocab_size if manifest.target_tokenizer else None,
+            state_dim=int(manifest.state_dim or 0),  # an LM prefill's initial_state
             **(grid or {}),
         )
     else:

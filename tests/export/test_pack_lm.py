@@ -241,3 +241,27 @@ def test_bad_lm_graphs_are_refused_naming_the_fix(packed: dict[str, Any], tmp_pa
     with pytest.raises(UserError, match="tokenizer has 6 tokens"):
         seqserve.pack.lm(packed["lstm"], tokenizer=small, specials={"bos": "<eos>"},
                          repo=repo, name="api-vocab", progress=False)
+
+
+def test_packed_graphs_with_initial_states_continue_cached_prefixes(packed: dict[str, Any],
+                                                                     server: str) -> None:
+    """A user's graph that takes its initial states is packed with the contract's
+    initial_state (schema 3): the prefix cache runs only a prompt's remainder and answers as
+    recomputing does; the Python API's wrapper starts from zeros (no initial_state): its
+    prompts are recomputed, the same answers."""
+    from seqserve.export.manifest import load_bundle
+
+    prompt = PROMPTS[0] * 3
+    with httpx.Client(base_url=server, timeout=60) as c:
+        for name, takes in (("lstm-cli", True), ("gru-cli", True), ("lstm-api", False)):
+            manifest = load_bundle(packed["repo"] / name / "1")
+            inputs = [t.name for t in manifest.graphs["prefill"].inputs]
+            assert ("initial_state" in inputs) == takes == (manifest.state_dim is not None)
+            body = {"prompt": prompt, "max_new_tokens": MAX_NEW, "temperature": 0,
+                    "logprobs": True}
+            first, again = (c.post(f"/v1/models/{name}/generate", json=body).json()
+                            for _ in range(2))
+            assert again["results"] == first["results"], name
+            assert (again["usage"]["cached_tokens"] > 0) == takes, (name, again["usage"])
+            described = c.get(f"/v1/models/{name}").json()
+            assert "prefix_cache" in json.dumps(described)

@@ -42,6 +42,8 @@ class PackedGraph:
     tensor_names: dict[str, str] = field(default_factory=dict)
     eager: Any | None = None
     """The eager wrapper module (Python API): the parity reference."""
+    inputs_given: list[str] = field(default_factory=list)
+    """Optional contract inputs it takes (a prefill's initial_state)."""
 
 
 def parse_labels(labels: Any) -> list[str]:
@@ -63,7 +65,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                 max_tokens: int = 128, max_decode_length: int = 128,
                 source: dict[str, Any] | None = None, opset: int | None = None,
                 progress: bool = True, grid: dict[str, Any] | None = None,
-                attention: bool | None = None, words: str | None = None) -> Path:
+                attention: bool | None = None, words: str | None = None,
+                state_dim: int | None = None) -> Path:
     """Write `repo/name/version` from packed graphs and return its path (see module doc).
     `attention` False: a translator whose step has no attention (its graph returns zeros).
     `words` (taggers): "whitespace" (None: the same) or "tokenizer" (`Manifest.words`)."""
@@ -101,7 +104,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                         target_tokenizer=target_tok, labels=labels, limits=limits,
                         graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
                         attention=attention, source=dict(source or _PACKED_BY),
-                        words=words if task == "tagger" else None)
+                        words=words if task == "tagger" else None,
+                        state_dim=state_dim if task == "lm" else None)
 
     return _write(repo, name, version, graphs, build, grid or {}, progress,
                   UserNames.from_source(task, source))
@@ -327,7 +331,7 @@ def _write_graphs(out: Path, graphs: dict[str, PackedGraph]) -> dict[str, GraphS
             torch.jit.save(packed.torchscript, str(out / ts_file))
         if onnx_file is None and ts_file is None:
             raise UserError(f"graph {graph}: give an ONNX file (a TorchScript twin is optional)")
-        want = expected_spec(graph, packed.outputs)
+        want = expected_spec(graph, packed.outputs, packed.inputs_given)
         specs[graph] = GraphSpec(want.inputs, want.outputs, onnx_file, ts_file,
                                  tensor_names=dict(packed.tensor_names))
     return specs
@@ -339,6 +343,7 @@ def _first_id(vocab: int) -> int:
 
 def _grid(manifest: Manifest, overrides: dict[str, Any]) -> ParityGrid:
     src, tgt = manifest.tokenizer, manifest.target
+    overrides = {"state_dim": int(manifest.state_dim or 0), **overrides}
     return ParityGrid(max_length=int(manifest.limits["max_tokens"]), vocab_size=src.vocab_size,
                       pad_id=max(src.pad_id, 0), target_vocab_size=tgt.vocab_size,
                       first_id=_first_id(min(src.vocab_size, tgt.vocab_size)), **overrides)
@@ -353,8 +358,11 @@ def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]],
     ids = np.full((1, 3), _first_id(manifest.tokenizer.vocab_size), np.int64)
     lengths = np.array([3], np.int64)
     names = [t.name for t in manifest.graphs[first].inputs]
+    feed = {names[0]: ids, names[1]: lengths}
+    if "initial_state" in names:  # a prefill from zeros
+        feed["initial_state"] = np.zeros((1, int(manifest.state_dim or 0)), np.float32)
     try:
-        out = runners[fmt][first]({names[0]: ids, names[1]: lengths})
+        out = runners[fmt][first](feed)
     except Exception as exc:  # the runtime's own error, named
         raise BundleError(f"{users.file(first)}: the {first} graph fails on a (1, 3) batch of "
                           f"token ids: {exc}") from exc

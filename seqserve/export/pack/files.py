@@ -412,9 +412,10 @@ def pack_lm_files(*, repo: PathLike, name: str, prefill: PathLike | None,
                      False)
     check_lm_layouts(pre_model, pre_names.new_states, layouts, str(prefill), "prefill output",
                      True)
+    takes = ["initial_state"] if pre_names.states else []  # its own initial states
     graphs = {"prefill": PackedGraph(["state", "log_probs"],
                                      compose_prefill(pre_model, pre_names, layouts,
-                                                     str(prefill))),
+                                                     str(prefill)), inputs_given=takes),
               "lm_step": PackedGraph(["new_state", "log_probs"],
                                      compose_lm_step(step_model, step_names, layouts,
                                                      str(step)))}
@@ -423,7 +424,8 @@ def pack_lm_files(*, repo: PathLike, name: str, prefill: PathLike | None,
               "prefill_names": _names_dict(pre_names), "step_names": _names_dict(step_names),
               "sequence_lens": pre_names.lengths is None}
     return pack_bundle("lm", graphs, tokenizer, repo, name, version=version, specials=specials,
-                       max_tokens=max_tokens, progress=progress, source=source)
+                       max_tokens=max_tokens, progress=progress, source=source,
+                       state_dim=sum(x.width for x in layouts) if takes else None)
 
 
 def _names_dict(names: LMGraphNames) -> dict[str, Any]:

@@ -415,20 +415,13 @@ def with_sequence_lens(model: Any, lengths: str, file: str) -> Any:
     return model
 
 
-def _zeros_state(b: _Builder, batch: str, lay: StateLayout, value: Any, target: str) -> None:
-    """A zero initial state of the user's shape (layers, batch, hidden) or (batch, hidden)."""
-    parts = ([b.const("layers", [lay.layers])] if lay.layers else []) + \
-        [batch, b.const("hidden", [lay.hidden])]
-    shape = b.one("Concat", parts, axis=0)
-    zero = b.onnx.helper.make_tensor(b.name("zero"), F32, [1], [0.0])
-    _cast_to(b, b.one("ConstantOfShape", [shape], value=zero), value, target)
-
-
 def compose_prefill(user: Any, names: LMGraphNames, layouts: list[StateLayout],
                     file: str) -> Any:
     """LM prefill: the user's sequence graph (ids[, lengths][, initial state...]) ->
-    (logits, state...) becomes the contract's (input_ids, lengths) -> (state after each row's
-    last token, log_probs zero past each row's length). Initial states are zeros. A graph
+    (logits, state...) becomes the contract's (input_ids, lengths[, initial_state]) -> (state
+    after each row's last token, log_probs zero past each row's length). A graph that takes
+    its initial states takes them as the contract's flat `initial_state` (a cached prefix's
+    or a client's state continues in one call); one without starts from zeros. A graph
     without a lengths input gets one through its recurrent nodes' `sequence_lens` (the state
     it returns is then each row's own); a graph with neither is refused."""
     b = _Builder(user)
@@ -450,8 +443,10 @@ def compose_prefill(user: Any, names: LMGraphNames, layouts: list[StateLayout],
                 "row's state at its length (seqserve.pack.length_aware(your_rnn) does that), "
                 "or pack the module with seqserve.pack.lm")
         bind_sequence_lens(nodes, b.one("Cast", ["lengths"], to=6), file)  # int32
-    for name, lay in zip(names.states, layouts, strict=False):
-        _zeros_state(b, batch, lay, _value(user, name), PREFIX + name)
+    takes_state = bool(names.states)  # the graph's own initial states: the contract's
+    if takes_state:  # initial_state (schema 3), split into them; else they are zeros
+        b.unflatten(b.one("Identity", ["initial_state"]), layouts,
+                    [PREFIX + n for n in names.states])
     b.split_pre()
     logits = PREFIX + names.logits
     rank = _rank(_value(user, names.logits, outputs=True))
@@ -470,9 +465,11 @@ def compose_prefill(user: Any, names: LMGraphNames, layouts: list[StateLayout],
     b.one("Where", [mask, lp, b.const("zero", [0.0], "float32")], "log_probs")
     states = [b.one("Cast", [PREFIX + o], to=F32) for o in names.new_states]
     b.flatten(states, layouts, "state")
-    return b.model([_vi("input_ids", I64, ["batch", "seq"]), _vi("lengths", I64, ["batch"])],
-                   [_vi("state", F32, ["batch", "state_dim"]),
-                    _vi("log_probs", F32, ["batch", "seq", "vocab"])])
+    inputs = [_vi("input_ids", I64, ["batch", "seq"]), _vi("lengths", I64, ["batch"])]
+    if takes_state:
+        inputs.append(_vi("initial_state", F32, ["batch", "state_dim"]))
+    return b.model(inputs, [_vi("state", F32, ["batch", "state_dim"]),
+                            _vi("log_probs", F32, ["batch", "seq", "vocab"])])
 
 
 def compose_lm_step(user: Any, names: LMGraphNames, layouts: list[StateLayout],

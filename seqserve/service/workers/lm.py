@@ -224,7 +224,8 @@ class LMWorker:
         if params.seed is None or params.seed == lm.seed:
             key, drawn, seed = lm.key, lm.drawn, lm.seed
         else:  # another seed: a new stream of that seed
-            key, drawn, seed = int(sequence_keys(params.seed, _ZERO)[0]), 0, params.seed
+            key = int(sequence_keys(params.seed, np.zeros(1, np.int64))[0])
+            drawn, seed = 0, params.seed
         ids = self.prompts([text])[0].ids if text else []
         prompt = Prompt(ids, ids, text)
         params = dataclasses.replace(params, seed=seed,
@@ -393,8 +394,7 @@ class Generation:
                  ) -> None:
         self.worker, self.params, self.stream, self.call = worker, params, stream, call
         self.issue = issue
-        self.positions = positions or [len(p) for p in prompts]
-        """Per prompt: tokens its state has consumed when generation starts."""
+        self.positions = positions or [len(p) for p in prompts]  # tokens each state read
         self.prompt_tokens = sum(len(p) for p in prompts)
         contexts = contexts or [p[-1] for p in prompts]
         self.seqs = [Seq(i // params.n, i % params.n, contexts[i // params.n])
@@ -577,9 +577,6 @@ class Generation:
                 "completion_tokens": sum(len(s.ids) + (eos and s.eos is not None)
                                          for s in self.seqs),
                 "cached_tokens": sum(cached.values())}
-
-
-_ZERO = np.zeros(1, dtype=np.int64)
 
 
 def _find_stop(text: str, stops: tuple[str, ...], checked: int = 0) -> int | None:

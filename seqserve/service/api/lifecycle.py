@@ -67,6 +67,8 @@ class Call:
     """Where the transport keeps the request's context (under "call")."""
     header: Callable[[bytes], str | None] = lambda name: None
     """The value of one request header (metadata) by its lower-case name, or None."""
+    peer: str = ""
+    """The client's address, where the transport knows it."""
     entry: ModelEntry | None = None
     """The model version `admit` found (its statistics: `Metrics.on_inference`)."""
 
@@ -77,15 +79,23 @@ class Call:
         key = self.header(b"authorization")
         return hashlib.sha256(key.encode()).hexdigest()[:16] if key else ""
 
+    @property
+    def owner(self) -> str:
+        """Whose sessions these are (`--max-sessions-per-key`): the API key's digest, else
+        the client's address."""
+        return self.scope or f"addr:{self.peer}"
+
 
 def asgi_call(scope: Scope, receive: Receive, model: str, version: str | None,
               asked_s: float | None = None) -> Call:
     """The `Call` of an HTTP request: its X-Request-Timeout, our uvicorn protocol's
     disconnect future (`web.http_protocol.DISCONNECT`) or a watch for `http.disconnect`,
     the scope's state and its headers."""
+    client = scope.get("client")
     return Call(model, version, header(scope, TIMEOUT_HEADER), asked_s,
                 scope.get("extensions", {}).get(DISCONNECT), lambda: http_disconnect(receive),
-                scope.setdefault("state", {}), lambda name: header(scope, name))
+                scope.setdefault("state", {}), lambda name: header(scope, name),
+                peer=client[0] if client else "")
 
 
 Reply = Any
@@ -247,6 +257,7 @@ class RequestCall:
         if context is None:
             seconds = request_timeout(state, call) if self.timeout_s is None else self.timeout_s
             context = self.context = RequestContext(deadline=time.monotonic() + seconds)
+        context.caller = call
         if call.keep is not None:
             call.keep["call"] = context
         gauge = self.gauge = state.metrics.child(state.metrics.in_flight, call.model) \

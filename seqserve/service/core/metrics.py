@@ -313,7 +313,7 @@ class ModelMetrics:
         self.session_capacity.set(most)
 
     def on_session_refused(self, reason: str) -> None:
-        """A chunk the session table refused: "full", "busy" or "unknown"."""
+        """A chunk the session table refused: "full", "quota", "busy" or "unknown"."""
         self._session_refusals.labels(self._model, reason).inc()
 
     def on_finish(self, tokens: int, seconds: float) -> None:

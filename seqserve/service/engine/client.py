@@ -293,13 +293,13 @@ class EngineClient:
                           len(series), False, (model, version))
 
     def chunk(self, model: str, version: int, series: Any, session: str, start: bool,
-              end: bool, deadline: float) -> asyncio.Future[Any]:
+              end: bool, deadline: float, owner: str = "") -> asyncio.Future[Any]:
         """One series that is a chunk of `session`, whose state the engine keeps."""
         lengths, features, width = p.pack_series([series])
         (future,) = self._call(lambda rid: p.SubmitChunk(rid, model, version, deadline,
                                                          lengths, features, width,
                                                          session=session, start=start,
-                                                         end=end),
+                                                         end=end, owner=owner),
                                1, False, (model, version))
         return future
 

@@ -46,7 +46,7 @@ class Engine(Protocol):
                deadline: float) -> Futures: ...
 
     def chunk(self, model: str, version: int, series: np.ndarray, session: str, start: bool,
-              end: bool, deadline: float) -> asyncio.Future[Timed[Any]]: ...
+              end: bool, deadline: float, owner: str = "") -> asyncio.Future[Timed[Any]]: ...
 
     def translate(self, model: str, version: int, sources: Sequence[list[int]],
                   options: SearchOptions, deadline: float) -> list[asyncio.Future[Decoded]]: ...
@@ -93,9 +93,9 @@ class SeriesHandle(ModelHandle):
         return self.engine.series(self.name, self.version, rows, deadline)
 
     def submit_session(self, series: np.ndarray, session: str, start: bool, end: bool,
-                       deadline: float) -> asyncio.Future[Timed[Any]]:
+                       deadline: float, owner: str = "") -> asyncio.Future[Timed[Any]]:
         return self.engine.chunk(self.name, self.version, series, session, start, end,
-                                 deadline)
+                                 deadline, owner)
 
 
 class DecodeHandle(ModelHandle):

@@ -184,7 +184,7 @@ class LocalEngine:
             series, deadline))
 
     def chunk(self, model: str, version: int, series: np.ndarray, session: str, start: bool,
-              end: bool, deadline: float) -> asyncio.Future[Timed[Any]]:
+              end: bool, deadline: float, owner: str = "") -> asyncio.Future[Timed[Any]]:
         """A session's chunk: to `version`, or to the other version of the model (loaded,
         or unloading) that holds the session: a session stays on the version it started on
         until it ends or expires. The result's steps array is (steps, the version that ran
@@ -198,7 +198,8 @@ class LocalEngine:
                 store = getattr(other, "sessions", None)
                 if name == model and store is not None and session in store.sessions:
                     served, ran = other, other_version
-        return _ran_on(served.submit_session(series, session, start, end, deadline), ran)
+        return _ran_on(served.submit_session(series, session, start, end, deadline, owner),
+                       ran)
 
     def translate(self, model: str, version: int, sources: Sequence[list[int]],
                   options: SearchOptions, deadline: float) -> list[asyncio.Future[Decoded]]:

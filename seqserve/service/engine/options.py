@@ -79,6 +79,8 @@ class EngineOptions:
     """A folder of public keys: load only bundles signed by one of them (None: any)."""
     prefix_cache_bytes: int = 0
     """Language models: bytes of prompt-prefix states kept per model version."""
+    max_sessions_per_key: int = 0
+    """Feature-sequence models with state: most live sessions per owner (0: no quota)."""
 
     def model_config(self, max_tokens: int) -> ModelConfig:
         """How a model whose texts have at most `max_tokens` tokens is scheduled."""
@@ -94,7 +96,8 @@ class EngineOptions:
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s)
         sessions = SessionConfig(max_sessions=self.max_sessions,
                                  idle_timeout_s=self.session_idle_timeout_s,
-                                 retry_after_s=self.retry_after_s)
+                                 retry_after_s=self.retry_after_s,
+                                 max_per_owner=self.max_sessions_per_key)
         return ModelConfig(batcher=batcher, decode=decode, max_tokens=max_tokens,
                            warmup=self.warmup, sessions=sessions,
                            prefix_cache_bytes=self.prefix_cache_bytes)

@@ -94,6 +94,8 @@ class SubmitChunk(SubmitSeries, tag="submit-chunk"):
     """The chunk starts (or restarts) the session from zeros."""
     end: bool = False
     """The chunk ends the session (its state is freed once the chunk is computed)."""
+    owner: str = ""
+    """Who sends it (an API key's digest or a client address): the per-owner quota."""
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):

@@ -212,7 +212,7 @@ class EngineServer:
             if len(series) != 1:
                 raise BadRequest(f"a session chunk is one series, not {len(series)}")
             return [self.engine.chunk(msg.model, msg.version, series[0], msg.session,
-                                      msg.start, msg.end, msg.deadline)]
+                                      msg.start, msg.end, msg.deadline, msg.owner)]
         self._submit(identity, msg, False, call)
 
     def _stop_seq(self, identity: bytes, msg: p.StopSeq) -> None:

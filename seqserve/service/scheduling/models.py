@@ -57,7 +57,7 @@ class SeriesModel(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
     def submit_session(self, series: np.ndarray, session: str, start: bool, end: bool,
-                       deadline: float) -> asyncio.Future[Timed[Any]]: ...
+                       deadline: float, owner: str = "") -> asyncio.Future[Timed[Any]]: ...
 
 
 class DecodeModel(Protocol):
@@ -250,7 +250,7 @@ class BatchedModel:
         return out
 
     def submit_session(self, series: np.ndarray, session: str, start: bool, end: bool,
-                       deadline: float) -> asyncio.Future[Timed[Any]]:
+                       deadline: float, owner: str = "") -> asyncio.Future[Timed[Any]]:
         """Queue one chunk of a session (`scheduling.sessions`): it runs from the session's
         state in a batch with any other rows; the future resolves to Timed((outputs,
         steps int64 (1,): the session's steps so far)). SessionNotFound, SessionBusy,
@@ -259,7 +259,7 @@ class BatchedModel:
         if store is None:
             raise BadRequest("this model's graph has no state input and output: it serves no "
                              "sessions (send the whole series without \"session\")")
-        s = store.acquire(session, start, end)
+        s = store.acquire(session, start, end, owner)
         try:
             (row,) = self.batcher.submit([(SessionRow(series, s.state), len(series))],
                                          deadline)

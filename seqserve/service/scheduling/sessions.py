@@ -24,7 +24,9 @@ keys stores by (model, version), so a session is (model, version, session id)):
 Metrics: the observer's `on_sessions` (live sessions), and, where it has them (core.metrics'
 `ModelMetrics` does; the scheduling `Observer` protocol does not require them),
 `on_session_capacity` (max_sessions, once) and `on_session_refused(reason)` for each chunk
-refused: "full", "busy" or "unknown".
+refused: "full", "quota", "busy" or "unknown". A new session beyond `max_per_owner` of its
+owner (`--max-sessions-per-key`: an API key, or a client address when keys are off) gets
+`TooManySessions` too: one client cannot take every slot of a shared table.
 
 Memory: one float32 row of `state_dim` per session, at most max_sessions x state_dim x 4
 bytes per model version. Everything runs on the event loop's thread (no locks).
@@ -55,6 +57,9 @@ class SessionConfig:
     """A session with no chunk for this long expires."""
     retry_after_s: float
     """Retry-After of the 429 for a session beyond `max_sessions`."""
+    max_per_owner: int = 0
+    """Most live sessions one owner (an API key, or a client address when keys are off) may
+    hold in this model version; 0: no quota but `max_sessions`."""
 
 
 @dataclass(eq=False)
@@ -71,6 +76,8 @@ class Session:
     """Steps computed so far in this session."""
     busy: bool = field(default=False)
     """A chunk of it is in flight."""
+    owner: str = ""
+    """Who started it (`SessionConfig.max_per_owner`)."""
 
 
 class SessionStore:
@@ -83,6 +90,8 @@ class SessionStore:
         self.observer: Observer = observer or NullObserver()
         self.clock = clock
         self.sessions: dict[str, Session] = {}
+        self.owned: dict[str, int] = {}
+        """Live sessions per owner (with a quota)."""
         self._refused = getattr(self.observer, "on_session_refused", None)
         capacity = getattr(self.observer, "on_session_capacity", None)
         if capacity is not None:
@@ -109,11 +118,21 @@ class SessionStore:
     def _close(self, s: Session, now: float, expired: bool) -> None:
         if self.sessions.get(s.id) is s:
             del self.sessions[s.id]
+            self._disown(s)
         self.observer.on_session_closed(now - s.started, expired)
         self.observer.on_sessions(len(self.sessions))
 
-    def acquire(self, session_id: str, start: bool, end: bool = False) -> Session:
-        """The session a chunk runs in, marked busy (module doc for the errors)."""
+    def _disown(self, s: Session) -> None:
+        left = self.owned.get(s.owner, 0) - 1
+        if left > 0:
+            self.owned[s.owner] = left
+        else:
+            self.owned.pop(s.owner, None)
+
+    def acquire(self, session_id: str, start: bool, end: bool = False,
+                owner: str = "") -> Session:
+        """The session a chunk runs in, marked busy (module doc for the errors); `owner`: who
+        sends it (an API key's digest, or a client address), for the per-owner quota."""
         now = self.clock()
         s = self.sessions.get(session_id)
         if s is not None and self._expired(s, now):
@@ -139,8 +158,19 @@ class SessionStore:
                     f"this model holds its limit of {self.config.max_sessions} live sessions "
                     "(max_sessions); retry later, or end sessions you no longer need "
                     "(\"end\": true)", retry_after=self.config.retry_after_s))
-            s = Session(session_id, self._zeros(), started=now, used=now)
+            quota = self.config.max_per_owner
+            if quota and self.owned.get(owner, 0) >= quota:
+                self.sweep()  # its idle ones past the timeout are not its any more
+            if quota and self.owned.get(owner, 0) >= quota:
+                raise self._refuse("quota", TooManySessions(
+                    f"you hold {quota} live sessions of this model, your quota "
+                    "(max_sessions_per_key: per API key, or per client address without "
+                    "keys); end one (\"end\": true) or wait for one to expire after "
+                    f"{self.config.idle_timeout_s:g} s idle",
+                    retry_after=self.config.retry_after_s))
+            s = Session(session_id, self._zeros(), started=now, used=now, owner=owner)
             self.sessions[session_id] = s
+            self.owned[owner] = self.owned.get(owner, 0) + 1
             self.observer.on_sessions(len(self.sessions))
         elif start:  # a restart: the old session ends here, a new one begins from zeros
             self.observer.on_session_closed(now - s.started, False)

@@ -146,6 +146,11 @@ class Settings(BaseSettings):
     "Stateful sessions"); a new one beyond it gets 429 + Retry-After, a live one is never
     evicted. The engine holds one float32 state row per session: at most max_sessions x
     state_dim x 4 bytes per model (1024 x 256 x 4 = 1 MiB)."""
+    max_sessions_per_key: int = Field(default=0, ge=0)
+    """Most live sessions one API key may hold per model version (without keys: one client
+    address; behind a proxy every client shares its address, so set it there only with
+    keys); a new one beyond it gets 429 naming the quota, so one client cannot take every
+    slot of max_sessions. 0 = no quota (max_sessions bounds everyone together)."""
     session_idle_timeout_s: float = Field(default=300.0, gt=0)
     """A session that received no chunk for this long expires (its state is freed); its next
     chunk gets 404 and the client restarts it with its history."""
@@ -300,6 +305,7 @@ class Settings(BaseSettings):
             decode_groups=self.decode_groups,
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
             drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
+            max_sessions_per_key=self.max_sessions_per_key,
             session_idle_timeout_s=self.session_idle_timeout_s,
             process=self.process_settings(),
             model_control=self.model_control, load_models=tuple(self.load_model),

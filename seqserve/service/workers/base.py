@@ -168,6 +168,14 @@ class RequestContext:
     gone: asyncio.Future[Any] | None = None
     """Done when the client went away (the request's disconnect watcher, which also sets
     `disconnected`); None: `wait` watches `disconnected` itself."""
+    caller: Any = None
+    """The transport's view of the request (the lifecycle's `Call`): whose it is, read only
+    when needed (`owner`)."""
+
+    @property
+    def owner(self) -> str:
+        """Who sent it: its API key's digest, else its client address (session quotas)."""
+        return str(getattr(self.caller, "owner", ""))
 
     _disconnected: asyncio.Event | None = field(default=None, repr=False)
 

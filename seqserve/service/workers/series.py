@@ -188,7 +188,8 @@ class SeriesWorker:
             raise BadRequest(f"a request with a session sends exactly one series (its next "
                              f"chunk), not {n}")
         (array,) = self.check(series)
-        future = self.ctx.model.submit_session(array, session, start, end, call.deadline)
+        future = self.ctx.model.submit_session(array, session, start, end, call.deadline,
+                                               call.owner)
         (done,) = await call.wait([future])
         y, tail = done.value[0], done.value[1]
         result = self._result(array, y)

@@ -362,3 +362,37 @@ def test_sessions_live_in_the_engine_and_survive_an_api_restart(packed: dict[str
         assert last.json()["steps"] == 20
         _check_gru(packed, series, [first.json()["results"][0], last.json()["results"][0]])
         assert _chunk(server.url, "gru", series[:1], "engine").status_code == 404
+
+
+def test_sessions_per_key_are_bounded(packed: dict[str, Any], tmp_path: Path) -> None:
+    """--max-sessions-per-key: one API key (or, without keys, one client address) cannot take
+    every slot of the session table: its sessions beyond the quota get 429 naming the quota,
+    another key still gets slots, an ended session frees one; /metrics counts the refusals."""
+    keys = tmp_path / "keys"
+    keys.write_text("key-of-alice-0123\nkey-of-bob-456789\n")
+    steps = np.zeros((2, 3), np.float32)
+
+    def chunk(url: str, key: str, session: str, **flags: Any) -> httpx.Response:
+        body = {"series": [steps.tolist()], "session": session, **flags}
+        return httpx.post(f"{url}/v1/models/gru/predict", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"})
+
+    with _server(packed["repo"], max_sessions_per_key=2, api_key_file=keys) as url:
+        alice, bob = "key-of-alice-0123", "key-of-bob-456789"
+        assert [chunk(url, alice, f"a{i}", start=True).status_code for i in range(2)] == \
+            [200, 200]
+        refused = chunk(url, alice, "a2", start=True)
+        assert refused.status_code == 429 and "Retry-After" in refused.headers
+        assert "max_sessions_per_key" in refused.json()["error"]
+        assert chunk(url, alice, "a0").status_code == 200  # its live sessions go on
+        assert chunk(url, alice, "a1", start=True).status_code == 200  # a restart: no new slot
+        assert chunk(url, bob, "b0", start=True).status_code == 200  # another key: its own
+        assert chunk(url, alice, "a0", end=True).status_code == 200
+        assert chunk(url, alice, "a2", start=True).status_code == 200  # a slot freed
+        assert chunk(url, alice, "once", start=True, end=True).status_code == 200  # no slot
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert 'reason="quota"' in metrics
+    with _server(packed["repo"], max_sessions_per_key=1) as url:  # no keys: per address
+        ok = _chunk(url, "gru", steps, "c0", start=True)
+        assert ok.status_code == 200
+        assert _chunk(url, "gru", steps, "c1", start=True).status_code == 429

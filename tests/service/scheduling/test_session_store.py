@@ -107,3 +107,18 @@ def test_a_one_shot_chunk_takes_no_slot() -> None:
     assert live is store.sessions["long-lived"] and (live.state == 0).all()
     store.release(live, np.zeros(3), 1, end=True)
     assert len(store) == 0 and seen.live[-1] == 0
+
+
+def test_an_owner_holds_at_most_its_quota_and_expiry_frees_it() -> None:
+    clock = Clock()
+    cfg = SessionConfig(max_sessions=8, idle_timeout_s=10.0, retry_after_s=2.0,
+                        max_per_owner=2)
+    store = SessionStore(4, cfg, clock=clock)
+    for sid in ("a", "b"):
+        store.release(store.acquire(sid, True, owner="alice"), np.ones(4), 1, False)
+    with pytest.raises(TooManySessions, match="max_sessions_per_key"):
+        store.acquire("c", True, owner="alice")
+    store.release(store.acquire("d", True, owner="bob"), np.ones(4), 1, False)
+    clock.now += 11.0  # alice's sessions expire: her slots come back
+    store.release(store.acquire("c", True, owner="alice"), np.ones(4), 1, False)
+    assert store.owned == {"alice": 1}

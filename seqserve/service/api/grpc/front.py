@@ -191,7 +191,8 @@ class Front:
                 self.state.admitted += 1
                 counted = True
             call = Call(model, version, deadline_of(context), gone=gone, keep=keep,
-                        header=lambda name: metadata.get(name.decode("latin-1")))
+                        header=lambda name: metadata.get(name.decode("latin-1")),
+                        peer=context.peer().rpartition(":")[0])  # ipv4:ADDRESS:PORT
             outcome.response = await work(call)
         except ServiceError as exc:
             outcome = Outcome(None, exc.status, exc.message, exc.retry_after,

@@ -342,7 +342,7 @@ def report(results: dict[str, dict[str, float]], stats: StepStats, stats_b: Step
 
 def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
     """The decode loop + TorchScript on CUDA: same tokens as on CPU; tokens/s at 1, 32, 256
-    clients."""
+    clients on each device (the machine's CPU cores vs its GPU)."""
     tok = Tokenizer.load(path / manifest.tokenizer.file)
     t = manifest.tokenizer
     limits = DecodeLimits(t.bos_id, t.eos_id, t.vocab_size,
@@ -364,26 +364,27 @@ def gpu_check(args: argparse.Namespace, path: Path, manifest: Manifest) -> None:
 
         decoded = asyncio.run(all_at_once())
         outputs[device] = [d.hypotheses[0].token_ids for d in decoded]
-        if device == "cuda":
-            for clients in (1, 32, 256):
-                async def sweep(clients: int = clients, runtime: Any = runtime,
-                                config: DecodeConfig = config) -> Any:
-                    async with DecodeLoop(runtime, limits, config) as decoder:
-                        await decoder.translate(items[:8], options)  # warm-up
+        for clients in (1, 32, 256):  # the same sweep on both devices: CUDA vs CPU
+            async def sweep(clients: int = clients, runtime: Any = runtime,
+                            config: DecodeConfig = config, device: str = device) -> Any:
+                async with DecodeLoop(runtime, limits, config) as decoder:
+                    await decoder.translate(items[:8], options)  # warm-up
 
-                        async def one(src: list[int]) -> int:
-                            best = (await decoder.translate([src], options))[0].hypotheses[0]
-                            return len(best.token_ids) - int(best.ended)
+                    async def one(src: list[int]) -> int:
+                        best = (await decoder.translate([src], options))[0].hypotheses[0]
+                        return len(best.token_ids) - int(best.ended)
 
-                        return await drive(clients, items, one, f"cuda x{clients}")
+                    return await drive(clients, items, one, f"{device} x{clients}")
 
-                figures[f"cuda_clients_{clients}"] = asyncio.run(sweep())
+            figures[f"{device}_clients_{clients}"] = asyncio.run(sweep())
     same = sum(a == b for a, b in zip(outputs["cpu"], outputs["cuda"], strict=True))
     print(f"\nTorchScript cuda vs cpu: {same}/{len(items)} translations token-identical")
-    print(f"{'clients':>8}{'tokens/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
-    for clients in (1, 32, 256):
-        r = figures[f"cuda_clients_{clients}"]
-        print(f"{clients:>8}{r['tokens_per_s']:>10.1f}{r['p50_ms']:>9.1f}{r['p99_ms']:>9.1f}")
+    print(f"{'device':>7}{'clients':>8}{'tokens/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+    for device in ("cpu", "cuda"):
+        for clients in (1, 32, 256):
+            r = figures[f"{device}_clients_{clients}"]
+            print(f"{device:>7}{clients:>8}{r['tokens_per_s']:>10.1f}{r['p50_ms']:>9.1f}"
+                  f"{r['p99_ms']:>9.1f}")
     if args.json:
         args.json.write_text(json.dumps({"identical": same, "total": len(items),
                                          "figures": figures}, indent=2))

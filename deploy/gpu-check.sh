@@ -18,16 +18,23 @@ OUT="${1:-gpu_check_results}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
+DEVICE="${DEVICE:-cuda}"
+PORT="${PORT:-8431}"
+SECTIONS="${SECTIONS:-classifier translator http sweep}"  # a subset: SECTIONS="translator sweep"
+on() { case " $SECTIONS " in *" $1 "*) return 0;; *) return 1;; esac; }
+if on classifier; then
 echo "== classifier: TorchScript on CUDA"
 "$PY" deploy/gpu_check.py --repo model_repository --model langid \
     --data data/langid/test.jsonl --json "$OUT/classifier.json" 2>&1 | tee "$OUT/classifier.log"
+fi
+if on translator; then
 echo "== translator: decoding engine with TorchScript on CUDA"
 "$PY" bench/bench_translate.py --gpu-check --repo model_repository --model numbers-en-fr \
-    --data data/numbers-en-fr --sentences 512 --json "$OUT/translator.json" 2>&1 \
-    | tee "$OUT/translator.log"
+    --data data/numbers-en-fr --sentences "${SENTENCES:-512}" --json "$OUT/translator.json" \
+    2>&1 | tee "$OUT/translator.log"
+fi
+if on http; then
 echo "== HTTP under load: seqserve serve (TorchScript on CUDA) and seqserve loadtest as separate processes"
-DEVICE="${DEVICE:-cuda}"
-PORT="${PORT:-8431}"
 "$PY" -m seqserve.cli serve --repo model_repository --runtime torchscript --device "$DEVICE" \
     --port "$PORT" --max-batch-size 64 --log-level warning --no-grpc > "$OUT/serve.log" 2>&1 &
 SERVER=$!
@@ -46,6 +53,9 @@ for spec in "langid classify data/langid/test.jsonl 1" \
         --out "$OUT/load_$1_$4" --no-plots --quiet 2>&1 | tee "$OUT/load_$1_$4.log"
 done
 kill -TERM "$SERVER"; wait "$SERVER" || true
+trap - EXIT
+fi
+on sweep || exit 0
 
 echo "== served classify requests/s against API processes (TorchScript on $DEVICE)"
 : > "$OUT/api_sweep.txt"

@@ -130,8 +130,11 @@ def test_whitespace_words_stay_the_default(bundles: dict[str, Any], server: str)
     assert [t["label"] for t in tokens] == [labels[i] for i in (0, 2, 5, 6, 9)]
 
 
-def test_tokenizer_words_need_a_tokenizer_json(bundles: dict[str, Any]) -> None:
-    spm = Path("model_repository/numbers-tags/1/tokenizer.model")
+def test_tokenizer_words_need_a_tokenizer_json(bundles: dict[str, Any],
+                                               tiny_lm_repo: Path) -> None:
+    bundle = tiny_lm_repo / "tiny-lm" / "1"  # shared: only its tokenizer file is read
+    assert read_manifest(bundle).tokenizer.kind == "sentencepiece"
+    spm = bundle / "tokenizer.model"
     tagger = LSTMTagger(127, 2)
     with pytest.raises(UserError, match=r"--words tokenizer .* tokenizer\.model is a "
                                         "SentencePiece model.*--words whitespace"):

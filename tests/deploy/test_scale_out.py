@@ -1,12 +1,15 @@
 """Scale-out without sticky routing (issue 36), shown with real processes: two `seqserve
 serve` replicas with the same bundle and state secret (one in the engine layout, where the
 state crosses into the engine process; one a single process) behind nginx round robin with
-no affinity. A client streams the whole Mauna Loa CO2 series (2,284 weeks, beyond the
-bundle's 256-step limit for one request) in chunks carried by state tokens: the chunks
+no affinity. The bundles are built in the test session (tests/conftest.py): tiny-series, a
+stateful GRU sequence-tagger (3 features, normalisation and output scale), and endless-lm, a
+tiny LM that never draws eos. A client streams a generated 250-step series (far beyond the
+bundle's limits.max_steps for one request) in chunks carried by state tokens: the chunks
 alternate replicas, one replica is killed mid-way (SIGKILL) and the client goes on through
-the balancer with nothing lost; the outputs equal one whole-series request (the first 256
-steps) and a server-held session on one replica over the whole series, within 1e-5. A
-text-lm generation carried in turns the same way (greedy) equals one uninterrupted generation.
+the balancer with nothing lost; the outputs equal one whole-series request (the first
+max_steps steps), a server-held session on one replica over the whole series and the eager
+module over the whole series, within 1e-5. An endless-lm generation carried in turns the
+same way (greedy) equals one uninterrupted generation.
 
 nginx is Debian's (`deploy/install-test-tools.sh` installs it); the test skips, saying so,
 only when the binary is missing."""
@@ -14,6 +17,7 @@ only when the binary is missing."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import signal
 import subprocess
@@ -26,11 +30,12 @@ import httpx
 import numpy as np
 import pytest
 from process_support import Server, serve
+from series_support import SCALE, GRUForecaster, eager_series, init, raw_series
 from service_fakes import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "co2-forecast"
-CHUNK = 100
+MODEL = "tiny-series"
+LM = "endless-lm"
+STEPS = 250
 
 
 def _nginx() -> str:
@@ -109,18 +114,26 @@ def balancer(tmp: Path, replicas: list[str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repo(tmp_path_factory: pytest.TempPathFactory, tiny_series_repo: Path) -> Path:
+    """A copy of the session's tiny-series bundle (the shared folder is never changed)."""
     repo = tmp_path_factory.mktemp("scale-out") / "repo"
-    shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL)
+    shutil.copytree(tiny_series_repo / MODEL, repo / MODEL)
     return repo
 
 
 @pytest.fixture(scope="module")
-def co2() -> np.ndarray:
-    """The whole weekly series, (2284, 1) ppm."""
-    from seqserve.models.data.co2 import load_co2
+def max_steps(repo: Path) -> int:
+    """The bundle's limit on one request's steps (limits.max_steps in its manifest)."""
+    manifest = json.loads((repo / MODEL / "1" / "manifest.json").read_text())
+    steps = int(manifest["limits"]["max_steps"])
+    assert 2 <= steps < STEPS // 8, steps  # many chunks, a kill mid-way
+    return steps
 
-    return load_co2().values[:, None]
+
+@pytest.fixture(scope="module")
+def series() -> np.ndarray:
+    """A raw 3-feature series of STEPS steps, (250, 3)."""
+    return raw_series(np.random.default_rng(2284), STEPS)
 
 
 def _post(url: str, body: dict[str, Any], retries: int = 3) -> tuple[dict[str, Any], str]:
@@ -137,11 +150,12 @@ def _post(url: str, body: dict[str, Any], retries: int = 3) -> tuple[dict[str, A
     raise AssertionError("unreachable")
 
 
-def _session_reference(url: str, series: np.ndarray) -> np.ndarray:
-    """The whole series through a server-held session on one replica, 256 steps a chunk."""
+def _session_reference(url: str, series: np.ndarray, chunk: int) -> np.ndarray:
+    """The whole series through a server-held session on one replica, `chunk` steps a
+    request (the bundle's step limit)."""
     outs = []
-    for a in range(0, len(series), 256):
-        b = min(a + 256, len(series))
+    for a in range(0, len(series), chunk):
+        b = min(a + chunk, len(series))
         body = {"series": [series[a:b].tolist()], "session": "reference", "start": a == 0,
                 "end": b == len(series)}
         r = httpx.post(f"{url}/v1/models/{MODEL}/predict", json=body, timeout=60)
@@ -156,7 +170,7 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_a_series_carried_by_tokens_survives_round_robin_and_a_dead_replica(
-        repo: Path, co2: np.ndarray, tmp_path: Path) -> None:
+        repo: Path, series: np.ndarray, max_steps: int, tmp_path: Path) -> None:
     _nginx()
     secret = tmp_path / "state-secret"
     secret.write_text("scale-out-test-secret-0123456789abcdef\n")
@@ -168,19 +182,22 @@ def test_a_series_carried_by_tokens_survives_round_robin_and_a_dead_replica(
         lb_dir.mkdir()
         with balancer(lb_dir, [s.url for s in replicas]) as lb:
             whole = httpx.post(f"{engine.url}/v1/models/{MODEL}/predict",
-                               json={"series": [co2[:256].tolist()]}, timeout=60)
+                               json={"series": [series[:max_steps].tolist()]}, timeout=60)
             assert whole.status_code == 200, whole.text
-            reference = _session_reference(engine.url, co2)
+            reference = _session_reference(engine.url, series, max_steps)
             token: str | None = None
             outs, seen = [], []
-            chunks = list(range(0, len(co2), CHUNK))
+            # chunks of max_steps - 1: they end at other places than the session's
+            chunk = max_steps - 1
+            chunks = list(range(0, len(series), chunk))
             killed_at = len(chunks) // 2
             for i, a in enumerate(chunks):
                 if i == killed_at:  # mid-way: the single-process replica dies at once
                     single.proc.kill()
                     single.proc.wait(10)
-                b = min(a + CHUNK, len(co2))
-                body: dict[str, Any] = {"series": [co2[a:b].tolist()], "return_state": True}
+                b = min(a + chunk, len(series))
+                body: dict[str, Any] = {"series": [series[a:b].tolist()],
+                                        "return_state": True}
                 if token is not None:
                     body["state"] = token
                 answer, upstream = _post(lb, body)
@@ -196,14 +213,17 @@ def test_a_series_carried_by_tokens_survives_round_robin_and_a_dead_replica(
     assert all(s.rsplit(":", 1)[-1] == survivor for s in after), after
     # one request went to the dead replica first; nginx passed it on (upstream "dead, alive")
     assert sum("," in s for s in after) == 1, after
-    got = np.concatenate(outs)  # (2284, 1)
-    _close(got[:256], np.asarray(whole.json()["results"][0]["outputs"]))
+    got = np.concatenate(outs)  # (STEPS, 1)
+    _close(got[:max_steps], np.asarray(whole.json()["results"][0]["outputs"]))
     _close(got, reference)
+    # the whole series at once, which no single request may send: the eager module that
+    # tests/series_support.py pack_tiny_series packed, from zero state
+    _close(got, eager_series(init(GRUForecaster()), series, scale=SCALE))
 
 
 def _generate(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     for attempt in range(4):  # a 502/503 while a replica dies: the token makes a retry safe
-        r = httpx.post(f"{url}/v1/models/text-lm/generate", json=body, timeout=120)
+        r = httpx.post(f"{url}/v1/models/{LM}/generate", json=body, timeout=120)
         if r.status_code in (502, 503, 504) and attempt < 3:
             time.sleep(0.2)
             continue
@@ -214,18 +234,17 @@ def _generate(url: str, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
 
 
 def test_a_generation_carried_in_turns_survives_round_robin_and_a_dead_replica(
-        tmp_path: Path) -> None:
-    """text-lm, greedy: four turns of 6 tokens, each continuing the last turn's token on the
-    next replica (one killed after the second turn), equal one 24-token generation."""
+        tmp_path: Path, endless_lm_repo: Path) -> None:
+    """endless-lm (never draws eos, max 48 tokens), greedy: four turns of 6 tokens, each
+    continuing the last turn's token on the next replica (one killed after the second
+    turn), equal one 24-token generation."""
     _nginx()
-    if not (ROOT / "model_repository" / "text-lm").is_dir():
-        pytest.skip("model_repository/text-lm is not built here (make demo builds it)")
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT / "model_repository" / "text-lm", repo / "text-lm")
+    shutil.copytree(endless_lm_repo / LM, repo / LM)
     secret = tmp_path / "state-secret"
     secret.write_text("scale-out-test-secret-0123456789abcdef\n")
     flags = ("--state-secret-file", str(secret), "--no-grpc")
-    prompt = "The assert statement"
+    prompt = "twenty one"
     options = {"temperature": 0, "logprobs": True, "max_new_tokens": 6}
     with serve(repo, *flags, "--layout", "engine", "--api-workers", "1") as engine, \
             serve(repo, *flags, "--api-workers", "0") as single:
@@ -235,6 +254,8 @@ def test_a_generation_carried_in_turns_survives_round_robin_and_a_dead_replica(
             whole, _ = _generate(engine.url, {"prompt": prompt, **options,
                                               "max_new_tokens": 24})
             want = whole["results"][0]["tokens"]
+            # endless-lm never draws eos: all 24 tokens, within its 48-token limit
+            assert len(want) == 24 and whole["results"][0]["finish_reason"] == "length", whole
             got: list[str] = []
             seen = []
             token: str | None = None

@@ -1,15 +1,19 @@
-"""Portable state of feature-sequence models (issue 36), on real servers and the shipped
-co2-forecast bundle: `return_state` answers a signed state token, `state` continues from it
-on another server with the same bundle and secret, and a series carried in chunks equals the
-whole series (outputs and final state within 1e-5), over the v1 API and OIP alike; the
-refusals (several series, a session, no secret, a tampered or malformed token: 400; a token
-of another version: 409, also with a version pinned in the URL). The engine process's path
-(the state crossing the process boundary) runs in tests/deploy/test_scale_out.py."""
+"""Portable state of feature-sequence models (issue 36), on real servers and a stateful GRU
+bundle built in the test session (tiny-series from the `tiny_series_repo` fixture: 3
+features, 1 output, normalisation and output scale, limits.max_steps steps a request;
+tests/series_support.py): `return_state` answers a signed state token, `state` continues
+from it on another server with the same bundle and secret, and a series carried in chunks
+equals the whole series (outputs and final state within 1e-5), over the v1 API and OIP
+alike; the refusals (several series, a session, no secret, a tampered or malformed token:
+400; a token of another version: 409, also with a version pinned in the URL). The engine
+process's path (the state crossing the process boundary) runs in
+tests/deploy/test_scale_out.py."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,23 +22,23 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from series_support import TutorialLSTMTagger, init
+from series_support import TutorialLSTMTagger, init, raw_series
 from service_fakes import serve_in_thread
 
 import seqserve.pack
 from seqserve.service.core.state_token import KIND_SERIES, StateCodec
 
-ROOT = Path(__file__).resolve().parents[3]
-MODEL = "co2-forecast"
+MODEL = "tiny-series"
 SECRET = "series-state-test-secret-0123456789"
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """co2-forecast as versions 1 and 2 (the same files) and a stateless series tagger."""
+def repo(tmp_path_factory: pytest.TempPathFactory, tiny_series_repo: Path) -> Path:
+    """tiny-series as versions 1 and 2 (the same files; a copy of the shared session bundle)
+    and a stateless series tagger."""
     repo = tmp_path_factory.mktemp("series-state") / "repo"
     for version in ("1", "2"):
-        shutil.copytree(ROOT / "model_repository" / MODEL / "1", repo / MODEL / version)
+        shutil.copytree(tiny_series_repo / MODEL / "1", repo / MODEL / version)
     seqserve.pack.sequence_tagger(init(TutorialLSTMTagger(), seed=2), features=3, outputs=1,
                                   repo=repo, name="stateless", max_steps=32, progress=False,
                                   grid={"batch_sizes": (1, 2), "lengths": (1, 5)})
@@ -65,11 +69,18 @@ def servers(repo: Path, secret_file: Path) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def co2() -> np.ndarray:
-    """The first 256 weeks of the Mauna Loa series (the bundle's step limit), (256, 1)."""
-    from seqserve.models.data.co2 import load_co2
+def max_steps(tiny_series_repo: Path) -> int:
+    """The bundle's limit on one request's steps (limits.max_steps in its manifest)."""
+    manifest = json.loads((tiny_series_repo / MODEL / "1" / "manifest.json").read_text())
+    steps = int(manifest["limits"]["max_steps"])
+    assert steps >= 16, steps  # the cuts below need 16 steps in one request
+    return steps
 
-    return load_co2().values[:256, None]
+
+@pytest.fixture(scope="module")
+def series(max_steps: int) -> np.ndarray:
+    """A raw 3-feature series as long as one request may be (the bundle's step limit)."""
+    return raw_series(np.random.default_rng(36), max_steps)
 
 
 def _predict(url: str, series: np.ndarray | list[Any], path: str = MODEL,
@@ -94,17 +105,18 @@ def _close(got: np.ndarray, want: np.ndarray) -> None:
 
 
 def test_chunks_carried_across_replicas_equal_the_whole_series(
-        servers: tuple[str, str], co2: np.ndarray) -> None:
-    whole = _ok(_predict(servers[0], co2, return_state=True))
-    assert whole["steps"] == 256
-    want = np.asarray(whole["results"][0]["outputs"])  # (256, 1)
-    cuts = [0, 1, 40, 41, 130, 200, 256]
+        servers: tuple[str, str], series: np.ndarray) -> None:
+    n = len(series)  # the bundle's step limit: the longest series one request may send
+    whole = _ok(_predict(servers[0], series, return_state=True))
+    assert whole["steps"] == n
+    want = np.asarray(whole["results"][0]["outputs"])  # (n, 1)
+    cuts = [0, 1, 5, 6, 11, 13, n]
     token, outs = None, []
     for i, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
         extra: dict[str, Any] = {"return_state": True}
         if token is not None:
             extra["state"] = token
-        body = _ok(_predict(servers[i % 2], co2[a:b], **extra))
+        body = _ok(_predict(servers[i % 2], series[a:b], **extra))
         assert body["steps"] == b and body["results"][0]["steps"] == b - a
         token = body["results"][0]["state"]
         value = StateCodec([SECRET.encode()]).decode(token)
@@ -115,16 +127,16 @@ def test_chunks_carried_across_replicas_equal_the_whole_series(
     assert token is not None
     _close(_state(token), _state(whole["results"][0]["state"]))
     # a token continues without returning another one; the last steps are the same
-    last = _ok(_predict(servers[1], co2[200:], state=_ok(_predict(
-        servers[0], co2[:200], return_state=True))["results"][0]["state"]))
+    last = _ok(_predict(servers[1], series[13:], state=_ok(_predict(
+        servers[0], series[:13], return_state=True))["results"][0]["state"]))
     assert "state" not in last["results"][0] or last["results"][0]["state"] is None
-    _close(np.asarray(last["results"][0]["outputs"]), want[200:])
+    _close(np.asarray(last["results"][0]["outputs"]), want[13:])
 
 
 def _oip(url: str, steps: np.ndarray, token: str | None = None, return_state: bool = True,
          path: str = MODEL) -> httpx.Response:
     inputs: list[dict[str, Any]] = [{"name": "features", "datatype": "FP32",
-                                     "shape": [1, len(steps), 1],
+                                     "shape": [1, *steps.shape],
                                      "data": steps.reshape(-1).tolist()}]
     if token is not None:
         inputs.append({"name": "state", "datatype": "BYTES", "shape": [1], "data": [token]})
@@ -135,22 +147,22 @@ def _oip(url: str, steps: np.ndarray, token: str | None = None, return_state: bo
 
 
 def test_oip_state_input_and_output_continue_a_v1_series(servers: tuple[str, str],
-                                                         co2: np.ndarray) -> None:
+                                                         series: np.ndarray) -> None:
     """OIP's `state` output continues on v1 and v1's token on OIP: one token format."""
-    want = np.asarray(_ok(_predict(servers[0], co2[:90]))["results"][0]["outputs"])
-    first = _ok(_oip(servers[0], co2[:30]))
+    want = np.asarray(_ok(_predict(servers[0], series[:15]))["results"][0]["outputs"])
+    first = _ok(_oip(servers[0], series[:5]))
     tensors = {t["name"]: t for t in first["outputs"]}
     assert tensors["state"]["datatype"] == "BYTES" and tensors["state"]["shape"] == [1]
-    assert first["parameters"]["sequence_steps"] == 30
-    middle = _ok(_predict(servers[1], co2[30:60], state=tensors["state"]["data"][0],
+    assert first["parameters"]["sequence_steps"] == 5
+    middle = _ok(_predict(servers[1], series[5:10], state=tensors["state"]["data"][0],
                           return_state=True))
-    last = _ok(_oip(servers[0], co2[60:90], middle["results"][0]["state"],
+    last = _ok(_oip(servers[0], series[10:15], middle["results"][0]["state"],
                     return_state=False))
     names = [t["name"] for t in last["outputs"]]
-    assert "state" not in names and last["parameters"]["sequence_steps"] == 90
-    got = np.concatenate([np.asarray(tensors["outputs"]["data"]).reshape(30, 1),
+    assert "state" not in names and last["parameters"]["sequence_steps"] == 15
+    got = np.concatenate([np.asarray(tensors["outputs"]["data"]).reshape(5, 1),
                           np.asarray(middle["results"][0]["outputs"]),
-                          np.asarray(last["outputs"][0]["data"]).reshape(30, 1)])
+                          np.asarray(last["outputs"][0]["data"]).reshape(5, 1)])
     _close(got, want)
 
 
@@ -161,63 +173,64 @@ def _error(r: httpx.Response, status: int, *words: str) -> None:
         assert word in message, message
 
 
-def test_refusals(servers: tuple[str, str], co2: np.ndarray) -> None:
+def test_refusals(servers: tuple[str, str], series: np.ndarray) -> None:
     url = servers[0]
-    token = _ok(_predict(url, co2[:10], return_state=True))["results"][0]["state"]
-    two = {"series": [co2[:5].tolist(), co2[5:10].tolist()], "return_state": True}
+    token = _ok(_predict(url, series[:6], return_state=True))["results"][0]["state"]
+    two = {"series": [series[:3].tolist(), series[3:6].tolist()], "return_state": True}
     _error(httpx.post(f"{url}/v1/models/{MODEL}/predict", json=two, timeout=30), 400,
            "exactly one series")
-    _error(_predict(url, co2[10:20], state=token, session="s1"), 400, "session")
-    _error(_predict(url, co2[10:20], return_state=True, session="s1", start=True), 400,
+    _error(_predict(url, series[6:12], state=token, session="s1"), 400, "session")
+    _error(_predict(url, series[6:12], return_state=True, session="s1", start=True), 400,
            "session")
     raw = bytearray(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
     raw[40] ^= 1
     tampered = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
-    _error(_predict(url, co2[10:20], state=tampered), 400, "does not verify")
-    _error(_predict(url, co2[10:20], state="not a token!"), 400, "not a state token")
-    _error(_predict(url, co2[10:20], state=token[:-8]), 400, "state")
-    _error(_predict(url, co2[10:20], return_state="yes"), 422)
-    r = _oip(url, co2[10:20], token)
+    _error(_predict(url, series[6:12], state=tampered), 400, "does not verify")
+    _error(_predict(url, series[6:12], state="not a token!"), 400, "not a state token")
+    _error(_predict(url, series[6:12], state=token[:-8]), 400, "state")
+    _error(_predict(url, series[6:12], return_state="yes"), 422)
+    r = _oip(url, series[6:12], token)
     assert r.status_code == 200, r.text
-    assert _oip(url, co2[10:20], tampered).status_code == 400
+    assert _oip(url, series[6:12], tampered).status_code == 400
     _error(httpx.post(f"{url}/v2/models/{MODEL}/infer", timeout=30, json={
-        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2, 1],
-                    "data": [330.0, 331.0]}],
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2, 3],
+                    "data": series[:2].reshape(-1).tolist()}],
         "parameters": {"return_state": True, "sequence_id": "s2", "sequence_start": True}}),
         400, "sequence_id")
     _error(httpx.post(f"{url}/v2/models/{MODEL}/infer", timeout=30, json={
-        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2, 1],
-                    "data": [330.0, 331.0]}], "parameters": {"return_state": 1}}),
+        "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 2, 3],
+                    "data": series[:2].reshape(-1).tolist()}],
+        "parameters": {"return_state": 1}}),
         400, "return_state")
     x = np.random.default_rng(0).standard_normal((4, 3))
     _error(_predict(url, x, path="stateless", return_state=True), 400, "no recurrent state")
 
 
 def test_a_token_of_another_version_is_409_and_pinning_it_continues(
-        servers: tuple[str, str], co2: np.ndarray) -> None:
+        servers: tuple[str, str], series: np.ndarray) -> None:
     """The token of version 1 (pinned) given to the default, version 2, is a 409 naming
     both; pinned to version 1 in the URL it continues; version 2's token pinned to 1: 409."""
     url = servers[1]
-    v1 = _ok(_predict(url, co2[:50], path=f"{MODEL}/versions/1", return_state=True))
+    v1 = _ok(_predict(url, series[:8], path=f"{MODEL}/versions/1", return_state=True))
     assert v1["version"] == 1
     token = v1["results"][0]["state"]
-    _error(_predict(url, co2[50:60], state=token), 409, "version 1", "version 2")
-    pinned = _ok(_predict(url, co2[50:60], path=f"{MODEL}/versions/1", state=token))
-    want = _ok(_predict(url, co2[:60], path=f"{MODEL}/versions/1"))["results"][0]["outputs"]
-    _close(np.asarray(pinned["results"][0]["outputs"]), np.asarray(want)[50:])
-    v2 = _ok(_predict(url, co2[:50], return_state=True))
+    _error(_predict(url, series[8:12], state=token), 409, "version 1", "version 2")
+    pinned = _ok(_predict(url, series[8:12], path=f"{MODEL}/versions/1", state=token))
+    want = _ok(_predict(url, series[:12], path=f"{MODEL}/versions/1"))["results"][0]["outputs"]
+    _close(np.asarray(pinned["results"][0]["outputs"]), np.asarray(want)[8:])
+    v2 = _ok(_predict(url, series[:8], return_state=True))
     assert v2["version"] == 2
-    _error(_predict(url, co2[50:60], path=f"{MODEL}/versions/1",
+    _error(_predict(url, series[8:12], path=f"{MODEL}/versions/1",
                     state=v2["results"][0]["state"]), 409, "version 2")
-    r = _oip(url, co2[50:60], token, path=f"{MODEL}/versions/2")
+    r = _oip(url, series[8:12], token, path=f"{MODEL}/versions/2")
     assert r.status_code == 409, r.text
 
 
 def test_a_server_without_a_secret_refuses_state(repo: Path, servers: tuple[str, str],
-                                                 co2: np.ndarray) -> None:
-    token = _ok(_predict(servers[0], co2[:10], return_state=True))["results"][0]["state"]
+                                                 series: np.ndarray) -> None:
+    token = _ok(_predict(servers[0], series[:6], return_state=True))["results"][0]["state"]
     with _server(repo, None) as url:
-        _error(_predict(url, co2[:10], return_state=True), 400, "--state-secret-file")
-        _error(_predict(url, co2[10:20], state=token), 400, "--state-secret-file")
-        assert _oip(url, co2[:10]).status_code == 400
-        assert _ok(_predict(url, co2[:10]))["results"][0]["steps"] == 10
+        _error(_predict(url, series[:6], return_state=True), 400, "--state-secret-file")
+        _error(_predict(url, series[6:12], state=token), 400, "--state-secret-file")
+        assert _oip(url, series[:6]).status_code == 400
+        assert _ok(_predict(url, series[:6]))["results"][0]["steps"] == 6

@@ -260,6 +260,17 @@ class Fleet:
 
     def adopt(self, rows: list[tuple[str, int, str, bool, str | None]],
               defaults: dict[str, int | None]) -> None:
+        """The table as the processes report it once up: what is ready, and what the
+        startup table holds that no process reports failed (a version still loading there,
+        or whose engine is restarting, still serves: a restart must load it)."""
+        failed = {(n, v) for n, v, _, ready, reason in rows if not ready and reason}
+        try:
+            startup = json.loads(self.table_file.read_text())["bundles"]
+        except (OSError, ValueError, KeyError):
+            startup = []
+        for name, version, path in startup:
+            if (name, int(version)) not in failed:
+                self.loaded[name, int(version)] = str(path)
         for name, version, path, ready, _ in rows:
             if ready:
                 self.loaded[name, version] = path

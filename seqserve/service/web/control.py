@@ -123,8 +123,10 @@ class LocalTable:
             trim_heap()
 
     def rows(self) -> list[tuple[str, int, str, bool, str | None]]:
-        """Every version of the repository as (name, version, path, ready, reason)."""
-        return [(e.name, e.version, str(e.path), e.state == "ready", e.reason)
+        """Every version of the repository as (name, version, path, ready, reason); a version
+        loading (an engine restart holds it: it serves again once the engine is back) counts
+        as ready for the table, so a table written meanwhile keeps it."""
+        return [(e.name, e.version, str(e.path), e.state in ("ready", "loading"), e.reason)
                 for versions in self.repository.entries.values() for e in versions.values()]
 
 

@@ -55,6 +55,19 @@ def test_a_session_started_on_v1_answers_as_v1_after_v2_becomes_the_default(
             r = chunk(client, "old")
             assert r.status_code == 200, r.text
             assert (r.json()["version"], r.json()["steps"]) == (1, steps)
+        oip = client.post(f"/v2/models/{SERIES}/infer", json={  # OIP's sequence_id: the same
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 1, 3],
+                        "data": STEP[0]}], "parameters": {"sequence_id": "oip-old",
+                                                          "sequence_start": True}})
+        assert oip.status_code == 200 and oip.json()["model_version"] == "2", oip.text
+        pinned_oip = client.post(f"/v2/models/{SERIES}/infer", json={
+            "inputs": [{"name": "features", "datatype": "FP32", "shape": [1, 1, 3],
+                        "data": STEP[0]}], "parameters": {"sequence_id": "old"}})
+        assert pinned_oip.status_code == 200, pinned_oip.text
+        assert pinned_oip.json()["model_version"] == "1"  # the session's, not the default's
+        assert "_version" not in pinned_oip.json()["parameters"]
+        r = chunk(client, "old")  # (the OIP chunk above was its 4th step)
+        assert (r.json()["version"], r.json()["steps"]) == (1, 5)
         new = chunk(client, "new", start=True)
         assert new.json()["version"] == 2 and new.json()["steps"] == 1
         assert chunk(client, "new").json()["version"] == 2
@@ -66,6 +79,6 @@ def test_a_session_started_on_v1_answers_as_v1_after_v2_becomes_the_default(
             "versions"]] == [2]
         r = chunk(client, "old", end=True)
         assert r.status_code == 200, r.text
-        assert (r.json()["version"], r.json()["steps"]) == (1, 4)
+        assert (r.json()["version"], r.json()["steps"]) == (1, 6)
         assert chunk(client, "old").status_code == 404  # ended
         assert chunk(client, "new", end=True).json()["version"] == 2

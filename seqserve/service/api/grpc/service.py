@@ -207,7 +207,8 @@ class InferenceService:
         """One infer request's answer: HTTP OIP infer's steps (`oip.tasks.run_infer`)."""
         entry, _, outputs, asked, extra = await tasks.run_infer(
             self.state, call, lambda call: codec.v2_request(request))
-        return codec.infer_response(entry.name, str(entry.version), request.id, outputs,
+        version = tasks.answered_version(entry, extra)
+        return codec.infer_response(entry.name, version, request.id, outputs,
                                     asked, extra, typed=codec.typed_data(request))
 
     async def model_stream_infer(self, requests: Any, context: Any) -> None:

@@ -107,7 +107,8 @@ def response_parts(entry: ModelEntry, req: V2InferRequest, outputs: list[codec.V
     """Extra headers, body and media type of an infer answer with the `asked` outputs (all
     when none were named), each as JSON data or binary per the request, and the answer's
     own `parameters` if any."""
-    head: dict[str, Any] = {"model_name": entry.name, "model_version": str(entry.version)}
+    head: dict[str, Any] = {"model_name": entry.name,
+                            "model_version": tasks.answered_version(entry, parameters)}
     if req.id is not None:
         head["id"] = req.id
     if parameters:

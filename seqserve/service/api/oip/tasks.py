@@ -117,9 +117,10 @@ async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: di
                 answer.update(sequence_steps=steps)
             return tensors
         if session is not None:
-            tensors, steps = await _infer_session(worker, inputs, session, call)
-            if answer is not None:
+            tensors, steps, ran = await _infer_session(worker, inputs, session, call)
+            if answer is not None:  # VERSION_KEY: the session's version names the answer
                 answer.update(sequence_id=parameters["sequence_id"], sequence_steps=steps)
+                answer[VERSION_KEY] = ran
             return tensors
         return await _infer_series(worker, inputs, call)
     if isinstance(worker, LMWorker):
@@ -310,9 +311,10 @@ def sequence_of(parameters: dict[str, Any]) -> tuple[str, bool, bool] | None:
 
 async def _infer_session(worker: SeriesWorker, inputs: dict[str, V2Tensor],
                          session: tuple[str, bool, bool], call: RequestContext
-                         ) -> tuple[list[V2Tensor], int]:
-    """One chunk of a session (a single series): the outputs as `_infer_series`'s and the
-    session's steps so far."""
+                         ) -> tuple[list[V2Tensor], int, int]:
+    """One chunk of a session (a single series): the outputs as `_infer_series`'s, the
+    session's steps so far and the version that ran it (the session's, which after a swap
+    may not be the default)."""
     sid, start, end = session
     worker.check_session(sid, start, end)
     x, lengths = series_inputs(worker, inputs)
@@ -321,7 +323,18 @@ async def _infer_session(worker: SeriesWorker, inputs: dict[str, V2Tensor],
                          f"chunk), not {x.shape[0]}")
     result, steps = await worker.predict_session([x[0, : int(lengths[0])]], sid, start, end,
                                                  call)
-    return _result_tensors(worker, result), steps
+    return _result_tensors(worker, result), steps, int(result["version"])
+
+
+VERSION_KEY = "_version"
+"""In an infer's answer parameters: the version that answered when it is not the entry's (a
+session's); the transports name it as `model_version` and do not echo the key."""
+
+
+def answered_version(entry: ModelEntry, parameters: dict[str, Any] | None) -> str:
+    """The answer's `model_version` (`VERSION_KEY`, popped from `parameters`)."""
+    ran = parameters.pop(VERSION_KEY, None) if parameters else None
+    return str(entry.version if ran is None else ran)
 
 
 Parsed = tuple[V2InferRequest, bytes | None]

@@ -63,7 +63,8 @@ def _load(name: str) -> ModuleType:
 def _serving(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[Server]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "seqserve.cli", *argv[1:],
-                             "--port", str(port)], cwd=cwd, env=env,
+                             "--port", str(port), "--grpc-port", "0"],
+                            cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     server = Server(proc, f"http://127.0.0.1:{port}")
     try:

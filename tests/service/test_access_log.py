@@ -110,7 +110,8 @@ def test_serve_writes_json_lines(tiny_repo: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(tiny_repo), "--port",
-         str(port), "--no-warmup", "--log-format", "json", "--intra-op-threads", "1"],
+         str(port), "--grpc-port", "0", "--no-warmup", "--log-format", "json",
+         "--intra-op-threads", "1"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"
@@ -141,7 +142,8 @@ def test_serve_logs_one_access_line_per_request(tiny_repo: Path, api_workers: st
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(tiny_repo), "--port",
-         str(port), "--no-warmup", "--intra-op-threads", "1", "--api-workers", api_workers],
+         str(port), "--grpc-port", "0", "--no-warmup", "--intra-op-threads", "1",
+         "--api-workers", api_workers],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         base = f"http://127.0.0.1:{port}"

@@ -47,7 +47,8 @@ from service_fakes import FakeRuntime, fake_factory
 from seqserve.service.server.app import create_app
 from seqserve.service.web.settings import Settings
 from seqserve.service.server.shutdown import build_server
-settings = Settings(repo={repo!r}, port={port}, warmup=False, max_batch_size=16, max_wait_ms=0,
+settings = Settings(repo={repo!r}, port={port}, grpc_port=0, warmup=False, max_batch_size=16,
+                    max_wait_ms=0,
                     queue_size=512, drain_timeout_s=20, shutdown_delay_s=1.5, log_level="warning")
 app = create_app(settings, fake_factory(FakeRuntime(delay_s=1.0)))
 build_server(app, app.state.seqserve).run()
@@ -134,7 +135,7 @@ def test_onnx_serving_path_runs_without_torch(tiny_repo: Path, tmp_path: Path) -
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(tiny_repo),
-         "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+         "--port", str(port), "--grpc-port", "0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     try:
         _wait_ready(proc, base)

@@ -66,6 +66,10 @@ class Observer(Protocol):
     def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
         """A session ended (its last chunk, a restart) or expired after its idle timeout."""
 
+    def on_wait_errors(self, errors: Sequence[float]) -> None:
+        """Admitted work started: per row (or request), its actual queue wait minus the wait
+        its admission expected (`expected_wait()`), seconds; once per batch or admission."""
+
 
 class NullObserver:
     """An observer that records nothing."""
@@ -95,6 +99,9 @@ class NullObserver:
         pass
 
     def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
+        pass
+
+    def on_wait_errors(self, errors: Sequence[float]) -> None:
         pass
 
 
@@ -130,19 +137,27 @@ class Measured:
 
 @dataclass
 class CostEstimate(Measured):
-    """Seconds of compute per unit of work (a token, a request), from recent batches: an
-    exponential average of each batch's seconds / units."""
+    """Seconds of compute per unit of work (a token, a request), from recent batches: the
+    exponential average of their seconds over that of their units. (An average of each
+    batch's seconds / units, as before, runs high when the units vary: an admission of one
+    request after a short interval weighs as much as one of twenty after a long one.)"""
 
     alpha: float = 0.2
     """Weight of the newest batch."""
+    _units: float = 0.0
+    """Exponential average of the batches' units (their seconds: `per_unit` x this)."""
 
     def observe(self, units: int, seconds: float) -> None:
         """Fold in a batch; after a gap (stale), the new measurement replaces the old one."""
         if units <= 0 or seconds <= 0:
             return
-        value = seconds / units
-        self.per_unit = value if self.per_unit is None or self.stale() else (
-            self.alpha * value + (1 - self.alpha) * self.per_unit)
+        if self.per_unit is None or self.stale():
+            self._units, self.per_unit = float(units), seconds / units
+        else:
+            keep = 1 - self.alpha
+            total = self.alpha * seconds + keep * self.per_unit * self._units
+            self._units = self.alpha * units + keep * self._units
+            self.per_unit = total / self._units
         self.observed_at = time.monotonic()
 
     def seconds(self, units: float, parallel: int = 1) -> float | None:

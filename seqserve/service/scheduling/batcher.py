@@ -38,6 +38,7 @@ from typing import Any, Generic, TypeVar
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.scheduling.base import (
     BatchCost,
+    CostEstimate,
     NullObserver,
     Observer,
     Timed,
@@ -69,6 +70,7 @@ class _Row(Generic[P, R]):
     future: asyncio.Future[Timed[R]]
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the batcher's live depth
+    expected: float | None = None  # the queue wait its admission expected (None: a probe)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,7 +133,14 @@ class Batcher(Generic[P, R]):
         self._queued_tokens = 0  # tokens of the rows counted in _live
         self.cost = BatchCost()
         """Seconds of a batch, fixed + per token, fitted from recent batches (warm-up
-        included)."""
+        included): from its launch to its answer on the event loop."""
+        self.gap = CostEstimate()
+        """Seconds between batches while rows wait: from an instance's answered batch to its
+        next launch (the loop's turn, filling, `plan_batch`), which `cost` does not hold."""
+        self._busy: dict[int, tuple[float, int]] = {}
+        """Instance -> (launch time, tokens) of the batch it runs."""
+        self._freed_at: list[float | None] = [None] * len(self.computes)
+        """Per instance, when it was freed with rows waiting (None: idle with none)."""
         self.max_depth_seen = 0
         """Highest queue depth ever observed (tests check the bound)."""
         self.batches_run = 0
@@ -144,11 +153,23 @@ class Batcher(Generic[P, R]):
 
     def expected_wait(self) -> float | None:
         """Seconds a row submitted now would wait before computing (None: not measured): the
-        batches the queue needs (`batches_for`) at the measured fixed cost each, plus its
-        tokens at the measured cost per token, shared by the instances running in parallel."""
-        return self.cost.seconds(self._queued_tokens, self.batches_for(self._live,
-                                                                        self._queued_tokens),
-                                 len(self.computes))
+        batches the queue needs (`batches_for`) at the measured fixed cost each and the gap
+        between batches, its tokens at the measured cost per token, and what the running
+        batches have left of their expected cost, shared by the instances running in
+        parallel. (Without the last two it ran low at 3x load on 16-text requests, by 20-50
+        ms at the median, 26% of rows by over 0.1 s: `seqserve_queue_wait_estimate_error_seconds`,
+        docs/performance.md section 19.)"""
+        cost = self.cost
+        if cost.per_unit is None:
+            return None
+        batches = self.batches_for(self._live, self._queued_tokens)
+        work = batches * (cost.fixed + (self.gap.per_unit or 0.0))
+        work += self._queued_tokens * cost.per_unit
+        if self._busy:
+            now = time.monotonic()
+            for start, tokens in self._busy.values():
+                work += max(cost.fixed + tokens * cost.per_unit - (now - start), 0.0)
+        return work / len(self.computes)
 
     def batches_for(self, rows: int, tokens: int) -> int:
         """Fewest batches that hold `rows` rows of `tokens` tokens in all under the row and
@@ -187,15 +208,17 @@ class Batcher(Generic[P, R]):
                 f"{self.config.queue_size} waiting)",
                 retry_after=self.config.retry_after_s,
             )
-        self._admit_by_wait(rows, deadline)
-        return self._enqueue(rows, deadline)
+        wait = self.expected_wait()
+        self._admit_by_wait(rows, deadline, wait)
+        return self._enqueue(rows, deadline, wait or 0.0)  # unmeasured: admitted as 0
 
-    def _enqueue(self, rows: Sequence[tuple[P, int]],
-                 deadline: float) -> list[asyncio.Future[Timed[R]]]:
+    def _enqueue(self, rows: Sequence[tuple[P, int]], deadline: float,
+                 expected: float | None = None) -> list[asyncio.Future[Timed[R]]]:
         loop = asyncio.get_running_loop()
         futures = []
         for payload, length in rows:
-            row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future())
+            row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future(),
+                                   expected=expected)
             row.future.add_done_callback(functools.partial(self._on_done, row))
             self._pending.append(row)
             futures.append(row.future)
@@ -205,7 +228,8 @@ class Batcher(Generic[P, R]):
         self._wake.set()
         return futures
 
-    def _admit_by_wait(self, rows: Sequence[tuple[P, int]], deadline: float) -> None:
+    def _admit_by_wait(self, rows: Sequence[tuple[P, int]], deadline: float,
+                       wait: float | None) -> None:
         """QueueFull when `rows` would wait too long, or miss their deadline. An idle batcher
         whose estimate is stale still refuses by it, and computes the refused rows for no
         one, to measure again (a slow spell's estimate cannot refuse forever; no request is
@@ -216,7 +240,7 @@ class Batcher(Generic[P, R]):
             for future in self._enqueue(rows, time.monotonic() + PROBE_DEADLINE_S):
                 future.add_done_callback(_ignore)
 
-        admit_by_wait(f"model {self.name!r}", self.expected_wait(),
+        admit_by_wait(f"model {self.name!r}", wait,
                       self.cost.seconds(tokens, self.batches_for(len(rows), tokens)),
                       deadline, self.config.max_queue_wait_s, self.config.retry_after_s,
                       not self._live and not self._running and self.cost.stale(), probe)
@@ -251,6 +275,7 @@ class Batcher(Generic[P, R]):
             if not self._pending:
                 if self._closing:
                     return
+                self._freed_at = [None] * len(self.computes)  # no gap: nothing waits
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -326,7 +351,12 @@ class Batcher(Generic[P, R]):
         self.batches_run += 1
         done = asyncio.get_running_loop().create_future()
         self._running.add(done)
-        self._queues[instance].put((batch, [r.payload for r in batch], time.monotonic(), done,
+        now = time.monotonic()
+        freed = self._freed_at[instance]
+        if freed is not None:  # rows waited while this instance was between batches
+            self.gap.observe(1, now - freed)
+        self._busy[instance] = (now, sum(lengths))
+        self._queues[instance].put((batch, [r.payload for r in batch], now, done,
                                     instance, self._finish))
 
     def _finish(self, job: tuple[Any, ...], outcome: Sequence[R] | Exception) -> None:
@@ -334,6 +364,8 @@ class Batcher(Generic[P, R]):
         try:
             self._answer(batch, start, outcome)
         finally:
+            self._busy.pop(instance, None)
+            self._freed_at[instance] = time.monotonic() if self._live else None
             self._free.append(instance)
             self._freed.set()
             self._running.discard(done)
@@ -351,6 +383,8 @@ class Batcher(Generic[P, R]):
             return
         compute_s = time.monotonic() - start
         self.cost.observe(sum(r.length for r in batch), compute_s)
+        self.observer.on_wait_errors([start - r.enqueued - r.expected for r in batch
+                                      if r.expected is not None])
         for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)

@@ -67,6 +67,8 @@ class _Request:
     """Sequences not finished yet."""
     admitted: float = 0.0
     status: Status = Status.WAITING
+    expected: float | None = None
+    """The queue wait its admission expected, 0 while unmeasured (None: a probe)."""
     top: int = 0
     """A score request: the alternatives (ids, log-probs) it asks for at every position."""
     start: tuple[bytes, int] | None = None
@@ -170,16 +172,18 @@ class LMScheduler(RequestTable[_Request]):
         if self._waiting + len(rows) > cfg.max_queue:
             raise QueueFull(f"language model queue full ({self._waiting} of {cfg.max_queue} "
                             "waiting)", retry_after=cfg.retry_after_s)
+        wait = self.expected_wait()
         if deadline is not None:
-            admit_by_wait("language model", self.expected_wait(), self.service_cost.per_unit,
+            admit_by_wait("language model", wait, self.service_cost.per_unit,
                           deadline, cfg.max_queue_wait_s, cfg.retry_after_s,
                           not self.table and self.service_cost.stale(),
                           lambda: self._queue_request(rows, options, None))
-        return self._queue_request(rows, options, sink)
+        return self._queue_request(rows, options, sink, wait or 0.0)
 
     def _queue_request(self, rows: Sequence[list[int]], options: GenerateOptions | None,
-                       sink: Sink | None) -> _Request:
-        r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock())
+                       sink: Sink | None, expected: float | None = None) -> _Request:
+        r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock(),
+                     expected=expected)
         self.table[r.rid] = r
         self._queue.append(r)
         self._waiting += len(rows)
@@ -321,6 +325,9 @@ class LMScheduler(RequestTable[_Request]):
             head.status, head.admitted = Status.ENCODING, now
             self._waiting -= len(head.rows)
             admitted.append(self._queue.popleft())
+        if admitted:
+            self.observer.on_wait_errors([now - r.submitted - r.expected for r in admitted
+                                          if r.expected is not None])
         if admitted and self._backlog_since is not None:
             self.admit_cost.observe(len(admitted), now - self._backlog_since)
         if admitted or not self._waiting:

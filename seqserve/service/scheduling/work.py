@@ -96,6 +96,8 @@ class Request:
     submitted: float
     status: Status = Status.WAITING
     admitted: float = 0.0
+    expected: float | None = None
+    """The queue wait its admission expected, 0 while unmeasured (None: a probe)."""
 
 
 @dataclass(frozen=True, eq=False)

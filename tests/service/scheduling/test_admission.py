@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 import time
 
 import pytest
@@ -40,6 +41,50 @@ def test_cost_estimate_follows_recent_batches() -> None:
     cost.observe(100, 3.0)
     assert cost.per_unit == pytest.approx(0.02)
     assert cost.seconds(50, parallel=2) == pytest.approx(0.5) and not cost.stale()
+
+
+def test_cost_estimate_weighs_batches_by_their_units() -> None:
+    """Admissions of 1 request after 20 ms and of 20 after 200 ms: 10.5 ms a request over
+    both, not the 15 ms that averaging each one's seconds per request gave (an estimate that
+    ran high and refused what met the bound)."""
+    cost = CostEstimate(alpha=0.5)
+    cost.observe(1, 0.02)
+    cost.observe(20, 0.2)
+    assert cost.per_unit == pytest.approx((0.5 * 0.2 + 0.5 * 0.02) / (0.5 * 20 + 0.5 * 1))
+
+
+def test_a_running_batch_and_the_gap_between_batches_count_in_the_expected_wait() -> None:
+    """A row that arrives while every instance runs a batch waits for what that batch has
+    left, and behind the queue for the time between batches too (the loop's turn, planning):
+    an estimate of the queue's compute alone ran low under load."""
+    gate = threading.Event()
+
+    def slow(rows: list[int]) -> list[int]:
+        gate.wait(10)
+        return list(rows)
+
+    async def scenario() -> None:
+        b = make_batcher(slow, max_batch_size=1, max_wait_s=0.0, max_queue_wait_s=10.0)
+        b.cost.observe(100, 0.2)  # 2 ms a token, no fixed cost
+        b.start()
+        far = time.monotonic() + 60
+        running = b.submit([(0, 100)], far)
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if b.batches_run:
+                break
+        assert b.depth == 0 and b.batches_run == 1
+        left = b.expected_wait() or 0.0  # nothing queued: what the running batch has left
+        assert 0.05 < left <= 0.2
+        queued = b.submit([(1, 100), (2, 100)], far)
+        assert b.expected_wait() == pytest.approx(left + 0.4, abs=0.05)
+        gate.set()
+        await asyncio.gather(*running, *queued)
+        assert b.gap.per_unit is not None  # the instance was freed with rows waiting
+        assert b.expected_wait() == 0.0
+        await b.close(5)
+
+    asyncio.run(scenario())
 
 
 FIXED, PER_TOKEN = 0.004, 0.00002
@@ -195,6 +240,25 @@ def test_decoding_core_refuses_by_admission_rate_and_decode_time() -> None:
         if not core.has_work():
             break
     assert len(outcomes) == 3
+
+
+def test_the_admission_rate_is_measured_from_one_admission_to_the_next() -> None:
+    """Schedules that admit nothing (the live-hypothesis budget full) do not restart the
+    interval: one request admitted 0.3 s after the last, with two empty schedules between,
+    is 0.3 s a request (it was 0.1 s: an estimate that ran low and admitted long waits)."""
+    fake = FakeTranslator()
+    core = DecodeScheduler(fake, fake.limits, decode_config(max_queue=100))
+    core.add([[5, 6]] * 5, SearchOptions(beam_size=2))
+    core._waiting -= 1  # what _admit does before it notes an admission
+    core._note_admission(1, 10.0)  # 4 still waiting: the interval starts
+    core._note_admission(0, 10.1)
+    core._note_admission(0, 10.2)
+    core._waiting -= 1
+    core._note_admission(1, 10.3)
+    assert core.admit_cost.per_unit == pytest.approx(0.3)
+    core._waiting -= 2
+    core._note_admission(2, 10.5)
+    assert core.admit_cost.per_unit is not None and core.admit_cost.per_unit < 0.3
 
 
 def test_an_idle_decoding_core_refuses_by_its_old_estimate_and_measures_again() -> None:

@@ -1,0 +1,410 @@
+"""Overload (issue 37): admission by expected queue wait under open-loop 3x overload and
+under a closed loop of 64 connections, against one `seqserve serve` with its default
+settings (`--max-queue-wait-s` 0.5), printing one table with the commands.
+
+    python bench/overload.py --repo model_repository
+    python bench/overload.py --workloads classify16,long64 --duration 20
+
+Per workload of classify16 (langid, 16 texts a request), translate (numbers-en-fr, beam 5)
+and generate (text-lm, --max-new-tokens 8): the capacity first (closed loop, --concurrency
+32, --capacity-duration s: ok requests/s), then an open loop at --overload x capacity for
+--duration s from --generators processes at once (each `seqserve loadtest --rate R/G` with
+--max-in-flight high enough that it drops nothing; drops and the generators' p99 send lag are
+printed: a lag over 50 ms means the generator fell behind). Printed: goodput (2xx/s) /
+capacity, the admitted requests' p99 latency from their scheduled send and their p99 queue
+wait (Server-Timing `queue`) against the bound, refusals (429; how many carried
+Retry-After), other errors; and from the server's /metrics, the wait estimate's error over
+the run (`seqserve_queue_wait_estimate_error_seconds`, actual minus expected queue wait: its
+median and the share of admitted work whose estimate ran more than 0.1 s high or low).
+long64: a closed loop of 64 connections on long langid texts (10-60 words, bench/peers'
+long workload), one text a request: its p99 and its refusals.
+
+Each load runs in a child process (`--worker`), so that two generators use two cores when
+the machine has them; `uptime`'s load averages are printed before and after each row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+ERROR_METRIC = "seqserve_queue_wait_estimate_error_seconds"
+
+REASONS = ("overloaded: expected queue wait", "cannot take it in time: expected queue wait",
+           "left", "queue is full", "queue full", "in flight")
+"""What a 429 says, counted by the first of these its body holds (shed_early, a scheduler's
+admission by wait or by deadline, the depth bounds, the API process's in-flight bound)."""
+
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "classify16": {"model": "langid", "task": "classify", "texts_per_request": 16},
+    "translate": {"model": "numbers-en-fr", "task": "translate"},
+    "generate": {"model": "text-lm", "task": "generate", "max_new_tokens": 8},
+    "long64": {"model": "langid", "task": "classify", "long": True},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--repo", type=Path, default=Path("model_repository"))
+    p.add_argument("--url", help="a running server instead of starting one")
+    p.add_argument("--port", type=int, default=8871)
+    p.add_argument("--workloads", default="classify16,translate,generate,long64")
+    p.add_argument("--duration", type=float, default=20.0, help="open loop and long64, s")
+    p.add_argument("--capacity-duration", type=float, default=10.0)
+    p.add_argument("--capacity-concurrency", type=int, default=32)
+    p.add_argument("--overload", type=float, default=3.0, help="x capacity, open loop")
+    p.add_argument("--generators", type=int, default=2,
+                   help="load generator processes sharing the open loop's rate")
+    p.add_argument("--max-in-flight", type=int, default=4000,
+                   help="per generator: outstanding requests before it drops arrivals")
+    p.add_argument("--out", type=Path, help="write the rows as JSON here")
+    p.add_argument("--serve-args", default="", help="more `seqserve serve` flags")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL=CHECKOUT",
+                   help="serve this checkout's code (PYTHONPATH; e.g. a `git archive` of an "
+                   "older commit); several: each workload runs on each in turn (before/after "
+                   "side by side); default: this checkout")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# -- one generator (a child process) -----------------------------------------------------
+
+def worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one load (`spec`: LoadConfig fields plus `texts_file`/`dataset`); its counts and
+    the raw figures the parent merges."""
+    from seqserve.loadtest import runner
+    from seqserve.loadtest.config import LoadConfig
+    from seqserve.loadtest.runner import run_load
+    from seqserve.loadtest.texts import (
+        TextSampler,
+        load_corpus_prompts,
+        load_dataset_texts,
+        load_text_file,
+    )
+
+    texts_file = spec.pop("texts_file", None)
+    if texts_file:
+        texts = load_text_file(texts_file)
+    elif spec["task"] == "generate":
+        texts = load_corpus_prompts("pydoc-topics", "test", 64)
+    else:
+        texts = load_dataset_texts({"classify": "langid"}.get(spec["task"], "numbers-en-fr"))
+    cfg = LoadConfig(**spec)
+    reasons: collections.Counter[str] = collections.Counter()
+    fill = runner._fill_from_response
+
+    def fill_and_note(record: Any, response: Any, task: str, streamed: bool = False) -> None:
+        fill(record, response, task, streamed)
+        if response.status == 429:  # why, from the error's message
+            body = response.body.decode(errors="replace")
+            reasons[next((k for k in REASONS if k in body), body[:40])] += 1
+
+    runner._fill_from_response = fill_and_note
+    result = run_load(cfg, TextSampler(texts, cfg.seed))
+    recs = result.records
+    ok = [r for r in recs if r.outcome == "ok"]
+    statuses = collections.Counter(str(r.status) for r in recs if r.status is not None
+                                   and r.outcome != "ok")
+    return {
+        "wall_s": result.wall_s,
+        "scheduled": len(recs),
+        "dropped": sum(r.outcome == "dropped" for r in recs),
+        "ok": len(ok),
+        "refused": statuses.get("429", 0),
+        "refused_with_retry_after": sum(1 for r in recs if r.status == 429
+                                        and r.retry_after_s is not None),
+        "other_errors": sum(1 for r in recs if r.sent_s is not None and r.outcome != "ok"
+                            and r.status != 429),
+        "statuses": dict(statuses),
+        "reasons": dict(reasons),
+        "latency_s": [r.latency_s for r in ok],
+        "queue_ms": [r.server_queue_ms for r in ok if r.server_queue_ms is not None],
+        "compute_ms": [r.server_compute_ms for r in ok if r.server_compute_ms is not None],
+        "send_lag_s": [r.send_lag_s for r in recs if r.send_lag_s is not None],
+    }
+
+
+def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Run the loads in `specs` at once, each in its own process; merged figures."""
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in specs]
+    parts = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"a load generator failed ({proc.returncode})")
+        parts.append(json.loads(out.strip().splitlines()[-1]))
+    merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts)}
+    for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
+                "other_errors"):
+        merged[key] = sum(p[key] for p in parts)
+    for key in ("latency_s", "queue_ms", "compute_ms", "send_lag_s"):
+        merged[key] = [v for p in parts for v in p[key]]
+    for key in ("statuses", "reasons"):
+        merged[key] = dict(sum((collections.Counter(p[key]) for p in parts),
+                               collections.Counter()))
+    return merged
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+# -- the server and its metrics -----------------------------------------------------------
+
+def start_server(args: argparse.Namespace, checkout: Path
+                 ) -> tuple[subprocess.Popen[bytes], str, str]:
+    cmd = [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(args.repo.resolve()),
+           "--port", str(args.port), *shlex.split(args.serve_args)]
+    code = checkout.resolve()
+    proc = subprocess.Popen(cmd, cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{args.port}"
+    import httpx
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited ({proc.returncode}): {shlex.join(cmd)}")
+        try:
+            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
+                return proc, url, shlex.join(["seqserve", "serve", *cmd[4:]])
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("server not ready in 180 s")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def error_buckets(url: str, model: str) -> dict[float, float]:
+    """Cumulative counts by upper bound of the wait estimate's error for `model`."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[float, float] = collections.defaultdict(float)
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == f"{ERROR_METRIC}_bucket" and s.labels.get("model") == model:
+                out[float(s.labels["le"])] += s.value
+    return out
+
+
+def error_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """The run's share of the histogram: count, the bucket holding the median, and the
+    shares of work whose estimate ran > 0.1 s high (error <= -0.1) or low (> 0.1)."""
+    cum = sorted((le, after.get(le, 0.0) - before.get(le, 0.0)) for le in after)
+    total = cum[-1][1] if cum else 0.0
+    if not total:
+        return {"count": 0}
+    median = next(le for le, c in cum if c >= total / 2)
+    lower = max((le for le, _ in cum if le < median), default=-math.inf)
+    at = dict(cum)
+    return {"count": int(total), "median": (lower, median),
+            "high": at.get(-0.1, 0.0) / total, "low": 1 - at.get(0.1, 0.0) / total}
+
+
+def uptime() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+# -- the runs -----------------------------------------------------------------------------
+
+def long_texts(n: int = 5000) -> Path:
+    from bench.peers.texts import langid_rows, workloads
+
+    long = workloads(langid_rows())["long"]
+    path = Path(tempfile.gettempdir()) / "seqserve-overload-long.txt"
+    path.write_text("".join(long.text(g) + "\n" for g in range(n)), encoding="utf-8")
+    return path
+
+
+def command(url: str, spec: dict[str, Any], generators: int = 1) -> str:
+    parts = ["seqserve", "loadtest", url, "--model", spec["model"], "--task", spec["task"]]
+    if spec.get("rate") is not None:
+        parts += ["--rate", f"{spec['rate']:.0f}", "--max-in-flight", str(spec["max_in_flight"])]
+    else:
+        parts += ["--concurrency", str(spec["concurrency"])]
+    parts += ["--duration", f"{spec['duration_s']:g}"]
+    if spec.get("texts_per_request", 1) != 1:
+        parts += ["--texts-per-request", str(spec["texts_per_request"])]
+    if spec.get("max_new_tokens") is not None and spec["task"] == "generate":
+        parts += ["--max-new-tokens", str(spec["max_new_tokens"])]
+    if spec.get("texts_file"):
+        parts += ["--texts", "LONG.txt"]
+    line = shlex.join(parts)
+    return f"{line}  (x{generators} at once)" if generators > 1 else line
+
+
+def base_spec(url: str, workload: dict[str, Any], long_file: Path | None) -> dict[str, Any]:
+    spec = {"url": url, "model": workload["model"], "task": workload["task"],
+            "texts_per_request": workload.get("texts_per_request", 1)}
+    if workload["task"] == "generate":
+        spec["max_new_tokens"] = workload["max_new_tokens"]
+    if workload.get("long"):
+        spec["texts_file"] = str(long_file)
+    return spec
+
+
+def run_workload(name: str, url: str, args: argparse.Namespace,
+                 long_file: Path | None) -> list[dict[str, Any]]:
+    workload = WORKLOADS[name]
+    base = base_spec(url, workload, long_file)
+    rows = []
+    if workload.get("long"):
+        spec = {**base, "concurrency": 64, "duration_s": args.duration}
+        load0 = uptime()
+        before = error_buckets(url, base["model"])
+        res = generate([spec])
+        rows.append(row(name, "closed 64", spec, res, None, load0, args,
+                        error_summary(before, error_buckets(url, base["model"])), 1, url))
+        return rows
+    cap_spec = {**base, "concurrency": args.capacity_concurrency,
+                "duration_s": args.capacity_duration}
+    load0 = uptime()
+    cap = generate([cap_spec])
+    capacity = cap["ok"] / cap["wall_s"]
+    rows.append(row(name, f"capacity (closed {args.capacity_concurrency})", cap_spec, cap,
+                    capacity, load0, args, None, 1, url))
+    rate = args.overload * capacity
+    g = args.generators
+    specs = [{**base, "rate": rate / g, "duration_s": args.duration, "seed": i,
+              "max_in_flight": args.max_in_flight} for i in range(g)]
+    load0 = uptime()
+    before = error_buckets(url, base["model"])
+    res = generate(specs)
+    errors = error_summary(before, error_buckets(url, base["model"]))
+    rows.append(row(name, f"open {args.overload:g}x = {rate:.0f}/s", {**specs[0], "rate": rate},
+                    res, capacity, load0, args, errors, g, url))
+    return rows
+
+
+def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
+        capacity: float | None, load0: str, args: argparse.Namespace,
+        errors: dict[str, Any] | None, generators: int, url: str) -> dict[str, Any]:
+    ok_s = res["ok"] / res["wall_s"]
+    shown = dict(spec)
+    if generators > 1:
+        shown["rate"] = spec["rate"] / generators
+    return {
+        "workload": name, "load": load, "ok_per_s": ok_s,
+        "goodput": ok_s / capacity if capacity and "open" in load else None,
+        "p99_ms": pct(res["latency_s"], 99) * 1e3, "p50_ms": pct(res["latency_s"], 50) * 1e3,
+        "queue_p99_ms": pct(res["queue_ms"], 99), "compute_p99_ms": pct(res["compute_ms"], 99),
+        "refused": res["refused"], "retry_after": res["refused_with_retry_after"],
+        "other_errors": res["other_errors"], "statuses": res["statuses"],
+        "reasons": res["reasons"],
+        "dropped": res["dropped"], "scheduled": res["scheduled"],
+        "send_lag_p99_ms": pct(res["send_lag_s"], 99) * 1e3 if "open" in load else None,
+        "errors": errors, "load_avg": f"{load0} -> {uptime()}",
+        "command": command(url, shown, generators),
+    }
+
+
+def fmt_errors(e: dict[str, Any] | None) -> str:
+    if not e:
+        return "-"
+    if not e.get("count"):
+        return "none"
+    lo, hi = e["median"]
+    return (f"n {e['count']}, median in ({lo:g}, {hi:g}] s, "
+            f">0.1 s high {e['high']:.0%}, >0.1 s low {e['low']:.0%}")
+
+
+def why(r: dict[str, Any]) -> str:
+    """The 429s by reason, when not all are the wait bound's."""
+    short = {"overloaded: expected queue wait": "early", "left": "deadline",
+             "cannot take it in time: expected queue wait": "wait"}
+    parts = [f"{short.get(k, k)} {v}" for k, v in sorted(r["reasons"].items())]
+    return f": {', '.join(parts)}" if parts else ""
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| workload | load | 2xx/s | goodput / capacity | p50 / p99 ms | queue p99 ms | "
+            "compute p99 ms | 429 (with Retry-After) | other errors | dropped / scheduled | "
+            "send lag p99 ms | wait estimate error | load avg |")
+    lines = [head, "|" + "|".join(" --- " for _ in range(head.count("|") - 1)) + "|"]
+    for r in rows:
+        good = "-" if r["goodput"] is None else f"{r['goodput']:.2f}"
+        lag = "-" if r["send_lag_p99_ms"] is None else f"{r['send_lag_p99_ms']:.0f}"
+        lines.append(
+            f"| {r['workload']} | {r['load']} | {r['ok_per_s']:.1f} | {good} | "
+            f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['queue_p99_ms']:.0f} | "
+            f"{r['compute_p99_ms']:.0f} | {r['refused']} ({r['retry_after']}){why(r)} | "
+            f"{r['other_errors']} | {r['dropped']} / {r['scheduled']} | {lag} | "
+            f"{fmt_errors(r['errors'])} | {r['load_avg']} |")
+    lines.append("")
+    commands = {f"{r['workload'].split()[0]}, {r['load'].split(' = ')[0]}": r["command"]
+                for r in rows}  # the same for every variant
+    lines += [f"- {what}: `{cmd}`" for what, cmd in commands.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    names = [n for n in args.workloads.split(",") if n]
+    unknown = set(names) - set(WORKLOADS)
+    if unknown:
+        raise SystemExit(f"unknown workloads {sorted(unknown)}; from {sorted(WORKLOADS)}")
+    variants = [tuple(v.split("=", 1)) for v in args.variant] or [("", str(ROOT))]
+    rows: list[dict[str, Any]] = []
+    long_file = long_texts() if "long64" in names else None
+    serve_cmd = "(a running server)"
+    for name in names:  # a fresh server per workload (its estimates start from its warm-up)
+        for label, checkout in variants:
+            proc = None
+            if args.url:
+                url = args.url
+            else:
+                proc, url, serve_cmd = start_server(args, Path(checkout))
+            try:
+                for r in run_workload(name, url, args, long_file):
+                    r["workload"] = f"{name} {label}".strip()
+                    rows.append(r)
+                    print(f"{r['workload']} {r['load']}: {r['ok_per_s']:.1f} ok/s, "
+                          f"p99 {r['p99_ms']:.0f} ms, 429 {r['refused']} {r['reasons']}, "
+                          f"load {r['load_avg']}", file=sys.stderr, flush=True)
+            finally:
+                if proc is not None:
+                    stop_server(proc)
+    print(f"server: {serve_cmd} (a fresh one per workload and variant: "
+          f"{', '.join(f'{k}={v}' for k, v in variants)}); {os.cpu_count()} cores")
+    print(table(rows))
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -140,8 +140,32 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of `pid`'s process group so far (the server and its
+    children; 0 for a server not started here)."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pid:  # the process group (the server starts its own session)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+SERVER_PID: int | None = None
+"""The server started here (its process group's CPU is counted per run)."""
+
+
 def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Run the loads in `specs` at once, each in its own process; merged figures."""
+    """Run the loads in `specs` at once, each in its own process; merged figures, with the
+    generators' and the server's CPU seconds over the run."""
+    server0 = tree_cpu_s(SERVER_PID)
+    gen0 = os.times()
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in specs]
     parts = []
@@ -150,7 +174,11 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
         if proc.returncode:
             raise SystemExit(f"a load generator failed ({proc.returncode})")
         parts.append(json.loads(out.strip().splitlines()[-1]))
-    merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts)}
+    gen1 = os.times()
+    merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
+                              "server_cpu_s": tree_cpu_s(SERVER_PID) - server0,
+                              "generator_cpu_s": gen1.children_user + gen1.children_system
+                              - gen0.children_user - gen0.children_system}
     for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
                 "other_errors"):
         merged[key] = sum(p[key] for p in parts)
@@ -311,6 +339,7 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
         capacity: float | None, load0: str, args: argparse.Namespace,
         errors: dict[str, Any] | None, generators: int, url: str) -> dict[str, Any]:
     ok_s = res["ok"] / res["wall_s"]
+    sent = res["scheduled"] - res["dropped"]
     shown = dict(spec)
     if generators > 1:
         shown["rate"] = spec["rate"] / generators
@@ -325,6 +354,9 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
         "dropped": res["dropped"], "scheduled": res["scheduled"],
         "send_lag_p99_ms": pct(res["send_lag_s"], 99) * 1e3 if "open" in load else None,
         "errors": errors, "load_avg": f"{load0} -> {uptime()}",
+        "server_cpu_ms_per_request": 1e3 * res["server_cpu_s"] / max(1, sent),
+        "server_cpu_ms_per_ok": 1e3 * res["server_cpu_s"] / max(1, res["ok"]),
+        "generator_cpu_ms_per_request": 1e3 * res["generator_cpu_s"] / max(1, sent),
         "command": command(url, shown, generators),
     }
 
@@ -350,7 +382,8 @@ def why(r: dict[str, Any]) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| workload | load | 2xx/s | goodput / capacity | p50 / p99 ms | queue p99 ms | "
             "compute p99 ms | 429 (with Retry-After) | other errors | dropped / scheduled | "
-            "send lag p99 ms | wait estimate error | load avg |")
+            "send lag p99 ms | wait estimate error | CPU ms per request: server, "
+            "generators | load avg |")
     lines = [head, "|" + "|".join(" --- " for _ in range(head.count("|") - 1)) + "|"]
     for r in rows:
         good = "-" if r["goodput"] is None else f"{r['goodput']:.2f}"
@@ -360,7 +393,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['queue_p99_ms']:.0f} | "
             f"{r['compute_p99_ms']:.0f} | {r['refused']} ({r['retry_after']}){why(r)} | "
             f"{r['other_errors']} | {r['dropped']} / {r['scheduled']} | {lag} | "
-            f"{fmt_errors(r['errors'])} | {r['load_avg']} |")
+            f"{fmt_errors(r['errors'])} | {r['server_cpu_ms_per_request']:.3f}, "
+            f"{r['generator_cpu_ms_per_request']:.3f} | {r['load_avg']} |")
     lines.append("")
     commands = {f"{r['workload'].split()[0]}, {r['load'].split(' = ')[0]}": r["command"]
                 for r in rows}  # the same for every variant
@@ -369,6 +403,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SERVER_PID
     args = parse_args(argv)
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
@@ -388,11 +423,14 @@ def main(argv: list[str] | None = None) -> int:
                 url = args.url
             else:
                 proc, url, serve_cmd = start_server(args, Path(checkout))
+                SERVER_PID = proc.pid
             try:
                 for r in run_workload(name, url, args, long_file):
                     r["workload"] = f"{name} {label}".strip()
                     rows.append(r)
                     print(f"{r['workload']} {r['load']}: {r['ok_per_s']:.1f} ok/s, "
+                          f"CPU ms/request server {r['server_cpu_ms_per_request']:.3f} "
+                          f"generators {r['generator_cpu_ms_per_request']:.3f}, "
                           f"p99 {r['p99_ms']:.0f} ms, 429 {r['refused']} {r['reasons']}, "
                           f"load {r['load_avg']}", file=sys.stderr, flush=True)
             finally:

@@ -169,3 +169,65 @@ def test_serve_logs_one_access_line_per_request(tiny_repo: Path, api_workers: st
     assert len(about_it) == 1, about_it
     assert " seqserve.access: POST /v1/models/{name}/classify 200 " in about_it[0]
     assert "request_id=once-1" in about_it[0]
+
+
+def test_new_ids_are_version_4_uuids() -> None:
+    import uuid
+
+    from seqserve.service.web.access_log import new_id
+
+    ids = {new_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for value in list(ids)[:200]:
+        parsed = uuid.UUID(hex=value)
+        assert (len(value), parsed.version, parsed.variant) == (32, 4, uuid.RFC_4122)
+
+
+def test_refusal_lines_are_bounded_and_say_how_many_were_left_out() -> None:
+    from seqserve.service.web.access_log import RefusalLines
+
+    lines = RefusalLines(per_s=3)
+    got = [lines.admit(100.0 + i / 100) for i in range(10)]  # ten refusals in one second
+    assert got == [0, 0, 0] + [None] * 7
+    assert lines.admit(101.2) == 7  # the next second's first line tells of the seven
+    assert lines.admit(101.3) == 0
+
+
+def test_refusals_logged_at_most_ten_a_second_others_always(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The access log of a refusal flood: at most 10 lines a second of 429s (the rest only
+    counted, then told by the next logged one), every other answer logged."""
+    import asyncio
+
+    from seqserve.service.web.access_log import AccessLogMiddleware
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        status = 200 if scope["path"] == "/ok" else 429
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def noop(message: Any) -> None:
+        pass
+
+    async def flood() -> float:
+        middleware = AccessLogMiddleware(app)
+        start = time.monotonic()
+        for i in range(300):
+            path = "/ok" if i % 100 == 0 else "/v1/models/m/classify"
+            await middleware({"type": "http", "method": "POST", "path": path, "headers": []},
+                             noop, noop)
+        await asyncio.sleep(max(0.0, 1.05 - (time.monotonic() - start) % 1))  # a new second
+        await middleware({"type": "http", "method": "POST", "path": "/x", "headers": []},
+                         noop, noop)
+        return time.monotonic() - start
+
+    caplog.set_level(logging.INFO, logger="seqserve.access")
+    seconds = asyncio.run(flood())
+    lines = _access(caplog)
+    oks = [r for r in lines if r.fields["status"] == 200]  # type: ignore[attr-defined]
+    refusals = [r for r in lines if r.fields["status"] == 429]  # type: ignore[attr-defined]
+    assert len(oks) == 3
+    assert 10 <= len(refusals) <= 10 * (int(seconds) + 2), len(refusals)
+    told = sum(r.fields.get("refusals_not_logged", 0) for r in refusals)  # type: ignore[attr-defined]
+    assert len(refusals) + told == 298, (len(refusals), told)
+    assert "more refusals not logged" in refusals[-1].getMessage()

@@ -197,3 +197,32 @@ def test_max_in_flight_counts_requests_whose_bodies_still_arrive(tiny_repo: Path
     assert status == 429 and headers["retry-after"], (status, refused)
     assert "max_in_flight" in json.loads(refused)["error"]
     assert answers == [200, 200]
+
+
+def test_an_overloaded_model_refuses_before_the_body_is_read(tiny_repo: Path) -> None:
+    """When the model's expected wait already exceeds what any request may wait, the refusal
+    comes before the body is parsed or tokenized (the cheap 429 under overload): a body that
+    would be a 4xx gets the 429 too, a model in another state or another route is
+    untouched; once the queue drains, the same bodies get their own answers."""
+    runtime = FakeRuntime()
+    app = _app(tiny_repo, runtime, max_queue_wait_s=0.5)
+    with serve_in_thread(app) as base, httpx.Client(base_url=base, timeout=30) as c:
+        assert c.post(URL, json={"texts": ["one"]}).status_code == 200
+        batcher = _batcher(app)
+        batcher.expected_wait = lambda: 2.0  # type: ignore[method-assign]
+        calls = len(runtime.calls)
+        bad_json = c.post(URL, content=b"{not json", headers={"content-type": "application/json"})
+        bad_body = c.post(URL, json={"texts": 5})
+        fine = c.post(URL, json={"texts": ["one"]})
+        other = c.post("/v1/models/no-such-model/classify", json={"texts": ["one"]})
+        for r in (bad_json, bad_body, fine):
+            assert r.status_code == 429, r.text
+            assert "overloaded: expected queue wait 2.000 s" in r.json()["error"]
+            assert float(r.headers["retry-after"]) >= 2
+        assert len(runtime.calls) == calls  # nothing computed
+        assert other.status_code == 404
+        del batcher.expected_wait  # the instance's override: the class's estimate again
+        assert c.post(URL, content=b"{not json",
+                      headers={"content-type": "application/json"}).status_code in (400, 422)
+        assert c.post(URL, json={"texts": 5}).status_code == 422
+        assert c.post(URL, json={"texts": ["one"]}).status_code == 200

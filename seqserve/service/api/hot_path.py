@@ -36,7 +36,7 @@ from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.service.api.common import describe_errors, header
-from seqserve.service.api.lifecycle import Route, asgi_call, serve
+from seqserve.service.api.lifecycle import Route, asgi_call, serve, shed_unread
 from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
 from seqserve.service.core.errors import BadRequest, ServiceError
 from seqserve.service.web.middleware import BODY
@@ -108,6 +108,8 @@ class HotPath:
         bug: Exception | None = None
         try:
             call = asgi_call(scope, receive, name or "", version)
+            if name is not None:
+                shed_unread(self.state, call)  # the cheap refusal, before parsing
             parsed = _parse(route, body, scope)
             if route.model_of is not None:  # the model the body names: metrics, access log
                 scope["path_params"] = {"name": route.model_of(parsed)}

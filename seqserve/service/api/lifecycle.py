@@ -37,7 +37,7 @@ from pydantic import BaseModel
 from starlette.types import Receive, Scope
 
 from seqserve.service.api.common import ERRORS, header
-from seqserve.service.core.errors import BadRequest, QueueFull
+from seqserve.service.core.errors import BadRequest, QueueFull, ServiceError
 from seqserve.service.web.http_protocol import DISCONNECT
 from seqserve.service.web.repository import ModelEntry
 from seqserve.service.web.state import AppState
@@ -193,6 +193,21 @@ def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
     if wait is not None and wait > budget:
         raise QueueFull(f"overloaded: expected queue wait {wait:.3f} s > {budget:.3f} s "
                         "allowed", retry_after=max(state.settings.retry_after_s, wait))
+
+
+def shed_unread(state: AppState, call: Call) -> None:
+    """`shed_early` before the body is read into a request (parsed, validated, tokenized):
+    the model version the path names and the deadline its headers allow (a body may only
+    shorten it), else nothing (the route's own answer then says what is wrong). Under 3x
+    overload of 16-text classify a refusal after parsing and tokenizing cost ~0.7 ms of the
+    API process's CPU; here it costs the route's match and the answer
+    (docs/performance.md section 20)."""
+    try:
+        _, worker = state.repository.ready(call.model, call.version)
+        timeout = request_timeout(state, call)
+    except ServiceError:
+        return
+    shed_early(state, worker.ctx.model, timeout)  # type: ignore[attr-defined]
 
 
 def lookup(state: AppState, call: Call, kind: type[W] | None) -> tuple[ModelEntry, W]:

@@ -5,8 +5,9 @@ first row and, while another instance is busy, lets more arrive until the batch 
 rows, or rows x longest row at the token budget) or the oldest row has waited `max_wait_s`
 (with every instance idle it does not wait: a lone request at low load pays no `max_wait_s`,
 and under load rows gather while the instances are busy), then takes the oldest row plus its
-nearest neighbours by length (a contiguous window of the length-sorted queue, so padding stays
-small), drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
+nearest neighbours by length among the oldest few batches' worth of rows (a contiguous window
+of those, sorted by length, so padding stays small and the queue is served nearly in order),
+drops rows whose client left or whose deadline passed, and runs `compute` in a thread.
 An exception fails that batch's rows only; the loop goes on.
 
 Each runtime instance has its own thread, fed by a queue; the thread hands a finished batch
@@ -14,16 +15,18 @@ back with one `call_soon_threadsafe` that answers its rows (measured with py-spy
 under load: `run_in_executor`'s concurrent future, its chaining to an asyncio future and the
 task step that resumed the batch cost more than the hand-back itself).
 
-Which rows: the queue, sorted by length, is split into contiguous groups that minimise the
-total cost sum(overhead + rows x longest) under the row and token limits (`plan_batch`); the
-group holding the oldest row runs. A padded model pays rows x longest row, so this trades
-padding against the fixed cost of a batch instead of always filling batches to the top.
+Which rows: the queue's oldest rows (`PLAN_AGE` batches' worth), sorted by length, are split
+into contiguous groups that minimise the total cost sum(overhead + rows x longest) under the
+row and token limits (`plan_batch`); the group holding the oldest row runs. A padded model
+pays rows x longest row, so this trades padding against the fixed cost of a batch instead of
+always filling batches to the top.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import math
 import queue
@@ -71,6 +74,7 @@ class _Row(Generic[P, R]):
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the batcher's live depth
     expected: float | None = None  # the queue wait its admission expected (None: a probe)
+    margin: float = 1.0  # the batcher's `margin` when it was admitted
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,9 +135,20 @@ class Batcher(Generic[P, R]):
             queue.SimpleQueue() for _ in self.computes]
         self._threads: list[threading.Thread] = []
         self._queued_tokens = 0  # tokens of the rows counted in _live
+        self._next_deadline = math.inf  # no queued row's deadline is earlier
+        self._left = False  # a queued row was cancelled since `_drop_dead` last looked
         self.cost = BatchCost()
         """Seconds of a batch, fixed + per token, fitted from recent batches (warm-up
         included): from its launch to its answer on the event loop."""
+        self.drain = CostEstimate()
+        """Seconds per row at which a backlog drains, per instance: from one launch of an
+        instance to its next while rows waited, over the first launch's rows (`expected_wait`)."""
+        self._launched: list[tuple[float, int] | None] = [None] * len(self.computes)
+        """Per instance, (time, rows) of its last launch."""
+        self.margin = 1.0
+        """What `expected_wait` adds to the estimate for its own error: the MARGIN_QUANTILE
+        of the ratios of recent rows' waits to their estimates (1 to MAX_MARGIN)."""
+        self._ratios: deque[float] = deque(maxlen=MARGIN_ROWS)
         self.gap = CostEstimate()
         """Seconds between batches while rows wait: from an instance's answered batch to its
         next launch (the loop's turn, filling, `plan_batch`), which `cost` does not hold."""
@@ -158,7 +173,15 @@ class Batcher(Generic[P, R]):
         batches have left of their expected cost, shared by the instances running in
         parallel. (Without the last two it ran low at 3x load on 16-text requests, by 20-50
         ms at the median, 26% of rows by over 0.1 s: `seqserve_queue_wait_estimate_error_seconds`,
-        docs/performance.md section 19.)"""
+        docs/performance.md section 19.) At least the queue's rows at the rate a backlog was
+        last seen to drain (`drain`): the cost model prices full batches of the queue's
+        tokens, but batches split by length run partly full, and a starved CPU adds delays
+        it does not see (at 3x overload on 2 cores 16-text classify's rows then waited ~2x
+        the model's estimate and the admitted waits' p99 passed the bound: section 20).
+        Times `margin`, the estimate's own recent error: admission goes by a wait that
+        recent rows exceeded only MARGIN_QUANTILE of the time (a drain rate that changes
+        from one moment to the next under a starved CPU: ~22% of rows waited over 0.1 s
+        more than a mean estimate, section 20)."""
         cost = self.cost
         if cost.per_unit is None:
             return None
@@ -169,7 +192,11 @@ class Batcher(Generic[P, R]):
             now = time.monotonic()
             for start, tokens in self._busy.values():
                 work += max(cost.fixed + tokens * cost.per_unit - (now - start), 0.0)
-        return work / len(self.computes)
+        wait = work / len(self.computes)
+        drain = self.drain
+        if drain.per_unit is not None and not drain.stale():
+            wait = max(wait, self._live * drain.per_unit / len(self.computes))
+        return wait * self.margin
 
     def batches_for(self, rows: int, tokens: int) -> int:
         """Fewest batches that hold `rows` rows of `tokens` tokens in all under the row and
@@ -210,19 +237,22 @@ class Batcher(Generic[P, R]):
             )
         wait = self.expected_wait()
         self._admit_by_wait(rows, deadline, wait)
-        return self._enqueue(rows, deadline, wait or 0.0)  # unmeasured: admitted as 0
+        return self._enqueue(rows, deadline, wait or 0.0, self.margin)  # unmeasured: as 0
 
     def _enqueue(self, rows: Sequence[tuple[P, int]], deadline: float,
-                 expected: float | None = None) -> list[asyncio.Future[Timed[R]]]:
+                 expected: float | None = None, margin: float = 1.0
+                 ) -> list[asyncio.Future[Timed[R]]]:
         loop = asyncio.get_running_loop()
         futures = []
         for payload, length in rows:
             row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future(),
-                                   expected=expected)
+                                   expected=expected, margin=margin)
             row.future.add_done_callback(functools.partial(self._on_done, row))
             self._pending.append(row)
             futures.append(row.future)
             self._queued_tokens += row.length
+            if deadline < self._next_deadline:
+                self._next_deadline = deadline
         self._live += len(rows)
         self._depth_changed()
         self._wake.set()
@@ -305,14 +335,23 @@ class Batcher(Generic[P, R]):
                 return
 
     def _full(self) -> bool:
-        live = [r.length for r in self._pending if not r.future.done()]
-        if len(live) >= self.config.max_batch_size:
+        """Whether a full batch waits (called on every submit while filling: O(1) once the
+        live rows reach the row limit, else a look at fewer rows than that limit's worth)."""
+        if self._live >= self.config.max_batch_size:
             return True
+        live = [r.length for r in self._pending if not r.future.done()]
         return len(live) * max(live, default=0) >= self.config.max_batch_tokens
 
     def _drop_dead(self) -> None:
-        """Remove rows nobody waits for (future done) or whose deadline passed."""
+        """Remove rows nobody waits for (future done) or whose deadline passed; a look at the
+        whole queue only once its earliest deadline may have passed or a client left (a scan
+        per batch of a 2,048-row queue cost more than the batch: docs/performance.md section
+        20)."""
         now = time.monotonic()
+        if now < self._next_deadline and not self._left:
+            return
+        self._left = False
+        self._next_deadline = min((r.deadline for r in self._pending), default=math.inf)
         keep: deque[_Row[P, R]] = deque()
         for row in self._pending:
             if row.future.done():
@@ -327,20 +366,33 @@ class Batcher(Generic[P, R]):
             self._depth_changed()
 
     def _take_batch(self) -> list[_Row[P, R]]:
-        if not self._pending:
+        """The next batch: the oldest row and its nearest neighbours by length among the
+        oldest PLAN_AGE x max_batch_size rows (`plan_batch` on that window, sorted by
+        length). Choosing from the whole queue let a row of an unusual length wait behind
+        up to one batch per older row while rows of common lengths passed it (at 3x
+        overload the queue waits' p99 passed the bound the estimate kept: the estimate
+        prices a queue served in order, docs/performance.md section 20), and cost
+        O(queue) per batch; from the oldest few batches' worth, the queue is served nearly
+        in order and a batch costs the same at any depth."""
+        pending = self._pending
+        if not pending:
             return []
-        anchor = self._pending[0]
-        ordered = sorted(self._pending, key=lambda r: r.length)
+        cfg = self.config
+        window = list(itertools.islice(pending, PLAN_AGE * cfg.max_batch_size))
+        anchor = window[0]
+        ordered = sorted(window, key=_length)
         lengths = [r.length for r in ordered]
-        i, j = plan_batch(
-            lengths, ordered.index(anchor), self.config.max_batch_size,
-            self.config.max_batch_tokens, self.config.overhead_tokens,
-        )
-        chosen = {id(r) for r in ordered[i:j]}
-        batch = [r for r in self._pending if id(r) in chosen]  # FIFO order
+        at = ordered.index(anchor)
+        lo, hi = plan_window(len(lengths), at, cfg.max_batch_size)
+        i, j = plan_batch(lengths[lo:hi], at - lo, cfg.max_batch_size, cfg.max_batch_tokens,
+                          cfg.overhead_tokens)
+        chosen = {id(r) for r in ordered[lo + i:lo + j]}
+        batch = [r for r in window if id(r) in chosen]  # FIFO order
         for r in batch:
             self._dequeue(r)
-        self._pending = deque(r for r in self._pending if id(r) not in chosen)
+        for _ in window:  # the window is the queue's head: put back what stays, in order
+            pending.popleft()
+        pending.extendleft(reversed([r for r in window if id(r) not in chosen]))
         self._depth_changed()
         return batch
 
@@ -355,6 +407,10 @@ class Batcher(Generic[P, R]):
         freed = self._freed_at[instance]
         if freed is not None:  # rows waited while this instance was between batches
             self.gap.observe(1, now - freed)
+            last = self._launched[instance]
+            if last is not None:
+                self.drain.observe(last[1], now - last[0])
+        self._launched[instance] = (now, len(batch))
         self._busy[instance] = (now, sum(lengths))
         self._queues[instance].put((batch, [r.payload for r in batch], now, done,
                                     instance, self._finish))
@@ -385,10 +441,23 @@ class Batcher(Generic[P, R]):
         self.cost.observe(sum(r.length for r in batch), compute_s)
         self.observer.on_wait_errors([start - r.enqueued - r.expected for r in batch
                                       if r.expected is not None])
+        self._learn_margin(batch, start)
         for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)
                 row.future.set_result(Timed(result, timing))
+
+    def _learn_margin(self, batch: list[_Row[P, R]], start: float) -> None:
+        """Fold the batch's waits into `margin` (module constants; rows that expected under
+        MARGIN_MIN_S are noise): ratios of wait to the estimate before its margin."""
+        ratios = self._ratios
+        for r in batch:
+            if r.expected is not None and r.expected >= MARGIN_MIN_S * r.margin:
+                ratios.append((start - r.enqueued) * r.margin / r.expected)
+        if self.batches_run % MARGIN_EVERY == 0 and len(ratios) >= MARGIN_ROWS // 4:
+            ordered = sorted(ratios)
+            q = ordered[min(len(ordered) - 1, int(MARGIN_QUANTILE * len(ordered)))]
+            self.margin = min(MAX_MARGIN, max(1.0, q))
 
     def _dequeue(self, row: _Row[P, R]) -> None:
         if row.queued:
@@ -399,6 +468,7 @@ class Batcher(Generic[P, R]):
     def _on_done(self, row: _Row[P, R], _: object) -> None:
         if row.queued and row.future.cancelled():
             self._dequeue(row)
+            self._left = True  # `_drop_dead` removes it from the queue
             self._depth_changed()
 
     def _depth_changed(self) -> None:
@@ -422,6 +492,37 @@ def _finish_job(job: tuple[Any, ...], outcome: Sequence[Any] | Exception) -> Non
 def _stop_threads(queues: list[queue.SimpleQueue[tuple[Any, ...] | None]]) -> None:
     for jobs in queues:
         jobs.put(None)  # each instance's thread ends after the batch it runs, if any
+
+
+def _length(row: _Row[Any, Any]) -> int:
+    return row.length
+
+
+MARGIN_QUANTILE = 0.95
+MARGIN_ROWS = 512
+"""`Batcher.margin`: the quantile of the ratios of the last MARGIN_ROWS rows' waits to their
+estimates, recomputed every MARGIN_EVERY batches, bounded by MAX_MARGIN; rows that expected
+under MARGIN_MIN_S do not count."""
+MARGIN_EVERY = 16
+MAX_MARGIN = 3.0
+MARGIN_MIN_S = 0.01
+PLAN_AGE = 4
+"""`Batcher._take_batch`: how many batches' worth of the oldest rows a batch is chosen from."""
+PLAN_REACH = 2
+"""`plan_window`: how many batches' worth of rows on each side of the oldest row the plan
+looks at."""
+
+
+def plan_window(n: int, anchor: int, max_rows: int) -> tuple[int, int]:
+    """The rows [lo, hi) of a length-sorted queue of `n` that `plan_batch` splits: the oldest
+    row (`anchor`) and up to PLAN_REACH x `max_rows` rows on each side of it. Planning the
+    whole queue cost O(queue x max_rows) per batch in Python: 1.9 ms for 256 rows, 15.6 ms for
+    2,048, more than the batch itself under a backlog (py-spy of an API process at 3x
+    overload: a third of its event loop); the window costs the same at any depth, and rows
+    further away in length than two batches do not change which batch the oldest row joins
+    but for rare ties (docs/performance.md section 20)."""
+    reach = PLAN_REACH * max_rows
+    return max(0, anchor - reach), min(n, anchor + reach + 1)
 
 
 MIN_OVERHEAD = 1e-6

@@ -7,7 +7,9 @@ The outermost middleware of the app:
   `X-Request-Id` and it is `scope["state"]["request_id"]` for the handlers;
 - with `access_log`, one line per request (logger `seqserve.access`): method, route (the
   path template), model, version, status, queue/compute/total ms, request id, client. Client
-  errors (4xx) are this one line, no traceback;
+  errors (4xx) are this one line, no traceback. Refusals (429, 503) are logged at most 10 a
+  second per process, the next logged one saying how many were left out
+  (`refusals_not_logged`; `RefusalLines`): the metrics count every one;
 - an exception that escapes the routes (a server bug, answered 500 by the app's handler) is
   logged once, here, as that request's line with a short traceback (`seqserve.service.core.logs`);
   uvicorn's own copy of the same traceback ("Exception in ASGI application") is filtered out.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
+import random
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -49,13 +51,48 @@ def request_id(scope: Scope) -> str:
     return new_id()
 
 
+UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))
+UUID4_SET = (0x4 << 76) | (0x2 << 62)
+"""The version (4) and variant (RFC 4122) bits of a version-4 UUID as an integer."""
+
+
 def new_id() -> str:
-    """A random version-4 UUID as 32 hex digits (`uuid.uuid4().hex`, without building the
-    UUID object: a third of the time)."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = raw[6] & 0x0F | 0x40  # version 4
-    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
-    return raw.hex()
+    """A random version-4 UUID as 32 hex digits (`uuid.uuid4().hex`), from the process's
+    Mersenne Twister (reseeded in a forked child by `random` itself): a request id
+    correlates, it guards nothing, and `os.urandom`'s system call per request was ~6% of an
+    API process's event loop at 3x overload (docs/performance.md section 20)."""
+    return f"{random.getrandbits(128) & UUID4_CLEAR | UUID4_SET:032x}"
+
+
+class RefusalLines:
+    """At most `per_s` access lines a second for refusals (429 and 503: overload, draining),
+    each saying how many were left out before it: at 3x overload a line per refusal (2,000+
+    a second) cost more than the refusal itself; every one is still counted in the request
+    metrics (`seqserve_requests_total{status}`)."""
+
+    __slots__ = ("per_s", "second", "lines", "hidden")
+
+    def __init__(self, per_s: int = 10) -> None:
+        self.per_s = per_s
+        self.second = 0
+        self.lines = 0
+        self.hidden = 0
+
+    def admit(self, now: float) -> int | None:
+        """None: leave this refusal's line out; else log it, with this many left out
+        since the last one logged."""
+        second = int(now)
+        if second != self.second:
+            self.second, self.lines = second, 0
+        if self.lines >= self.per_s:
+            self.hidden += 1
+            return None
+        self.lines += 1
+        hidden, self.hidden = self.hidden, 0
+        return hidden
+
+
+REFUSALS = frozenset({429, 503})
 
 
 class _AlreadyLogged(logging.Filter):
@@ -84,6 +121,7 @@ class AccessLogMiddleware:
     def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
         self.app = app
         self.enabled = enabled
+        self.refusals = RefusalLines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -109,12 +147,22 @@ class AccessLogMiddleware:
                 await _send_bug(send_with_id, scope, exc)
             raise
         if self.enabled and log.isEnabledFor(logging.INFO):  # no fields built for nothing
-            self._log(scope, rid, status["code"], start, None)
+            code = status["code"]
+            hidden = 0
+            if code in REFUSALS:
+                left_out = self.refusals.admit(start)
+                if left_out is None:
+                    return
+                hidden = left_out
+            self._log(scope, rid, code, start, None, hidden)
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,
-             exc: Exception | None) -> None:
+             exc: Exception | None, hidden: int = 0) -> None:
         fields = access_fields(scope, rid, status, time.monotonic() - start)
         message = f'{fields["method"]} {fields["route"]} {status}'
+        if hidden:
+            fields["refusals_not_logged"] = hidden
+            message += f" ({hidden} more refusals not logged before this one)"
         if exc is None:  # `log.info` without its search of the caller's frame (unused here)
             log.handle(log.makeRecord(log.name, logging.INFO, "(unknown file)", 0, message, (),
                                       None, extra={"fields": fields}))

@@ -116,13 +116,16 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             reasons[next((k for k in REASONS if k in body), body[:40])] += 1
 
     runner._fill_from_response = fill_and_note
+    cpu0 = time.process_time()
     result = run_load(cfg, TextSampler(texts, cfg.seed))
+    load_cpu_s = time.process_time() - cpu0
     recs = result.records
     ok = [r for r in recs if r.outcome == "ok"]
     statuses = collections.Counter(str(r.status) for r in recs if r.status is not None
                                    and r.outcome != "ok")
     return {
         "wall_s": result.wall_s,
+        "load_cpu_s": load_cpu_s,
         "scheduled": len(recs),
         "dropped": sum(r.outcome == "dropped" for r in recs),
         "ok": len(ok),
@@ -175,9 +178,11 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
             raise SystemExit(f"a load generator failed ({proc.returncode})")
         parts.append(json.loads(out.strip().splitlines()[-1]))
     gen1 = os.times()
+    server1 = tree_cpu_s(SERVER_PID)
     merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
-                              "server_cpu_s": tree_cpu_s(SERVER_PID) - server0,
-                              "generator_cpu_s": gen1.children_user + gen1.children_system
+                              "server_cpu_s": server1 - server0,
+                              "generator_cpu_s": sum(p["load_cpu_s"] for p in parts),
+                              "generator_all_cpu_s": gen1.children_user + gen1.children_system
                               - gen0.children_user - gen0.children_system}
     for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
                 "other_errors"):
@@ -357,6 +362,8 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
         "server_cpu_ms_per_request": 1e3 * res["server_cpu_s"] / max(1, sent),
         "server_cpu_ms_per_ok": 1e3 * res["server_cpu_s"] / max(1, res["ok"]),
         "generator_cpu_ms_per_request": 1e3 * res["generator_cpu_s"] / max(1, sent),
+        "server_cores": res["server_cpu_s"] / res["wall_s"],
+        "generator_cores": res["generator_cpu_s"] / res["wall_s"],
         "command": command(url, shown, generators),
     }
 
@@ -383,7 +390,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = ("| workload | load | 2xx/s | goodput / capacity | p50 / p99 ms | queue p99 ms | "
             "compute p99 ms | 429 (with Retry-After) | other errors | dropped / scheduled | "
             "send lag p99 ms | wait estimate error | CPU ms per request: server, "
-            "generators | load avg |")
+            "generators (their load only) | cores busy: server, generators | load avg |")
     lines = [head, "|" + "|".join(" --- " for _ in range(head.count("|") - 1)) + "|"]
     for r in rows:
         good = "-" if r["goodput"] is None else f"{r['goodput']:.2f}"
@@ -394,7 +401,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['compute_p99_ms']:.0f} | {r['refused']} ({r['retry_after']}){why(r)} | "
             f"{r['other_errors']} | {r['dropped']} / {r['scheduled']} | {lag} | "
             f"{fmt_errors(r['errors'])} | {r['server_cpu_ms_per_request']:.3f}, "
-            f"{r['generator_cpu_ms_per_request']:.3f} | {r['load_avg']} |")
+            f"{r['generator_cpu_ms_per_request']:.3f} | {r['server_cores']:.2f}, "
+            f"{r['generator_cores']:.2f} | {r['load_avg']} |")
     lines.append("")
     commands = {f"{r['workload'].split()[0]}, {r['load'].split(' = ')[0]}": r["command"]
                 for r in rows}  # the same for every variant
@@ -430,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(r)
                     print(f"{r['workload']} {r['load']}: {r['ok_per_s']:.1f} ok/s, "
                           f"CPU ms/request server {r['server_cpu_ms_per_request']:.3f} "
-                          f"generators {r['generator_cpu_ms_per_request']:.3f}, "
+                          f"generators {r['generator_cpu_ms_per_request']:.3f}, cores "
+                          f"{r['server_cores']:.2f} + {r['generator_cores']:.2f}, "
                           f"p99 {r['p99_ms']:.0f} ms, 429 {r['refused']} {r['reasons']}, "
                           f"load {r['load_avg']}", file=sys.stderr, flush=True)
             finally:

@@ -1,16 +1,15 @@
 """HTTP clients for the load generator: a lean HTTP/1.1 keep-alive client and an httpx adapter.
 
 The load tool must be able to outrun the server it measures. httpx costs ~1.5-2 ms of client
-CPU per request; `RawClient` (asyncio streams, one request per connection at a time, keep-alive,
-Content-Length and chunked bodies) costs a fraction of that, so it is the default. Both raise
-errors whose class names follow httpx (ConnectError, ReadTimeout, ...), the kinds the report
-counts.
+CPU per request; `RawClient` (asyncio protocols, one request per connection at a time,
+keep-alive, Content-Length and chunked bodies) costs a fraction of that, so it is the
+default. Both raise errors whose class names follow httpx (ConnectError, ReadTimeout, ...),
+the kinds the report counts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,15 +67,191 @@ class Client(Protocol):
     async def aclose(self) -> None: ...
 
 
-_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
 class _StaleConnection(Exception):
     """A reused keep-alive connection was closed by the server before any answer byte."""
 
 
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection as an asyncio protocol, one exchange at a time:
+    `exchange` writes a request and returns a future of its response, parsed from the bytes
+    as they arrive (Content-Length, chunked, or until the connection closes). A protocol
+    rather than asyncio streams: a stream's reader and writer cost several awaits and
+    futures per response (py-spy of a generator at 1,300 requests/s: docs/performance.md
+    section 20)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[Response, bool]] | None = None
+        self.on_data: OnData | None = None
+        self.reused = False
+        self.got_bytes = False
+        self.status = 0
+        self.headers: dict[str, str] | None = None
+        self.length: int | None = None  # body bytes still to read (Content-Length mode)
+        self.chunked = False
+        self.chunk_left: int | None = None  # chunked: bytes left of the current chunk + CRLF
+        self.trailers = False
+        self.body: list[bytes] = []
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiter is None or self.waiter.done():
+            return  # nothing asked for: a server's stray bytes, dropped
+        self.got_bytes = True
+        self.buf += data
+        try:
+            self._parse()
+        except TransportError as exc:
+            self._fail(exc)
+
+    def eof_received(self) -> bool | None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            if self.headers is not None and self.length is None and not self.chunked:
+                self._finish(until_eof=True)  # a body delimited by the connection's end
+            elif self.reused and not self.got_bytes:
+                self._fail(_StaleConnection())
+            elif self.headers is None:
+                self._fail(RemoteProtocolError("server closed the connection before answering"))
+            else:
+                self._fail(RemoteProtocolError("connection closed in the middle of the body"))
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            if self.reused and not self.got_bytes:
+                self._fail(_StaleConnection())
+            elif self.headers is not None and self.length is None and not self.chunked:
+                self._finish(until_eof=True)
+            else:
+                self._fail(ReadError(str(exc) if exc else "connection lost"))
+
+    # -- one exchange ----------------------------------------------------------------------
+
+    def exchange(self, request: bytes, reused: bool, on_data: OnData | None
+                 ) -> asyncio.Future[tuple[Response, bool]]:
+        """Write `request`; the future's result is (response, keep the connection)."""
+        assert self.transport is not None
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        self.on_data, self.reused, self.got_bytes = on_data, reused, False
+        self.buf.clear()
+        self.headers, self.length, self.chunked, self.chunk_left = None, None, False, None
+        self.trailers, self.body = False, []
+        if self.closed or self.transport.is_closing():
+            self._fail(_StaleConnection() if reused else WriteError("connection closed"))
+        else:
+            self.transport.write(request)
+        return self.waiter
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+        self.close()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _finish(self, until_eof: bool = False) -> None:
+        headers = self.headers or {}
+        body = b"".join(self.body)
+        keep = not until_eof and not self.closed \
+            and "close" not in headers.get("connection", "").lower()
+        if self.sink is not None:
+            if body:
+                self.sink(body)
+            body = b""
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((Response(self.status, headers, body), keep))
+
+    @property
+    def sink(self) -> OnData | None:
+        """Where a 2xx streamed body's pieces go (None: kept in the response)."""
+        return self.on_data if 200 <= self.status < 300 else None
+
+    def _take(self, piece: bytes) -> None:
+        if piece:
+            sink = self.sink
+            if sink is not None and self.chunked:
+                sink(piece)  # each chunk as it arrives
+            else:
+                self.body.append(piece)
+
+    def _parse(self) -> None:
+        buf = self.buf
+        if self.headers is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEADER_BYTES:
+                    raise RemoteProtocolError("response headers too long")
+                return
+            self.status, self.headers = _parse_head(bytes(buf[:end + 4]))
+            del buf[:end + 4]
+            if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                self.chunked = True
+            elif "content-length" in self.headers:
+                try:
+                    self.length = int(self.headers["content-length"])
+                except ValueError as exc:
+                    raise RemoteProtocolError("bad Content-Length") from exc
+        if self.length is not None:
+            if len(buf) >= self.length:
+                self._take(bytes(buf[:self.length]))
+                del buf[:self.length]
+                self._finish()
+            return
+        if not self.chunked:  # until the connection closes
+            self._take(bytes(buf))
+            buf.clear()
+            return
+        while True:
+            if self.trailers:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                line = bytes(buf[:end])
+                del buf[:end + 2]
+                if not line:
+                    self._finish()
+                    return
+                continue
+            if self.chunk_left is None:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    return
+                try:
+                    size = int(bytes(buf[:end]).split(b";")[0].strip(), 16)
+                except ValueError as exc:
+                    raise RemoteProtocolError(f"bad chunk size {bytes(buf[:end])!r}") from exc
+                del buf[:end + 2]
+                if size == 0:
+                    self.trailers = True
+                    continue
+                self.chunk_left = size + 2  # the chunk and its CRLF
+            take = min(self.chunk_left - 2, len(buf))
+            if take > 0:
+                self._take(bytes(buf[:take]))
+                del buf[:take]
+                self.chunk_left -= take
+            if self.chunk_left > 2:
+                return
+            if len(buf) < 2:
+                return
+            del buf[:2]
+            self.chunk_left = None
+
+
 class RawClient:
-    """Minimal HTTP/1.1 client over asyncio streams with a bounded keep-alive pool."""
+    """Minimal HTTP/1.1 client (asyncio protocols) with a bounded keep-alive pool."""
 
     def __init__(self, base_url: str, max_connections: int, timeout_s: float) -> None:
         parts = urlsplit(base_url)
@@ -88,7 +263,7 @@ class RawClient:
         self.prefix = parts.path.rstrip("/")
         self.timeout_s = timeout_s
         self._slots = asyncio.Semaphore(max_connections)
-        self._idle: list[_Conn] = []
+        self._idle: list[_Connection] = []
         self._host_header = parts.netloc.encode("ascii")
 
     async def post_json(self, path: str, payload: Any, on_data: OnData | None = None
@@ -109,74 +284,43 @@ class RawClient:
                 raise ReadTimeout(f"no answer within {self.timeout_s:g} s") from exc
 
     async def _exchange_with_retry(self, request: bytes, on_data: OnData | None) -> Response:
-        if self._idle:
+        while self._idle:
             conn = self._idle.pop()
+            if conn.closed:
+                continue
             try:
                 return await self._exchange(conn, request, True, on_data)
             except _StaleConnection:
-                pass  # the server closed an idle connection: nothing was processed, resend
+                break  # the server closed an idle connection: nothing was processed, resend
         return await self._exchange(await self._connect(), request, False, on_data)
 
-    async def _connect(self) -> _Conn:
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
         try:
-            return await asyncio.open_connection(self.host, self.port, ssl=self.tls or None)
+            _, conn = await loop.create_connection(_Connection, self.host, self.port,
+                                                   ssl=self.tls or None)
         except TimeoutError as exc:
             raise ConnectTimeout(str(exc)) from exc
         except OSError as exc:
             raise ConnectError(f"{type(exc).__name__}: {exc}") from exc
+        return conn
 
-    async def _exchange(self, conn: _Conn, request: bytes, reused: bool,
+    async def _exchange(self, conn: _Connection, request: bytes, reused: bool,
                         on_data: OnData | None = None) -> Response:
-        reader, writer = conn
         keep = False
         try:
-            try:
-                writer.write(request)
-                await writer.drain()
-            except OSError as exc:
-                raise (_StaleConnection() if reused else WriteError(str(exc))) from exc
-            response, keep = await _read_response(reader, reused, on_data)
+            response, keep = await conn.exchange(request, reused, on_data)
             return response
         finally:
             if keep:
                 self._idle.append(conn)
             else:
-                writer.close()
+                conn.close()
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
-        for _, writer in idle:
-            writer.close()
-        for _, writer in idle:
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-
-
-async def _read_response(reader: asyncio.StreamReader, reused: bool,
-                         on_data: OnData | None = None) -> tuple[Response, bool]:
-    """(response, keep the connection open)."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if reused and not exc.partial:
-            raise _StaleConnection() from exc
-        raise RemoteProtocolError("server closed the connection before answering") from exc
-    except asyncio.LimitOverrunError as exc:
-        raise RemoteProtocolError("response headers too long") from exc
-    except OSError as exc:
-        if reused:
-            raise _StaleConnection() from exc
-        raise ReadError(str(exc)) from exc
-    status, headers = _parse_head(head)
-    try:
-        sink = on_data if 200 <= status < 300 else None
-        body, until_eof = await _read_body(reader, headers, sink)
-    except asyncio.IncompleteReadError as exc:
-        raise RemoteProtocolError("connection closed in the middle of the body") from exc
-    except OSError as exc:
-        raise ReadError(str(exc)) from exc
-    keep = not until_eof and "close" not in headers.get("connection", "").lower()
-    return Response(status, headers, body), keep
+        for conn in idle:
+            conn.close()
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -195,41 +339,6 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
         key = name.strip().lower()
         headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
     return int(code), headers
-
-
-async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str],
-                     on_data: OnData | None = None) -> tuple[bytes, bool]:
-    """(body, read until EOF); with `on_data` every piece goes there instead."""
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        chunks: list[bytes] = []
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(size_line.split(b";")[0].strip(), 16)
-            except ValueError as exc:
-                raise RemoteProtocolError(f"bad chunk size {size_line!r}") from exc
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass  # trailers
-                return b"".join(chunks), False
-            chunk = await reader.readexactly(size)
-            if on_data is None:
-                chunks.append(chunk)
-            else:
-                on_data(chunk)
-            await reader.readexactly(2)
-    if "content-length" in headers:
-        try:
-            length = int(headers["content-length"])
-        except ValueError as exc:
-            raise RemoteProtocolError("bad Content-Length") from exc
-        body = await reader.readexactly(length)
-    else:
-        body = await reader.read()
-    if on_data is not None:
-        on_data(body)
-        return b"", "content-length" not in headers
-    return body, "content-length" not in headers
 
 
 class HttpxClient:

@@ -151,3 +151,40 @@ def test_httpx_client_option_gives_the_same_counts(stub_server: Any, texts_file:
         LoadConfig(stub_server.url, "fast", rate=1.0, http_client="curl")
     with pytest.raises(ValueError, match="URL"):
         RawClient("ftp://x", 1, 1.0)
+
+
+def test_raw_client_parses_answers_that_arrive_a_byte_at_a_time() -> None:
+    """The response parser works on whatever pieces arrive: a chunked stream (with a chunk
+    extension and a trailer) and a Content-Length answer sent one byte per write reach
+    `on_data` and the body whole, and the connection is reused for the next exchange."""
+    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"6;ext=1\r\ndata: \r\n3\r\nabc\r\n0\r\nX-Trailer: t\r\n\r\n")
+    plain = b'HTTP/1.1 201 Created\r\nContent-Length: 11\r\nX-A: 1\r\nX-A: 2\r\n\r\n{"ok": [1]}'
+    connections = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        for reply in (chunked, plain):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            for i in range(len(reply)):
+                writer.write(reply[i:i + 1])
+                await writer.drain()
+                await asyncio.sleep(0)
+        writer.close()
+
+    async def call(url: str) -> Any:
+        client = RawClient(url, 1, timeout_s=10)
+        pieces: list[bytes] = []
+        try:
+            streamed = await client.post_json("/x", BODY, pieces.append)
+            whole = await client.post_json("/x", BODY)
+            return streamed, b"".join(pieces), whole
+        finally:
+            await client.aclose()
+
+    streamed, pieces, whole = asyncio.run(_with_tcp_server(handler, call))
+    assert (streamed.status, streamed.body, pieces) == (200, b"", b"data: abc")
+    assert (whole.status, whole.json(), whole.headers["x-a"]) == (201, {"ok": [1]}, "1, 2")
+    assert connections == [1]  # one connection, kept alive

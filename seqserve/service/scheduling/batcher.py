@@ -46,6 +46,7 @@ from seqserve.service.scheduling.base import (
     Observer,
     Timed,
     Timing,
+    WaitMargin,
     admit_by_wait,
 )
 from seqserve.service.scheduling.lanes import serve_jobs
@@ -145,10 +146,8 @@ class Batcher(Generic[P, R]):
         instance to its next while rows waited, over the first launch's rows (`expected_wait`)."""
         self._launched: list[tuple[float, int] | None] = [None] * len(self.computes)
         """Per instance, (time, rows) of its last launch."""
-        self.margin = 1.0
-        """What `expected_wait` adds to the estimate for its own error: the MARGIN_QUANTILE
-        of the ratios of recent rows' waits to their estimates (1 to MAX_MARGIN)."""
-        self._ratios: deque[float] = deque(maxlen=MARGIN_ROWS)
+        self.margin = WaitMargin()
+        """What `expected_wait` adds to the estimate for its own error."""
         self.gap = CostEstimate()
         """Seconds between batches while rows wait: from an instance's answered batch to its
         next launch (the loop's turn, filling, `plan_batch`), which `cost` does not hold."""
@@ -178,10 +177,7 @@ class Batcher(Generic[P, R]):
         tokens, but batches split by length run partly full, and a starved CPU adds delays
         it does not see (at 3x overload on 2 cores 16-text classify's rows then waited ~2x
         the model's estimate and the admitted waits' p99 passed the bound: section 20).
-        Times `margin`, the estimate's own recent error: admission goes by a wait that
-        recent rows exceeded only MARGIN_QUANTILE of the time (a drain rate that changes
-        from one moment to the next under a starved CPU: ~22% of rows waited over 0.1 s
-        more than a mean estimate, section 20)."""
+        Times `margin`, for the estimate's own recent error (`WaitMargin`)."""
         cost = self.cost
         if cost.per_unit is None:
             return None
@@ -196,7 +192,7 @@ class Batcher(Generic[P, R]):
         drain = self.drain
         if drain.per_unit is not None and not drain.stale():
             wait = max(wait, self._live * drain.per_unit / len(self.computes))
-        return wait * self.margin
+        return wait * self.margin.factor
 
     def batches_for(self, rows: int, tokens: int) -> int:
         """Fewest batches that hold `rows` rows of `tokens` tokens in all under the row and
@@ -237,7 +233,7 @@ class Batcher(Generic[P, R]):
             )
         wait = self.expected_wait()
         self._admit_by_wait(rows, deadline, wait)
-        return self._enqueue(rows, deadline, wait or 0.0, self.margin)  # unmeasured: as 0
+        return self._enqueue(rows, deadline, wait or 0.0, self.margin.factor)  # unmeasured: 0
 
     def _enqueue(self, rows: Sequence[tuple[P, int]], deadline: float,
                  expected: float | None = None, margin: float = 1.0
@@ -441,23 +437,12 @@ class Batcher(Generic[P, R]):
         self.cost.observe(sum(r.length for r in batch), compute_s)
         self.observer.on_wait_errors([start - r.enqueued - r.expected for r in batch
                                       if r.expected is not None])
-        self._learn_margin(batch, start)
+        self.margin.observe((start - r.enqueued, r.expected, r.margin) for r in batch
+                            if r.expected is not None)
         for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)
                 row.future.set_result(Timed(result, timing))
-
-    def _learn_margin(self, batch: list[_Row[P, R]], start: float) -> None:
-        """Fold the batch's waits into `margin` (module constants; rows that expected under
-        MARGIN_MIN_S are noise): ratios of wait to the estimate before its margin."""
-        ratios = self._ratios
-        for r in batch:
-            if r.expected is not None and r.expected >= MARGIN_MIN_S * r.margin:
-                ratios.append((start - r.enqueued) * r.margin / r.expected)
-        if self.batches_run % MARGIN_EVERY == 0 and len(ratios) >= MARGIN_ROWS // 4:
-            ordered = sorted(ratios)
-            q = ordered[min(len(ordered) - 1, int(MARGIN_QUANTILE * len(ordered)))]
-            self.margin = min(MAX_MARGIN, max(1.0, q))
 
     def _dequeue(self, row: _Row[P, R]) -> None:
         if row.queued:
@@ -498,14 +483,6 @@ def _length(row: _Row[Any, Any]) -> int:
     return row.length
 
 
-MARGIN_QUANTILE = 0.95
-MARGIN_ROWS = 512
-"""`Batcher.margin`: the quantile of the ratios of the last MARGIN_ROWS rows' waits to their
-estimates, recomputed every MARGIN_EVERY batches, bounded by MAX_MARGIN; rows that expected
-under MARGIN_MIN_S do not count."""
-MARGIN_EVERY = 16
-MAX_MARGIN = 3.0
-MARGIN_MIN_S = 0.01
 PLAN_AGE = 4
 """`Batcher._take_batch`: how many batches' worth of the oldest rows a batch is chosen from."""
 PLAN_REACH = 2

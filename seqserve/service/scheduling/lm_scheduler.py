@@ -20,6 +20,7 @@ from seqserve.service.scheduling.base import (
     Observer,
     Timed,
     Timing,
+    WaitMargin,
     admit_by_wait,
 )
 from seqserve.service.scheduling.generation import (
@@ -69,6 +70,8 @@ class _Request:
     status: Status = Status.WAITING
     expected: float | None = None
     """The queue wait its admission expected, 0 while unmeasured (None: a probe)."""
+    margin: float = 1.0
+    """The scheduler's `WaitMargin.factor` in that expectation."""
     top: int = 0
     """A score request: the alternatives (ids, log-probs) it asks for at every position."""
     start: tuple[bytes, int] | None = None
@@ -136,6 +139,7 @@ class LMScheduler(RequestTable[_Request]):
         self._queue: deque[_Request] = deque()
         self._epoch = 0
         self.admit_cost = CostEstimate()
+        self.margin = WaitMargin()
         """Seconds per admitted request while others waited: the admission rate."""
         self.service_cost = CostEstimate()
         """Seconds from admission to the last token (or the scores) per request."""
@@ -183,14 +187,16 @@ class LMScheduler(RequestTable[_Request]):
     def _queue_request(self, rows: Sequence[list[int]], options: GenerateOptions | None,
                        sink: Sink | None, expected: float | None = None) -> _Request:
         r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock(),
-                     expected=expected)
+                     expected=expected, margin=self.margin.factor)
         self.table[r.rid] = r
         self._queue.append(r)
         self._waiting += len(rows)
         return r
 
     def expected_wait(self) -> float | None:
-        return self.admit_cost.seconds(self._waiting)
+        """Seconds a request queued now would wait for admission (None: not measured yet),
+        with the margin for the estimate's own error (`WaitMargin`)."""
+        return self.margin(self.admit_cost.seconds(self._waiting))
 
     def cancel(self, rid: int) -> None:
         """The caller left: the request's rows go at the next schedule."""
@@ -328,6 +334,8 @@ class LMScheduler(RequestTable[_Request]):
         if admitted:
             self.observer.on_wait_errors([now - r.submitted - r.expected for r in admitted
                                           if r.expected is not None])
+            self.margin.observe((now - r.submitted, r.expected, r.margin) for r in admitted
+                                if r.expected is not None)
         if admitted and self._backlog_since is not None:
             self.admit_cost.observe(len(admitted), now - self._backlog_since)
         if admitted or not self._waiting:

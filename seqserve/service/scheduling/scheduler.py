@@ -38,6 +38,7 @@ from seqserve.service.scheduling.base import (
     CostEstimate,
     NullObserver,
     Observer,
+    WaitMargin,
     admit_by_wait,
 )
 from seqserve.service.scheduling.finished import Found
@@ -83,6 +84,7 @@ class DecodeScheduler(RequestTable[Request]):
         self.stats = StepStats()
         self._epoch = 0  # bumped by a reset: work scheduled before it is stale
         self.admit_cost = CostEstimate()
+        self.margin = WaitMargin()
         """Seconds per admitted request while others waited: the admission rate."""
         self.decode_cost = CostEstimate()
         """Seconds from admission to answer per request (warm-up included)."""
@@ -120,8 +122,9 @@ class DecodeScheduler(RequestTable[Request]):
         if deadline is not None:
             self._admit_by_wait(sources, options, deadline, wait)
         now = self.clock()
-        requests = [Request(next(self._ids), list(src), options, now, expected=wait or 0.0)
-                    for src in sources]
+        margin = self.margin.factor
+        requests = [Request(next(self._ids), list(src), options, now, expected=wait or 0.0,
+                            margin=margin) for src in sources]
         for r in requests:
             self.table[r.rid] = r
         self._queue.extend(requests)
@@ -129,8 +132,9 @@ class DecodeScheduler(RequestTable[Request]):
         return requests
 
     def expected_wait(self, sources: int = 0) -> float | None:
-        """Seconds `sources` more would wait for admission (None: not measured yet)."""
-        return self.admit_cost.seconds(self._waiting + sources)
+        """Seconds `sources` more would wait for admission (None: not measured yet), with
+        the margin for the estimate's own error (`WaitMargin`)."""
+        return self.margin(self.admit_cost.seconds(self._waiting + sources))
 
     def _admit_by_wait(self, sources: Sequence[list[int]], options: SearchOptions,
                        deadline: float, wait: float | None) -> None:
@@ -319,6 +323,8 @@ class DecodeScheduler(RequestTable[Request]):
         if admitted:
             self.observer.on_wait_errors([now - r.submitted - r.expected for r in admitted
                                           if r.expected is not None])
+            self.margin.observe((now - r.submitted, r.expected, r.margin) for r in admitted
+                                if r.expected is not None)
         return admitted
 
     def _note_admission(self, count: int, now: float) -> None:

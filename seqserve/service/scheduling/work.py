@@ -98,6 +98,8 @@ class Request:
     admitted: float = 0.0
     expected: float | None = None
     """The queue wait its admission expected, 0 while unmeasured (None: a probe)."""
+    margin: float = 1.0
+    """The scheduler's `WaitMargin.factor` in that expectation."""
 
 
 @dataclass(frozen=True, eq=False)

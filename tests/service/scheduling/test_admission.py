@@ -297,3 +297,58 @@ def test_a_request_whose_fewest_steps_cannot_fit_is_refused() -> None:
                                          max_length_ratio=None), deadline)
     with pytest.raises(QueueFull, match="compute 0.400"):  # 5 steps x 2 sources x 8 beams
         core.add([[5, 6], [7]], SearchOptions(beam_size=8, min_length=5), deadline)
+
+
+def test_the_wait_margin_is_a_high_quantile_of_what_waits_turned_out_to_be() -> None:
+    """The margin is the 95th percentile of recent waits over their estimates (before the
+    margin in force when they were estimated), 1 to 3; tiny estimates are noise."""
+    from seqserve.service.scheduling.base import WaitMargin
+
+    margin = WaitMargin()
+    assert margin(None) is None and margin(0.2) == 0.2
+    ratios = [1.0 + i / 100 for i in range(100)]  # waits 1x to 1.99x their estimate
+    for _ in range(6):
+        margin.observe((0.1 * r, 0.1, 1.0) for r in ratios)
+    assert WaitMargin.EVERY > 6 and margin.factor == 1.0  # not recomputed yet
+    for _ in range(WaitMargin.EVERY - 6):
+        margin.observe((0.1 * r * margin.factor, 0.1 * margin.factor, margin.factor)
+                       for r in ratios)
+    assert margin.factor == pytest.approx(1.95, abs=0.02)
+    assert margin(0.2) == pytest.approx(0.39, abs=0.01)
+    for _ in range(WaitMargin.EVERY * 4):  # much slower than expected: bounded
+        margin.observe([(10.0, 0.1, 1.0)] * 64)
+    assert margin.factor == WaitMargin.MAX
+    for _ in range(WaitMargin.EVERY * 4):  # faster than expected: never below the estimate
+        margin.observe([(0.01, 0.1, 1.0)] * 64)
+    assert margin.factor == 1.0
+    for _ in range(WaitMargin.EVERY * 4):  # estimates of 1 ms say nothing
+        margin.observe([(1.0, 0.001, 1.0)] * 64)
+    assert margin.factor == 1.0
+
+
+def test_the_batcher_widens_its_estimate_by_the_waits_it_saw() -> None:
+    """Rows that waited longer than the batcher expected make its next estimates longer."""
+
+    async def scenario() -> None:
+        b = make_batcher(lambda rows: list(rows), max_batch_size=4, max_wait_s=0.0,
+                         max_queue_wait_s=10.0)
+        b.cost.observe(10, 0.05)
+        far = time.monotonic() + 60
+        b.submit([(0, 10)], far)
+        b.submit([(1, 10)], far)  # behind the first: it expects a wait
+        row = b._pending[1]
+        raw = row.expected or 0.0
+        assert raw > 0.02
+        row.enqueued -= 2 * raw  # it has waited twice what was expected
+        for _ in range(WaitMargin.EVERY):  # batches of that row's like
+            b._answer([row] * 16, time.monotonic(), [0] * 16)
+        factor = b.margin.factor
+        assert factor == pytest.approx(2.0, rel=0.05)
+        widened = b.expected_wait() or 0.0
+        b.margin.factor = 1.0
+        assert widened == pytest.approx(factor * (b.expected_wait() or 0.0)) and widened > 0
+        await b.close(5)
+
+    from seqserve.service.scheduling.base import WaitMargin
+
+    asyncio.run(scenario())

@@ -113,6 +113,7 @@ def print_speed_settings(settings: typing.Any, origin: typing.Mapping[str, str])
         record = logging.LogRecord("seqserve", logging.INFO, __file__, 0, "serving settings",
                                    None, None)
         record.fields = {"layout": layout.describe(settings),
+                         "decoders": layout.decoders(settings),
                          "settings": {n: {"value": getattr(settings, n), "source": origin[n]}
                                       for n in layout.SPEED_SETTINGS}}
         print(JsonFormatter().format(record), file=sys.stderr, flush=True)

@@ -119,6 +119,10 @@ def test_each_setting_says_where_it_came_from() -> None:
     assert block[1].split() == ["layout", "engine", "set", "by", "the", "caller"]
     assert block[4].split() == ["intra_op_threads", "0", "(runtime", "default)", "default"]
     assert block[5].split() == ["max_batch_size", "8", "cli", "--max-batch-size"]
+    assert block[-1].startswith("  translators and language models decode: one decode loop "
+                                "per model in the engine process")
+    hybrid = speed_block(resolve(Settings(), available=2), final).splitlines()[-1]
+    assert "in each API process" in hybrid and "section 18" in hybrid
 
 
 def test_the_start_up_block_in_json_logs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,6 +133,7 @@ def test_the_start_up_block_in_json_logs(capsys: pytest.CaptureFixture[str]) -> 
     (line,) = capsys.readouterr().err.splitlines()
     doc = json.loads(line)
     assert doc["message"] == "serving settings" and doc["level"] == "info"
+    assert doc["decoders"].startswith("one decode loop per model in the engine process")
     assert doc["settings"]["instances"] == {"value": 2,
                                             "source": "auto: 2 cores, cpu (default was 'auto')"}
     assert doc["settings"]["max_batch_size"] == {"value": 16, "source": "default"}

@@ -213,17 +213,17 @@ def count_tokens(state: AppState, name: str, generation: Generation) -> None:
 
 def state_args(state: AppState, params: GenerateParams, token: str | None
                ) -> dict[str, Any]:
-        """The worker's state arguments of a request (`LMWorker.start`): the signer when
-        states are asked, the decoded token to continue (a 400 when it does not verify or
-        the server has no secret)."""
-        codec = state.states
-        out: dict[str, Any] = {}
-        if params.return_state:
-            codec.require("return_state")
-            out["issue"] = codec.encode
-        if token is not None:
-            out["resume"] = codec.decode(token)
-        return out
+    """The worker's state arguments of a request (`LMWorker.start`): the signer when states
+    are asked, the decoded token to continue (a 400 when it does not verify or the server
+    has no secret)."""
+    codec = state.states
+    out: dict[str, Any] = {}
+    if params.return_state:
+        codec.require("return_state")
+        out["issue"] = codec.encode
+    if token is not None:
+        out["resume"] = codec.decode(token)
+    return out
 
 
 async def generated(state: AppState, call: Call, texts: list[str], params: GenerateParams,

@@ -40,6 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.serving import wait_ready  # noqa: E402
+
 MODEL = "bench-forecast"
 
 
@@ -87,7 +89,6 @@ def free_port() -> int:
 
 def start_server(repo: Path, max_steps: int,
                  extra: list[str]) -> tuple[str, subprocess.Popen[bytes]]:
-    import httpx
 
     port = free_port()
     cmd = [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo),
@@ -96,19 +97,9 @@ def start_server(repo: Path, max_steps: int,
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                print("server:", " ".join(cmd), file=sys.stderr)
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server not ready in 180 s")
+    wait_ready(url, proc)
+    print("server:", " ".join(cmd), file=sys.stderr)
+    return url, proc
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

@@ -40,6 +40,10 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.serving import wait_ready  # noqa: E402
+
 TEXT = ("the value of an expression is computed by the interpreter when a function is "
         "called with its arguments and the result is returned to the caller as an object "
         "whose type defines the operations it supports such as attribute access and "
@@ -62,18 +66,8 @@ def start(repo: Path, secret: Path, extra: list[str]) -> tuple[str, subprocess.P
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}: {' '.join(cmd)}")
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("server not ready in 180 s")
+    wait_ready(url, proc)
+    return url, proc
 
 
 def text_of(tokens: int, offset: int) -> str:

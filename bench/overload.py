@@ -43,6 +43,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from bench.serving import wait_ready  # noqa: E402
+
 ERROR_METRIC = "seqserve_queue_wait_estimate_error_seconds"
 
 REASONS = ("overloaded: expected queue wait", "cannot take it in time: expected queue wait",
@@ -168,7 +171,6 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
     """Run the loads in `specs` at once, each in its own process; merged figures, with the
     generators' and the server's CPU seconds over the run."""
     server0 = tree_cpu_s(SERVER_PID)
-    gen0 = os.times()
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in specs]
     parts = []
@@ -177,13 +179,10 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
         if proc.returncode:
             raise SystemExit(f"a load generator failed ({proc.returncode})")
         parts.append(json.loads(out.strip().splitlines()[-1]))
-    gen1 = os.times()
     server1 = tree_cpu_s(SERVER_PID)
     merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
                               "server_cpu_s": server1 - server0,
-                              "generator_cpu_s": sum(p["load_cpu_s"] for p in parts),
-                              "generator_all_cpu_s": gen1.children_user + gen1.children_system
-                              - gen0.children_user - gen0.children_system}
+                              "generator_cpu_s": sum(p["load_cpu_s"] for p in parts)}
     for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
                 "other_errors"):
         merged[key] = sum(p[key] for p in parts)
@@ -213,19 +212,8 @@ def start_server(args: argparse.Namespace, checkout: Path
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{args.port}"
-    import httpx
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited ({proc.returncode}): {shlex.join(cmd)}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return proc, url, shlex.join(["seqserve", "serve", *cmd[4:]])
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("server not ready in 180 s")
+    wait_ready(url, proc)
+    return proc, url, shlex.join(["seqserve", "serve", *cmd[4:]])
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

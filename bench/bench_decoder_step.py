@@ -65,11 +65,12 @@ def step_case(bundle: Path, texts: list[str], rows: int, beam: int, k: int,
     encoder = _session(bundle / "encoder.onnx", threads)
     step = _session(bundle / "decoder_step.onnx", threads)
     ids, lengths = _sources(tok, texts, max(1, rows // beam))
-    memory, mask, state = encoder.run(None, {"src_ids": ids, "src_lengths": lengths})
+    memory, mask, state, *keys = encoder.run(None, {"src_ids": ids, "src_lengths": lengths})
     index = np.repeat(np.arange(ids.shape[0], dtype=np.int64), beam)[:rows]
     feed = {"prev_ids": np.full(rows, manifest.tokenizer.bos_id, np.int64),
             "state": np.ascontiguousarray(state[index]), "memory": memory, "src_mask": mask,
-            "memory_index": index, "k": np.array([k], np.int64)}
+            "memory_index": index, "k": np.array([k], np.int64),
+            **({"keys": keys[0]} if keys else {})}  # schema 3: keys projected once
 
     def once() -> float:
         start = time.perf_counter()

@@ -10,9 +10,9 @@ Counting rules (multiply-add = 2 FLOPs; element-wise ops, softmax, top-k are not
   head per sequence (2*D*head + 2*head*classes);
 - translator: encoder per source token, bridge per sentence, and per decoder row-step (one
   hypothesis, one step) the decoder cell, the attention query projection, per source token the
-  key projection (the exported `decoder_step` projects the memory once per request per step and
-  shares it among the request's beam rows: "executed" charges each row 1/beam of it; projecting
-  it once per request in the encoder would leave the "minimal" count), the score and the
+  key projection (a schema 2 `decoder_step` projects the memory once per request per step and
+  shares it among the request's beam rows: "executed" charges each row 1/beam of it; schema 3
+  exports project it once per request in the encoder, the "minimal" count), the score and the
   context, then combine (2*(H+mem)*H) and the output layer (2*H*V).
 
 The peak is the best rate of a large fp32 matrix multiply (n x n, 2*n^3 FLOPs) on the given

@@ -37,13 +37,17 @@ server's default `max_tokens` is 256 too)."""
 def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], name: str,
                version: int | None = None, formats: tuple[str, ...] | list[str] = FORMATS,
                progress: bool = True, opset: int = DEFAULT_OPSET,
-               grid: dict[str, Any] | None = None, threads: int = 1) -> Path:
+               grid: dict[str, Any] | None = None, threads: int = 1,
+               attention_keys: bool = True) -> Path:
     """Export a finished training run as bundle `repo/name/version` and return its path.
 
     version: None = next free integer. formats: any of "onnx", "torchscript". grid: optional
     `ParityGrid` overrides (batch_sizes, lengths, tolerances, seed). threads: torch threads
     while exporting (restored afterwards); the parity grid is many small runs, and one thread
-    is fastest for them, several times faster than two on a busy machine. Raises UserError
+    is fastest for them, several times faster than two on a busy machine. attention_keys:
+    a translator whose attention projects the memory returns the projected keys from its
+    encoder and its decoder step takes them (schema 3), unless False (graphs as schema 2
+    wrote them: the step projects the memory at every call). Raises UserError
     for bad arguments or an existing version, BundleError when a graph check or parity fails.
     """
     formats = check_args(name, version, formats)
@@ -51,11 +55,12 @@ def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], na
         raise UserError(f"threads={threads} must be >= 1")
     with torch_threads(threads):
         return _export(Path(run_dir), Path(repo), name, version, formats, progress, opset,
-                       grid or {})
+                       grid or {}, attention_keys)
 
 
 def _export(run: Path, repo: Path, name: str, version: int | None, formats: tuple[str, ...],
-            progress: bool, opset: int, grid: dict[str, Any]) -> Path:
+            progress: bool, opset: int, grid: dict[str, Any],
+            attention_keys: bool = True) -> Path:
     from seqserve.models.checkpoint import load_run
 
     if not run.is_dir():
@@ -72,7 +77,8 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
     def build(tmp: Path, version: int, target: Path) -> Manifest:
         say(progress, f"exporting {run} -> {target}")
         shutil.copyfile(run / "tokenizer.model", tmp / "tokenizer.model")
-        defs.extend(graph_defs(task, model, int(config["model"]["vocab_size"])))
+        defs.extend(graph_defs(task, model, int(config["model"]["vocab_size"]),
+                               attention_keys))
         graphs = _write_graphs(defs, tmp, formats, opset, progress)
         state_dim = getattr(model.config, "state_dim", None) if task == "lm" else None
         return _manifest(task, name, version, run, config, tokenizer, graphs,

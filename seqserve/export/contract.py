@@ -116,7 +116,8 @@ ENCODER_SPEC = GraphSpec(
             _spec("src_lengths", "int64", "batch")),
     outputs=(_spec("memory", "float32", "batch", "src_len", "mem_dim"),
              _spec("src_mask", "bool", "batch", "src_len"),
-             _spec("state", "float32", "batch", "state_dim")),
+             _spec("state", "float32", "batch", "state_dim"),
+             _spec("keys", "float32", "batch", "src_len", "key_dim")),
 )
 DECODER_STEP_SPEC = GraphSpec(
     inputs=(_spec("prev_ids", "int64", "rows"),
@@ -124,7 +125,8 @@ DECODER_STEP_SPEC = GraphSpec(
             _spec("memory", "float32", "batch", "src_len", "mem_dim"),
             _spec("src_mask", "bool", "batch", "src_len"),
             _spec("memory_index", "int64", "rows"),
-            _spec("k", "int64", 1)),
+            _spec("k", "int64", 1),
+            _spec("keys", "float32", "batch", "src_len", "key_dim")),
     outputs=(_spec("new_state", "float32", "rows", "state_dim"),
              _spec("topk_logprobs", "float32", "rows", "k"),
              _spec("topk_ids", "int64", "rows", "k"),
@@ -162,18 +164,24 @@ SPECS: dict[str, GraphSpec] = {"classifier": CLASSIFIER_SPEC, "tagger": TAGGER_S
                                **LM_SPECS, **SERIES_SPECS}
 """Graph name -> its contract signature (every output listed, optional ones included)."""
 OPTIONAL_OUTPUTS: dict[str, tuple[str, ...]] = {"classifier": ("attention",),
+                                                "encoder": ("keys",),
                                                 "sequence_classifier": ("new_state",),
                                                 "sequence_tagger": ("new_state",)}
 """Outputs a graph may leave out (a classifier without attention: `return_attention` is a
-400; a feature-sequence graph without state)."""
+400; a translator's encoder without projected attention keys; a feature-sequence graph
+without state)."""
 STATE_INPUTS: dict[str, tuple[str, str]] = {"sequence_classifier": ("state", "new_state"),
                                             "sequence_tagger": ("state", "new_state")}
 """Optional inputs that come with an optional output: a feature-sequence graph takes `state`
 exactly when it returns `new_state`."""
-OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {"prefill": ("initial_state",)}
-"""Inputs a graph may leave out on their own (schema 3): a language model's prefill that takes
-the flat `initial_state` to start from continues a cached prefix or a client's state token in
-one call; without it the server feeds those tokens through `lm_step`."""
+OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {"prefill": ("initial_state",),
+                                               "decoder_step": ("keys",)}
+"""Inputs a graph may leave out (schema 3): a language model's prefill that takes the flat
+`initial_state` to start from continues a cached prefix or a client's state token in one
+call; without it the server feeds those tokens through `lm_step`. A translator's decoder
+step that takes `keys` (the encoder's optional output: the memory projected for attention
+scores, once per request) scores against them instead of projecting the memory at every
+step; it takes them exactly when the encoder returns them (`check_declared`)."""
 DATA_DIMS = frozenset({"batch", "seq", "src_len", "rows", "k", "time"})
 """Dims that change from call to call: they must be symbolic in a graph. The others
 (classes, labels, mem_dim, state_dim) are sizes of the model and may be fixed numbers."""

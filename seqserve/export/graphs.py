@@ -22,6 +22,7 @@ from seqserve.export.contract import (
     SPECS,
     TAGGER_SPEC,
     GraphSpec,
+    expected_spec,
 )
 
 __all__ = ["CLASSIFIER_SPEC", "DECODER_STEP_SPEC", "ENCODER_SPEC", "SPECS", "TAGGER_SPEC",
@@ -39,10 +40,12 @@ ENTRY_POINTS = {"classifier": "classify", "tagger": "tag", "encoder": "encode",
 - tagger `Tagger.tag`: input_ids (B, T), lengths (B,) -> log_probs (B, T, C) (zero on padded
   positions, so the parity machinery's padded-tail check applies as for the attention);
 - encoder `Translator.encode`: src_ids (B, S), src_lengths (B,) -> memory (B, S, D), src_mask
-  (B, S) bool, state (B, state_dim);
+  (B, S) bool, state (B, state_dim); with projected attention keys (schema 3)
+  `Translator.encode_keys`, which also returns keys (B, S, A);
 - decoder_step `Translator.decode_step`, k an int64 (1,) tensor: prev_ids (R,), state
   (R, state_dim), memory (N, S, D), src_mask (N, S), memory_index (R,), k (1,) -> new_state
-  (R, state_dim), topk_logprobs (R, k), topk_ids (R, k), attention (R, S);
+  (R, state_dim), topk_logprobs (R, k), topk_ids (R, k), attention (R, S); with keys
+  `Translator.decode_step_keys`, which also takes keys (N, S, A);
 - prefill `LanguageModel.prefill`: input_ids (B, T), lengths (B,), state (B, S) -> state (B, S),
   log_probs (B, T, V); lm_step `LanguageModel.lm_step`: prev_ids (R,), state (R, S) ->
   new_state (R, S), log_probs (R, V)."""
@@ -53,10 +56,10 @@ class EntryGraph(nn.Module):
     positionally. Outputs: the entry point's, always a tuple (a lone tensor becomes a
     1-tuple, as the TorchScript twin returns every graph's outputs)."""
 
-    def __init__(self, model: nn.Module, graph: str) -> None:
+    def __init__(self, model: nn.Module, graph: str, entry: str | None = None) -> None:
         super().__init__()
         self.model = model
-        self.entry = ENTRY_POINTS[graph]
+        self.entry = entry or ENTRY_POINTS[graph]
 
     def forward(self, *inputs: Tensor) -> tuple[Tensor, ...]:
         out = getattr(self.model, self.entry)(*inputs)
@@ -73,10 +76,16 @@ class GraphDef:
     """The wrapper module, in eval mode (the exporters restore the wrapper's own mode)."""
     example: tuple[Tensor, ...]
     """Example inputs for tracing, in the spec's input order."""
+    keys: bool = False
+    """A translator graph with the projected attention keys (the encoder's optional output,
+    the decoder step's optional input)."""
 
     @property
     def spec(self) -> GraphSpec:
-        return SPECS[self.name]
+        if self.name not in ("encoder", "decoder_step"):
+            return SPECS[self.name]
+        given = ("keys",) if self.keys else ()
+        return expected_spec(self.name, given, given)
 
 
 def example_lengths(batch: int, seq: int) -> Tensor:
@@ -84,9 +93,13 @@ def example_lengths(batch: int, seq: int) -> Tensor:
     return torch.tensor([max(1, seq - 2 * i) for i in range(batch)], dtype=torch.int64)
 
 
-def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
+def graph_defs(task: str, model: nn.Module, vocab_size: int,
+               with_keys: bool = True) -> list[GraphDef]:
     """The graphs of a task with example inputs whose sizes differ on every symbolic axis
-    (batch 3, seq 11, rows 5, k 4), so that a size frozen into the graph is caught later."""
+    (batch 3, seq 11, rows 5, k 4), so that a size frozen into the graph is caught later.
+    A translator whose attention projects the memory (`Translator.projects_keys`) exports
+    its keys from the encoder into the decoder step unless `with_keys` is False (a bundle
+    as schema 2 wrote it)."""
     model.eval()
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(4, vocab_size, (3, 11), generator=gen)  # (B, T)
@@ -103,17 +116,18 @@ def graph_defs(task: str, model: nn.Module, vocab_size: int) -> list[GraphDef]:
         return [GraphDef("prefill", EntryGraph(model, "prefill").eval(), (ids, lengths, start)),
                 GraphDef("lm_step", EntryGraph(model, "lm_step").eval(),
                          (prev, state[index]))]  # (R,), (R, S)
-    encoder = EntryGraph(model, "encoder").eval()
+    keys = bool(getattr(model, "projects_keys", False) and with_keys)
+    encoder = EntryGraph(model, "encoder", "encode_keys" if keys else None).eval()
     with torch.no_grad():
-        memory, src_mask, state = encoder(ids, lengths)  # (N, S, D), (N, S), (N, state_dim)
+        # (N, S, D), (N, S), (N, state_dim)[, (N, S, A)]
+        memory, src_mask, state, *projected = encoder(ids, lengths)
     memory_index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)  # (R,)
     prev_ids = torch.randint(4, vocab_size, (5,), generator=gen)  # (R,)
     step_example = (prev_ids, state[memory_index], memory, src_mask, memory_index,
-                    torch.tensor([4], dtype=torch.int64))
-    return [
-        GraphDef("encoder", encoder, (ids, lengths)),
-        GraphDef("decoder_step", EntryGraph(model, "decoder_step").eval(), step_example),
-    ]
+                    torch.tensor([4], dtype=torch.int64), *projected)
+    step = EntryGraph(model, "decoder_step", "decode_step_keys" if keys else None).eval()
+    return [GraphDef("encoder", encoder, (ids, lengths), keys),
+            GraphDef("decoder_step", step, step_example, keys)]
 
 
 def rnn_form(graph: str, model: nn.Module) -> str:

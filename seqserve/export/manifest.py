@@ -447,6 +447,14 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
         raise BundleError(f"{where}: words \"tokenizer\" labels the words of a tokenizer.json's "
                           f"pre-tokenizer; {manifest.tokenizer.file} is a "
                           f"{manifest.tokenizer.kind} model, whose words are whitespace words")
+    if manifest.task == "translator":
+        gives = any(t.name == "keys" for t in manifest.graphs["encoder"].outputs)
+        takes = any(t.name == "keys" for t in manifest.graphs["decoder_step"].inputs)
+        if gives != takes:
+            raise BundleError(f"{where}: the encoder {'returns' if gives else 'has no'} keys "
+                              f"but the decoder_step {'takes' if takes else 'has no'} keys "
+                              "input: the projected attention keys come from the one and go "
+                              "to the other, in both graphs or in neither")
     if manifest.task == "lm":
         takes = any(t.name == "initial_state" for t in manifest.graphs["prefill"].inputs)
         if takes != (manifest.state_dim is not None):

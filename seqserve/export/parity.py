@@ -192,6 +192,7 @@ def _step_inputs(rng: np.random.Generator, enc: Arrays, vocab_size: int,
         "src_mask": enc["src_mask"],  # (N, S)
         "memory_index": memory_index,
         "k": np.array([min(TOP_K, vocab_size)], dtype=np.int64),
+        **({"keys": enc["keys"]} if "keys" in enc else {}),  # (N, S, A) projected once
     }
 
 
@@ -210,6 +211,8 @@ def _decoder_step(tally: _Tally, spec: GraphSpec, runners: dict[str, Runner], re
                             memory=inputs["memory"][req : req + 1, :n],
                             src_mask=inputs["src_mask"][req : req + 1, :n],
                             memory_index=np.zeros(1, dtype=np.int64))
+            if "keys" in inputs:
+                alone_in["keys"] = inputs["keys"][req : req + 1, :n]
             alone = runners[fmt](alone_in)
             _row_invariance(tally, fmt, "decoder_step", spec, got, r, n, alone, inv_tol)
         if fmt not in tally.k_dynamic:  # once per format: k=1 on the same graph

@@ -124,17 +124,25 @@ def test_translator_export(make_run: Callable[..., Path], tmp_path: Path, cell: 
     ids, lens = _batch(rng, lengths, vocab)
     memory_index = np.array([0, 0, 1, 2, 3, 3], dtype=np.int64)
     prev = rng.integers(4, vocab, size=memory_index.shape[0], dtype=np.int64)
+    # additive and general attention project the memory once per request in the encoder
+    # (schema 3's optional keys); the keyed step answers as the step that projects it itself
+    keyed = model.projects_keys
+    assert keyed == (decoder != "none" and attention != "dot")
+    assert [t.name for t in manifest.graphs["decoder_step"].inputs][-1:] == (
+        ["keys"] if keyed else ["k"])
     with torch.no_grad():
-        enc = model.encode(torch.from_numpy(ids), torch.from_numpy(lens))
+        encode = model.encode_keys if keyed else model.encode
+        enc = encode(torch.from_numpy(ids), torch.from_numpy(lens))
         step_args = [prev, enc[2].numpy()[memory_index], enc[0].numpy(), enc[1].numpy(),
                      memory_index]
+        extra = [enc[3].numpy()] if keyed else []
         for k in (1, 5):
             eager = [t.numpy() for t in model.decode_step(
                 *(torch.from_numpy(a) for a in step_args), k)]
             for (run_enc, run_step) in zip(_formats(bundle, "encoder"),
                                            _formats(bundle, "decoder_step"), strict=True):
                 assert _max(run_enc(ids, lens), [t.numpy() for t in enc]) <= 1e-4
-                got = run_step(*step_args, np.array([k], dtype=np.int64))
+                got = run_step(*step_args, np.array([k], dtype=np.int64), *extra)
                 assert got[1].shape == (len(memory_index), k)
                 assert np.array_equal(got[2], eager[2])
                 assert _max(got, eager) <= 1e-4

@@ -41,8 +41,9 @@ def _torchscript(path: Path) -> Graph:
 
 def _greedy(encoder: Graph, step: Graph, ids: np.ndarray, lens: np.ndarray, bos: int, eos: int,
             cap: int) -> list[list[int]]:
-    """Host-side greedy loop over the two graphs; only k=1 ids leave the graph per step."""
-    memory, src_mask, state = encoder({"src_ids": ids, "src_lengths": lens})
+    """Host-side greedy loop over the two graphs; only k=1 ids leave the graph per step. An
+    encoder that returns projected attention keys (schema 3) hands them to every step."""
+    memory, src_mask, state, *keys = encoder({"src_ids": ids, "src_lengths": lens})
     rows = ids.shape[0]
     limits = [max_decode_length(int(n), cap) for n in lens]
     prev = np.full(rows, bos, dtype=np.int64)
@@ -51,7 +52,8 @@ def _greedy(encoder: Graph, step: Graph, ids: np.ndarray, lens: np.ndarray, bos:
     for t in range(max(limits)):
         state, _, top_ids, _ = step({
             "prev_ids": prev, "state": state, "memory": memory, "src_mask": src_mask,
-            "memory_index": np.arange(rows, dtype=np.int64), "k": np.array([1], np.int64)})
+            "memory_index": np.arange(rows, dtype=np.int64), "k": np.array([1], np.int64),
+            **({"keys": keys[0]} if keys else {})})
         prev = top_ids[:, 0]
         for r, tok in enumerate(prev.tolist()):
             if not done[r]:

@@ -186,3 +186,25 @@ def test_translator_decoder_field() -> None:
         _mt_manifest(decoder="dot")
     with pytest.raises(BundleError, match="decoder"):
         Manifest.from_dict({**_clf_manifest().to_dict(), "decoder": "luong"})
+
+
+def test_attention_keys_come_from_the_encoder_and_go_to_the_step(tiny_repo: Path) -> None:
+    """Schema 3's projected attention keys: an encoder that returns `keys` with a step that
+    does not take them (or the other way round) is refused before anything runs; both or
+    neither pass."""
+    import dataclasses
+
+    from seqserve.export.manifest import check_declared
+
+    keyed = load_bundle(tiny_repo / "tiny-mt" / "1")
+    enc, step = keyed.graphs["encoder"], keyed.graphs["decoder_step"]
+    assert [t.name for t in enc.outputs][-1] == "keys"
+    check_declared(keyed)
+    bare_enc = dataclasses.replace(enc, outputs=enc.outputs[:-1])
+    bare_step = dataclasses.replace(step, inputs=step.inputs[:-1])
+    check_declared(dataclasses.replace(keyed, graphs={"encoder": bare_enc,
+                                                      "decoder_step": bare_step}))
+    for graphs in ({"encoder": enc, "decoder_step": bare_step},
+                   {"encoder": bare_enc, "decoder_step": step}):
+        with pytest.raises(BundleError, match="keys"):
+            check_declared(dataclasses.replace(keyed, graphs=graphs))

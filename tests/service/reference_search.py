@@ -105,11 +105,13 @@ def onnx_reference(repo: Path, text: str, options: SearchOptions) -> list[Any]:
     enc = runtime.run("encoder", {"src_ids": np.array([src]), "src_lengths": np.array([len(src)])})
     vocab = manifest.tokenizer.vocab_size
 
+    keys = {"keys": enc["keys"]} if "keys" in enc else {}  # projected once (schema 3)
+
     def step(prev: int, state: np.ndarray, memory: np.ndarray) -> tuple[Any, Any, Any]:
         out = runtime.run("decoder_step", {
             "prev_ids": np.array([prev]), "state": state[None], "memory": memory[None],
             "src_mask": np.ones((1, len(memory)), bool), "memory_index": np.array([0]),
-            "k": np.array([vocab])})
+            "k": np.array([vocab]), **keys})
         logp = np.empty(vocab, np.float32)
         logp[out["topk_ids"][0]] = out["topk_logprobs"][0]
         return logp, out["attention"][0], out["new_state"][0]

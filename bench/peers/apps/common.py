@@ -120,6 +120,14 @@ class TranslatorBundle:
                                         providers=["CPUExecutionProvider"])
 
         self.encoder, self.step = session("encoder"), session("decoder_step")
+        # schema 3: the encoder may return the memory's projected attention keys, which the
+        # step then takes (the same graphs seqserve serves: a fair comparison)
+        self.keys = any(t["name"] == "keys" for t in graphs["encoder"]["outputs"])
+
+    def _encode_batch(self, src: np.ndarray, lengths: np.ndarray) -> tuple[Any, ...]:
+        """memory, mask, state and {"keys": ...} (empty without keys) of a padded batch."""
+        out = self.encoder.run(None, {"src_ids": src, "src_lengths": lengths})
+        return out[0], out[1], out[2], ({"keys": out[3]} if self.keys else {})
 
     def encode(self, text: str) -> list[int]:
         return list(self.sp.encode(text))[: self.max_tokens] or [self.unk_id]
@@ -128,8 +136,8 @@ class TranslatorBundle:
         """{"translation", "token_ids", "score"} of the best hypothesis."""
         ids = self.encode(text)
         src = np.array([ids], dtype=np.int64)  # (1, S)
-        memory, mask, state = self.encoder.run(
-            None, {"src_ids": src, "src_lengths": np.array([len(ids)], dtype=np.int64)})
+        memory, mask, state, keys = self._encode_batch(
+            src, np.array([len(ids)], dtype=np.int64))
         cap = max(1, min(self.max_decode, 2 * len(ids) + 10))
         k = np.array([min(2 * beam + 1, self.vocab_size)], dtype=np.int64)
         tokens: list[list[int]] = [[]]
@@ -139,7 +147,7 @@ class TranslatorBundle:
         while tokens:
             state, top_lp, top_ids, _ = self.step.run(None, {
                 "prev_ids": prev, "state": state, "memory": memory, "src_mask": mask,
-                "memory_index": np.zeros(len(tokens), dtype=np.int64), "k": k})
+                "memory_index": np.zeros(len(tokens), dtype=np.int64), "k": k, **keys})
             cand = (logp[:, None] + top_lp).ravel()  # (R * k,)
             order = np.argsort(-cand, kind="stable")[: 2 * beam]
             keep_rows, keep_tok, keep_lp = [], [], []
@@ -183,7 +191,7 @@ class TranslatorBundle:
         src = np.zeros((len(rows), int(lengths.max())), dtype=np.int64)  # (B, S)
         for i, r in enumerate(rows):
             src[i, : len(r)] = r
-        memory, mask, state = self.encoder.run(None, {"src_ids": src, "src_lengths": lengths})
+        memory, mask, state, keys = self._encode_batch(src, lengths)
         caps = [max(1, min(self.max_decode, 2 * len(r) + 10)) for r in rows]
         k = np.array([min(2 * beam + 1, self.vocab_size)], dtype=np.int64)
         # per text: its live hypotheses (tokens, log-prob) and best finished one
@@ -194,7 +202,7 @@ class TranslatorBundle:
         while len(owner):
             state, top_lp, top_ids, _ = self.step.run(None, {
                 "prev_ids": prev, "state": state, "memory": memory, "src_mask": mask,
-                "memory_index": owner, "k": k})
+                "memory_index": owner, "k": k, **keys})
             keep_rows: list[int] = []
             keep_tok: list[int] = []
             at = 0

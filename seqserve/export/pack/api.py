@@ -183,7 +183,7 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
     graphs = {}
     for graph, wrap, example in (("encoder", enc, (ids, lengths)),
                                  ("decoder_step", dec, step_example)):
-        spec = SPECS[graph]
+        spec = expected_spec(graph, ())  # no projected keys: a user's step projects its own
         onnx_model, traced = _export(wrap, example, spec, opset)
         graphs[graph] = PackedGraph([t.name for t in spec.outputs], onnx_model,
                                     traced if torchscript else None, eager=wrap)

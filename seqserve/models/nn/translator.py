@@ -79,11 +79,21 @@ class Translator(nn.Module):
         flat = blocks.transpose(0, 1).reshape(blocks.shape[1], -1)  # (R, SL*H)
         return flat if extra is None else torch.cat([flat, extra], dim=-1)  # (R, state_dim)
 
+    @property
+    def projects_keys(self) -> bool:
+        """Whether attention scores against the memory projected by a learned matrix
+        (additive, general): then the exported encoder returns those keys once per request
+        (`encode_keys`) and the decoder step takes them (`decode_step_keys`) instead of
+        projecting the memory again at every step. Dot attention scores the memory itself."""
+        return self.attention is not None and self.attention.kind != "dot"
+
     def _memory(self, memory: Tensor, src_mask: Tensor,
-                memory_index: Tensor | None = None) -> Memory:
+                memory_index: Tensor | None = None, keys: Tensor | None = None) -> Memory:
         """The decoder's view of the memory; attention keys are projected once per request
-        (N rows), then gathered for its hypothesis rows with `memory_index`."""
-        keys = self.attention.keys(memory) if self.attention is not None else None  # (N, S, A)
+        (N rows; `keys` when the caller has them), then gathered for its hypothesis rows with
+        `memory_index`."""
+        if keys is None and self.attention is not None:
+            keys = self.attention.keys(memory)  # (N, S, A)
         if memory_index is None:
             return Memory(memory, keys, src_mask)
         return Memory(memory.index_select(0, memory_index),  # (R, S, D)
@@ -109,6 +119,18 @@ class Translator(nn.Module):
         elif c.input_feeding:  # o_0 = 0
             state = torch.cat([state, torch.zeros_like(state[:, : c.hidden_size])], dim=-1)
         return memory, src_mask, state
+
+    def encode_keys(self, src_ids: Tensor, src_lengths: Tensor
+                    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`encode` and the attention keys of its memory (`projects_keys` models).
+
+        Outputs: memory, src_mask, state as `encode`; keys (B, S, A) = the memory projected
+        for scoring, zero on padding (scores there are masked; zeros keep a padded tail
+        checkable).
+        """
+        memory, src_mask, state = self.encode(src_ids, src_lengths)
+        keys = self.attention.keys(memory) * src_mask.unsqueeze(-1).to(memory.dtype)  # type: ignore[union-attr]
+        return memory, src_mask, state, keys
 
     def _decode(self, tgt_in: Tensor, state: Tensor, mem: Memory
                 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -143,8 +165,19 @@ class Translator(nn.Module):
         Outputs: new_state (R, state_dim), topk_logprobs (R, k), topk_ids (R, k) int64,
                  attention (R, S): a_t of models/nn/decoders.py (zeros for decoder 'none').
         """
-        logits, attention, new_state = self._step(
-            prev_ids, state, self._memory(memory, src_mask, memory_index))
+        return self._top_k(prev_ids, state, self._memory(memory, src_mask, memory_index), k)
+
+    def decode_step_keys(self, prev_ids: Tensor, state: Tensor, memory: Tensor,
+                         src_mask: Tensor, memory_index: Tensor, k: int | Tensor,
+                         keys: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """`decode_step` with the requests' attention keys (N, S, A) from `encode_keys`:
+        the same outputs, without projecting the memory at every step."""
+        return self._top_k(prev_ids, state,
+                           self._memory(memory, src_mask, memory_index, keys), k)
+
+    def _top_k(self, prev_ids: Tensor, state: Tensor, mem: Memory, k: int | Tensor
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        logits, attention, new_state = self._step(prev_ids, state, mem)
         logprobs = F.log_softmax(logits, dim=-1)  # (R, V)
         kk = k.reshape(()) if isinstance(k, Tensor) else k
         top_lp, top_ids = torch.topk(logprobs, kk, dim=-1)  # type: ignore[arg-type]  # (R, k)

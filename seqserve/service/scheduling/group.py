@@ -13,13 +13,16 @@ from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
 class MemoryBank:
     """Encoder memories, one slot per request, in one (slots, S, D) array that decoder_step
-    reads through `memory_index`. The used slots are always the first n (a request leaving
-    moves the last one into its hole), so the step projects no memory nobody reads; a request
-    joining or leaving copies only its own memory; the array is rebuilt only to grow, or to
-    narrow S when the longest source leaves (S is the longest member's length)."""
+    reads through `memory_index`, and beside it, for a bundle whose encoder returns them, the
+    memories' projected attention keys (slots, S, A) in the same slots. The used slots are
+    always the first n (a request leaving moves the last one into its hole), so the step
+    projects no memory nobody reads; a request joining or leaving copies only its own
+    memory; the arrays are rebuilt only to grow, or to narrow S when the longest source leaves
+    (S is the longest member's length)."""
 
     def __init__(self) -> None:
         self.memory = np.zeros((0, 0, 0), np.float32)  # (slots, S, D)
+        self.keys: np.ndarray | None = None  # (slots, S, A) when the encoder returns keys
         self.mask = np.zeros((0, 0), bool)  # (slots, S)
         self.lengths = np.zeros(0, np.int64)  # (slots,) source length
         self.used = 0  # slots 0 .. used-1 hold memories
@@ -28,20 +31,27 @@ class MemoryBank:
     def width(self) -> int:
         return self.memory.shape[1]
 
-    def add(self, memory: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """Slots (n,) for n memories (n, S_n, D); positions past each length read as zero."""
+    def _planes(self) -> list[np.ndarray]:
+        return [self.memory] if self.keys is None else [self.memory, self.keys]
+
+    def add(self, memory: np.ndarray, lengths: np.ndarray,
+            keys: np.ndarray | None = None) -> np.ndarray:
+        """Slots (n,) for n memories (n, S_n, D) (and their keys (n, S_n, A) when the bank
+        holds keys); positions past each length read as zero."""
         n = len(lengths)
         capacity = len(self.lengths)
         if self.used + n > capacity:
             capacity = max(2 * capacity, self.used + n, 8)
         width = int(max(self.lengths[: self.used].max(initial=0), lengths.max()))
-        self._resize(capacity, width, memory.shape[2])
+        self._resize(capacity, width, memory.shape[2],
+                     None if keys is None else keys.shape[2])
         slots = np.arange(self.used, self.used + n)
         s = min(width, memory.shape[1])
         valid = np.arange(width)[None] < lengths[:, None]  # (n, S)
-        block = self.memory[self.used : self.used + n]  # (n, S, D) a view
-        block[:, s:] = 0.0
-        block[:, :s] = np.where(valid[:, :s, None], memory[:, :s], 0.0)  # (n, s, D)
+        for plane, given in zip(self._planes(), (memory, keys), strict=False):
+            block = plane[self.used : self.used + n]  # (n, S, D | A) a view
+            block[:, s:] = 0.0
+            block[:, :s] = np.where(valid[:, :s, None], given[:, :s], 0.0)  # type: ignore[index]
         self.mask[slots], self.lengths[slots] = valid, lengths
         self.used += n
         return slots
@@ -55,32 +65,46 @@ class MemoryBank:
         gone = np.zeros(self.used, bool)
         gone[slots] = True
         tail = np.flatnonzero(~gone[left:]) + left  # (h,) used slots past the range
-        self.memory[holes], self.mask[holes] = self.memory[tail], self.mask[tail]
+        for plane in self._planes():
+            plane[holes] = plane[tail]
+        self.mask[holes] = self.mask[tail]
         self.lengths[holes] = self.lengths[tail]
         self.lengths[left : self.used] = 0
         moved[tail] = holes
         self.used = left
         longest = int(self.lengths[:left].max(initial=0))
         if longest < self.width:
-            self._resize(len(self.lengths), longest, self.memory.shape[2])
+            self._resize(len(self.lengths), longest, self.memory.shape[2],
+                         None if self.keys is None else self.keys.shape[2])
         return moved
 
     def view(self) -> tuple[np.ndarray, np.ndarray]:
         """(N, S, D) memory and (N, S) mask of the used slots (views, no copy)."""
         return self.memory[: self.used], self.mask[: self.used]
 
-    def _resize(self, capacity: int, width: int, dim: int) -> None:
-        if (capacity, width, dim) == self.memory.shape:
+    def keys_view(self) -> np.ndarray | None:
+        """(N, S, A) keys of the used slots (a view), None when the bank holds none."""
+        return None if self.keys is None else self.keys[: self.used]
+
+    def _resize(self, capacity: int, width: int, dim: int, key_dim: int | None) -> None:
+        same_keys = (self.keys is None if key_dim is None
+                     else self.keys is not None and self.keys.shape[2] == key_dim)
+        if (capacity, width, dim) == self.memory.shape and same_keys:
             return
-        memory = np.zeros((capacity, width, dim), np.float32)  # (slots, S, D)
-        mask = np.zeros((capacity, width), bool)  # (slots, S)
         n, s = self.used, min(width, self.width)
+        memory = np.zeros((capacity, width, dim), np.float32)  # (slots, S, D)
         if self.memory.shape[2] == dim:
             memory[:n, :s] = self.memory[:n, :s]
+        keys = None
+        if key_dim is not None:
+            keys = np.zeros((capacity, width, key_dim), np.float32)  # (slots, S, A)
+            if self.keys is not None and self.keys.shape[2] == key_dim:
+                keys[:n, :s] = self.keys[:n, :s]
+        mask = np.zeros((capacity, width), bool)  # (slots, S)
         mask[:n, :s] = self.mask[:n, :s]
         lengths = np.zeros(capacity, np.int64)
         lengths[:n] = self.lengths[:n]
-        self.memory, self.mask, self.lengths = memory, mask, lengths
+        self.memory, self.keys, self.mask, self.lengths = memory, keys, mask, lengths
 
 
 class DecodeGroup:
@@ -107,9 +131,10 @@ class DecodeGroup:
 
     def join(self, keys: Sequence[int], options: Sequence[SearchOptions],
              src_lens: Sequence[int], memory: np.ndarray, lengths: np.ndarray,
-             state: np.ndarray) -> None:
-        """Add encoded requests: memory (n, S, D), lengths (n,), initial state (n, state_dim)."""
-        slots = self.bank.add(memory, lengths)
+             state: np.ndarray, attention_keys: np.ndarray | None = None) -> None:
+        """Add encoded requests: memory (n, S, D), lengths (n,), initial state (n, state_dim)
+        and, from an encoder that returns them, the memories' attention keys (n, S, A)."""
+        slots = self.bank.add(memory, lengths, attention_keys)
         self.beams.join(keys, options, src_lens)
         self.beams.set_source_width(self.bank.width)
         self.slots = np.concatenate([self.slots, slots])
@@ -130,9 +155,13 @@ class DecodeGroup:
         """The decoder_step feed of every live row (fixes the step's k and n-gram bans)."""
         k = self.beams.prepare()
         memory, mask = self.bank.view()  # (N, S, D), (N, S)
-        return {"prev_ids": self.beams.prev_ids(), "state": self.state, "memory": memory,
+        feed = {"prev_ids": self.beams.prev_ids(), "state": self.state, "memory": memory,
                 "src_mask": mask, "memory_index": self.slots[self.beams.rows.request],
                 "k": np.array([k], dtype=np.int64)}
+        attention_keys = self.bank.keys_view()  # (N, S, A) or None
+        if attention_keys is not None:
+            feed["keys"] = attention_keys
+        return feed
 
     def advance(self, out: dict[str, np.ndarray]) -> None:
         """Apply one decoder_step's outputs; `beams.done` says who finished."""

@@ -67,6 +67,7 @@ class _Encoded:
     memory: np.ndarray  # (n, S, D)
     state: np.ndarray  # (n, state_dim)
     lengths: np.ndarray  # (n,)
+    keys: np.ndarray | None  # (n, S, A): the encoder's projected attention keys, if any
 
 
 class DecodeScheduler(RequestTable[Request]):
@@ -295,7 +296,8 @@ class DecodeScheduler(RequestTable[Request]):
                 group.join([batch.requests[i].rid for i in live],
                            [batch.requests[i].options for i in live],
                            [len(batch.requests[i].src_ids) for i in live],
-                           batch.memory[at], batch.lengths[at], batch.state[at])
+                           batch.memory[at], batch.lengths[at], batch.state[at],
+                           None if batch.keys is None else batch.keys[at])
         self._encoded = []
 
     def _admit(self) -> list[Request]:
@@ -356,7 +358,7 @@ class DecodeScheduler(RequestTable[Request]):
                 r.status = Status.DECODING
         if len(outcomes) < len(work.requests):
             self._encoded.append(_Encoded(work.requests, result.memory, result.state,
-                                          result.lengths))
+                                          result.lengths, result.keys))
         return outcomes
 
     def _stepped(self, group: DecodeGroup, result: StepResult) -> list[Outcome]:

@@ -131,6 +131,7 @@ class EncodeResult:
     lengths: np.ndarray  # (n,)
     failed: dict[int, Exception]  # request index -> what its own encoder call raised
     seconds: float
+    keys: np.ndarray | None = None  # (n, S, A): an encoder with projected attention keys
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,12 @@ def execute(runtime: Runtime, work: Work) -> EncodeResult | StepResult:
     if isinstance(work, EncodeWork):
         sources = [r.src_ids for r in work.requests]
         try:
-            memory, state, lengths = _encode(runtime, sources, work.pad_id)
+            memory, state, lengths, keys = _encode(runtime, sources, work.pad_id)
             failed: dict[int, Exception] = {}
         except Exception:
-            memory, state, lengths, failed = _encode_one_by_one(runtime, sources, work.pad_id)
-        return EncodeResult(memory, state, lengths, failed, time.perf_counter() - start)
+            memory, state, lengths, keys, failed = _encode_one_by_one(runtime, sources,
+                                                                      work.pad_id)
+        return EncodeResult(memory, state, lengths, failed, time.perf_counter() - start, keys)
     try:
         out = runtime.run("decoder_step", work.inputs)
         return StepResult(out, time.perf_counter() - start, {}, True)
@@ -160,17 +162,20 @@ def execute(runtime: Runtime, work: Work) -> EncodeResult | StepResult:
         return StepResult(out, time.perf_counter() - start, failed, False)
 
 
-def _encode(runtime: Runtime, sources: list[list[int]],
-            pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode(runtime: Runtime, sources: list[list[int]], pad_id: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """memory (n, S, D), state (n, state_dim), lengths (n,) and the keys (n, S, A) of an
+    encoder that returns them (else None)."""
     src, lengths = pad_rows(sources, pad_id)  # (n, S), (n,)
     out = runtime.run("encoder", {"src_ids": src, "src_lengths": lengths})
-    return out["memory"], out["state"], lengths  # (n, S, D), (n, state_dim), (n,)
+    return out["memory"], out["state"], lengths, out.get("keys")
 
 
 def _encode_one_by_one(runtime: Runtime, sources: list[list[int]], pad_id: int,
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[int, Exception]]:
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                                  dict[int, Exception]]:
     """After a failed batch: each source alone; the results padded back into one batch."""
-    parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    parts: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = {}
     failed: dict[int, Exception] = {}
     for i, src in enumerate(sources):
         try:
@@ -180,15 +185,18 @@ def _encode_one_by_one(runtime: Runtime, sources: list[list[int]], pad_id: int,
     n = len(sources)
     if not parts:
         return np.zeros((n, 0, 0), np.float32), np.zeros((n, 0), np.float32), \
-            np.zeros(n, np.int64), failed
+            np.zeros(n, np.int64), None, failed
     some = next(iter(parts.values()))
     width = max(p[0].shape[1] for p in parts.values())
     memory = np.zeros((n, width, some[0].shape[2]), np.float32)  # (n, S, D)
     state = np.zeros((n, some[1].shape[1]), np.float32)  # (n, state_dim)
+    keys = None if some[3] is None else np.zeros((n, width, some[3].shape[2]), np.float32)
     lengths = np.zeros(n, np.int64)
-    for i, (m, s, length) in parts.items():
+    for i, (m, s, length, k) in parts.items():
         memory[i, : m.shape[1]], state[i], lengths[i] = m[0], s[0], length[0]
-    return memory, state, lengths, failed
+        if keys is not None and k is not None:
+            keys[i, : k.shape[1]] = k[0]  # (S_i, A)
+    return memory, state, lengths, keys, failed
 
 
 def _step_one_by_one(runtime: Runtime,
@@ -209,6 +217,8 @@ def _step_one_by_one(runtime: Runtime,
         alone = {"prev_ids": x["prev_ids"][lo:hi], "state": x["state"][lo:hi],
                  "memory": x["memory"][slot : slot + 1], "src_mask": x["src_mask"][slot : slot + 1],
                  "memory_index": np.zeros(hi - lo, np.int64), "k": x["k"]}
+        if "keys" in x:
+            alone["keys"] = x["keys"][slot : slot + 1]
         try:
             got = runtime.run("decoder_step", alone)
         except Exception as exc:

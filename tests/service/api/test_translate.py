@@ -78,6 +78,39 @@ def test_server_equals_reference_and_is_batch_invariant(tiny_repo: Path) -> None
             assert [h["score"] for h in got] == sorted((h["score"] for h in got), reverse=True)
 
 
+def test_a_bundle_without_projected_keys_answers_the_same(
+        tiny_repo: Path, tiny_translator_run: Path, tmp_path: Path) -> None:
+    """The same model exported as schema 2 wrote it (no `keys` from the encoder: the step
+    projects the memory at every call, as packed translators do) serves the answers of the
+    keyed bundle: token ids equal, scores within 1e-4, in one batch of every option set."""
+    from seqserve.export.bundle import export_run
+
+    plain = export_run(tiny_translator_run, tmp_path, "tiny-mt", version=1, progress=False,
+                       attention_keys=False)
+    manifest = load_bundle(plain)
+    assert "keys" not in [t.name for t in manifest.graphs["encoder"].outputs]
+    assert "keys" not in [t.name for t in manifest.graphs["decoder_step"].inputs]
+    keyed = load_bundle(tiny_repo / "tiny-mt" / "1")
+    assert [t.name for t in keyed.graphs["decoder_step"].inputs][-1] == "keys"
+    app = create_app(settings(tmp_path))
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with serve_asgi(app) as client:
+            answers = await asyncio.gather(*(
+                client.post("/v1/models/tiny-mt/translate", json={"texts": TEXTS, **o})
+                for o in OPTIONS))
+        return [a.json() for a in answers]
+
+    for opts, body in zip(OPTIONS, run_bounded(scenario()), strict=True):
+        options = TranslateOptions.model_validate(opts).search_options()
+        for text, result in zip(TEXTS, body["results"], strict=True):
+            ref = onnx_reference(tiny_repo, text, options)  # the keyed graphs
+            for h, r in zip(result["hypotheses"], ref, strict=True):
+                ids = r.tokens[:-1] if r.tokens and r.tokens[-1] == 3 else r.tokens
+                assert h["token_ids"] == ids
+                assert h["score"] == pytest.approx(r.score, rel=1e-4, abs=1e-4)
+
+
 def test_attention_rows_sum_to_one(tiny_repo: Path) -> None:
     app = create_app(settings(tiny_repo))
 

@@ -38,6 +38,27 @@ def test_bank_keeps_used_slots_first_and_follows_the_longest_source() -> None:
     assert (bank.view()[0][0, :3] == 3).all()
 
 
+def test_bank_moves_attention_keys_with_their_memory() -> None:
+    """A bank with projected attention keys (schema 3) keeps each request's keys in its
+    memory's slot through joins, holes filled by the last slot, and narrowing."""
+    bank = MemoryBank()
+    lengths = np.array([2, 5, 3])
+    keys = 10 * _memories([2, 5, 3], 5, dim=2, fill=9.0)  # (n, S, A), A != D
+    bank.add(_memories([2, 5, 3], 5), lengths, keys)
+    got = bank.keys_view()
+    assert got is not None and got.shape == (3, 5, 2)
+    assert (got[1] == 20).all() and (got[0, :2] == 10).all() and not got[0, 2:].any()
+    bank.free(np.array([0]))  # slot 2 (length 3) moves into slot 0
+    memory, mask = bank.view()
+    got = bank.keys_view()
+    assert got is not None and got.shape == (2, 5, 2)
+    assert (memory[0, :3] == 3).all() and (got[0, :3] == 30).all() and not got[0, 3:].any()
+    bank.free(np.array([1]))  # the longest leaves: narrowed to 3
+    got = bank.keys_view()
+    assert got is not None and got.shape == (1, 3, 2) and (got[0] == 30).all()
+    assert MemoryBank().keys_view() is None
+
+
 def test_group_feed_and_eviction() -> None:
     fake = FakeTranslator()
     group = DecodeGroup(fake.limits)

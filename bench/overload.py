@@ -206,14 +206,14 @@ def pct(values: list[float], q: float) -> float:
 def start_server(args: argparse.Namespace, checkout: Path
                  ) -> tuple[subprocess.Popen[bytes], str, str]:
     cmd = [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(args.repo.resolve()),
-           "--port", str(args.port), *shlex.split(args.serve_args)]
+           "--port", str(args.port), "--grpc-port", "0", *shlex.split(args.serve_args)]
     code = checkout.resolve()
     proc = subprocess.Popen(cmd, cwd=code, env={**os.environ, "PYTHONPATH": str(code)},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{args.port}"
     wait_ready(url, proc)
-    return proc, url, shlex.join(["seqserve", "serve", *cmd[4:]])
+    return proc, url, shlex.join(["seqserve", "serve", *cmd[cmd.index("serve") + 1:]])
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

@@ -99,10 +99,13 @@ def split(feed: Feed, buckets: int) -> list[Feed]:
         width = int(lengths[slots].max())
         remap = np.zeros(len(lengths), np.int64)
         remap[slots] = np.arange(len(slots))
-        parts.append({"prev_ids": feed["prev_ids"][rows], "state": feed["state"][rows],
-                      "memory": np.ascontiguousarray(feed["memory"][slots, :width]),
-                      "src_mask": np.ascontiguousarray(feed["src_mask"][slots, :width]),
-                      "memory_index": remap[feed["memory_index"][rows]], "k": feed["k"]})
+        part = {"prev_ids": feed["prev_ids"][rows], "state": feed["state"][rows],
+                "memory": np.ascontiguousarray(feed["memory"][slots, :width]),
+                "src_mask": np.ascontiguousarray(feed["src_mask"][slots, :width]),
+                "memory_index": remap[feed["memory_index"][rows]], "k": feed["k"]}
+        if "keys" in feed:  # schema 3: the projected attention keys, in the memory's slots
+            part["keys"] = np.ascontiguousarray(feed["keys"][slots, :width])
+        parts.append(part)
     return parts
 
 

@@ -64,7 +64,7 @@ def step_case(bundle: Path, texts: list[str], rows: int, beam: int, k: int,
     tok = Tokenizer.load(bundle / manifest.tokenizer.file)
     encoder = _session(bundle / "encoder.onnx", threads)
     step = _session(bundle / "decoder_step.onnx", threads)
-    ids, lengths = _sources(tok, texts, max(1, rows // beam))
+    ids, lengths = _sources(tok, texts, max(1, -(-rows // beam)))  # enough requests for rows
     memory, mask, state, *keys = encoder.run(None, {"src_ids": ids, "src_lengths": lengths})
     index = np.repeat(np.arange(ids.shape[0], dtype=np.int64), beam)[:rows]
     feed = {"prev_ids": np.full(rows, manifest.tokenizer.bos_id, np.int64),

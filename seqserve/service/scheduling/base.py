@@ -203,6 +203,12 @@ class WaitMargin:
             q = ordered[min(len(ordered) - 1, int(self.QUANTILE * len(ordered)))]
             self.factor = min(self.MAX, max(1.0, q))
 
+    def started(self, observer: Observer, waits: list[tuple[float, float, float]]) -> None:
+        """Admitted work started, (actual wait, expected wait, `factor` when it was
+        expected) per row or request: its errors to `observer`, its ratios folded in."""
+        observer.on_wait_errors([actual - expected for actual, expected, _ in waits])
+        self.observe(waits)
+
     def __call__(self, wait: float | None) -> float | None:
         return None if wait is None else wait * self.factor
 

@@ -435,10 +435,8 @@ class Batcher(Generic[P, R]):
             return
         compute_s = time.monotonic() - start
         self.cost.observe(sum(r.length for r in batch), compute_s)
-        self.observer.on_wait_errors([start - r.enqueued - r.expected for r in batch
-                                      if r.expected is not None])
-        self.margin.observe((start - r.enqueued, r.expected, r.margin) for r in batch
-                            if r.expected is not None)
+        self.margin.started(self.observer, [(start - r.enqueued, r.expected, r.margin)
+                                            for r in batch if r.expected is not None])
         for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)

@@ -48,10 +48,11 @@ class MemoryBank:
         slots = np.arange(self.used, self.used + n)
         s = min(width, memory.shape[1])
         valid = np.arange(width)[None] < lengths[:, None]  # (n, S)
-        for plane, given in zip(self._planes(), (memory, keys), strict=False):
+        given = [memory] if keys is None else [memory, keys]
+        for plane, values in zip(self._planes(), given, strict=True):
             block = plane[self.used : self.used + n]  # (n, S, D | A) a view
             block[:, s:] = 0.0
-            block[:, :s] = np.where(valid[:, :s, None], given[:, :s], 0.0)  # type: ignore[index]
+            block[:, :s] = np.where(valid[:, :s, None], values[:, :s], 0.0)
         self.mask[slots], self.lengths[slots] = valid, lengths
         self.used += n
         return slots

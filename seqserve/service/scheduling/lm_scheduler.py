@@ -139,8 +139,9 @@ class LMScheduler(RequestTable[_Request]):
         self._queue: deque[_Request] = deque()
         self._epoch = 0
         self.admit_cost = CostEstimate()
-        self.margin = WaitMargin()
         """Seconds per admitted request while others waited: the admission rate."""
+        self.margin = WaitMargin()
+        """What `expected_wait` adds to the estimate for its own error."""
         self.service_cost = CostEstimate()
         """Seconds from admission to the last token (or the scores) per request."""
         self._backlog_since: float | None = None
@@ -332,10 +333,8 @@ class LMScheduler(RequestTable[_Request]):
             self._waiting -= len(head.rows)
             admitted.append(self._queue.popleft())
         if admitted:
-            self.observer.on_wait_errors([now - r.submitted - r.expected for r in admitted
-                                          if r.expected is not None])
-            self.margin.observe((now - r.submitted, r.expected, r.margin) for r in admitted
-                                if r.expected is not None)
+            self.margin.started(self.observer, [(now - r.submitted, r.expected, r.margin)
+                                                for r in admitted if r.expected is not None])
         if admitted and self._backlog_since is not None:
             self.admit_cost.observe(len(admitted), now - self._backlog_since)
         if admitted or not self._waiting:

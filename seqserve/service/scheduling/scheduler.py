@@ -85,8 +85,9 @@ class DecodeScheduler(RequestTable[Request]):
         self.stats = StepStats()
         self._epoch = 0  # bumped by a reset: work scheduled before it is stale
         self.admit_cost = CostEstimate()
-        self.margin = WaitMargin()
         """Seconds per admitted request while others waited: the admission rate."""
+        self.margin = WaitMargin()
+        """What `expected_wait` adds to the estimate for its own error."""
         self.decode_cost = CostEstimate()
         """Seconds from admission to answer per request (warm-up included)."""
         self.step_cost = BatchCost()
@@ -323,10 +324,8 @@ class DecodeScheduler(RequestTable[Request]):
         self._waiting -= len(admitted)
         self._note_admission(len(admitted), now)
         if admitted:
-            self.observer.on_wait_errors([now - r.submitted - r.expected for r in admitted
-                                          if r.expected is not None])
-            self.margin.observe((now - r.submitted, r.expected, r.margin) for r in admitted
-                                if r.expected is not None)
+            self.margin.started(self.observer, [(now - r.submitted, r.expected, r.margin)
+                                                for r in admitted if r.expected is not None])
         return admitted
 
     def _note_admission(self, count: int, now: float) -> None:

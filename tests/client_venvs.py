@@ -14,14 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def client_python(name: str, requirement: str, timeout_s: float = 900) -> Path:
-    """The Python of `.client-venvs/NAME` with `requirement` installed (fails the test when
-    the install does)."""
+    """The Python of `.client-venvs/NAME` with `requirement` (one or more pip requirements,
+    separated by spaces) installed (fails the test when the install does)."""
     folder = ROOT / ".client-venvs" / name
     python = folder / "bin" / "python"
     stamp = folder / ".installed"
     if not stamp.exists() or stamp.read_text() != requirement:
         venv.EnvBuilder(with_pip=True, clear=True).create(folder)
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", requirement],
+        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *requirement.split()],
                               capture_output=True, text=True, timeout=timeout_s)
         if done.returncode:
             pytest.fail(f"installing {requirement} failed:\n{done.stderr[-3000:]}")

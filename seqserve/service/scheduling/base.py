@@ -168,17 +168,20 @@ class CostEstimate(Measured):
 
 class WaitMargin:
     """What a scheduler's expected wait adds for its own error (`factor`): the QUANTILE of
-    the ratios of recent work's queue waits to the estimate before the margin (the last
-    ROWS rows, sources or requests that expected at least MIN_S), recomputed every EVERY
+    the ratios of recent requests' queue waits to the estimate before the margin (the last
+    ROWS requests, or sources, that expected at least MIN_S), recomputed every EVERY
     observations, 1 to MAX. Under a starved CPU the rate a queue drains at changes from one
     moment to the next: at 3x overload on 2 cores, ~22% of 16-text classify's rows waited
     over 0.1 s more than a mean estimate and the admitted waits' p99 passed the bound
-    (docs/performance.md section 20); admission goes by a wait recent work exceeded only
-    1 - QUANTILE of the time. (A factor learned by feedback, times (actual / expected) **
-    gain per batch, was tried first: it swung between its bounds every few hundred
-    batches, the waits it learned from admitted under an older factor.)"""
+    (docs/performance.md section 20). Under overload the queue stays at the bound, so nearly
+    every admitted request expects a wait just under it: the admitted waits' p99 is within
+    the bound when admission goes by a ratio recent requests exceeded 1% of the time (a
+    request of many rows waits for its last one: `Batcher` folds in that wait, section
+    22). (A factor learned by feedback, times (actual / expected) ** gain per batch, was
+    tried first: it swung between its bounds every few hundred batches, the waits it
+    learned from admitted under an older factor.)"""
 
-    QUANTILE = 0.95
+    QUANTILE = 0.99
     ROWS = 512
     EVERY = 16
     MAX = 3.0
@@ -203,11 +206,14 @@ class WaitMargin:
             q = ordered[min(len(ordered) - 1, int(self.QUANTILE * len(ordered)))]
             self.factor = min(self.MAX, max(1.0, q))
 
-    def started(self, observer: Observer, waits: list[tuple[float, float, float]]) -> None:
+    def started(self, observer: Observer, waits: list[tuple[float, float, float]],
+                whole: list[tuple[float, float, float]] | None = None) -> None:
         """Admitted work started, (actual wait, expected wait, `factor` when it was
-        expected) per row or request: its errors to `observer`, its ratios folded in."""
+        expected) per row or source: its errors to `observer`; folded in, the same for each
+        request whose work all started now (`whole`, by its longest wait: a request waits
+        for its last row), or `waits` themselves (None: each is a request's)."""
         observer.on_wait_errors([actual - expected for actual, expected, _ in waits])
-        self.observe(waits)
+        self.observe(waits if whole is None else whole)
 
     def __call__(self, wait: float | None) -> float | None:
         return None if wait is None else wait * self.factor

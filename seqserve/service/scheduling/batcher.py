@@ -67,6 +67,20 @@ def _ignore(future: asyncio.Future[Any]) -> None:
 
 
 @dataclass(eq=False)
+class _Admission:
+    """One submit's (one request's) admission, shared by its rows: the queue wait it
+    expected, the batcher's `margin` then, and the longest wait of its rows that started so
+    far, with how many are left. A request waits until its last row starts (its Server-
+    Timing `queue` is that wait), and its rows may go in different batches (by length): the
+    margin learns from that wait, once per request; the error histogram counts every row."""
+
+    expected: float
+    margin: float
+    left: int
+    longest: float = 0.0
+
+
+@dataclass(eq=False)
 class _Row(Generic[P, R]):
     payload: P
     length: int
@@ -74,8 +88,7 @@ class _Row(Generic[P, R]):
     future: asyncio.Future[Timed[R]]
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the batcher's live depth
-    expected: float | None = None  # the queue wait its admission expected (None: a probe)
-    margin: float = 1.0  # the batcher's `margin` when it was admitted
+    admission: _Admission | None = None  # its request's (None: a probe)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,9 +253,10 @@ class Batcher(Generic[P, R]):
                  ) -> list[asyncio.Future[Timed[R]]]:
         loop = asyncio.get_running_loop()
         futures = []
+        admission = None if expected is None else _Admission(expected, margin, len(rows))
         for payload, length in rows:
             row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future(),
-                                   expected=expected, margin=margin)
+                                   admission=admission)
             row.future.add_done_callback(functools.partial(self._on_done, row))
             self._pending.append(row)
             futures.append(row.future)
@@ -435,8 +449,17 @@ class Batcher(Generic[P, R]):
             return
         compute_s = time.monotonic() - start
         self.cost.observe(sum(r.length for r in batch), compute_s)
-        self.margin.started(self.observer, [(start - r.enqueued, r.expected, r.margin)
-                                            for r in batch if r.expected is not None])
+        waits, whole = [], []
+        for r in batch:
+            admission = r.admission
+            if admission is not None:
+                wait = start - r.enqueued
+                waits.append((wait, admission.expected, admission.margin))
+                admission.longest = max(admission.longest, wait)
+                admission.left -= 1
+                if admission.left == 0:  # its request's last row started
+                    whole.append((admission.longest, admission.expected, admission.margin))
+        self.margin.started(self.observer, waits, whole)
         for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)

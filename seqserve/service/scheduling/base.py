@@ -166,6 +166,26 @@ class CostEstimate(Measured):
         return None if self.per_unit is None else units * self.per_unit / max(parallel, 1)
 
 
+@dataclass(eq=False, slots=True)
+class Admission:
+    """One request's admission, shared by its rows (a batcher's texts) or sources (a
+    translator's): the queue wait it expected, the scheduler's `WaitMargin.factor` then, and
+    the longest wait of its work that started so far, with how much is left. Its rows may
+    start in different batches (by length), and the request waits for the last one."""
+
+    expected: float
+    margin: float
+    left: int
+    longest: float = 0.0
+
+    def started(self, wait: float) -> tuple[float, float, float] | None:
+        """One of its rows or sources started after `wait` s: once the last has, (its
+        longest wait, the expected wait, the margin then), else None."""
+        self.longest = max(self.longest, wait)
+        self.left -= 1
+        return (self.longest, self.expected, self.margin) if self.left == 0 else None
+
+
 class WaitMargin:
     """What a scheduler's expected wait adds for its own error (`factor`): the QUANTILE of
     the ratios of recent requests' queue waits to the estimate before the margin (the last
@@ -176,7 +196,7 @@ class WaitMargin:
     (docs/performance.md section 20). Under overload the queue stays at the bound, so nearly
     every admitted request expects a wait just under it: the admitted waits' p99 is within
     the bound when admission goes by a ratio recent requests exceeded 1% of the time (a
-    request of many rows waits for its last one: `Batcher` folds in that wait, section
+    request of many rows waits for its last one: `Admission` folds in that wait, section
     22). (A factor learned by feedback, times (actual / expected) ** gain per batch, was
     tried first: it swung between its bounds every few hundred batches, the waits it
     learned from admitted under an older factor.)"""
@@ -206,14 +226,19 @@ class WaitMargin:
             q = ordered[min(len(ordered) - 1, int(self.QUANTILE * len(ordered)))]
             self.factor = min(self.MAX, max(1.0, q))
 
-    def started(self, observer: Observer, waits: list[tuple[float, float, float]],
-                whole: list[tuple[float, float, float]] | None = None) -> None:
-        """Admitted work started, (actual wait, expected wait, `factor` when it was
-        expected) per row or source: its errors to `observer`; folded in, the same for each
-        request whose work all started now (`whole`, by its longest wait: a request waits
-        for its last row), or `waits` themselves (None: each is a request's)."""
-        observer.on_wait_errors([actual - expected for actual, expected, _ in waits])
-        self.observe(waits if whole is None else whole)
+    def started(self, observer: Observer, starts: Iterable[tuple[float, Admission]]) -> None:
+        """Admitted work started: (its queue wait, its request's `Admission`) per row,
+        source or request. Each one's error (actual minus expected wait) goes to `observer`;
+        each request whose work has now all started is folded in by its longest wait (a
+        request waits for its last row: its Server-Timing `queue` is that wait)."""
+        errors, whole = [], []
+        for wait, admission in starts:
+            errors.append(wait - admission.expected)
+            done = admission.started(wait)
+            if done is not None:
+                whole.append(done)
+        observer.on_wait_errors(errors)
+        self.observe(whole)
 
     def __call__(self, wait: float | None) -> float | None:
         return None if wait is None else wait * self.factor

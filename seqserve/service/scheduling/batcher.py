@@ -40,6 +40,7 @@ from typing import Any, Generic, TypeVar
 
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.scheduling.base import (
+    Admission,
     BatchCost,
     CostEstimate,
     NullObserver,
@@ -67,20 +68,6 @@ def _ignore(future: asyncio.Future[Any]) -> None:
 
 
 @dataclass(eq=False)
-class _Admission:
-    """One submit's (one request's) admission, shared by its rows: the queue wait it
-    expected, the batcher's `margin` then, and the longest wait of its rows that started so
-    far, with how many are left. A request waits until its last row starts (its Server-
-    Timing `queue` is that wait), and its rows may go in different batches (by length): the
-    margin learns from that wait, once per request; the error histogram counts every row."""
-
-    expected: float
-    margin: float
-    left: int
-    longest: float = 0.0
-
-
-@dataclass(eq=False)
 class _Row(Generic[P, R]):
     payload: P
     length: int
@@ -88,7 +75,7 @@ class _Row(Generic[P, R]):
     future: asyncio.Future[Timed[R]]
     enqueued: float = field(default_factory=time.monotonic)
     queued: bool = True  # counted in the batcher's live depth
-    admission: _Admission | None = None  # its request's (None: a probe)
+    admission: Admission | None = None  # its request's (None: a probe)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +240,7 @@ class Batcher(Generic[P, R]):
                  ) -> list[asyncio.Future[Timed[R]]]:
         loop = asyncio.get_running_loop()
         futures = []
-        admission = None if expected is None else _Admission(expected, margin, len(rows))
+        admission = None if expected is None else Admission(expected, margin, len(rows))
         for payload, length in rows:
             row: _Row[P, R] = _Row(payload, max(int(length), 1), deadline, loop.create_future(),
                                    admission=admission)
@@ -449,17 +436,8 @@ class Batcher(Generic[P, R]):
             return
         compute_s = time.monotonic() - start
         self.cost.observe(sum(r.length for r in batch), compute_s)
-        waits, whole = [], []
-        for r in batch:
-            admission = r.admission
-            if admission is not None:
-                wait = start - r.enqueued
-                waits.append((wait, admission.expected, admission.margin))
-                admission.longest = max(admission.longest, wait)
-                admission.left -= 1
-                if admission.left == 0:  # its request's last row started
-                    whole.append((admission.longest, admission.expected, admission.margin))
-        self.margin.started(self.observer, waits, whole)
+        self.margin.started(self.observer, [(start - r.enqueued, r.admission) for r in batch
+                                            if r.admission is not None])
         for row, result in zip(batch, outcome, strict=True):
             if not row.future.done():
                 timing = Timing(start - row.enqueued, compute_s, len(batch), 0)

@@ -15,6 +15,7 @@ import numpy as np
 from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import (
+    Admission,
     CostEstimate,
     NullObserver,
     Observer,
@@ -68,10 +69,8 @@ class _Request:
     """Sequences not finished yet."""
     admitted: float = 0.0
     status: Status = Status.WAITING
-    expected: float | None = None
-    """The queue wait its admission expected, 0 while unmeasured (None: a probe)."""
-    margin: float = 1.0
-    """The scheduler's `WaitMargin.factor` in that expectation."""
+    admission: Admission | None = None
+    """Its admission: the queue wait it expected, 0 while unmeasured (None: a probe)."""
     top: int = 0
     """A score request: the alternatives (ids, log-probs) it asks for at every position."""
     start: tuple[bytes, int] | None = None
@@ -187,8 +186,9 @@ class LMScheduler(RequestTable[_Request]):
 
     def _queue_request(self, rows: Sequence[list[int]], options: GenerateOptions | None,
                        sink: Sink | None, expected: float | None = None) -> _Request:
+        admission = None if expected is None else Admission(expected, self.margin.factor, 1)
         r = _Request(next(self._ids), [list(x) for x in rows], options, sink, self.clock(),
-                     expected=expected, margin=self.margin.factor)
+                     admission=admission)
         self.table[r.rid] = r
         self._queue.append(r)
         self._waiting += len(rows)
@@ -333,8 +333,8 @@ class LMScheduler(RequestTable[_Request]):
             self._waiting -= len(head.rows)
             admitted.append(self._queue.popleft())
         if admitted:
-            self.margin.started(self.observer, [(now - r.submitted, r.expected, r.margin)
-                                                for r in admitted if r.expected is not None])
+            self.margin.started(self.observer, [(now - r.submitted, r.admission)
+                                                for r in admitted if r.admission is not None])
         if admitted and self._backlog_since is not None:
             self.admit_cost.observe(len(admitted), now - self._backlog_since)
         if admitted or not self._waiting:

@@ -34,6 +34,7 @@ import numpy as np
 from seqserve.service.core.errors import InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import (
+    Admission,
     BatchCost,
     CostEstimate,
     NullObserver,
@@ -124,9 +125,9 @@ class DecodeScheduler(RequestTable[Request]):
         if deadline is not None:
             self._admit_by_wait(sources, options, deadline, wait)
         now = self.clock()
-        margin = self.margin.factor
-        requests = [Request(next(self._ids), list(src), options, now, expected=wait or 0.0,
-                            margin=margin) for src in sources]
+        admission = Admission(wait or 0.0, self.margin.factor, len(sources))
+        requests = [Request(next(self._ids), list(src), options, now, admission=admission)
+                    for src in sources]
         for r in requests:
             self.table[r.rid] = r
         self._queue.extend(requests)
@@ -324,8 +325,8 @@ class DecodeScheduler(RequestTable[Request]):
         self._waiting -= len(admitted)
         self._note_admission(len(admitted), now)
         if admitted:
-            self.margin.started(self.observer, [(now - r.submitted, r.expected, r.margin)
-                                                for r in admitted if r.expected is not None])
+            self.margin.started(self.observer, [(now - r.submitted, r.admission)
+                                                for r in admitted if r.admission is not None])
         return admitted
 
     def _note_admission(self, count: int, now: float) -> None:

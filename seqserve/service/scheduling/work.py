@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from seqserve.service.runtimes.base import Runtime
-from seqserve.service.scheduling.base import Timing, pad_rows
+from seqserve.service.scheduling.base import Admission, Timing, pad_rows
 from seqserve.service.scheduling.group import DecodeGroup
 from seqserve.service.scheduling.loop import Status
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
@@ -96,10 +96,8 @@ class Request:
     submitted: float
     status: Status = Status.WAITING
     admitted: float = 0.0
-    expected: float | None = None
-    """The queue wait its admission expected, 0 while unmeasured (None: a probe)."""
-    margin: float = 1.0
-    """The scheduler's `WaitMargin.factor` in that expectation."""
+    admission: Admission | None = None
+    """Its request's admission, shared by the request's sources (None: a probe)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -407,3 +407,26 @@ def test_the_margin_learns_from_each_requests_last_row_and_the_histogram_from_ev
         await b.close(5)
 
     asyncio.run(scenario())
+
+
+def test_a_translation_of_several_sources_is_learnt_once_by_its_last_source() -> None:
+    """The sources of one translate request share its admission: the margin learns the
+    request's wait once, when its last source is admitted (the request waited that long);
+    every source's error goes to the histogram."""
+    fake = FakeTranslator()
+    core = DecodeScheduler(fake, fake.limits, decode_config(max_queue=100, max_admit=1))
+    errors: list[float] = []
+    core.observer.on_wait_errors = errors.extend  # type: ignore[method-assign]
+    now = [100.0]
+    core.clock = lambda: now[0]
+    first, second = core.add([[5, 6], [7, 8]], SearchOptions(beam_size=2))
+    admission = first.admission
+    assert admission is not None and second.admission is admission and admission.left == 2
+    admission.expected = 0.1
+    now[0] = 100.1
+    assert core._admit() == [first]
+    assert admission.left == 1 and not core.margin._ratios
+    now[0] = 100.3
+    assert core._admit() == [second]
+    assert list(core.margin._ratios) == [pytest.approx(3.0)]  # 0.3 s against 0.1 s
+    assert errors == [pytest.approx(0.0), pytest.approx(0.2)]

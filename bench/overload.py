@@ -72,6 +72,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--capacity-duration", type=float, default=10.0)
     p.add_argument("--capacity-concurrency", type=int, default=32)
     p.add_argument("--overload", type=float, default=3.0, help="x capacity, open loop")
+    p.add_argument("--generator", choices=("python", "c"), default="python",
+                   help="python: `seqserve loadtest` processes (--generators of them for an "
+                        "open loop); c: one bench/opengen.c process (a few us of CPU a "
+                        "request), for the capacity and the open loop alike")
     p.add_argument("--generators", type=int, default=2,
                    help="load generator processes sharing the open loop's rate")
     p.add_argument("--max-in-flight", type=int, default=4000,
@@ -172,21 +176,30 @@ def tree_cpu_s(pid: int | None) -> float:
 
 SERVER_PID: int | None = None
 """The server started here (its process group's CPU is counted per run)."""
+GENERATOR = "python"
+"""`--generator`: python (`seqserve loadtest` workers) or c (bench/opengen.c)."""
 
 
 def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
     """Run the loads in `specs` at once, each in its own process; merged figures, with the
     generators' and the server's CPU seconds over the run."""
-    server0 = tree_cpu_s(SERVER_PID)
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s)],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in specs]
-    parts = []
-    for proc in procs:
-        out, _ = proc.communicate()
-        if proc.returncode:
-            raise SystemExit(f"a load generator failed ({proc.returncode})")
-        parts.append(json.loads(out.strip().splitlines()[-1]))
-    server1 = tree_cpu_s(SERVER_PID)
+    if GENERATOR == "c":
+        from bench import opengen
+
+        server0 = tree_cpu_s(SERVER_PID)
+        parts = [opengen.run(s) for s in specs]  # one spec: the whole load in one process
+        server1 = tree_cpu_s(SERVER_PID)
+    else:
+        server0 = tree_cpu_s(SERVER_PID)
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s)],
+                                  cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in specs]
+        parts = []
+        for proc in procs:
+            out, _ = proc.communicate()
+            if proc.returncode:
+                raise SystemExit(f"a load generator failed ({proc.returncode})")
+            parts.append(json.loads(out.strip().splitlines()[-1]))
+        server1 = tree_cpu_s(SERVER_PID)
     merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
                               "server_cpu_s": server1 - server0,
                               "generator_cpu_s": sum(p["load_cpu_s"] for p in parts)}
@@ -276,7 +289,11 @@ def long_texts(n: int = 5000) -> Path:
 
 
 def command(url: str, spec: dict[str, Any], generators: int = 1) -> str:
-    parts = ["seqserve", "loadtest", url, "--model", spec["model"], "--task", spec["task"]]
+    if GENERATOR == "c":
+        parts = ["python", "bench/opengen.py", "--url", url, "--model", spec["model"],
+                 "--task", spec["task"]]
+    else:
+        parts = ["seqserve", "loadtest", url, "--model", spec["model"], "--task", spec["task"]]
     if spec.get("rate") is not None:
         parts += ["--rate", f"{spec['rate']:.0f}", "--max-in-flight", str(spec["max_in_flight"])]
     else:
@@ -323,7 +340,7 @@ def run_workload(name: str, url: str, args: argparse.Namespace,
     rows.append(row(name, f"capacity (closed {args.capacity_concurrency})", cap_spec, cap,
                     capacity, load0, args, None, 1, url))
     rate = args.overload * capacity
-    g = args.generators
+    g = 1 if GENERATOR == "c" else args.generators
     specs = [{**base, "rate": rate / g, "duration_s": args.duration, "seed": i,
               "max_in_flight": args.max_in_flight} for i in range(g)]
     load0 = uptime()
@@ -410,8 +427,9 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global SERVER_PID
+    global SERVER_PID, GENERATOR
     args = parse_args(argv)
+    GENERATOR = args.generator
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0

@@ -4,6 +4,7 @@ settings (`--max-queue-wait-s` 0.5), printing one table with the commands.
 
     python bench/overload.py --repo model_repository
     python bench/overload.py --workloads classify16,long64 --duration 20
+    python bench/overload.py --generator c      # the load from bench/opengen.c
 
 Per workload of classify16 (langid, 16 texts a request), translate (numbers-en-fr, beam 5)
 and generate (text-lm, --max-new-tokens 8): the capacity first (closed loop, --concurrency
@@ -20,7 +21,10 @@ long64: a closed loop of 64 connections on long langid texts (10-60 words, bench
 long workload), one text a request: its p99 and its refusals.
 
 Each load runs in a child process (`--worker`), so that two generators use two cores when
-the machine has them; `uptime`'s load averages are printed before and after each row.
+the machine has them; `uptime`'s load averages are printed before and after each row. With
+`--generator c` one bench/opengen.c process makes every load instead (capacity and overload
+alike; a few microseconds of CPU a request where a Python generator spends ~0.2 ms, which
+the server shares the cores with); its rows have no 429 reasons (it does not read bodies).
 """
 
 from __future__ import annotations

@@ -448,7 +448,7 @@ class LMScheduler(RequestTable[_Request]):
         first = log_probs[src, lengths[src] - 1]  # (N, V) each prompt's next-token
         cached = [k for r in live for k in r.cached for _ in range(r.sequences // len(r.rows))
                   ] if any(any(r.cached) for r in live) else None
-        keep, tokens = self._advance(rows, first, live, ended, state[src], cached)
+        keep, tokens = self._advance(rows, first, live, ended, state[src], cached, True)
         if keep.any():
             self._joining.append((rows.take(keep), state[src[keep]], tokens[keep]))
         return ended
@@ -503,13 +503,15 @@ class LMScheduler(RequestTable[_Request]):
 
     def _advance(self, rows: Rows, log_probs: np.ndarray, requests: Sequence[_Request | None],
                  ended: list[_Request], states: np.ndarray,
-                 cached: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 cached: list[int] | None = None, prefill: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
         """Every row draws its next token from its log_probs (N, V); each request of
         `requests` (one per run of rows, None: cancelled) gets its events, finished
         sequences leave (into `ended` when their request did); `states` (N, S) are the rows'
         states the draw came from (a finish event carries its row's when asked), `cached`
-        each row's prompt tokens a cached prefix saved (first events). Returns which rows
-        stay live (N,) bool and the tokens (N,) int64."""
+        each row's prompt tokens a cached prefix saved (first events); `prefill`: these are
+        the first events, which carry their request's queue wait. Returns which rows stay
+        live (N,) bool and the tokens (N,) int64."""
         drawn_from = log_probs
         if rows.tuned.any():  # logit bias, penalties, ignore_eos: those rows' own copy
             drawn_from = tuned(log_probs, self._tuned_spans(rows, requests), rows.counts,
@@ -538,6 +540,7 @@ class LMScheduler(RequestTable[_Request]):
                 keep[s:e] = False
                 continue
             out = []
+            queued = r.admitted - r.submitted if prefill else 0.0
             for i in range(s, e):
                 token, index = token_list[i], index_list[i]
                 if gone and (r.rid, index) in gone:  # stopped meanwhile: nothing more
@@ -553,6 +556,8 @@ class LMScheduler(RequestTable[_Request]):
                 event = TokenEvent(index, token, chosen[i], top, finish)
                 if cached is not None:
                     event.cached = cached[i]
+                if queued:
+                    event.queued = queued
                 if finish is not None and r.options is not None and r.options.return_state:
                     event.state = (states[i].astype(np.float32).tobytes(), int(rows.key[i]),
                                    int(rows.drawn[i]))

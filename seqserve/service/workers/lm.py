@@ -463,6 +463,8 @@ class Generation:
             seq.drawn += 1
         if ev.cached:
             seq.cached = ev.cached
+        if ev.queued > self.call.queue_s:  # its Server-Timing queue (a JSON answer's)
+            self.call.queue_s = ev.queued
         if ev.state is not None and self.issue is not None and ev.token is not None:
             seq.state = self._state_token(seq, ev)
         if ev.token is not None and ev.token != self.worker._eos:

@@ -343,3 +343,32 @@ def test_a_score_requests_best_tokens_come_from_its_prefill() -> None:
         assert ids[j].tolist() == want.tolist()
         assert tops[j].tolist() == pytest.approx(table["log_probs"][0, j, want].tolist())
         assert lps[j] <= tops[j, 0]
+
+
+def test_each_sequences_first_event_carries_its_requests_queue_wait() -> None:
+    """The first event of every sequence says how long its request waited for admission (a
+    generate answer's Server-Timing `queue`); later events say nothing."""
+    now = [10.0]
+    c = LMScheduler(FakeLM(), EOS, V, decode_config(max_queue=100, max_admit=1),
+                    clock=lambda: now[0])
+    seen: dict[str, list[TokenEvent]] = {"a": [], "b": []}
+    options = GenerateOptions(max_new_tokens=3, temperature=1.0, seed=1, n=2)
+    c.add([[1, 4]], options, lambda events: seen["a"].extend(events))  # type: ignore[union-attr]
+    now[0] = 10.5
+    c.add([[1, 5]], options, lambda events: seen["b"].extend(events))  # type: ignore[union-attr]
+    for _ in range(50):
+        if not c.has_work():
+            break
+        now[0] += 0.25
+        for work in c.schedule():
+            c.update(work, c.execute(work))
+    first = {name: {} for name in seen}  # type: dict[str, dict[int, TokenEvent]]
+    for name, events in seen.items():
+        for e in events:
+            first[name].setdefault(e.index, e)
+        assert set(first[name]) == {0, 1}  # n = 2 sequences
+        assert all(e.queued == 0 for e in events if first[name][e.index] is not e)
+    queued_a = [e.queued for e in first["a"].values()]
+    queued_b = [e.queued for e in first["b"].values()]
+    assert queued_a == [pytest.approx(0.75)] * 2  # added at 10.0, admitted at 10.75
+    assert queued_b == [pytest.approx(0.5)] * 2  # added at 10.5, one admission a schedule

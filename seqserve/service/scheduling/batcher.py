@@ -146,7 +146,7 @@ class Batcher(Generic[P, R]):
         instance to its next while rows waited, over the first launch's rows (`expected_wait`)."""
         self._launched: list[tuple[float, int] | None] = [None] * len(self.computes)
         """Per instance, (time, rows) of its last launch."""
-        self.margin = WaitMargin()
+        self.margin = WaitMargin(config.max_queue_wait_s)
         """What `expected_wait` adds to the estimate for its own error."""
         self.gap = CostEstimate()
         """Seconds between batches while rows wait: from an instance's answered batch to its

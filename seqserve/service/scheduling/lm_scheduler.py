@@ -139,7 +139,7 @@ class LMScheduler(RequestTable[_Request]):
         self._epoch = 0
         self.admit_cost = CostEstimate()
         """Seconds per admitted request while others waited: the admission rate."""
-        self.margin = WaitMargin()
+        self.margin = WaitMargin(config.max_queue_wait_s, clock)
         """What `expected_wait` adds to the estimate for its own error."""
         self.service_cost = CostEstimate()
         """Seconds from admission to the last token (or the scores) per request."""

@@ -87,7 +87,7 @@ class DecodeScheduler(RequestTable[Request]):
         self._epoch = 0  # bumped by a reset: work scheduled before it is stale
         self.admit_cost = CostEstimate()
         """Seconds per admitted request while others waited: the admission rate."""
-        self.margin = WaitMargin()
+        self.margin = WaitMargin(config.max_queue_wait_s, clock)
         """What `expected_wait` adds to the estimate for its own error."""
         self.decode_cost = CostEstimate()
         """Seconds from admission to answer per request (warm-up included)."""

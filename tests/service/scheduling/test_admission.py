@@ -328,6 +328,35 @@ def test_the_wait_margin_is_a_high_quantile_of_what_waits_turned_out_to_be() -> 
     assert margin.factor == 1.0
 
 
+def test_the_margin_follows_the_admitted_waits_back_under_the_bound_slowly() -> None:
+    """Waits the estimate predicted exactly (the quantile stays 1) that still pass the bound
+    grow the margin's tail by their overshoot, at most 10% each TAIL_EVERY_S; waits well
+    under the bound shrink it by 2% each time, back to 1. Without a bound, no tail."""
+    from seqserve.service.scheduling.base import WaitMargin
+
+    now = [0.0]
+    margin = WaitMargin(0.5, clock=lambda: now[0])
+    free = WaitMargin(None, clock=lambda: now[0])
+
+    def feed(wait: float, calls: int) -> None:
+        for _ in range(calls):
+            now[0] += WaitMargin.TAIL_EVERY_S / 10
+            for m in (margin, free):
+                m.observe([(wait, wait * m.factor, m.factor)] * 64)
+
+    feed(0.6, WaitMargin.EVERY * 3)  # 48 calls, 2.4 s: recomputed at 0.8, 1.6, 2.4 s
+    assert margin.tail == pytest.approx(1.1 ** 3) and margin.factor == pytest.approx(1.331)
+    assert free.tail == 1.0 and free.factor == 1.0
+    feed(0.3, WaitMargin.EVERY)  # the window now holds only waits under 0.9 of the bound
+    assert margin.tail == pytest.approx(1.1 ** 3 / 1.02)
+    feed(0.3, WaitMargin.EVERY * 40)
+    assert margin.tail == 1.0 and margin.factor == 1.0
+    now[0] += 10
+    for _ in range(WaitMargin.EVERY * 3):  # no time passes: at most one step
+        margin.observe([(0.9, 0.9, 1.0)] * 64)
+    assert margin.tail == pytest.approx(1.1)
+
+
 def test_the_batcher_widens_its_estimate_by_the_waits_it_saw() -> None:
     """Rows that waited longer than the batcher expected make its next estimates longer."""
 

@@ -48,6 +48,8 @@ if __package__ in (None, ""):
 
 ROOT = Path(__file__).resolve().parents[1]
 
+from bench import opengen  # noqa: E402
+from bench.opengen import SETTLE_S  # noqa: E402
 from bench.serving import wait_ready  # noqa: E402
 
 ERROR_METRIC = "seqserve_queue_wait_estimate_error_seconds"
@@ -102,20 +104,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     from seqserve.loadtest import runner
     from seqserve.loadtest.config import LoadConfig
     from seqserve.loadtest.runner import run_load
-    from seqserve.loadtest.texts import (
-        TextSampler,
-        load_corpus_prompts,
-        load_dataset_texts,
-        load_text_file,
-    )
+    from seqserve.loadtest.texts import TextSampler
 
-    texts_file = spec.pop("texts_file", None)
-    if texts_file:
-        texts = load_text_file(texts_file)
-    elif spec["task"] == "generate":
-        texts = load_corpus_prompts("pydoc-topics", "test", 64)
-    else:
-        texts = load_dataset_texts({"classify": "langid"}.get(spec["task"], "numbers-en-fr"))
+    texts = opengen.texts_for(spec)
+    spec.pop("texts_file", None)
     cfg = LoadConfig(**spec)
     reasons: collections.Counter[str] = collections.Counter()
     fill = runner._fill_from_response
@@ -156,11 +148,6 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SETTLE_S = 3.0
-"""The admitted requests' queue p99 is also printed without those sent in the first this many
-seconds of a load (while the estimates learn the overload's rates and margins)."""
-
-
 def tree_cpu_s(pid: int | None) -> float:
     """CPU seconds (user + system) of `pid`'s process group so far (the server and its
     children; 0 for a server not started here)."""
@@ -187,14 +174,10 @@ GENERATOR = "python"
 def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
     """Run the loads in `specs` at once, each in its own process; merged figures, with the
     generators' and the server's CPU seconds over the run."""
+    server0 = tree_cpu_s(SERVER_PID)
     if GENERATOR == "c":
-        from bench import opengen
-
-        server0 = tree_cpu_s(SERVER_PID)
         parts = [opengen.run(s) for s in specs]  # one spec: the whole load in one process
-        server1 = tree_cpu_s(SERVER_PID)
     else:
-        server0 = tree_cpu_s(SERVER_PID)
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(s)],
                                   cwd=ROOT, stdout=subprocess.PIPE, text=True) for s in specs]
         parts = []
@@ -203,7 +186,7 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
             if proc.returncode:
                 raise SystemExit(f"a load generator failed ({proc.returncode})")
             parts.append(json.loads(out.strip().splitlines()[-1]))
-        server1 = tree_cpu_s(SERVER_PID)
+    server1 = tree_cpu_s(SERVER_PID)
     merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
                               "server_cpu_s": server1 - server0,
                               "generator_cpu_s": sum(p["load_cpu_s"] for p in parts)}

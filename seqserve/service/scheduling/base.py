@@ -186,6 +186,12 @@ class Admission:
         return (self.longest, self.expected, self.margin) if self.left == 0 else None
 
 
+def _upper(values: Iterable[float], q: float) -> float:
+    """The `q` quantile of `values` (the one at index q x n of them sorted)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 class WaitMargin:
     """What a scheduler's expected wait adds for its own error (`factor`): the QUANTILE of
     the ratios of recent requests' queue waits to the estimate before the margin (the last
@@ -210,8 +216,7 @@ class WaitMargin:
     TAIL_UP = 1.1
     TAIL_DOWN = 1.02
 
-    __slots__ = ("factor", "tail", "bound", "clock", "_ratios", "_waits", "_seen", "_quantile",
-                 "_tail_at")
+    __slots__ = ("factor", "tail", "bound", "clock", "_ratios", "_waits", "_seen", "_tail_at")
 
     def __init__(self, bound: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -224,7 +229,6 @@ class WaitMargin:
         self._ratios: deque[float] = deque(maxlen=self.ROWS)
         self._waits: deque[float] = deque(maxlen=self.ROWS)
         self._seen = 0
-        self._quantile = 1.0
         self._tail_at = clock()
 
     def observe(self, waits: Iterable[tuple[float, float, float]]) -> None:
@@ -236,11 +240,8 @@ class WaitMargin:
             self._waits.append(actual)
         self._seen += 1
         if self._seen % self.EVERY == 0 and len(ratios) >= self.ROWS // 4:
-            ordered = sorted(ratios)
-            q = ordered[min(len(ordered) - 1, int(self.QUANTILE * len(ordered)))]
-            self._quantile = max(1.0, q)
             self._follow_the_bound()
-            self.factor = min(self.MAX, self._quantile * self.tail)
+            self.factor = min(self.MAX, max(1.0, _upper(ratios, self.QUANTILE)) * self.tail)
 
     def _follow_the_bound(self) -> None:
         """A slow feedback from the admitted requests' own waits: every TAIL_EVERY_S (about
@@ -258,8 +259,7 @@ class WaitMargin:
         self._tail_at = now
         if len(waits) < self.ROWS // 4:
             return
-        ordered = sorted(waits)
-        p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        p99 = _upper(waits, 0.99)
         if p99 > self.bound:
             self.tail = min(self.MAX, self.tail * min(self.TAIL_UP, p99 / self.bound))
         elif p99 < 0.9 * self.bound:

@@ -448,7 +448,8 @@ class LMScheduler(RequestTable[_Request]):
         first = log_probs[src, lengths[src] - 1]  # (N, V) each prompt's next-token
         cached = [k for r in live for k in r.cached for _ in range(r.sequences // len(r.rows))
                   ] if any(any(r.cached) for r in live) else None
-        keep, tokens = self._advance(rows, first, live, ended, state[src], cached, True)
+        keep, tokens = self._advance(rows, first, live, ended, state[src], cached,
+                                     prefill=True)
         if keep.any():
             self._joining.append((rows.take(keep), state[src[keep]], tokens[keep]))
         return ended

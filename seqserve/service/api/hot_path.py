@@ -15,6 +15,9 @@ answered here, and only here; FastAPI serves the others:
   had;
 - the answer is the route's own (`lifecycle.serve`): worker, deadline, early shedding,
   in-flight accounting and disconnects are the one lifecycle's;
+- `answer_head`: an overloaded model's refusal from the request's head alone (`shed_unread`),
+  for our uvicorn protocol to write without running the app (`web/http_protocol.py`); a
+  request it lets through is not checked a second time by `__call__`;
 - a success is encoded with the server's one JSON encoder
   (`seqserve.service.core.answers.encode_json`), a streamed answer sends itself; every
   error is the one error answer (`seqserve.service.web.responses.error_for`), as in the
@@ -49,6 +52,8 @@ NOT_JSON = "request body is not valid JSON text (malformed or not UTF-8)"
 ALLOW = [(b"allow", b"POST")]
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
+HEAD_CHECKED = "seqserve.head_checked"
+"""The scope key set once `HotPath.answer_head` found nothing to refuse."""
 
 
 class Unprocessable(Exception):
@@ -88,13 +93,24 @@ class HotPath:
         route, default, pinned = entry
         return route, name, version, default if version is None else pinned
 
+    def answer_head(self, scope: Scope, found: Found) -> Answer | None:
+        """The refusal of a POST to an overloaded model from its head alone (`shed_unread`:
+        the model's expected wait against the deadline the headers allow), else None."""
+        _, name, version, _ = found
+        if name is None or scope["method"] != "POST":
+            return None
+        _name_route(scope, found)
+        try:
+            shed_unread(self.state, asgi_call(scope, _unused, name, version))
+        except ServiceError as exc:
+            return service_error_for(scope, exc)
+        scope[HEAD_CHECKED] = True
+        return None
+
     async def __call__(self, scope: Scope, body: bytes, receive: Receive, send: Send,
                        found: Found) -> None:
-        route, name, version, template = found
-        if name is not None:
-            scope["path_params"] = {"name": name} | ({"version": version} if version else {})
-        scope["endpoint_name"] = route.name
-        scope["route_path"] = template
+        route, name, version, _ = found
+        _name_route(scope, found)
         if scope["method"] != "POST":
             await send_answer(send, error_for(scope, 405, "Method Not Allowed", headers=ALLOW))
             return
@@ -108,7 +124,7 @@ class HotPath:
         bug: Exception | None = None
         try:
             call = asgi_call(scope, receive, name or "", version)
-            if name is not None:
+            if name is not None and not scope.get(HEAD_CHECKED):
                 shed_unread(self.state, call)  # the cheap refusal, before parsing
             parsed = _parse(route, body, scope)
             if route.model_of is not None:  # the model the body names: metrics, access log
@@ -138,6 +154,21 @@ class HotPath:
         await send_answer(send, answer)
         if bug is not None:
             raise bug
+
+
+def _name_route(scope: Scope, found: Found) -> None:
+    """Record the matched route in the scope (its model and version as path parameters):
+    the request metrics and the access log read them."""
+    route, name, version, template = found
+    if name is not None:
+        scope["path_params"] = {"name": name} | ({"version": version} if version else {})
+    scope["endpoint_name"] = route.name
+    scope["route_path"] = template
+
+
+async def _unused() -> Any:
+    """The `receive` of a call made from a request's head: never called (nothing is read)."""
+    raise RuntimeError("a request's head has no body to receive")
 
 
 def _parse(route: Route, body: bytes, scope: Scope) -> Any:
@@ -190,6 +221,11 @@ class HotPathRouter:
     def __init__(self, fast: HotPath, fallback: ASGIApp) -> None:
         self.fast = fast
         self.fallback = fallback
+
+    def answer_head(self, scope: Scope) -> Answer | None:
+        """`HotPath.answer_head` for an inference route, else None."""
+        found = self.fast.match(scope["path"])
+        return None if found is None else self.fast.answer_head(scope, found)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from seqserve.service.api import routes
 from seqserve.service.api.common import describe_errors
 from seqserve.service.api.hot_path import HotPath, HotPathRouter
-from seqserve.service.core.answers import bug_message
+from seqserve.service.core.answers import Answer, bug_message
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import freeze_heap
@@ -107,6 +107,12 @@ class SeqserveApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.entry(scope, receive, send)
+
+    def answer_head(self, scope: Scope) -> Answer | None:
+        """The chain's answer from a request's head alone (`web/http_protocol.py`: a refusal
+        written without running the app), or None."""
+        inner = getattr(self.entry, "answer_head", None)
+        return None if inner is None else inner(scope)  # type: ignore[no-any-return]
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -9,7 +9,9 @@ The outermost middleware of the app:
   path template), model, version, status, queue/compute/total ms, request id, client. Client
   errors (4xx) are this one line, no traceback. Refusals (429, 503) are logged at most 10 a
   second per process, the next logged one saying how many were left out
-  (`refusals_not_logged`; `RefusalLines`): the metrics count every one;
+  (`refusals_not_logged`; `RefusalLines`): the metrics count every one; a refusal whose line
+  is left out may be answered from the request's head (`answer_head`, for the uvicorn
+  protocol: `web/http_protocol.py`), one whose line is due goes the full path that logs it;
 - an exception that escapes the routes (a server bug, answered 500 by the app's handler) is
   logged once, here, as that request's line with a short traceback (`seqserve.service.core.logs`);
   uvicorn's own copy of the same traceback ("Exception in ASGI application") is filtered out.
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seqserve.service.core.answers import bug_message
+from seqserve.service.core.answers import Answer, bug_message
 from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
@@ -77,6 +79,10 @@ class RefusalLines:
         self.second = 0
         self.lines = 0
         self.hidden = 0
+
+    def full(self, now: float) -> bool:
+        """Whether a refusal at `now` would be left out (this second's lines are used)."""
+        return int(now) == self.second and self.lines >= self.per_s
 
     def admit(self, now: float) -> int | None:
         """None: leave this refusal's line out; else log it, with this many left out
@@ -155,6 +161,28 @@ class AccessLogMiddleware:
                     return
                 hidden = left_out
             self._log(scope, rid, code, start, None, hidden)
+
+    def answer_head(self, scope: Scope) -> Answer | None:
+        """The app's answer from the request's head (`answer_head` of the app inside: a
+        refusal), with its request id; None when the app has none, or when the line of a
+        refusal now would be logged (the full path logs it, with what only it knows: the
+        client behind a proxy)."""
+        inner = getattr(self.app, "answer_head", None)
+        if inner is None:
+            return None
+        now = time.monotonic()
+        logging_on = self.enabled and log.isEnabledFor(logging.INFO)
+        if logging_on and not self.refusals.full(now):
+            return None
+        rid = request_id(scope)
+        scope.setdefault("state", {})["request_id"] = rid
+        answer = inner(scope)
+        if answer is None:
+            return None
+        status, headers, body = answer
+        if logging_on and (status not in REFUSALS or self.refusals.admit(now) is not None):
+            self._log(scope, rid, status, now, None)  # (only refusals come here: a safeguard)
+        return status, [*(h for h in headers if h[0] != HEADER), (HEADER, rid.encode())], body
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,
              exc: Exception | None, hidden: int = 0) -> None:

@@ -26,6 +26,7 @@ from pydantic import SecretStr
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.models.errors import UserError
+from seqserve.service.core.answers import Answer
 from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
@@ -121,6 +122,18 @@ class ApiKeyMiddleware:
         self.digests = digests
         self.auth_health = auth_health
         self.auth_metrics = auth_metrics
+
+    def answer_head(self, scope: Scope) -> Answer | None:
+        """The app's answer from the request's head (`web/http_protocol.py`) once the request
+        holds a valid key; None without one (the full path answers its 401)."""
+        inner = getattr(self.app, "answer_head", None)
+        if inner is None:
+            return None
+        if not is_open(scope["path"], self.auth_health, self.auth_metrics):
+            key = presented_key(scope)
+            if key is None or not key_matches(key, self.digests):
+                return None
+        return inner(scope)  # type: ignore[no-any-return]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_open(scope["path"], self.auth_health,

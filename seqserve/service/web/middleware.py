@@ -22,7 +22,11 @@
 - answers CORS preflights and adds the CORS headers to answers (`cors_origins`: see
   `seqserve.service.web.cors`), before the API-key and content-type checks;
 - adds `Server-Timing` (queue, compute, total in ms) to every response;
-- counts requests and observes durations into the app's metrics.
+- counts requests and observes durations into the app's metrics;
+- `answer_head`: the same answer from a request's head alone, where the head decides it (a
+  refusal: max_in_flight, or the route's own refusal of an overloaded model), for our uvicorn
+  protocol to write without running the app (`web/http_protocol.py`); None wherever the body,
+  CORS or the drain could change the answer.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from seqserve.service.core.answers import Answer
 from seqserve.service.web.cors import Cors
 from seqserve.service.web.responses import error_for, send_answer
 
@@ -208,6 +213,35 @@ class ServingMiddleware:
         finally:
             self.state.admitted -= counted
 
+    def answer_head(self, scope: Scope) -> Answer | None:
+        """The answer `__call__` gives an inference POST, from its head alone: a refusal
+        (max_in_flight here, or the app's own `answer_head`: an overloaded model), with its
+        Server-Timing and counted in the metrics; None when the full path must answer: a
+        body it would refuse by type, coding or announced size (those answers come first
+        there), a CORS request, the drain (its `Connection: close`)."""
+        if scope["method"] != "POST" or not scope["path"].startswith(INFERENCE) \
+                or self.state.draining or isinstance(_body_kind(scope), str) \
+                or _announced_over(scope, self.state.settings.max_body_bytes):
+            return None
+        if self.cors is not None and self.cors.origin(scope) is not None:
+            return None
+        start = time.monotonic()
+        refusal = self._refusal(scope, True)
+        answer: Answer | None
+        if refusal is not None:
+            code, message, retry_after, extra = refusal
+            answer = error_for(scope, code, message, retry_after=retry_after, headers=extra)
+        else:
+            inner = getattr(self.app, "answer_head", None)
+            answer = inner(scope) if inner is not None else None
+            if answer is None:
+                return None
+        status, headers, body = answer
+        self._observe(scope, status, time.monotonic() - start)
+        headers = [h for h in headers if h[0] != b"server-timing"]
+        headers.append((b"server-timing", _timing(scope, start)))
+        return status, headers, body
+
     @property
     def admitted(self) -> int:
         """Inference requests this process works on (`AppState.admitted`: HTTP and gRPC)."""
@@ -239,13 +273,8 @@ class ServingMiddleware:
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole body, or None when it is (or announces itself) over the limit."""
         limit = self.state.settings.max_body_bytes
-        for key, value in scope.get("headers", []):
-            if key == b"content-length":
-                try:
-                    if int(value) > limit:
-                        return None
-                except ValueError:
-                    return None
+        if _announced_over(scope, limit):
+            return None
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -266,14 +295,8 @@ class ServingMiddleware:
                 status["code"] = int(message["status"])
                 status["observed"] = 1  # before the client can see the answer
                 self._observe(scope, status["code"], time.monotonic() - start)
-                call = scope.get("state", {}).get("call")
-                queue_ms = call.queue_s * 1000 if call else 0.0
-                compute_ms = call.compute_s * 1000 if call else 0.0
-                total_ms = (time.monotonic() - start) * 1000
-                value = (f"queue;dur={queue_ms:.3f}, compute;dur={compute_ms:.3f}, "
-                         f"total;dur={total_ms:.3f}")
                 headers = [h for h in message.get("headers", []) if h[0] != b"server-timing"]
-                headers.append((b"server-timing", value.encode()))
+                headers.append((b"server-timing", _timing(scope, start)))
                 if self.state.draining and not any(h[0] == b"connection" for h in headers):
                     headers.append((b"connection", b"close"))  # no reuse of a closing server
                 message = {**message, "headers": headers}
@@ -297,6 +320,29 @@ class ServingMiddleware:
         if call is not None and call.computed:
             queue.observe(call.queue_s)
             compute.observe(call.compute_s)
+
+
+def _announced_over(scope: Scope, limit: int) -> bool:
+    """Whether a Content-Length of the request is over `limit` (or not a number)."""
+    for key, value in scope.get("headers", []):
+        if key == b"content-length":
+            try:
+                if int(value) > limit:
+                    return True
+            except ValueError:
+                return True
+    return False
+
+
+def _timing(scope: Scope, start: float) -> bytes:
+    """The Server-Timing value of a request that started at `start` (its call's queue and
+    compute, in ms)."""
+    call = scope.get("state", {}).get("call")
+    queue_ms = call.queue_s * 1000 if call else 0.0
+    compute_ms = call.compute_s * 1000 if call else 0.0
+    total_ms = (time.monotonic() - start) * 1000
+    return (f"queue;dur={queue_ms:.3f}, compute;dur={compute_ms:.3f}, "
+            f"total;dur={total_ms:.3f}").encode()
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

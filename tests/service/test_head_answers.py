@@ -1,0 +1,172 @@
+"""Refusals answered from the request's head (`web/http_protocol.py` `answer_head`): under
+overload the protocol writes the app's 429 without running the app, and that answer is the
+one the app gives (status, headers, body, metrics), on a connection that goes on serving."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from server_support import RawConnection
+from service_fakes import FakeRuntime, fake_factory, serve_in_thread, served
+
+from seqserve.service.server.app import create_app
+from seqserve.service.web.http_protocol import guarded_protocol
+from seqserve.service.web.settings import Settings
+
+MODEL = "tiny-clf"
+URL = f"/v1/models/{MODEL}/classify"
+BODY = b'{"texts": ["one two"]}'
+JSON = {"content-type": "application/json"}
+
+
+class CountingEntry:
+    """The app's middleware chain, counting the requests that reach it (the full path);
+    its `answer_head` is the chain's."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.calls += 1
+        await self.inner(scope, receive, send)
+
+    def answer_head(self, scope: Any) -> Any:
+        return self.inner.answer_head(scope)
+
+
+def _served(tiny_repo: Path, **settings: Any) -> tuple[Any, CountingEntry, Any]:
+    runtime = FakeRuntime()
+    app = create_app(Settings(repo=tiny_repo, warmup=False, max_queue_wait_s=0.5, **settings),
+                     fake_factory(runtime))
+    entry = CountingEntry(app.entry)
+    app.entry = entry
+    server = serve_in_thread(app, http=guarded_protocol(5.0, answer_head=app.answer_head))
+    return app, entry, server
+
+
+def _overloaded(app: Any) -> Any:
+    batcher = served(app, MODEL).batcher
+    batcher.expected_wait = lambda: 2.0
+    return batcher
+
+
+def _count(text: str, status: str) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "seqserve_requests_total" and sample.labels == {
+                    "endpoint": "classify", "model": MODEL, "status": status}:
+                return sample.value
+    return 0.0
+
+
+def test_a_refusal_from_the_head_is_the_apps_own_answer(
+        tiny_repo: Path, caplog: Any) -> None:
+    """40 requests to an overloaded model on one connection within a second or two: the
+    first of each second go the full path (their access lines are due), the rest are answered
+    from their heads; every answer the same 429 (headers but the date and timing, body),
+    each counted once in the metrics and the access log's count of the lines left out; the
+    connection then serves a plain request."""
+    caplog.set_level(logging.INFO, logger="seqserve.access")
+    app, entry, server = _served(tiny_repo)
+    with server as base:
+        conn = RawConnection(base)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 200
+        batcher = _overloaded(app)
+        before = entry.calls
+        answers = [conn.request("POST", URL, BODY, {**JSON, "x-request-id": "same-id"})
+                   for _ in range(40)]
+        full = entry.calls - before
+        time.sleep(1.05)  # a new second: the next refusal's line is due (the full path)
+        answers.append(conn.request("POST", URL, BODY, {**JSON, "x-request-id": "same-id"}))
+        assert entry.calls - before == full + 1
+        del batcher.expected_wait
+        assert conn.request("POST", URL, BODY, JSON)[0] == 200  # same connection
+        metrics = httpx.get(base + "/metrics").text
+        conn.close()
+    assert 10 <= full <= 30, full  # 10 access lines a second; the rest from the head
+    lines = [r for r in caplog.records if getattr(r, "fields", {}).get("status") == 429]
+    assert len(lines) == full + 1
+    assert sum(r.fields.get("refusals_not_logged", 0) for r in lines) == 40 - full
+    status, headers, body = answers[0]
+    assert status == 429 and float(headers["retry-after"]) >= 2
+    assert b"overloaded: expected queue wait 2.000 s" in body and b"same-id" in body
+    varying = {"date", "server-timing"}
+    for other in answers[1:]:
+        assert other[0] == status and other[2] == body
+        assert {k: v for k, v in other[1].items() if k not in varying} == \
+            {k: v for k, v in headers.items() if k not in varying}
+        assert other[1]["server-timing"].startswith("queue;dur=0.000, compute;dur=0.000")
+    assert _count(metrics, "429") == 41
+    assert _count(metrics, "200") == 2
+
+
+def test_the_head_leaves_to_the_app_what_it_answers_first(tiny_repo: Path) -> None:
+    """Under the same overload, what the full path answers before the model's refusal keeps
+    its own answer: a body of a type it does not read (415), one over max_body_bytes by its
+    Content-Length (413), no API key (401: nothing about the model shows), a route or model
+    it does not serve (404), a GET (405)."""
+    app, entry, server = _served(tiny_repo, api_key="k3y", max_body_bytes=1000)
+    key = {**JSON, "authorization": "Bearer k3y"}
+    with server as base:
+        conn = RawConnection(base)
+        assert conn.request("POST", URL, BODY, key)[0] == 200
+        _overloaded(app)
+        for _ in range(30):  # past this second's access lines: the head answers refusals
+            assert conn.request("POST", URL, BODY, key)[0] == 429
+        before = entry.calls
+        assert conn.request("POST", URL, BODY, {**key, "content-type": "text/plain"})[0] == 415
+        assert conn.request("POST", URL, b"x" * 1001, key)[0] == 413
+        assert conn.request("POST", URL, BODY, JSON)[0] == 401
+        assert conn.request("POST", "/v1/models/nope/classify", BODY, key)[0] == 404
+        assert conn.request("GET", URL, b"", key)[0] == 405
+        assert entry.calls - before == 5  # each by the full path
+        assert conn.request("POST", URL, BODY, key)[0] == 429
+        conn.close()
+
+
+def test_a_body_sent_after_the_refusal_is_dropped_and_the_connection_serves_on(
+        tiny_repo: Path) -> None:
+    """A refused request whose body comes after its answer (in pieces), then two requests
+    pipelined in one write: the body is read and dropped, each request gets its own answer
+    in order, and the connection stays open."""
+    app, entry, server = _served(tiny_repo, access_log=False)
+    with server as base:
+        host, port = base.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        batcher = _overloaded(app)
+        head = (f"POST {URL} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"content-length: {len(BODY)}\r\n\r\n").encode()
+        sock.sendall(head)
+        first = _read_answer(sock)
+        assert first.startswith(b"HTTP/1.1 429 "), first
+        for i in range(0, len(BODY), 5):  # the body, after its answer
+            sock.sendall(BODY[i:i + 5])
+            time.sleep(0.01)
+        del batcher.expected_wait
+        sock.sendall(head + BODY + head + BODY)
+        second, third = _read_answer(sock), _read_answer(sock)
+        assert second.startswith(b"HTTP/1.1 200 ") and third.startswith(b"HTTP/1.1 200 ")
+        assert entry.calls == 2  # the refusal never reached the app
+        sock.close()
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    """One whole answer (status line, headers, a Content-Length body) off `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(1)
+        assert chunk, "connection closed"
+        data += chunk
+    size = next(int(line.split(b":", 1)[1]) for line in data.split(b"\r\n")
+                if line.lower().startswith(b"content-length:"))
+    while len(data) < data.index(b"\r\n\r\n") + 4 + size:
+        data += sock.recv(1)
+    return data

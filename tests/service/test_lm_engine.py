@@ -46,6 +46,8 @@ def test_generate_score_and_stream_through_the_engine(server: Server) -> None:
     assert whole.status_code == 200, whole.text
     results = whole.json()["results"]
     assert len(results) == 4 and all(r["finish_reason"] == "length" for r in results)
+    timing = dict(part.strip().split(";dur=") for part in whole.headers["server-timing"].split(","))
+    assert float(timing["queue"]) > 0  # the engine's admission wait, carried by its frames
     texts: dict[tuple[int, int], str] = {}
     with httpx.stream("POST", f"{url}/v1/models/endless-lm/generate",
                       json={**body, "stream": True}, timeout=30) as r:

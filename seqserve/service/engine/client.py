@@ -351,8 +351,9 @@ class EngineClient:
         events = [TokenEvent(i, None if t < 0 else t, lp,
                              tuple(map(tuple, top)) if top else (), f)  # type: ignore[arg-type]
                   for i, t, lp, top, f in msg.events]
-        for j, cached, state, key, drawn in msg.extras:
+        for j, cached, queued, state, key, drawn in msg.extras:
             events[j].cached = cached
+            events[j].queued = queued
             if state is not None:
                 events[j].state = (state, key, drawn)
         open_[0] -= sum(1 for e in events if e.finish is not None)

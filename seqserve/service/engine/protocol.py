@@ -219,9 +219,10 @@ class Tokens(msgspec.Struct, tag="tokens", array_like=True):
     id: int
     events: list[tuple[int, int, float, list[tuple[int, float]], str | None]]
     wait: float | None = None
-    extras: list[tuple[int, int, bytes | None, int, int]] = []
-    """Events that carry more (rare): (position in `events`, cached prompt tokens, the
-    finished sequence's state bytes or None, its stream key, its draws)."""
+    extras: list[tuple[int, int, float, bytes | None, int, int]] = []
+    """Events that carry more (a sequence's first, a finished one with its state): (position
+    in `events`, cached prompt tokens, seconds its request waited for admission, the finished
+    sequence's state bytes or None, its stream key, its draws)."""
 
 
 class Failure(msgspec.Struct, tag="failure", array_like=True):

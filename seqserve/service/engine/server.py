@@ -256,8 +256,9 @@ class EngineServer:
                         (e.index, -1 if e.token is None else e.token, e.logprob,
                          e.top, e.finish)  # type: ignore[misc]
                         for e in events], wait, [
-                        (j, e.cached, *(e.state or (None, 0, 0)))  # type: ignore[misc]
-                        for j, e in enumerate(events) if e.cached or e.state is not None])
+                        (j, e.cached, e.queued, *(e.state or (None, 0, 0)))  # type: ignore[misc]
+                        for j, e in enumerate(events)
+                        if e.cached or e.queued or e.state is not None])
                 except Exception as exc:  # our bug: this generation fails, the others go on
                     self._cancel(key)
                     self._send(identity, _failure(msg.id, exc, wait))

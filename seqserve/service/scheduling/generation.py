@@ -81,8 +81,8 @@ class TokenEvent:
     cached: int = 0
     """A sequence's first event: prompt tokens a cached prefix saved (`prefix_cache`)."""
     queued: float = 0.0
-    """A sequence's first event: seconds its request waited for admission (the in-process
-    scheduler's; 0 from the engine process, whose frames do not carry it)."""
+    """A sequence's first event: seconds its request waited for admission (in this process
+    or in the engine's: its frames carry it, `engine.protocol.Tokens.extras`)."""
     state: tuple[bytes, int, int] | None = None
     """A finish event of a request with `return_state`: the sequence's flat state before its
     last token (float32 bytes; the token is this event's), its stream's key and draws."""

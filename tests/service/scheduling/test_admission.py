@@ -329,9 +329,10 @@ def test_the_wait_margin_is_a_high_quantile_of_what_waits_turned_out_to_be() -> 
 
 
 def test_the_margin_follows_the_admitted_waits_back_under_the_bound_slowly() -> None:
-    """Waits the estimate predicted exactly (the quantile stays 1) that still pass the bound
-    grow the margin's tail by their overshoot, at most 10% each TAIL_EVERY_S; waits well
-    under the bound shrink it by 2% each time, back to 1. Without a bound, no tail."""
+    """Waits the estimate predicted exactly (the quantile stays 1) that still pass 0.9 of
+    the bound (its aim) grow the margin's tail by their overshoot, at most 10% each
+    TAIL_EVERY_S; waits under 0.8 of the bound shrink it by 2% each time, back to 1; waits
+    between the two leave it. Without a bound, no tail."""
     from seqserve.service.scheduling.base import WaitMargin
 
     now = [0.0]
@@ -347,10 +348,15 @@ def test_the_margin_follows_the_admitted_waits_back_under_the_bound_slowly() -> 
     feed(0.6, WaitMargin.EVERY * 3)  # 48 calls, 2.4 s: recomputed at 0.8, 1.6, 2.4 s
     assert margin.tail == pytest.approx(1.1 ** 3) and margin.factor == pytest.approx(1.331)
     assert free.tail == 1.0 and free.factor == 1.0
-    feed(0.3, WaitMargin.EVERY)  # the window now holds only waits under 0.9 of the bound
+    feed(0.3, WaitMargin.EVERY)  # the window now holds only waits under 0.8 of the bound
     assert margin.tail == pytest.approx(1.1 ** 3 / 1.02)
     feed(0.3, WaitMargin.EVERY * 40)
     assert margin.tail == 1.0 and margin.factor == 1.0
+    feed(0.47, WaitMargin.EVERY)  # under the bound, over its aim (0.45 s): grows by 0.47 / 0.45
+    assert margin.tail == pytest.approx(0.47 / 0.45)
+    feed(0.42, WaitMargin.EVERY * 4)  # between 0.8 and 0.9 of the bound: stays
+    assert margin.tail == pytest.approx(0.47 / 0.45)
+    feed(0.3, WaitMargin.EVERY * 40)
     now[0] += 10
     for _ in range(WaitMargin.EVERY * 3):  # no time passes: at most one step
         margin.observe([(0.9, 0.9, 1.0)] * 64)

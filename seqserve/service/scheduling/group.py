@@ -31,6 +31,11 @@ class MemoryBank:
     def width(self) -> int:
         return self.memory.shape[1]
 
+    @property
+    def key_dim(self) -> int | None:
+        """The keys' width A, None when the bank holds no keys."""
+        return None if self.keys is None else self.keys.shape[2]
+
     def _planes(self) -> list[np.ndarray]:
         return [self.memory] if self.keys is None else [self.memory, self.keys]
 
@@ -43,8 +48,7 @@ class MemoryBank:
         if self.used + n > capacity:
             capacity = max(2 * capacity, self.used + n, 8)
         width = int(max(self.lengths[: self.used].max(initial=0), lengths.max()))
-        self._resize(capacity, width, memory.shape[2],
-                     None if keys is None else keys.shape[2])
+        self._resize(capacity, width, memory.shape[2], None if keys is None else keys.shape[2])
         slots = np.arange(self.used, self.used + n)
         s = min(width, memory.shape[1])
         valid = np.arange(width)[None] < lengths[:, None]  # (n, S)
@@ -75,8 +79,7 @@ class MemoryBank:
         self.used = left
         longest = int(self.lengths[:left].max(initial=0))
         if longest < self.width:
-            self._resize(len(self.lengths), longest, self.memory.shape[2],
-                         None if self.keys is None else self.keys.shape[2])
+            self._resize(len(self.lengths), longest, self.memory.shape[2], self.key_dim)
         return moved
 
     def view(self) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +91,7 @@ class MemoryBank:
         return None if self.keys is None else self.keys[: self.used]
 
     def _resize(self, capacity: int, width: int, dim: int, key_dim: int | None) -> None:
-        same_keys = (self.keys is None if key_dim is None
-                     else self.keys is not None and self.keys.shape[2] == key_dim)
-        if (capacity, width, dim) == self.memory.shape and same_keys:
+        if (capacity, width, dim) == self.memory.shape and key_dim == self.key_dim:
             return
         n, s = self.used, min(width, self.width)
         memory = np.zeros((capacity, width, dim), np.float32)  # (slots, S, D)
@@ -99,7 +100,7 @@ class MemoryBank:
         keys = None
         if key_dim is not None:
             keys = np.zeros((capacity, width, key_dim), np.float32)  # (slots, S, A)
-            if self.keys is not None and self.keys.shape[2] == key_dim:
+            if self.keys is not None and self.key_dim == key_dim:
                 keys[:n, :s] = self.keys[:n, :s]
         mask = np.zeros((capacity, width), bool)  # (slots, S)
         mask[:n, :s] = self.mask[:n, :s]

@@ -220,8 +220,7 @@ class ServingMiddleware:
         body it would refuse by type, coding or announced size (those answers come first
         there), a CORS request, the drain (its `Connection: close`)."""
         if scope["method"] != "POST" or not scope["path"].startswith(INFERENCE) \
-                or self.state.draining or isinstance(_body_kind(scope), str) \
-                or _announced_over(scope, self.state.settings.max_body_bytes):
+                or self.state.draining:
             return None
         if self.cors is not None and self.cors.origin(scope) is not None:
             return None
@@ -234,8 +233,11 @@ class ServingMiddleware:
         else:
             inner = getattr(self.app, "answer_head", None)
             answer = inner(scope) if inner is not None else None
-            if answer is None:
+            if answer is None:  # (most requests: asked first, the checks below only then)
                 return None
+        if isinstance(_body_kind(scope), str) or _announced_over(
+                scope, self.state.settings.max_body_bytes):
+            return None  # the full path's 415 / 413 come first
         status, headers, body = answer
         self._observe(scope, status, time.monotonic() - start)
         headers = [h for h in headers if h[0] != b"server-timing"]

@@ -15,8 +15,10 @@ printed: a lag over 50 ms means the generator fell behind). Printed: goodput (2x
 capacity, the admitted requests' p99 latency from their scheduled send and their p99 queue
 wait (Server-Timing `queue`) against the bound, refusals (429; how many carried
 Retry-After), other errors; and from the server's /metrics, the wait estimate's error over
-the run (`seqserve_queue_wait_estimate_error_seconds`, actual minus expected queue wait: its
-median and the share of admitted work whose estimate ran more than 0.1 s high or low).
+the run (`seqserve_queue_wait_estimate_error_seconds`, actual minus expected queue wait, and
+`seqserve_queue_wait_model_error_seconds`, actual minus the cost model's estimate before the
+margin: each one's median and the share of admitted work whose estimate ran more than 0.1 s
+high or low).
 long64: a closed loop of 64 connections on long langid texts (10-60 words, bench/peers'
 long workload), one text a request: its p99 and its refusals.
 
@@ -52,7 +54,10 @@ from bench import opengen  # noqa: E402
 from bench.opengen import SETTLE_S  # noqa: E402
 from bench.serving import wait_ready  # noqa: E402
 
-ERROR_METRIC = "seqserve_queue_wait_estimate_error_seconds"
+ERROR_METRICS = {"admitted": "seqserve_queue_wait_estimate_error_seconds",
+                 "model": "seqserve_queue_wait_model_error_seconds"}
+"""The wait's error against what admission expected, and against the cost model's estimate
+before its margin."""
 
 REASONS = ("overloaded: expected queue wait", "cannot take it in time: expected queue wait",
            "left", "queue is full", "queue full", "in flight")
@@ -232,18 +237,28 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def error_buckets(url: str, model: str) -> dict[float, float]:
-    """Cumulative counts by upper bound of the wait estimate's error for `model`."""
+def error_buckets(url: str, model: str) -> dict[str, dict[float, float]]:
+    """Per `ERROR_METRICS` kind, cumulative counts by upper bound of the wait's error for
+    `model`."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    out: dict[float, float] = collections.defaultdict(float)
+    out: dict[str, dict[float, float]] = {k: collections.defaultdict(float)
+                                          for k in ERROR_METRICS}
+    names = {f"{name}_bucket": kind for kind, name in ERROR_METRICS.items()}
     text = httpx.get(f"{url}/metrics", timeout=30).text
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == f"{ERROR_METRIC}_bucket" and s.labels.get("model") == model:
-                out[float(s.labels["le"])] += s.value
+            kind = names.get(s.name)
+            if kind is not None and s.labels.get("model") == model:
+                out[kind][float(s.labels["le"])] += s.value
     return out
+
+
+def error_summaries(before: dict[str, dict[float, float]],
+                    after: dict[str, dict[float, float]]) -> dict[str, dict[str, Any]]:
+    """`error_summary` of each kind."""
+    return {kind: error_summary(before[kind], after[kind]) for kind in ERROR_METRICS}
 
 
 def error_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
@@ -317,7 +332,7 @@ def run_workload(name: str, url: str, args: argparse.Namespace,
         before = error_buckets(url, base["model"])
         res = generate([spec])
         rows.append(row(name, "closed 64", spec, res, None, load0, args,
-                        error_summary(before, error_buckets(url, base["model"])), 1, url))
+                        error_summaries(before, error_buckets(url, base["model"])), 1, url))
         return rows
     cap_spec = {**base, "concurrency": args.capacity_concurrency,
                 "duration_s": args.capacity_duration}
@@ -333,7 +348,7 @@ def run_workload(name: str, url: str, args: argparse.Namespace,
     load0 = uptime()
     before = error_buckets(url, base["model"])
     res = generate(specs)
-    errors = error_summary(before, error_buckets(url, base["model"]))
+    errors = error_summaries(before, error_buckets(url, base["model"]))
     rows.append(row(name, f"open {args.overload:g}x = {rate:.0f}/s", {**specs[0], "rate": rate},
                     res, capacity, load0, args, errors, g, url))
     return rows
@@ -369,14 +384,18 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
     }
 
 
-def fmt_errors(e: dict[str, Any] | None) -> str:
-    if not e:
+def fmt_errors(errors: dict[str, dict[str, Any]] | None) -> str:
+    if not errors:
         return "-"
-    if not e.get("count"):
-        return "none"
-    lo, hi = e["median"]
-    return (f"n {e['count']}, median in ({lo:g}, {hi:g}] s, "
-            f">0.1 s high {e['high']:.0%}, >0.1 s low {e['low']:.0%}")
+    parts = []
+    for kind, e in errors.items():
+        if not e.get("count"):
+            parts.append(f"{kind}: none")
+            continue
+        lo, hi = e["median"]
+        parts.append(f"{kind}: n {e['count']}, median in ({lo:g}, {hi:g}] s, "
+                     f">0.1 s high {e['high']:.0%}, >0.1 s low {e['low']:.0%}")
+    return "; ".join(parts)
 
 
 def why(r: dict[str, Any]) -> str:
@@ -391,7 +410,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = ("| workload | load | 2xx/s | goodput / capacity | p50 / p99 ms | queue p99 ms (after "
             f"the first {SETTLE_S:g} s) | "
             "compute p99 ms | 429 (with Retry-After) | other errors | dropped / scheduled | "
-            "send lag p99 ms | wait estimate error | CPU ms per request: server, "
+            "send lag p99 ms | wait estimate error (admitted: against the expected wait; "
+            "model: against the cost model before the margin) | CPU ms per request: server, "
             "generators (their load only) | cores busy: server, generators | load avg |")
     lines = [head, "|" + "|".join(" --- " for _ in range(head.count("|") - 1)) + "|"]
     for r in rows:

@@ -14,20 +14,21 @@ from process_support import serve
 from prometheus_client.parser import text_string_to_metric_families
 
 NAME = "seqserve_queue_wait_estimate_error_seconds"
+MODEL_NAME = "seqserve_queue_wait_model_error_seconds"
 
 
-def _histogram(metrics: str) -> dict[str, dict[str, float]]:
+def _histogram(metrics: str, name: str = NAME) -> dict[str, dict[str, float]]:
     """model -> {"count", "sum", "le=BOUND": cumulative count} of the error histogram."""
     out: dict[str, dict[str, float]] = collections.defaultdict(
         lambda: collections.defaultdict(float))
     for family in text_string_to_metric_families(metrics):
         for s in family.samples:
             model = s.labels.get("model", "")
-            if s.name == f"{NAME}_count":
+            if s.name == f"{name}_count":
                 out[model]["count"] += s.value
-            elif s.name == f"{NAME}_sum":
+            elif s.name == f"{name}_sum":
                 out[model]["sum"] += s.value
-            elif s.name == f"{NAME}_bucket":
+            elif s.name == f"{name}_bucket":
                 out[model][f"le={float(s.labels['le']):g}"] += s.value
     return out
 
@@ -51,7 +52,8 @@ def test_a_burst_leaves_wait_estimate_errors_per_model_in_metrics(tiny_repo: Pat
         assert not any(h["count"] for h in before.values()), before
         statuses = asyncio.run(_burst(server.url, 64))
         statuses += asyncio.run(_burst(server.url, 64))
-        after = _histogram(httpx.get(f"{server.url}/metrics", timeout=30).text)
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        after, model_after = _histogram(text), _histogram(text, MODEL_NAME)
     ok = collections.Counter(("tiny-mt", "tiny-clf")[i % 2 == 0] for i, s in
                              enumerate(statuses) if s == 200)
     assert set(statuses) <= {200, 429}, statuses
@@ -62,3 +64,7 @@ def test_a_burst_leaves_wait_estimate_errors_per_model_in_metrics(tiny_repo: Pat
         assert seen["count"] == served > 0, (model, served, dict(seen))
         assert seen["le=2"] - seen["le=-2"] == seen["count"], dict(seen)  # all within 2 s
         assert abs(seen["sum"]) < 2 * seen["count"], dict(seen)
+        # the cost model's own error (before the margin): as many observations, as close
+        own = model_after[model]
+        assert own["count"] == served and own["le=2"] - own["le=-2"] == served, dict(own)
+        assert own["sum"] >= seen["sum"] - 1e-9  # the margin (>= 1) only lengthens estimates

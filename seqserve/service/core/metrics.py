@@ -149,6 +149,13 @@ class Metrics:
             "high. Rows of a batcher, sources of a translator, requests of a language model; "
             "an unmeasured estimate counts as 0 (admission takes it as no wait).",
             WAIT_ERROR_BUCKETS)
+        self.wait_model_error = histogram(
+            "seqserve_queue_wait_model_error_seconds",
+            "Admitted work: its actual queue wait minus the scheduler's cost model's estimate "
+            "before the margin admission adds for the estimate's own recent error (what "
+            "seqserve_queue_wait_estimate_error_seconds measures is this estimate times that "
+            "margin): how well the model predicts, apart from the safety admission keeps.",
+            WAIT_ERROR_BUCKETS)
         self.session_refusals = counter(
             "seqserve_session_refusals", "Session chunks the session table refused, by "
             "reason: full (max_sessions), busy (a chunk in flight), unknown (not live).",
@@ -277,9 +284,8 @@ class ModelMetrics:
         self.expired_sessions = m.expired_sessions.labels(model)
         self.session_capacity = m.session_capacity.labels(model)
         self._session_refusals = m.session_refusals
-        wait_error = m.wait_estimate_error.labels(model)
-        self._wait_error_sum = wait_error._sum  # noqa: SLF001
-        self._wait_error_buckets = wait_error._buckets  # noqa: SLF001
+        self._wait_errors = [(h._sum, h._buckets) for h in (  # noqa: SLF001
+            m.wait_estimate_error.labels(model), m.wait_model_error.labels(model))]
         self._model = model
         self._cache = {e: m.prefix_cache.labels(model, e) for e in ("hit", "miss", "evicted")}
         self._cache_tokens = m.prefix_cache_tokens.labels(model)
@@ -335,19 +341,22 @@ class ModelMetrics:
         """A chunk the session table refused: "full", "quota", "busy" or "unknown"."""
         self._session_refusals.labels(self._model, reason).inc()
 
-    def on_wait_errors(self, errors: Sequence[float]) -> None:
+    def on_wait_errors(self, errors: Sequence[float], model_errors: Sequence[float]) -> None:
         """Counted per bucket here, then one increment per bucket touched and one of the sum
         (what `Histogram.observe` writes, ~1.5 us each in multiprocess mode; a row costs a
-        bisect here): a batch of 16 rows is one or two writes, not 16 observations."""
-        if not errors:
-            return
-        touched: dict[int, int] = {}
-        for e in errors:
-            i = bisect_left(WAIT_ERROR_BUCKETS, e)  # le semantics: e <= bound
-            touched[i] = touched.get(i, 0) + 1
-        for i, n in touched.items():
-            self._wait_error_buckets[i].inc(n)  # the last is +Inf
-        self._wait_error_sum.inc(sum(errors))
+        bisect here): a batch of 16 rows is one or two writes per histogram, not 16
+        observations."""
+        for values, (total, buckets) in zip((errors, model_errors), self._wait_errors,
+                                            strict=True):
+            if not values:
+                continue
+            touched: dict[int, int] = {}
+            for e in values:
+                i = bisect_left(WAIT_ERROR_BUCKETS, e)  # le semantics: e <= bound
+                touched[i] = touched.get(i, 0) + 1
+            for i, n in touched.items():
+                buckets[i].inc(n)  # the last is +Inf
+            total.inc(sum(values))
 
     def on_finish(self, tokens: int, seconds: float) -> None:
         self.tokens.inc(tokens)

@@ -67,9 +67,10 @@ class Observer(Protocol):
     def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
         """A session ended (its last chunk, a restart) or expired after its idle timeout."""
 
-    def on_wait_errors(self, errors: Sequence[float]) -> None:
+    def on_wait_errors(self, errors: Sequence[float], model_errors: Sequence[float]) -> None:
         """Admitted work started: per row (or request), its actual queue wait minus the wait
-        its admission expected (`expected_wait()`), seconds; once per batch or admission."""
+        its admission expected (`expected_wait()`), and minus the cost model's own estimate
+        before the margin (`WaitMargin`), seconds; once per batch or admission."""
 
 
 class NullObserver:
@@ -102,7 +103,7 @@ class NullObserver:
     def on_session_closed(self, lifetime_s: float, expired: bool) -> None:
         pass
 
-    def on_wait_errors(self, errors: Sequence[float]) -> None:
+    def on_wait_errors(self, errors: Sequence[float], model_errors: Sequence[float]) -> None:
         pass
 
 
@@ -272,16 +273,18 @@ class WaitMargin:
 
     def started(self, observer: Observer, starts: Iterable[tuple[float, Admission]]) -> None:
         """Admitted work started: (its queue wait, its request's `Admission`) per row,
-        source or request. Each one's error (actual minus expected wait) goes to `observer`;
-        each request whose work has now all started is folded in by its longest wait (a
-        request waits for its last row: its Server-Timing `queue` is that wait)."""
-        errors, whole = [], []
+        source or request. Each one's error (actual minus expected wait, and minus the
+        estimate before the margin) goes to `observer`; each request whose work has now all
+        started is folded in by its longest wait (a request waits for its last row: its
+        Server-Timing `queue` is that wait)."""
+        errors, model_errors, whole = [], [], []
         for wait, admission in starts:
             errors.append(wait - admission.expected)
+            model_errors.append(wait - admission.expected / admission.margin)
             done = admission.started(wait)
             if done is not None:
                 whole.append(done)
-        observer.on_wait_errors(errors)
+        observer.on_wait_errors(errors, model_errors)
         self.observe(whole)
 
     def __call__(self, wait: float | None) -> float | None:

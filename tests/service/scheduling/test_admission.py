@@ -406,7 +406,8 @@ def test_the_margin_learns_from_each_requests_last_row_and_the_histogram_from_ev
         def __init__(self) -> None:
             self.errors: list[float] = []
 
-        def on_wait_errors(self, errors: Sequence[float]) -> None:
+        def on_wait_errors(self, errors: Sequence[float], model_errors: Sequence[float]
+                           ) -> None:
             self.errors.extend(errors)
 
     async def scenario() -> None:
@@ -451,7 +452,7 @@ def test_a_translation_of_several_sources_is_learnt_once_by_its_last_source() ->
     fake = FakeTranslator()
     core = DecodeScheduler(fake, fake.limits, decode_config(max_queue=100, max_admit=1))
     errors: list[float] = []
-    core.observer.on_wait_errors = errors.extend  # type: ignore[method-assign]
+    core.observer.on_wait_errors = lambda e, _: errors.extend(e)  # type: ignore[method-assign]
     now = [100.0]
     core.clock = lambda: now[0]
     first, second = core.add([[5, 6], [7, 8]], SearchOptions(beam_size=2))
@@ -465,3 +466,23 @@ def test_a_translation_of_several_sources_is_learnt_once_by_its_last_source() ->
     assert core._admit() == [second]
     assert list(core.margin._ratios) == [pytest.approx(3.0)]  # 0.3 s against 0.1 s
     assert errors == [pytest.approx(0.0), pytest.approx(0.2)]
+
+
+def test_the_cost_models_own_error_is_reported_beside_the_admitted_estimates() -> None:
+    """Each started row's error goes to the observer twice: against the wait admission
+    expected (the estimate times the margin then) and against the estimate before the
+    margin (the cost model's own error, `seqserve_queue_wait_model_error_seconds`)."""
+    from seqserve.service.scheduling.base import Admission, NullObserver, WaitMargin
+
+    seen: list[tuple[list[float], list[float]]] = []
+
+    class Errors(NullObserver):
+        def on_wait_errors(self, errors: Sequence[float], model_errors: Sequence[float]
+                           ) -> None:
+            seen.append((list(errors), list(model_errors)))
+
+    margin = WaitMargin(0.5)
+    admission = Admission(expected=0.4, margin=2.0, left=2)  # the model said 0.2 s
+    margin.started(Errors(), [(0.3, admission), (0.1, admission)])
+    assert seen == [([pytest.approx(-0.1), pytest.approx(-0.3)],
+                     [pytest.approx(0.1), pytest.approx(-0.1)])]

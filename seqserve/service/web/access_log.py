@@ -152,8 +152,11 @@ class AccessLogMiddleware:
             if not status["code"]:  # nothing answered it (a bug outside the routes' handlers)
                 await _send_bug(send_with_id, scope, exc)
             raise
+        self._line(scope, rid, status["code"], start)
+
+    def _line(self, scope: Scope, rid: str, code: int, start: float) -> None:
+        """The request's access line, unless logging is off or it is a refusal left out."""
         if self.enabled and log.isEnabledFor(logging.INFO):  # no fields built for nothing
-            code = status["code"]
             hidden = 0
             if code in REFUSALS:
                 left_out = self.refusals.admit(start)
@@ -171,8 +174,7 @@ class AccessLogMiddleware:
         if inner is None:
             return None
         now = time.monotonic()
-        logging_on = self.enabled and log.isEnabledFor(logging.INFO)
-        if logging_on and not self.refusals.full(now):
+        if self.enabled and log.isEnabledFor(logging.INFO) and not self.refusals.full(now):
             return None
         rid = request_id(scope)
         scope.setdefault("state", {})["request_id"] = rid
@@ -180,8 +182,7 @@ class AccessLogMiddleware:
         if answer is None:
             return None
         status, headers, body = answer
-        if logging_on and (status not in REFUSALS or self.refusals.admit(now) is not None):
-            self._log(scope, rid, status, now, None)  # (only refusals come here: a safeguard)
+        self._line(scope, rid, status, now)  # (a refusal left out: counted, not logged)
         return status, [*(h for h in headers if h[0] != HEADER), (HEADER, rid.encode())], body
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,

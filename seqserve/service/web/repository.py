@@ -202,6 +202,9 @@ class ModelRepository:
         chosen = self.defaults.get(name)
         if chosen is not None and chosen in versions and versions[chosen].state == "ready":
             return chosen
+        if len(versions) == 1:  # the usual table (looked up 2-3 times a request: no scan)
+            for version, entry in versions.items():
+                return version if entry.state == "ready" else None
         return max((v for v, e in versions.items() if e.state == "ready"), default=None)
 
     # -- changes while serving (the model control) -----------------------------------------

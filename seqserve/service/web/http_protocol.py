@@ -48,8 +48,9 @@ A request the app can answer from its head alone is answered here, without an AS
 (`answer_head`: the app's `answer_head(scope)`, an `Answer` or None): under overload most
 requests are refusals (429 + Retry-After before the body is read), and the task, the
 middleware chain's coroutines and their sends cost more than the refusal's own decision
-(measured: 0.17-0.19 ms of server CPU per refused request through the app, 0.07 ms for the
-same bytes written here; docs/performance.md section 25). The app decides, by the same rules
+(measured: 0.17-0.19 ms of server CPU per refused request through the app, 0.11-0.13 ms
+answered here by the same rules, 0.07 ms for the bytes alone; docs/performance.md section
+25). The app decides, by the same rules
 and with the same answer as its full path (`web.middleware.ServingMiddleware.answer_head`
 says which); the request's body, when it comes, is read and dropped as for any request
 answered before its body. Only on a keep-alive connection that is not closing and whose

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.service.core.answers import Answer, bug_message
-from seqserve.service.web.responses import error_for, send_answer
+from seqserve.service.web.responses import error_for, request_id_of, send_answer
 
 if TYPE_CHECKING:
     from seqserve.service.web.settings import Settings
@@ -134,7 +134,7 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.monotonic()
-        rid = request_id(scope)
+        rid = request_id_of(scope) or request_id(scope)  # (the head's, when it asked)
         scope.setdefault("state", {})["request_id"] = rid
         status = {"code": 0}
 

@@ -68,8 +68,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
-from http import HTTPStatus
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httptools
@@ -94,11 +93,19 @@ log = logging.getLogger("seqserve.http")
 def closing_answer(status: int, message: str, shape: ErrorShape = ErrorShape.PLAIN) -> bytes:
     """A whole error response that closes the connection: the one error answer, written as
     HTTP/1.1 bytes (no request id: the request never got past its head)."""
-    status, headers, body = error_answer(status, message, shape=shape,
-                                         headers=[(b"connection", b"close")])
-    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
-    lines += [name + b": " + value for name, value in headers]
-    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+    return answer_bytes(error_answer(status, message, shape=shape,
+                                     headers=[(b"connection", b"close")]))
+
+
+def answer_bytes(answer: Answer, first: Sequence[tuple[bytes, bytes]] = ()) -> bytes:
+    """A whole answer as HTTP/1.1 bytes, the header fields `first` (the server's defaults)
+    before its own."""
+    status, headers, body = answer
+    lines = [STATUS_LINE[status]]
+    for name, value in (*first, *headers):
+        lines += (name, b": ", value, b"\r\n")
+    lines += (b"\r\n", body)
+    return b"".join(lines)
 
 
 def timeout_answer(message: str) -> bytes:
@@ -333,13 +340,8 @@ def guarded_protocol(header_timeout_s: float, *,
             """Write the app's whole answer to a request head (one write, the server's
             default headers first, as uvicorn writes a response); the request is complete
             for the connection, its body (if any) is read and dropped."""
-            status, headers, body = answer
-            lines = [STATUS_LINE[status]]
-            for name, value in (*self.server_state.default_headers, *headers):
-                lines += (name, b": ", value, b"\r\n")
-            lines += (b"\r\n", body)
             cycle.response_started = cycle.response_complete = True
-            self.transport.write(b"".join(lines))
+            self.transport.write(answer_bytes(answer, self.server_state.default_headers))
             cycle.on_response()
 
         def on_body(self, body: bytes) -> None:

@@ -231,3 +231,54 @@ def test_refusals_logged_at_most_ten_a_second_others_always(
     told = sum(r.fields.get("refusals_not_logged", 0) for r in refusals)  # type: ignore[attr-defined]
     assert len(refusals) + told == 298, (len(refusals), told)
     assert "more refusals not logged" in refusals[-1].getMessage()
+
+
+class _Writes:
+    """A stream that records each write."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> None:
+        self.writes.append(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _record(message: str, level: int = logging.INFO) -> logging.LogRecord:
+    return logging.LogRecord("seqserve.access", level, __file__, 1, message, (), None)
+
+
+def test_the_handler_writes_a_loop_turns_lines_in_one_write_in_order() -> None:
+    import asyncio
+
+    from seqserve.service.core.logs import TurnHandler
+
+    stream = _Writes()
+    handler = TurnHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.handle(_record("outside a loop"))  # no loop on this thread: at once
+    assert stream.writes == ["outside a loop\n"]
+
+    async def turns() -> list[list[str]]:
+        seen = []
+        for i in range(3):
+            handler.handle(_record(f"line {i}"))
+        seen.append(list(stream.writes))  # the turn has not ended: nothing more written
+        await asyncio.sleep(0)
+        seen.append(list(stream.writes))
+        handler.handle(_record("a"))
+        handler.handle(_record("b", logging.WARNING))  # a warning: at once, after what waits
+        seen.append(list(stream.writes))
+        handler.handle(_record("c"))
+        handler.flush()  # logging's at exit: what waits is written
+        seen.append(list(stream.writes))
+        await asyncio.sleep(0)
+        return seen
+
+    first, second, third, fourth = asyncio.run(turns())
+    assert first == ["outside a loop\n"]
+    assert second == ["outside a loop\n", "line 0\nline 1\nline 2\n"]
+    assert third[2:] == ["a\nb\n"]
+    assert fourth[3:] == ["c\n"] and stream.writes == fourth  # nothing written twice

@@ -270,6 +270,14 @@ def test_unreadable_text_says_so_and_can_be_refused(tiny_repo: Path) -> None:
             assert r.status_code == 200, r.text
             known, unknown = (x["unknown_fraction"] for x in r.json()["results"])
             assert known == 0.0 and unknown >= 0.5, (verb, known, unknown)
+        # only characters it never saw: all unknown, though SentencePiece writes a run of
+        # them as one unknown token after a known bare word mark (it said 0.5)
+        r = httpx.post(f"{url}/v1/models/{MODEL}/classify",
+                       json={"texts": ["\U0001f600" * 2000, "\u200d\U0001f99c" * 50,
+                                       f"{readable} \U0001f600"]})
+        assert [x["unknown_fraction"] for x in r.json()["results"]][:2] == [1.0, 1.0], r.text
+        mixed = r.json()["results"][2]
+        assert 0 < mixed["unknown_fraction"] < 0.5, mixed  # 1 of the text's 4-5 tokens
     strict = Settings(repo=tiny_repo, warmup=False, max_unknown_fraction=0.4)
     with serve_in_thread(create_app(strict)) as url:
         ok = httpx.post(f"{url}/v1/models/{MODEL}/classify", json={"texts": [readable]})

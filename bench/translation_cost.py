@@ -1,0 +1,185 @@
+"""Benchmark (not a test): CPU per translation, the graphs' own share beside the rest, for a
+plain batched beam search (the mosec and TorchServe translation peers' handler) in process and
+for a served seqserve, in one run on the same bundle and test sentences.
+
+    python bench/translation_cost.py --repo model_repository --sentences 2000 --seconds 10
+
+(a) the peers' handler (`bench/peers/apps/common.py` `TranslatorBundle.translate_batch`, beam
+5, batches of `--batch` sentences, one ONNX Runtime thread) translates the test sentences in
+this process: its thread's CPU per translation, the encoder's and the decoder steps' own CPU
+(thread time around each runtime call) and the row-steps it paid for. A peer server cannot
+cost less than this per translation, whatever its HTTP front.
+
+(b) `seqserve serve` (the defaults, `--log-level warning` as the peers harness runs it) under
+64 closed-loop connections of one-sentence translations (bench/opengen.c, which costs the
+machine little): the CPU of every server process per translation from /proc, split into the
+API processes' main threads (the event loop: HTTP, tokenizing, the beam search's Python)
+and their other threads (the runtime lanes: the graphs and the Python around each call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench" / "peers" / "apps"))
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str, float]:
+    """(a): the batched search's CPU per translation, its graphs' and its row-steps."""
+    from common import TranslatorBundle  # bench/peers/apps
+
+    bundle = TranslatorBundle(folder, threads=1)
+    spent = {"encoder": 0.0, "decoder": 0.0, "rows": 0.0}
+
+    def timed(session: Any, key: str) -> None:
+        run = session.run
+
+        def wrapped(names: Any, feed: dict[str, Any]) -> Any:
+            start = time.thread_time()
+            try:
+                return run(names, feed)
+            finally:
+                spent[key] += time.thread_time() - start
+                if key == "decoder":
+                    spent["rows"] += len(feed["prev_ids"])
+        session.run = wrapped
+
+    timed(bundle.encoder, "encoder")
+    timed(bundle.step, "decoder")
+    bundle.translate_batch(texts[:batch], beam)  # warm
+    spent.update(encoder=0.0, decoder=0.0, rows=0.0)
+    start = time.thread_time()
+    for i in range(0, len(texts), batch):
+        bundle.translate_batch(texts[i: i + batch], beam)
+    total = time.thread_time() - start
+    n = len(texts)
+    return {"total_ms": 1e3 * total / n, "encoder_ms": 1e3 * spent["encoder"] / n,
+            "decoder_ms": 1e3 * spent["decoder"] / n,
+            "rest_ms": 1e3 * (total - spent["encoder"] - spent["decoder"]) / n,
+            "row_steps": spent["rows"] / n}
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out + [g for c in out for g in _children(c)]
+
+
+def _threads(pids: list[int]) -> dict[tuple[int, int], float]:
+    """CPU seconds of every thread of `pids`, by (pid, tid)."""
+    out = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[pid, int(task.name)] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
+def served_cost(repo: Path, model: str, texts: list[str], seconds: float, warmup: float,
+                port: int, connections: int = 64) -> dict[str, float]:
+    """(b): seqserve's CPU per translation by kind of thread, under `connections` closed-loop
+    connections sending one of `texts` each."""
+    from bench.opengen import run as load
+
+    cmd = [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo), "--host",
+           "127.0.0.1", "--port", str(port), "--grpc-port", "0", "--truncate",
+           "--log-level", "warning", "--model-control", "none"]
+    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the server did not get ready")
+            time.sleep(0.5)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as file:
+            file.write("\n".join(t.replace("\n", " ") for t in texts) + "\n")
+            file.flush()
+            spec = {"url": url, "model": model, "task": "translate", "texts_per_request": 1,
+                    "concurrency": connections, "duration_s": warmup,
+                    "texts_file": file.name}
+            load(spec)
+            pids = [server.pid, *_children(server.pid)]
+            before = _threads(pids)
+            res = load({**spec, "duration_s": seconds})
+            after = _threads(pids)
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    n = max(1, res["ok"])
+    main = sum(after[k] - before.get(k, 0.0) for k in after if k[0] == k[1])
+    other = sum(after[k] - before.get(k, 0.0) for k in after if k[0] != k[1])
+    return {"translations_per_s": res["ok"] / res["wall_s"], "total_ms": 1e3 * (main + other) / n,
+            "main_threads_ms": 1e3 * main / n, "other_threads_ms": 1e3 * other / n,
+            "errors": res["other_errors"] + res["refused"]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repo", type=Path, default=Path("model_repository"))
+    p.add_argument("--model", default="numbers-en-fr")
+    p.add_argument("--version", default=None, help="default: the highest")
+    p.add_argument("--data", type=Path, default=Path("data/numbers-en-fr/test.jsonl"))
+    p.add_argument("--sentences", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--port", type=int, default=8893)
+    p.add_argument("--skip-served", action="store_true")
+    args = p.parse_args()
+    versions = sorted((d for d in (args.repo / args.model).iterdir() if d.name.isdigit()),
+                      key=lambda d: int(d.name))
+    folder = args.repo / args.model / (args.version or versions[-1].name)
+    texts = [json.loads(line)["source"] for line in args.data.read_text().splitlines()
+             if line.strip()][: args.sentences]
+    peer = peer_cost(folder, texts, args.batch, args.beam)
+    print(f"(a) batched beam search in process (the peers' handler), {len(texts)} sentences in "
+          f"batches of {args.batch}, beam {args.beam}: {peer['total_ms']:.3f} ms CPU per "
+          f"translation = encoder {peer['encoder_ms']:.3f} + decoder steps "
+          f"{peer['decoder_ms']:.3f} + the rest {peer['rest_ms']:.3f}; "
+          f"{peer['row_steps']:.1f} row-steps per translation")
+    graphs = peer["encoder_ms"] + peer["decoder_ms"]
+    print(f"    a server running these graphs at (a)'s batch shapes and nothing else would serve "
+          f"at most {peer['total_ms'] / graphs:.2f}x the translations/s of a server costing "
+          f"(a) per translation, on the same cores")
+    if args.skip_served:
+        return
+    served = served_cost(args.repo, args.model, texts, args.seconds, args.warmup, args.port)
+    print(f"(b) seqserve serve (defaults), 64 connections, {args.seconds:g} s: "
+          f"{served['translations_per_s']:.0f} translations/s, {served['total_ms']:.3f} ms CPU "
+          f"per translation = main threads {served['main_threads_ms']:.3f} + other threads "
+          f"{served['other_threads_ms']:.3f}; errors {served['errors']}")
+    print(f"(b) / (a) CPU per translation: {served['total_ms'] / peer['total_ms']:.2f}x; "
+          f"(b)'s runtime threads alone / (a)'s graphs: "
+          f"{served['other_threads_ms'] / graphs:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

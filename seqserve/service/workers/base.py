@@ -141,8 +141,8 @@ def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: 
     ids = ids[: limits.max_tokens]
     unknown = unknown_share(tok, ids)
     if limits.max_unknown_fraction is not None and unknown > limits.max_unknown_fraction:
-        raise TextUnreadable(f"texts[{i}]: {unknown:.0%} of its {len(ids)} tokens are unknown to "
-                             "this model's tokenizer (over max_unknown_fraction "
+        raise TextUnreadable(f"texts[{i}]: {unknown:.0%} of its tokens that carry text are "
+                             "unknown to this model's tokenizer (over max_unknown_fraction "
                              f"{limits.max_unknown_fraction:g}): the model cannot read it")
     return Encoded(ids, kept, truncated, unknown)
 

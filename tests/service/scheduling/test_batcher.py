@@ -34,6 +34,43 @@ def test_plan_batch_respects_row_and_token_limits() -> None:
     assert plan_batch([500, 600], 1, max_rows=4, max_tokens=100, overhead=0) == (1, 2)
 
 
+def _plan_by_loop(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
+                  overhead: float) -> tuple[int, int]:
+    """`plan_batch` as first written, a plain double loop: the reference it must equal."""
+    n = len(lengths)
+    best = [0.0] + [float("inf")] * n
+    start = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest = lengths[j - 1]
+        for i in range(j - 1, max(0, j - max_rows) - 1, -1):
+            rows = j - i
+            if rows > 1 and rows * longest > max_tokens:
+                break
+            cost = best[i] + max(overhead, 1e-6) + rows * longest
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    j = n
+    while start[j] > anchor:
+        j = start[j]
+    return start[j], j
+
+
+def test_plan_batch_equals_the_plain_double_loop() -> None:
+    """The same batch as the reference on random queues: lengths short and long, every row
+    and token limit, fixed costs of none, the tie-break's and real ones (ties included)."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(5000):
+        n = rng.randint(1, 70)
+        lengths = sorted(rng.choice([rng.randint(1, 12), rng.randint(1, 300)])
+                         for _ in range(n))
+        args = (lengths, rng.randrange(n), rng.choice([1, 2, 4, 8, 16, 32]),
+                rng.choice([10, 100, 256, 4096, 10**6]),
+                rng.choice([0, 1e-6, 10, 64.0, 1e6, rng.random() * 100]))
+        assert plan_batch(*args) == _plan_by_loop(*args), args
+
+
 def test_batches_close_at_max_size_and_group_by_length() -> None:
     seen: list[list[int]] = []
 

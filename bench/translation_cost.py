@@ -21,26 +21,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench" / "peers" / "apps"))
 
-TICK = os.sysconf("SC_CLK_TCK")
+from bench.peers import servers as sv  # noqa: E402
+from bench.peers.apps.common import TranslatorBundle  # noqa: E402
+from bench.peers.run import bundle_dir  # noqa: E402
 
 
 def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str, float]:
     """(a): the batched search's CPU per translation, its graphs' and its row-steps."""
-    from common import TranslatorBundle  # bench/peers/apps
-
     bundle = TranslatorBundle(folder, threads=1)
     spent = {"encoder": 0.0, "decoder": 0.0, "rows": 0.0}
 
@@ -72,69 +68,35 @@ def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str
             "row_steps": spent["rows"] / n}
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return out + [g for c in out for g in _children(c)]
-
-
-def _threads(pids: list[int]) -> dict[tuple[int, int], float]:
-    """CPU seconds of every thread of `pids`, by (pid, tid)."""
-    out = {}
-    for pid in pids:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[pid, int(task.name)] = (int(fields[11]) + int(fields[12])) / TICK
-    return out
-
-
 def served_cost(repo: Path, model: str, texts: list[str], seconds: float, warmup: float,
                 port: int, connections: int = 64) -> dict[str, float]:
     """(b): seqserve's CPU per translation by kind of thread, under `connections` closed-loop
     connections sending one of `texts` each."""
     from bench.opengen import run as load
 
-    cmd = [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo), "--host",
-           "127.0.0.1", "--port", str(port), "--grpc-port", "0", "--truncate",
-           "--log-level", "warning", "--model-control", "none"]
-    server = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the server did not get ready")
-            time.sleep(0.5)
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as file:
-            file.write("\n".join(t.replace("\n", " ") for t in texts) + "\n")
-            file.flush()
-            spec = {"url": url, "model": model, "task": "translate", "texts_per_request": 1,
-                    "concurrency": connections, "duration_s": warmup,
-                    "texts_file": file.name}
+    server = sv.seqserve("defaults", [sys.executable, "-m", "seqserve.cli", "serve",
+                                      "--grpc-port", "0", "--model-control", "none"],
+                         repo, model, task="translate")
+    with tempfile.TemporaryDirectory(prefix="translation-cost-") as folder:
+        proc = sv.start(server, port, Path(folder) / "server.log")
+        try:
+            sv.wait_ready(proc, port, server.path, texts[0], timeout_s=120)
+            file = Path(folder) / "texts.txt"
+            file.write_text("\n".join(t.replace("\n", " ") for t in texts) + "\n",
+                            encoding="utf-8")
+            spec = {"url": f"http://127.0.0.1:{port}", "model": model, "task": "translate",
+                    "texts_per_request": 1, "concurrency": connections,
+                    "duration_s": warmup, "texts_file": str(file)}
             load(spec)
-            pids = [server.pid, *_children(server.pid)]
-            before = _threads(pids)
+            before = sv.session_thread_cpu_s(proc.pid)
             res = load({**spec, "duration_s": seconds})
-            after = _threads(pids)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+            after = sv.session_thread_cpu_s(proc.pid)
+        finally:
+            sv.stop(proc)
     n = max(1, res["ok"])
-    main = sum(after[k] - before.get(k, 0.0) for k in after if k[0] == k[1])
-    other = sum(after[k] - before.get(k, 0.0) for k in after if k[0] != k[1])
+    spent = {key: after[key] - before.get(key, 0.0) for key in after}
+    main = sum(cpu for (pid, tid), cpu in spent.items() if pid == tid)
+    other = sum(spent.values()) - main
     return {"translations_per_s": res["ok"] / res["wall_s"], "total_ms": 1e3 * (main + other) / n,
             "main_threads_ms": 1e3 * main / n, "other_threads_ms": 1e3 * other / n,
             "errors": res["other_errors"] + res["refused"]}
@@ -154,9 +116,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8893)
     p.add_argument("--skip-served", action="store_true")
     args = p.parse_args()
-    versions = sorted((d for d in (args.repo / args.model).iterdir() if d.name.isdigit()),
-                      key=lambda d: int(d.name))
-    folder = args.repo / args.model / (args.version or versions[-1].name)
+    folder = bundle_dir(args.repo, args.model, args.version)
     texts = [json.loads(line)["source"] for line in args.data.read_text().splitlines()
              if line.strip()][: args.sentences]
     peer = peer_cost(folder, texts, args.batch, args.beam)

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,11 +236,8 @@ def _version(python: str, module: str) -> str:
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def session_cpu_s(sid: int) -> float:
-    """CPU seconds (user + system, with reaped children's) of every live process in session
-    `sid`: a server started by `start` leads its own session, so this is all its processes
-    (API, engine, workers, a JVM and its Python workers), whatever their parents."""
-    total = 0
+def _session(sid: int) -> Iterator[tuple[Path, list[bytes]]]:
+    """(/proc folder, stat fields from field 3 (state) on) of every live process in `sid`."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -248,24 +245,38 @@ def session_cpu_s(sid: int) -> float:
             raw = Path(entry.path, "stat").read_bytes()
         except OSError:  # exited meanwhile
             continue
-        fields = raw[raw.rindex(b")") + 2:].split()  # from field 3 (state) on
-        if int(fields[3]) != sid:
-            continue
-        total += sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+        fields = raw[raw.rindex(b")") + 2:].split()
+        if int(fields[3]) == sid:
+            yield Path(entry.path), fields
+
+
+def session_cpu_s(sid: int) -> float:
+    """CPU seconds (user + system, with reaped children's) of every live process in session
+    `sid`: a server started by `start` leads its own session, so this is all its processes
+    (API, engine, workers, a JVM and its Python workers), whatever their parents."""
+    total = sum(sum(int(x) for x in fields[11:15])  # utime, stime, cutime, cstime
+                for _, fields in _session(sid))
     return total / _TICK
+
+
+def session_thread_cpu_s(sid: int) -> dict[tuple[int, int], float]:
+    """CPU seconds (user + system) of every thread of every live process in session `sid`,
+    by (pid, thread id): a process's main thread has its pid as its thread id."""
+    out = {}
+    for folder, _ in _session(sid):
+        for task in (folder / "task").iterdir():
+            try:
+                raw = (task / "stat").read_bytes()
+            except OSError:
+                continue
+            fields = raw[raw.rindex(b")") + 2:].split()
+            out[int(folder.name), int(task.name)] = (int(fields[11]) + int(fields[12])) / _TICK
+    return out
 
 
 def session_pids(sid: int) -> int:
     """How many live processes session `sid` has."""
-    count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                raw = Path(entry.path, "stat").read_bytes()
-            except OSError:
-                continue
-            count += int(raw[raw.rindex(b")") + 2:].split()[3]) == sid
-    return count
+    return sum(1 for _ in _session(sid))
 
 
 # ---- lifecycle ----------------------------------------------------------------------------

@@ -22,6 +22,11 @@ high or low).
 long64: a closed loop of 64 connections on long langid texts (10-60 words, bench/peers'
 long workload), one text a request: its p99 and its refusals.
 
+Below the table, where each open loop's goodput goes (`accounting`): goodput = (the cores the
+server got under overload / at capacity) x (its CPU per 2xx at capacity / under overload),
+with the CPU per 2xx split into the event loops' (the server processes' main threads) and
+the other threads' (the runtime lanes), from every thread's CPU in /proc.
+
 Each load runs in a child process (`--worker`), so that two generators use two cores when
 the machine has them; `uptime`'s load averages are printed before and after each row. With
 `--generator c` one bench/opengen.c process makes every load instead (capacity and overload
@@ -52,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bench import opengen  # noqa: E402
 from bench.opengen import SETTLE_S  # noqa: E402
+from bench.peers.servers import session_cpu_s, session_thread_cpu_s  # noqa: E402
 from bench.serving import wait_ready  # noqa: E402
 
 ERROR_METRICS = {"admitted": "seqserve_queue_wait_estimate_error_seconds",
@@ -153,21 +159,14 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def tree_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) of `pid`'s process group so far (the server and its
-    children; 0 for a server not started here)."""
-    if pid is None:
-        return 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pid:  # the process group (the server starts its own session)
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+def server_cpu_s(sid: int | None) -> tuple[float, float]:
+    """CPU seconds (user + system) so far of the server started here (its session: every
+    process it runs) and of its processes' main threads alone (an API process's event loop;
+    the rest are the runtime lanes and helper threads); (0, 0) for a server not started here."""
+    if sid is None:
+        return 0.0, 0.0
+    threads = session_thread_cpu_s(sid)
+    return session_cpu_s(sid), sum(s for (pid, tid), s in threads.items() if pid == tid)
 
 
 SERVER_PID: int | None = None
@@ -179,7 +178,7 @@ GENERATOR = "python"
 def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
     """Run the loads in `specs` at once, each in its own process; merged figures, with the
     generators' and the server's CPU seconds over the run."""
-    server0 = tree_cpu_s(SERVER_PID)
+    server0, loops0 = server_cpu_s(SERVER_PID)
     if GENERATOR == "c":
         parts = [opengen.run(s) for s in specs]  # one spec: the whole load in one process
     else:
@@ -191,9 +190,9 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
             if proc.returncode:
                 raise SystemExit(f"a load generator failed ({proc.returncode})")
             parts.append(json.loads(out.strip().splitlines()[-1]))
-    server1 = tree_cpu_s(SERVER_PID)
+    server1, loops1 = server_cpu_s(SERVER_PID)
     merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
-                              "server_cpu_s": server1 - server0,
+                              "server_cpu_s": server1 - server0, "loop_cpu_s": loops1 - loops0,
                               "generator_cpu_s": sum(p["load_cpu_s"] for p in parts)}
     for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
                 "other_errors"):
@@ -377,6 +376,8 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
         "errors": errors, "load_avg": f"{load0} -> {uptime()}",
         "server_cpu_ms_per_request": 1e3 * res["server_cpu_s"] / max(1, sent),
         "server_cpu_ms_per_ok": 1e3 * res["server_cpu_s"] / max(1, res["ok"]),
+        "loop_cpu_ms_per_ok": 1e3 * res["loop_cpu_s"] / max(1, res["ok"]),
+        "ok": res["ok"], "wall_s": res["wall_s"],
         "generator_cpu_ms_per_request": 1e3 * res["generator_cpu_s"] / max(1, sent),
         "server_cores": res["server_cpu_s"] / res["wall_s"],
         "generator_cores": res["generator_cpu_s"] / res["wall_s"],
@@ -433,6 +434,48 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def accounting(cap: dict[str, Any], over: dict[str, Any]) -> dict[str, float]:
+    """Where an open-loop row's goodput goes, against its capacity row: goodput = (the cores
+    the server got under overload / at capacity) x (its CPU per 2xx at capacity / under
+    overload), exactly, both sides measured in the same runs; the CPU per 2xx split into the
+    event loops' (the processes' main threads: HTTP, JSON, tokenizing, admission, every
+    refusal) and the other threads' (the runtime lanes: the graphs); and what each refusal
+    cost the event loops if an admitted request's share held at its capacity cost (an upper
+    bound: any premium the admitted requests pay under overload is counted in it)."""
+    cap_other = cap["server_cpu_ms_per_ok"] - cap["loop_cpu_ms_per_ok"]
+    over_other = over["server_cpu_ms_per_ok"] - over["loop_cpu_ms_per_ok"]
+    extra_loop_ms = (over["loop_cpu_ms_per_ok"] - cap["loop_cpu_ms_per_ok"]) * over["ok"]
+    return {
+        "goodput": over["ok_per_s"] / cap["ok_per_s"],
+        "cores": over["server_cores"] / cap["server_cores"],
+        "cost": cap["server_cpu_ms_per_ok"] / over["server_cpu_ms_per_ok"],
+        "loop_ms": (cap["loop_cpu_ms_per_ok"], over["loop_cpu_ms_per_ok"]),
+        "other_ms": (cap_other, over_other),
+        "generator_cores": (cap["generator_cores"], over["generator_cores"]),
+        "loop_ms_per_refusal": extra_loop_ms / over["refused"] if over["refused"] else math.nan,
+    }
+
+
+def accounting_table(rows: list[dict[str, Any]]) -> str:
+    """`accounting` of each open-loop row with the capacity row before it."""
+    lines = ["| workload | goodput | = server cores, overload / capacity | x CPU per 2xx, "
+             "capacity / overload | event loops ms per 2xx, capacity -> overload | other "
+             "threads ms per 2xx, capacity -> overload | event loop ms per 429 (at most) | "
+             "generator cores, capacity -> overload |",
+             "| --- | ---: | ---: | ---: | --- | --- | ---: | --- |"]
+    for cap, over in zip(rows, rows[1:], strict=False):
+        if cap["load"].startswith("capacity") and over["load"].startswith("open") \
+                and cap["workload"] == over["workload"] and cap["ok"] and over["ok"]:
+            a = accounting(cap, over)
+            lines.append(
+                f"| {over['workload']} | {a['goodput']:.3f} | {a['cores']:.3f} | "
+                f"{a['cost']:.3f} | {a['loop_ms'][0]:.3f} -> {a['loop_ms'][1]:.3f} | "
+                f"{a['other_ms'][0]:.3f} -> {a['other_ms'][1]:.3f} | "
+                f"{a['loop_ms_per_refusal']:.3f} | {a['generator_cores'][0]:.2f} -> "
+                f"{a['generator_cores'][1]:.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     global SERVER_PID, GENERATOR
     args = parse_args(argv)
@@ -472,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"server: {serve_cmd} (a fresh one per workload and variant: "
           f"{', '.join(f'{k}={v}' for k, v in variants)}); {os.cpu_count()} cores")
     print(table(rows))
+    where = accounting_table(rows)
+    if where:
+        print(f"\nWhere the goodput goes (`accounting`):\n\n{where}")
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
     return 0

@@ -1,0 +1,66 @@
+"""bench/overload.py's accounting of where an open loop's goodput goes: a server's CPU split
+into its processes' main threads and the rest (a real child process with a busy thread),
+and the goodput identity on rows made as `row` makes them (no timing assertions)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench import overload
+
+BUSY = """
+import threading, time
+def spin(cpu_s):  # until this thread has used cpu_s of CPU, however busy the machine
+    while time.thread_time() < cpu_s:
+        pass
+t = threading.Thread(target=spin, args=(0.4,))
+t.start()
+spin(0.2)
+t.join()
+print("done", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_servers_cpu_is_split_into_main_threads_and_the_rest() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
+        total, loops = overload.server_cpu_s(proc.pid)
+        assert 0.55 <= total < 1.5  # 0.6 s spun, and the interpreter's start
+        assert 0.19 <= loops < 0.5  # the main thread's share, counted apart
+        assert total - loops >= 0.39  # the other thread's (it has ended: its process kept it)
+        assert overload.server_cpu_s(None) == (0.0, 0.0)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def fake_row(load: str, ok: int, wall_s: float, server_cpu_s: float, loop_cpu_s: float,
+             refused: int = 0) -> dict:
+    return {"workload": "classify16", "load": load, "ok": ok, "wall_s": wall_s,
+            "ok_per_s": ok / wall_s, "refused": refused,
+            "server_cores": server_cpu_s / wall_s, "generator_cores": 0.03,
+            "server_cpu_ms_per_ok": 1e3 * server_cpu_s / ok,
+            "loop_cpu_ms_per_ok": 1e3 * loop_cpu_s / ok}
+
+
+def test_goodput_is_the_cores_times_the_cost_and_refusals_carry_the_loops_rest() -> None:
+    cap = fake_row("capacity (closed 32)", ok=5000, wall_s=10.0, server_cpu_s=19.5,
+                   loop_cpu_s=6.0)
+    over = fake_row("open 3x = 1500/s", ok=6600, wall_s=15.0, server_cpu_s=29.0,
+                    loop_cpu_s=10.5, refused=15000)
+    a = overload.accounting(cap, over)
+    assert a["goodput"] == pytest.approx((6600 / 15) / 500)
+    assert a["goodput"] == pytest.approx(a["cores"] * a["cost"])
+    assert a["loop_ms"] == pytest.approx((1.2, 1e3 * 10.5 / 6600))
+    assert a["other_ms"] == pytest.approx((2.7, 1e3 * 18.5 / 6600))
+    # the loops' CPU beyond 6,600 admitted requests at 1.2 ms, over 15,000 refusals
+    assert a["loop_ms_per_refusal"] == pytest.approx((10.5e3 - 1.2 * 6600) / 15000)
+    table = overload.accounting_table([cap, over])
+    assert "| classify16 | 0.880 |" in table
+    assert overload.accounting_table([cap]) == ""  # no open loop: nothing to account for

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import RawConnection
 from service_fakes import FakeRuntime, fake_factory, serve_in_thread, served
@@ -42,13 +44,16 @@ class CountingEntry:
         return self.inner.answer_head(scope)
 
 
-def _served(tiny_repo: Path, **settings: Any) -> tuple[Any, CountingEntry, Any]:
+def _served(tiny_repo: Path, pace_s: float = 0.0, **settings: Any
+            ) -> tuple[Any, CountingEntry, Any]:
+    """The app with its head answers (each 429 written at once unless `pace_s`)."""
     runtime = FakeRuntime()
     app = create_app(Settings(repo=tiny_repo, warmup=False, max_queue_wait_s=0.5, **settings),
                      fake_factory(runtime))
     entry = CountingEntry(app.entry)
     app.entry = entry
-    server = serve_in_thread(app, http=guarded_protocol(5.0, answer_head=app.answer_head))
+    server = serve_in_thread(app, http=guarded_protocol(5.0, answer_head=app.answer_head,
+                                                        pace_s=pace_s))
     return app, entry, server
 
 
@@ -170,3 +175,62 @@ def _read_answer(sock: socket.socket) -> bytes:
     while len(data) < data.index(b"\r\n\r\n") + 4 + size:
         data += sock.recv(1)
     return data
+
+
+PACE_S = 0.3
+
+
+def test_a_request_resent_at_once_after_a_refusal_is_refused_at_the_pace(
+        tiny_repo: Path) -> None:
+    """Paced refusals (`pace_s`): on one connection, requests resent at once to an overloaded
+    model get their 429s one per pace (the same answer each), another connection's first
+    request is refused at once, and once the model can take requests they are served at
+    once on the paced connection too."""
+    app, entry, server = _served(tiny_repo, pace_s=PACE_S, access_log=False)
+    with server as base:
+        conn, other = RawConnection(base), RawConnection(base)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 200
+        assert other.request("POST", URL, BODY, JSON)[0] == 200
+        batcher = _overloaded(app)
+        start = time.monotonic()
+        answers = [conn.request("POST", URL, BODY, {**JSON, "x-request-id": "same-id"})
+                   for _ in range(4)]
+        took = time.monotonic() - start
+        assert [a[0] for a in answers] == [429] * 4
+        assert all(a[2] == answers[0][2] and "retry-after" in a[1] for a in answers)
+        assert 3 * PACE_S * 0.95 <= took < 3 * PACE_S + 2.0  # the first at once, then paced
+        t0 = time.monotonic()
+        assert other.request("POST", URL, BODY, JSON)[0] == 429
+        assert time.monotonic() - t0 < PACE_S  # not paced: its connection had no refusal
+        del batcher.expected_wait  # the model can take requests again
+        t0 = time.monotonic()
+        status, _, body = conn.request("POST", URL, BODY, JSON)
+        assert status == 200 and b"label" in body
+        assert time.monotonic() - t0 < PACE_S  # a request the server takes is not delayed
+        conn.close()
+        other.close()
+
+
+def test_a_paced_refusal_is_written_when_the_server_stops(tiny_repo: Path) -> None:
+    """A 429 due later (paced) when the server stops is written at once: no request is left
+    without an answer when the connections close."""
+    app, entry, server = _served(tiny_repo, pace_s=30.0, access_log=False)
+    got: dict[str, Any] = {}
+    with server as base:
+        conn = RawConnection(base)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 200
+        _overloaded(app)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 429
+        conn.send("POST", URL, BODY, JSON)  # its 429 is due in 30 s
+        conn.sock.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            conn.sock.recv(1)  # not answered yet
+        conn.sock.settimeout(30)
+        reader = threading.Thread(target=lambda: got.update(answer=conn.read_response()))
+        reader.start()
+        t0 = time.monotonic()
+    reader.join(15)  # the server has stopped (leaving the block)
+    assert time.monotonic() - t0 < 10
+    status, headers, _ = got["answer"]
+    assert status == 429 and "retry-after" in headers
+    conn.close()

@@ -150,8 +150,10 @@ class CostEstimate(Measured):
     """Exponential average of the batches' units (their seconds: `per_unit` x this)."""
 
     def observe(self, units: int, seconds: float) -> None:
-        """Fold in a batch; after a gap (stale), the new measurement replaces the old one."""
-        if units <= 0 or seconds <= 0:
+        """Fold in a batch; after a gap (stale), the new measurement replaces the old one. No
+        seconds is a measurement too (a batch handed to a busy instance's thread goes on
+        with no gap between: `Batcher.gap`)."""
+        if units <= 0 or seconds < 0:
             return
         if self.per_unit is None or self.stale():
             self._units, self.per_unit = float(units), seconds / units

@@ -51,6 +51,7 @@ from seqserve.service.scheduling.base import (
     admit_by_wait,
 )
 from seqserve.service.scheduling.lanes import serve_jobs
+from seqserve.service.scheduling.plan import PLAN_AGE, plan_batch, plan_window
 
 log = logging.getLogger("seqserve.batcher")
 
@@ -108,7 +109,15 @@ class Batcher(Generic[P, R]):
 
     With several computes (model instances, each its own runtime session) up to that many
     batches run at once, each on its own thread; a batch is formed when an instance is free,
-    so it holds everything that arrived while the instances were busy.
+    so it holds everything that arrived while the instances were busy. While an instance
+    computes and a full batch waits, that batch is handed to its thread too, to start as soon
+    as the one it runs ends: the thread goes from batch to batch without waiting for the event
+    loop to answer the first and form the next. (Without it an instance idled for a loop turn
+    or two after every batch; a loop busy with refusals made those turns long, the measured
+    cost of a batch grew with them, admission refused more, and the refusals kept the loop
+    busy: a closed loop of 128 clients that resend at once refused ~14,000 requests a second
+    and served a fifth of the capacity, docs/performance.md section 29.) A row handed over
+    whose deadline passes or whose client leaves before its batch starts is not computed.
     """
 
     def __init__(
@@ -140,21 +149,25 @@ class Batcher(Generic[P, R]):
         self._left = False  # a queued row was cancelled since `_drop_dead` last looked
         self.cost = BatchCost()
         """Seconds of a batch, fixed + per token, fitted from recent batches (warm-up
-        included): from its launch to its answer on the event loop."""
+        included): from its start to its end on its instance's thread."""
         self.drain = CostEstimate()
-        """Seconds per row at which a backlog drains, per instance: from one launch of an
-        instance to its next while rows waited, over the first launch's rows (`expected_wait`)."""
-        self._launched: list[tuple[float, int] | None] = [None] * len(self.computes)
-        """Per instance, (time, rows) of its last launch."""
+        """Seconds per row at which a backlog drains, per instance: from the start of an
+        instance's batch to its next launch on an idle instance while rows waited, over that
+        batch's rows (`expected_wait`)."""
+        self._launched: list[tuple[list[float], int] | None] = [None] * len(self.computes)
+        """Per instance, ([start, end] on its thread, rows) of its last batch."""
         self.margin = WaitMargin(config.max_queue_wait_s)
         """What `expected_wait` adds to the estimate for its own error."""
         self.gap = CostEstimate()
-        """Seconds between batches while rows wait: from an instance's answered batch to its
-        next launch (the loop's turn, filling, `plan_batch`), which `cost` does not hold."""
-        self._busy: dict[int, tuple[float, int]] = {}
-        """Instance -> (launch time, tokens) of the batch it runs."""
+        """Seconds between batches while rows wait: from the end of an instance's batch on
+        its thread to its next launch (the loop's turn to answer it, filling, `plan_batch`),
+        which `cost` does not hold; none for a batch handed to a busy instance."""
+        self._busy: list[deque[tuple[float, int]]] = [deque() for _ in self.computes]
+        """Per instance, (launch time, tokens) of the batch it runs and of the one handed
+        over after it, if any."""
         self._freed_at: list[float | None] = [None] * len(self.computes)
-        """Per instance, when it was freed with rows waiting (None: idle with none)."""
+        """Per instance, when its thread ended its last batch with rows waiting (None: idle
+        with none)."""
         self.max_depth_seen = 0
         """Highest queue depth ever observed (tests check the bound)."""
         self.batches_run = 0
@@ -184,10 +197,11 @@ class Batcher(Generic[P, R]):
         batches = self.batches_for(self._live, self._queued_tokens)
         work = batches * (cost.fixed + (self.gap.per_unit or 0.0))
         work += self._queued_tokens * cost.per_unit
-        if self._busy:
-            now = time.monotonic()
-            for start, tokens in self._busy.values():
-                work += max(cost.fixed + tokens * cost.per_unit - (now - start), 0.0)
+        now = time.monotonic()
+        for jobs in self._busy:  # what the running batches have left, and those after them
+            for k, (start, tokens) in enumerate(jobs):
+                whole = cost.fixed + tokens * cost.per_unit
+                work += max(whole - (now - start), 0.0) if k == 0 else whole
         wait = work / len(self.computes)
         drain = self.drain
         if drain.per_unit is not None and not drain.stale():
@@ -306,14 +320,37 @@ class Batcher(Generic[P, R]):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            while not self._free:  # every instance busy: rows keep arriving meanwhile
-                self._freed.clear()
-                await self._freed.wait()
-            await self._fill()
+            idle = bool(self._free)
+            if idle:
+                await self._fill()
+                instance = self._free[-1]
+            else:  # every instance busy: rows keep arriving meanwhile
+                ahead = self._next_in_line()
+                if ahead is None:
+                    if any(len(jobs) == 1 for jobs in self._busy):
+                        self._wake.clear()  # an arrival may fill a batch (or a batch ends)
+                        await self._wake.wait()
+                    else:
+                        self._freed.clear()
+                        await self._freed.wait()
+                    continue
+                instance = ahead
             self._drop_dead()
             batch = self._take_batch()
             if batch:
-                self._launch(batch, self._free.pop())
+                if idle:
+                    self._free.pop()
+                self._launch(batch, instance)
+
+    def _next_in_line(self) -> int | None:
+        """The busy instance to hand the next batch to while it computes (the one whose
+        batch started first), when a full batch waits and one of them has none after its
+        own; else None."""
+        best = None
+        for i, jobs in enumerate(self._busy):
+            if len(jobs) == 1 and (best is None or jobs[0][0] < self._busy[best][0][0]):
+                best = i
+        return best if best is not None and self._full() else None
 
     async def _fill(self) -> None:
         """Wait until the batch is full or the oldest row has waited max_wait_s; with every
@@ -394,40 +431,48 @@ class Batcher(Generic[P, R]):
         return batch
 
     def _launch(self, batch: list[_Row[P, R]], instance: int) -> None:
-        """Hand `batch` to the instance's thread; `_finish` answers its rows on the loop."""
+        """Hand `batch` to the instance's thread (idle, or busy: it starts after the batch
+        it runs); `_finish` answers its rows on the loop."""
         lengths = [r.length for r in batch]
         self.observer.on_batch(len(batch), len(batch) * max(lengths), sum(lengths))
         self.batches_run += 1
         done = asyncio.get_running_loop().create_future()
         self._running.add(done)
         now = time.monotonic()
+        jobs = self._busy[instance]
         freed = self._freed_at[instance]
-        if freed is not None:  # rows waited while this instance was between batches
+        if jobs:  # handed over while it computes: no gap after the batch it runs
+            self.gap.observe(1, 0.0)
+        elif freed is not None:  # rows waited while this instance was between batches
             self.gap.observe(1, now - freed)
             last = self._launched[instance]
             if last is not None:
-                self.drain.observe(last[1], now - last[0])
-        self._launched[instance] = (now, len(batch))
-        self._busy[instance] = (now, sum(lengths))
-        self._queues[instance].put((batch, [r.payload for r in batch], now, done,
+                self.drain.observe(last[1], now - last[0][0])
+        times = [now, now]  # [start, end] on the thread (`_run_batch`)
+        self._launched[instance] = (times, len(batch))
+        jobs.append((now, sum(lengths)))
+        self._queues[instance].put((batch, [r.payload for r in batch], times, done,
                                     instance, self._finish))
 
     def _finish(self, job: tuple[Any, ...], outcome: Sequence[R] | Exception) -> None:
-        batch, _, start, done, instance, _ = job
+        batch, _, times, done, instance, _ = job
         try:
-            self._answer(batch, start, outcome)
+            self._answer(batch, times, outcome)
         finally:
-            self._busy.pop(instance, None)
-            self._freed_at[instance] = time.monotonic() if self._live else None
-            self._free.append(instance)
+            jobs = self._busy[instance]
+            if jobs:
+                jobs.popleft()
+            if not jobs:
+                self._freed_at[instance] = times[1] if self._live else None
+                self._free.append(instance)
             self._freed.set()
+            self._wake.set()  # (`_run` may wait for an instance with room for a batch)
             self._running.discard(done)
             done.set_result(None)
 
-    def _answer(self, batch: list[_Row[P, R]], start: float,
+    def _answer(self, batch: list[_Row[P, R]], times: list[float],
                 outcome: Sequence[R] | Exception) -> None:
-        if not isinstance(outcome, Exception) and len(outcome) != len(batch):
-            outcome = RuntimeError(f"compute returned {len(outcome)} results for {len(batch)}")
+        start = times[0]
         if isinstance(outcome, Exception):
             log.error("model %s: batch of %d failed", self.name, len(batch), exc_info=outcome)
             for row in batch:
@@ -435,13 +480,19 @@ class Batcher(Generic[P, R]):
                     row.future.set_exception(InferenceFailed(f"inference failed: {outcome}"))
             return
         compute_s = time.monotonic() - start
-        self.cost.observe(sum(r.length for r in batch), compute_s)
-        self.margin.started(self.observer, [(start - r.enqueued, r.admission) for r in batch
+        ran = [r for r, result in zip(batch, outcome, strict=True) if result is not _SKIPPED]
+        if ran:
+            self.cost.observe(sum(r.length for r in ran), times[1] - start)
+        self.margin.started(self.observer, [(start - r.enqueued, r.admission) for r in ran
                                             if r.admission is not None])
         for row, result in zip(batch, outcome, strict=True):
-            if not row.future.done():
-                timing = Timing(start - row.enqueued, compute_s, len(batch), 0)
-                row.future.set_result(Timed(result, timing))
+            if row.future.done():
+                continue
+            if result is _SKIPPED:  # its deadline passed while the batch waited for the thread
+                row.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                continue
+            timing = Timing(start - row.enqueued, compute_s, len(ran), 0)
+            row.future.set_result(Timed(result, timing))
 
     def _dequeue(self, row: _Row[P, R]) -> None:
         if row.queued:
@@ -461,10 +512,35 @@ class Batcher(Generic[P, R]):
         self.observer.on_depth(depth)
 
 
+_SKIPPED = object()
+"""A row's result in a batch whose thread did not compute it (`_run_batch`)."""
+
+
 def _run_batch(compute: Callable[[list[Any]], Sequence[Any]], job: tuple[Any, ...]
                ) -> Sequence[Any]:
-    """One batch job on its instance's thread: the compute of its payloads."""
-    return compute(job[1])
+    """One batch job on its instance's thread: the compute of its payloads, one result per
+    row (`_SKIPPED` for a row whose deadline passed or whose client left while the batch
+    waited for the thread: a batch handed over behind another), its start and end time in
+    the job's `times`."""
+    batch, payloads, times = job[0], job[1], job[2]
+    now = times[0] = time.monotonic()
+    try:
+        if all(r.deadline > now and not r.future.done() for r in batch):
+            results = compute(payloads)
+            if len(results) != len(batch):
+                raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
+            return results
+        keep = [i for i, r in enumerate(batch) if r.deadline > now and not r.future.done()]
+        out: list[Any] = [_SKIPPED] * len(batch)
+        if keep:
+            results = compute([payloads[i] for i in keep])
+            if len(results) != len(keep):
+                raise RuntimeError(f"compute returned {len(results)} results for {len(keep)}")
+            for i, result in zip(keep, results, strict=True):
+                out[i] = result
+        return out
+    finally:
+        times[1] = time.monotonic()
 
 
 def _finish_job(job: tuple[Any, ...], outcome: Sequence[Any] | Exception) -> None:
@@ -480,54 +556,3 @@ def _stop_threads(queues: list[queue.SimpleQueue[tuple[Any, ...] | None]]) -> No
 
 def _length(row: _Row[Any, Any]) -> int:
     return row.length
-
-
-PLAN_AGE = 4
-"""`Batcher._take_batch`: how many batches' worth of the oldest rows a batch is chosen from."""
-PLAN_REACH = 2
-"""`plan_window`: how many batches' worth of rows on each side of the oldest row the plan
-looks at."""
-
-
-def plan_window(n: int, anchor: int, max_rows: int) -> tuple[int, int]:
-    """The rows [lo, hi) of a length-sorted queue of `n` that `plan_batch` splits: the oldest
-    row (`anchor`) and up to PLAN_REACH x `max_rows` rows on each side of it. Planning the
-    whole queue cost O(queue x max_rows) per batch in Python: 1.9 ms for 256 rows, 15.6 ms for
-    2,048, more than the batch itself under a backlog (py-spy of an API process at 3x
-    overload: a third of its event loop); the window costs the same at any depth, and rows
-    further away in length than two batches do not change which batch the oldest row joins
-    but for rare ties (docs/performance.md section 20)."""
-    reach = PLAN_REACH * max_rows
-    return max(0, anchor - reach), min(n, anchor + reach + 1)
-
-
-MIN_OVERHEAD = 1e-6
-"""The least fixed cost `plan_batch` counts per batch (in tokens): a tie-break, not a cost."""
-
-
-def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
-               overhead: float) -> tuple[int, int]:
-    """The group [i, j) of sorted `lengths` holding `anchor` in the cheapest split of all rows
-    into contiguous groups, a group costing `overhead + rows x lengths[j-1]`, each group
-    within `max_rows` and `max_tokens` (a single row always forms a valid group). A group
-    costs at least `MIN_OVERHEAD` more than its rows, so that of splits equal in padding the
-    one with fewer groups wins (with no overhead, rows of equal length went one per batch)."""
-    n = len(lengths)
-    fixed = max(overhead, MIN_OVERHEAD)
-    best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of lengths[:j]
-    start = [0] * (n + 1)
-    for j in range(1, n + 1):
-        longest = lengths[j - 1]
-        most = max(1, max_tokens // longest) if longest > 0 else max_rows  # rows by tokens
-        before = best[max(0, j - max_rows, j - most): j]
-        before.reverse()  # best[j - 1], best[j - 2], ...: the last group of 1, 2, ... rows
-        # one comprehension, then min: a third cheaper than a loop with its tests (the
-        # batcher plans every batch: 6-8% of an API process's main thread for 16-text
-        # classify); the same sums in the same order, the fewest rows winning a tie
-        costs = [b + fixed + rows * longest for rows, b in enumerate(before, 1)]
-        low = min(costs)
-        best[j], start[j] = low, j - 1 - costs.index(low)
-    j = n
-    while start[j] > anchor:
-        j = start[j]
-    return start[j], j

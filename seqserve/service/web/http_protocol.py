@@ -56,6 +56,18 @@ says which); the request's body, when it comes, is read and dropped as for any r
 answered before its body. Only on a keep-alive connection that is not closing and whose
 client does not wait for `100 Continue`: the full path handles every other case.
 
+A client that resends at once after a 429 is paced (`pace_s`, `--refusal-pace-s`): a 429
+from a request's head due less than `pace_s` after its connection's last 429 is written at
+`pace_s` after that one (what else the client sends waits behind it, as pipelined requests
+do). Each refusal costs the event loop its read, parse and write; clients that ignored
+Retry-After and resent on the same connection at once made refusals the loop's whole work,
+admitted batches waited behind them, the estimates rose with those waits and admission
+refused more: a closed loop of 128 such clients kept a fifth of the capacity
+(docs/performance.md section 29). Paced, such a connection costs at most one refusal per
+`pace_s`, and a request the server takes is never delayed. (Holding the request instead and
+deciding again at the pace cost each refusal ~0.07 ms more of the loop under an open loop at
+3x capacity, whose arrivals reuse a connection just refused, for as many refusals.)
+
 Every response goes out in one write where it can: uvicorn writes the status line and headers
 (`http.response.start`) and then the body as two socket writes (two syscalls, two TCP
 segments); here a response's first write waits for its next one (the body, sent right after
@@ -67,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -143,8 +156,11 @@ class OneWrite:
         if self.first:
             self.first = False
             protocol = self.protocol
-            if protocol is not None and protocol.closing_soon():
-                data = protocol.keep_open(self.cycle, data)
+            if protocol is not None:
+                if data[9:12] == b"429":  # (after "HTTP/1.1 "): the app's refusal
+                    protocol.refused_at = protocol.loop.time()
+                if protocol.closing_soon():
+                    data = protocol.keep_open(self.cycle, data)
             self.held = data
             self.loop.call_soon(self.flush)
             return
@@ -197,11 +213,12 @@ def guarded_protocol(header_timeout_s: float, *,
                      max_header_bytes: int = _default("max_header_bytes"),
                      max_url_bytes: int = _default("max_url_bytes"),
                      draining: Callable[[], bool] | None = None,
-                     answer_head: HeadAnswer | None = None) -> type[HttpToolsProtocol]:
+                     answer_head: HeadAnswer | None = None,
+                     pace_s: float = _default("refusal_pace_s")) -> type[HttpToolsProtocol]:
     """The protocol class for uvicorn's `http=` with this header deadline and these limits
     on request heads (the settings of the same names), `draining`, whether the server's
-    drain has begun, and `answer_head`, the app's answer from a request's head (see the
-    module doc)."""
+    drain has begun, `answer_head`, the app's answer from a request's head, and `pace_s`,
+    how long a connection's next refusal waits after its last (see the module doc)."""
     is_draining = draining
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -225,6 +242,10 @@ def guarded_protocol(header_timeout_s: float, *,
         """Closed after an answer (`close_after_answer`): what arrives now is dropped."""
         _stopping: bool
         """The server stops: each request is its connection's last unless more waits."""
+        refused_at: float
+        """When this connection's last 429 was written or is due (-inf: none)."""
+        _late: tuple[asyncio.TimerHandle, Any, Answer] | None
+        """A 429 due later (`pace_s`): its timer, its request's cycle, the answer."""
 
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -236,6 +257,8 @@ def guarded_protocol(header_timeout_s: float, *,
             self._dropped = 0
             self._waiting = None
             self._linger = None
+            self.refused_at = -math.inf
+            self._late = None
             self._arm()
 
         def data_received(self, data: bytes) -> None:
@@ -332,9 +355,28 @@ def guarded_protocol(header_timeout_s: float, *,
                     log.exception("answer_head failed; the request goes to the app")
                     answer = None
                 if answer is not None:
+                    if answer[0] == 429:
+                        now = self.loop.time()
+                        due = self.refused_at + pace_s
+                        if now < due:  # resent at once after a refusal: answered at the pace
+                            self.refused_at = due
+                            timer = self.loop.call_at(due, self._answer_late)
+                            self._late = (timer, cycle, answer)
+                            return
+                        self.refused_at = now
                     self._answer_head(cycle, answer)
                     return
             super()._start_asgi_task(cycle, app)
+
+        def _answer_late(self) -> None:
+            """Write the 429 due now (`pace_s`), or at once when the server stops."""
+            if self._late is None:
+                return
+            timer, cycle, answer = self._late
+            timer.cancel()
+            self._late = None
+            if not self.transport.is_closing() and not cycle.disconnected:
+                self._answer_head(cycle, answer)
 
         def _answer_head(self, cycle: Any, answer: Answer) -> None:
             """Write the app's whole answer to a request head (one write, the server's
@@ -369,6 +411,9 @@ def guarded_protocol(header_timeout_s: float, *,
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._late is not None:
+                self._late[0].cancel()
+                self._late = None
             if self._linger is not None:
                 self._linger.cancel()
                 self._linger = None
@@ -435,6 +480,7 @@ def guarded_protocol(header_timeout_s: float, *,
                 self._close_idle()
             else:
                 self.cycle.keep_alive = False  # (keep_open lifts it while more waits)
+                self._answer_late()  # a 429 due later goes now
 
         def timeout_keep_alive_handler(self) -> None:
             if not self.transport.is_closing() and not self._close_idle():

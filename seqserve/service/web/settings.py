@@ -144,6 +144,13 @@ class Settings(BaseSettings):
     """An idle keep-alive connection is closed after this long."""
     retry_after_s: int = Field(default=1, ge=0)
     """Value of Retry-After on 429 and 503."""
+    refusal_pace_s: float = Field(default=0.25, ge=0)
+    """A 429 due less than this long after its connection's last 429 is written this long
+    after that one: a client that resends at once, ignoring Retry-After, costs one refusal
+    per connection per this long instead of one per round trip (a closed loop of 128 such
+    clients refused ~14,000 requests a second and kept a fifth of the capacity:
+    docs/performance.md section 29). A request the server takes is never delayed. 0: every
+    429 is written at once."""
     max_texts: int = Field(default=64, ge=1)
     """Most texts in one request."""
     max_sessions: int = Field(default=1024, ge=1)

@@ -380,7 +380,7 @@ def test_the_batcher_widens_its_estimate_by_the_waits_it_saw() -> None:
         row.enqueued -= 2 * raw  # it has waited twice what was expected
         for _ in range(WaitMargin.EVERY * 8):  # requests of that row's like
             row.admission.left = 1
-            b._answer([row], time.monotonic(), [0])
+            b._answer([row], [time.monotonic()] * 2, [0])
         factor = b.margin.factor
         assert factor == pytest.approx(2.0, rel=0.05)
         widened = b.expected_wait() or 0.0
@@ -431,9 +431,9 @@ def test_the_margin_learns_from_each_requests_last_row_and_the_histogram_from_ev
                 r.enqueued = start - expected
             if n % 10 == 0:
                 request[-1].enqueued = start - 2 * expected  # one row waited twice as long
-            b._answer(request[:8], start, [0] * 8)  # in two batches: learnt after the second
+            b._answer(request[:8], [start, start], [0] * 8)  # in two batches: learnt at the 2nd
             assert admission.left == 8
-            b._answer(request[8:], start, [0] * 8)
+            b._answer(request[8:], [start, start], [0] * 8)
             assert admission.left == 0 and admission.longest == pytest.approx(
                 expected * (2 if n % 10 == 0 else 1))
         assert len(observer.errors) == 16 * len(requests)  # every row's error

@@ -10,7 +10,8 @@ import pytest
 from service_fakes import batcher_config, make_batcher
 
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
-from seqserve.service.scheduling.batcher import Batcher, plan_batch
+from seqserve.service.scheduling.batcher import Batcher
+from seqserve.service.scheduling.plan import plan_batch
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -128,6 +129,69 @@ def test_with_an_instance_busy_the_next_batch_waits_to_fill() -> None:
         await asyncio.gather(*later)
         gate.set()
         await asyncio.gather(*first)
+        await b.close(5)
+
+    run(main())
+    assert seen == [[0], [1, 2, 3]]
+
+
+def test_a_full_batch_is_handed_to_the_busy_thread_and_starts_without_the_loop() -> None:
+    """While an instance computes, a full batch waiting is handed to its thread: it starts as
+    soon as the first ends, though the event loop is blocked then (and could neither answer
+    the first nor form the next); its rows' queue wait runs to that start."""
+    starts: dict[int, float] = {}
+    gate = threading.Event()
+
+    def compute(rows: list[int]) -> list[int]:
+        starts[rows[0]] = time.monotonic()
+        if rows[0] == 0:
+            gate.wait(10)
+        return rows
+
+    async def main() -> tuple[float, float, list[float]]:
+        b = make_batcher(compute, max_batch_size=4, max_wait_s=0.0)
+        b.start()
+        first = b.submit([(0, 1)], time.monotonic() + 30)
+        await asyncio.sleep(0.05)  # the first batch runs (held by the gate)
+        second = b.submit([(i, 1) for i in range(1, 5)], time.monotonic() + 30)  # full
+        await asyncio.sleep(0.05)  # the loop's turn: handed over
+        released = time.monotonic()
+        gate.set()
+        time.sleep(0.3)  # the loop is blocked: only the thread can go on
+        blocked_until = time.monotonic()
+        waits = [t.timing.queue_s for t in await asyncio.gather(*first, *second)][1:]
+        await b.close(5)
+        return released, blocked_until, waits
+
+    released, blocked_until, waits = run(main())
+    assert released <= starts[1] < blocked_until  # started while the loop was blocked
+    assert all(w >= 0.045 for w in waits)  # handed over after 0.05 s, started after the gate
+
+
+def test_a_batch_not_full_is_not_handed_over_and_rows_that_left_are_not_computed() -> None:
+    seen: list[list[int]] = []
+    gate = threading.Event()
+
+    def compute(rows: list[int]) -> list[int]:
+        seen.append(list(rows))
+        if rows[0] == 0:
+            gate.wait(10)
+        return rows
+
+    async def main() -> None:
+        b = make_batcher(compute, max_batch_size=4, max_wait_s=0.0)
+        b.start()
+        first = b.submit([(0, 1)], time.monotonic() + 30)
+        await asyncio.sleep(0.05)
+        two = b.submit([(1, 1), (2, 1)], time.monotonic() + 30)  # half a batch: it waits
+        await asyncio.sleep(0.05)
+        assert b.depth == 2
+        more = b.submit([(3, 1), (4, 1)], time.monotonic() + 30)  # now full: handed over
+        await asyncio.sleep(0.05)
+        assert b.depth == 0
+        more[1].cancel()  # its client left while the batch waited for the thread
+        gate.set()
+        await asyncio.gather(*first, *two, more[0])
         await b.close(5)
 
     run(main())

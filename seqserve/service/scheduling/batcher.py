@@ -525,20 +525,15 @@ def _run_batch(compute: Callable[[list[Any]], Sequence[Any]], job: tuple[Any, ..
     batch, payloads, times = job[0], job[1], job[2]
     now = times[0] = time.monotonic()
     try:
-        if all(r.deadline > now and not r.future.done() for r in batch):
-            results = compute(payloads)
-            if len(results) != len(batch):
-                raise RuntimeError(f"compute returned {len(results)} results for {len(batch)}")
+        live = [r.deadline > now and not r.future.done() for r in batch]
+        run = payloads if all(live) else [p for p, ok in zip(payloads, live, strict=True) if ok]
+        results = compute(run) if run else []
+        if len(results) != len(run):
+            raise RuntimeError(f"compute returned {len(results)} results for {len(run)}")
+        if run is payloads:
             return results
-        keep = [i for i, r in enumerate(batch) if r.deadline > now and not r.future.done()]
-        out: list[Any] = [_SKIPPED] * len(batch)
-        if keep:
-            results = compute([payloads[i] for i in keep])
-            if len(results) != len(keep):
-                raise RuntimeError(f"compute returned {len(results)} results for {len(keep)}")
-            for i, result in zip(keep, results, strict=True):
-                out[i] = result
-        return out
+        ran = iter(results)
+        return [next(ran) if ok else _SKIPPED for ok in live]
     finally:
         times[1] = time.monotonic()
 

@@ -158,7 +158,7 @@ class OneWrite:
             protocol = self.protocol
             if protocol is not None:
                 if data[9:12] == b"429":  # (after "HTTP/1.1 "): the app's refusal
-                    protocol.refused_at = protocol.loop.time()
+                    protocol.refused_at = self.loop.time()
                 if protocol.closing_soon():
                     data = protocol.keep_open(self.cycle, data)
             self.held = data
@@ -370,13 +370,19 @@ def guarded_protocol(header_timeout_s: float, *,
 
         def _answer_late(self) -> None:
             """Write the 429 due now (`pace_s`), or at once when the server stops."""
+            late = self._drop_late()
+            if late is not None and not self.transport.is_closing() \
+                    and not late[0].disconnected:
+                self._answer_head(*late)
+
+        def _drop_late(self) -> tuple[Any, Answer] | None:
+            """The 429 due later, if any, as (cycle, answer), its timer cancelled."""
             if self._late is None:
-                return
+                return None
             timer, cycle, answer = self._late
             timer.cancel()
             self._late = None
-            if not self.transport.is_closing() and not cycle.disconnected:
-                self._answer_head(cycle, answer)
+            return cycle, answer
 
         def _answer_head(self, cycle: Any, answer: Answer) -> None:
             """Write the app's whole answer to a request head (one write, the server's
@@ -411,9 +417,7 @@ def guarded_protocol(header_timeout_s: float, *,
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            if self._late is not None:
-                self._late[0].cancel()
-                self._late = None
+            self._drop_late()
             if self._linger is not None:
                 self._linger.cancel()
                 self._linger = None

@@ -16,13 +16,58 @@ from typing import Any
 
 from seqserve.models.errors import BundleError
 
-TASKS = ("classifier", "translator", "tagger", "lm", "sequence-classifier", "sequence-tagger")
-FEATURE_TASKS = ("sequence-classifier", "sequence-tagger")
+FAMILIES = ("rows", "series", "decode", "lm")
+"""How a task is scheduled and called. rows: one row of token ids in, one result out, batched
+by the dynamic batcher (classifier, tagger); series: the same over float feature vectors,
+sessions and state when the bundle has a `state_dim`; decode: an encoder, then a decoder
+step per output token with beam search across requests (translator); lm: prefill, then one
+step per new token for every live sequence, streamed (language model)."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of the contract: the task table every layer dispatches on (the scheduler
+    that runs it, the engine call and handle, the worker, the OIP face and the routes are each
+    looked up by its `task` or `family`; tests/service/test_task_table.py holds every layer's
+    table to this one)."""
+
+    task: str
+    """The manifest's `task`."""
+    family: str
+    """One of FAMILIES."""
+    graphs: tuple[str, ...]
+    """The graphs a bundle of this task must carry (the first is the one `pack` names)."""
+    features: bool = False
+    """Inputs are float feature vectors per time step, not texts: no tokenizer."""
+    shared_instance: bool = False
+    """One runtime instance whose scheduler batches across requests step by step (no
+    `--instances` copies)."""
+    streams: bool = False
+    """Answers may stream token by token (SSE, OIP generate_stream, gRPC decoupled)."""
+
+
+TASK_SPECS: dict[str, TaskSpec] = {spec.task: spec for spec in (
+    TaskSpec("classifier", "rows", ("classifier",)),
+    TaskSpec("translator", "decode", ("encoder", "decoder_step"), shared_instance=True),
+    TaskSpec("tagger", "rows", ("tagger",)),
+    TaskSpec("lm", "lm", ("prefill", "lm_step"), shared_instance=True, streams=True),
+    TaskSpec("sequence-classifier", "series", ("sequence_classifier",), features=True),
+    TaskSpec("sequence-tagger", "series", ("sequence_tagger",), features=True),
+)}
+TASKS = tuple(TASK_SPECS)
+FEATURE_TASKS = tuple(t for t, spec in TASK_SPECS.items() if spec.features)
 """Tasks whose inputs are float feature vectors per time step, not texts: no tokenizer."""
-GRAPHS_BY_TASK = {"classifier": ("classifier",), "translator": ("encoder", "decoder_step"),
-                  "tagger": ("tagger",), "lm": ("prefill", "lm_step"),
-                  "sequence-classifier": ("sequence_classifier",),
-                  "sequence-tagger": ("sequence_tagger",)}
+GRAPHS_BY_TASK = {t: spec.graphs for t, spec in TASK_SPECS.items()}
+
+
+def task_spec(task: str) -> TaskSpec:
+    """The table's row of `task`; LookupError for a task the contract does not have."""
+    spec = TASK_SPECS.get(task)
+    if spec is None:
+        raise LookupError(f"task {task!r} is not one of {TASKS}")
+    return spec
+
+
 DECODERS = ("none", "bahdanau", "luong")
 """Translator decoders (models/nn/decoders.py); a translator manifest without one is luong."""
 

@@ -29,8 +29,10 @@ from seqserve.export.contract import (
     GRAPHS_BY_TASK,
     MAX_SERIES_VALUES,
     MAX_TOKENIZER_BYTES,
+    TASK_SPECS,
     TASKS,
     GraphSpec,
+    TaskSpec,
     expected_spec,
     names,
     validate_schema,
@@ -122,9 +124,14 @@ class Manifest:
     whitespace."""
 
     @property
+    def spec(self) -> TaskSpec:
+        """The task table's row of this bundle's task (export.contract.TASK_SPECS)."""
+        return TASK_SPECS[self.task]
+
+    @property
     def has_tokenizer(self) -> bool:
         """Whether the bundle reads texts (every task but the feature-sequence ones)."""
-        return self.task not in FEATURE_TASKS
+        return not self.spec.features
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from seqserve.export.contract import TaskSpec
 from seqserve.service.engine.protocol import ModelState
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.generation import GenerateOptions, TokenStream
@@ -119,12 +120,12 @@ class LMHandle(ModelHandle):
                                  return_state)
 
 
-def handle(engine: Engine, state: ModelState, has_tokenizer: bool) -> ModelHandle:
+HANDLES: dict[str, type[ModelHandle]] = {
+    "rows": RowHandle, "series": SeriesHandle, "decode": DecodeHandle, "lm": LMHandle,
+}
+"""The handle of each task family (export.contract.FAMILIES)."""
+
+
+def handle(engine: Engine, state: ModelState, spec: TaskSpec) -> ModelHandle:
     """The handle of a ready model version for its task."""
-    if not has_tokenizer:
-        return SeriesHandle(engine, state)
-    if state.task == "lm":
-        return LMHandle(engine, state)
-    if state.task == "translator":
-        return DecodeHandle(engine, state)
-    return RowHandle(engine, state)
+    return HANDLES[spec.family](engine, state)

@@ -79,7 +79,7 @@ def build_served(name: str, path: Path, options: EngineOptions,
     if options.trusted_keys is not None:
         check_signed(path, trusted_keys(options.trusted_keys))
     factory = runtime_factory or load_runtime
-    instances = 1 if manifest.task in ("translator", "lm") else max(1, options.instances)
+    instances = 1 if manifest.spec.shared_instance else max(1, options.instances)
     runtimes = [factory(options.runtime, path, manifest) for _ in range(instances)]
     config = options.model_config(max_tokens_of(manifest, options.max_tokens))
     return manifest, build_model(name, runtimes, manifest, config, observer)

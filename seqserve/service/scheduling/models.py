@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from seqserve.export.contract import FEATURE_TASKS, GRAPHS_BY_TASK
+from seqserve.export.contract import GRAPHS_BY_TASK, task_spec
 from seqserve.export.manifest import Manifest
 from seqserve.service.core.errors import BadRequest, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
@@ -124,7 +124,7 @@ def series_rows(runtime: Runtime, manifest: Manifest) -> SeriesCompute:
     sessions of many clients share one batch), and its outputs de-normalised by
     `output_scale`."""
     graph = GRAPHS_BY_TASK[manifest.task][0]
-    tagger = manifest.task == "sequence-tagger"
+    tagger = manifest.task == "sequence-tagger"  # one result per step
     dim = int(manifest.features or 0)
     norm, scale = manifest.normalization, manifest.output_scale
     mean = np.asarray(norm["mean"], np.float32) if norm else None  # (D,)
@@ -355,28 +355,53 @@ def decode_limits(manifest: Manifest) -> DecodeLimits:
 
 def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Manifest,
                 config: ModelConfig, observer: Observer | None = None) -> ServedModel:
-    """The scheduled model of `manifest.task` over its runtime instances (translators use the
-    first); LookupError for a task no scheduler serves."""
+    """The scheduled model of `manifest.task` over its runtime instances (the task table's
+    family picks the scheduler: `BUILDERS`; decode and LM models use the first instance);
+    LookupError for a task no scheduler serves."""
     instances = [runtimes] if not isinstance(runtimes, Sequence) else list(runtimes)
+    return BUILDERS[task_spec(manifest.task).family](name, instances, manifest, config,
+                                                     observer)
+
+
+def _ids(manifest: Manifest) -> tuple[int, int]:
+    """The pad id rows are padded with and the id warm-up rows are made of."""
     tok = manifest.tokenizer
     pad_id = max(tok.pad_id, 0)  # a tokenizer without pad: any id (lengths mask it)
-    unk_id = tok.unk_id if tok.unk_id >= 0 else pad_id  # warm-up rows only
-    if manifest.task == "lm":
-        return LMModel(instances[0], manifest, config, observer)
-    if manifest.task == "translator":
-        cfg = dataclasses.replace(config, decode=dataclasses.replace(config.decode,
-                                                                      pad_id=pad_id))
-        return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
-    if manifest.task in FEATURE_TASKS:
-        dim = int(manifest.features or 1)
-        model = BatchedModel(name, instances, [series_rows(rt, manifest) for rt in instances],
-                             0, config, observer,
-                             warm_row=lambda n: np.zeros((n, dim), np.float32))
-        if manifest.state_dim:
-            model.enable_sessions(int(manifest.state_dim), observer)
-        return model
-    rows = ROW_TASKS.get(manifest.task)
-    if rows is None:
-        raise LookupError(f"no scheduler serves task {manifest.task!r}")
-    computes = [rows(rt, pad_id) for rt in instances]
-    return BatchedModel(name, instances, computes, unk_id, config, observer)
+    return pad_id, tok.unk_id if tok.unk_id >= 0 else pad_id
+
+
+def _rows_model(name: str, instances: list[Runtime], manifest: Manifest, config: ModelConfig,
+                observer: Observer | None) -> ServedModel:
+    pad_id, unk_id = _ids(manifest)
+    rows = ROW_TASKS[manifest.task]
+    return BatchedModel(name, instances, [rows(rt, pad_id) for rt in instances], unk_id,
+                        config, observer)
+
+
+def _series_model(name: str, instances: list[Runtime], manifest: Manifest,
+                  config: ModelConfig, observer: Observer | None) -> ServedModel:
+    dim = int(manifest.features or 1)
+    model = BatchedModel(name, instances, [series_rows(rt, manifest) for rt in instances], 0,
+                         config, observer, warm_row=lambda n: np.zeros((n, dim), np.float32))
+    if manifest.state_dim:
+        model.enable_sessions(int(manifest.state_dim), observer)
+    return model
+
+
+def _decode_model(name: str, instances: list[Runtime], manifest: Manifest,
+                  config: ModelConfig, observer: Observer | None) -> ServedModel:
+    pad_id, unk_id = _ids(manifest)
+    cfg = dataclasses.replace(config, decode=dataclasses.replace(config.decode, pad_id=pad_id))
+    return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
+
+
+def _lm_model(name: str, instances: list[Runtime], manifest: Manifest, config: ModelConfig,
+              observer: Observer | None) -> ServedModel:
+    return LMModel(instances[0], manifest, config, observer)
+
+
+BUILDERS: dict[str, Callable[[str, list[Runtime], Manifest, ModelConfig, Observer | None],
+                             ServedModel]] = {
+    "rows": _rows_model, "series": _series_model, "decode": _decode_model, "lm": _lm_model,
+}
+"""The scheduler of each task family (export.contract.FAMILIES)."""

@@ -30,11 +30,10 @@ from seqserve.service.engine.interface import Engine, ModelHandle, handle
 from seqserve.service.engine.loading import failure_reason
 from seqserve.service.engine.protocol import ModelState
 from seqserve.service.web.settings import Settings
-from seqserve.service.workers import ROW_WORKERS, ModelWorker, TextLimits, WorkerContext
+from seqserve.service.workers import WORKERS, ModelWorker, TextLimits, WorkerContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.lm import LMWorker
 from seqserve.service.workers.series import (
-    SERIES_WORKERS,
     SeriesContext,
     SeriesLimits,
     SeriesWorker,
@@ -126,16 +125,12 @@ class ModelRepository:
             raise ModelNotReady(state.reason or f"the engine reports it {state.state}")
         entry.manifest = manifest = Manifest.from_dict(state.manifest)
         entry.scheduling = state.scheduling
-        entry.model = model = handle(engine, state, manifest.has_tokenizer)
-        if not manifest.has_tokenizer:
+        entry.model = model = handle(engine, state, manifest.spec)
+        if manifest.spec.features:
             return self._series_worker(entry, manifest, model, state.max_tokens,
                                        local=engine.in_process)
         context = self._context(entry, manifest, model, state.max_tokens)
-        if manifest.task == "lm":
-            return LMWorker(context, self.settings.max_new_tokens)
-        if manifest.task == "translator":
-            return TranslatorWorker(context)
-        return ROW_WORKERS[manifest.task](context)
+        return WORKERS[manifest.task](context)  # type: ignore[no-any-return]
 
     def _series_worker(self, entry: ModelEntry, manifest: Manifest, model: Any,
                        max_steps: int, local: bool) -> ModelWorker:
@@ -150,8 +145,8 @@ class ModelRepository:
             refused = (f"the {s.layout} layout runs {s.api_workers} API processes, each with "
                        "its own copy of this model, and a session's state would live in one "
                        "of them (serve sessions with --layout engine or hybrid)")
-        return SERIES_WORKERS[manifest.task](SeriesContext(entry.name, entry.version, manifest,
-                                                           limits, model, refused))
+        context = SeriesContext(entry.name, entry.version, manifest, limits, model, refused)
+        return WORKERS[manifest.task](context)  # type: ignore[no-any-return]
 
     def _context(self, entry: ModelEntry, manifest: Manifest, model: Any,
                  max_tokens: int) -> WorkerContext[Any]:
@@ -163,7 +158,7 @@ class ModelRepository:
         target = (None if manifest.target_tokenizer is None
                   else _tokenizer(entry.path, manifest.target_tokenizer))
         return WorkerContext(entry.name, entry.version, manifest, tokenizer, limits, model,
-                             target)
+                             target, s.max_new_tokens)
 
     def engine_report(self) -> dict[str, Any]:
         """The engine's effective options, its process values and every model's effective

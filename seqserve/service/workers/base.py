@@ -297,6 +297,8 @@ class WorkerContext(Generic[M]):
     """The scheduled model: its `submit` takes token rows (and search options)."""
     target_tokenizer: TextTokenizer | None = None
     """Translators with separate vocabularies: the target side's tokenizer (None: joint)."""
+    max_new_tokens: int = 0
+    """Language models: the server's limit of new tokens per sequence."""
 
     @property
     def target(self) -> TextTokenizer:

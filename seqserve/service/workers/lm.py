@@ -161,9 +161,9 @@ class LMWorker:
 
     task: ClassVar[str] = "lm"
 
-    def __init__(self, ctx: WorkerContext[Any], max_new_tokens: int) -> None:
+    def __init__(self, ctx: WorkerContext[Any]) -> None:
         self.ctx = ctx
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = ctx.max_new_tokens
         tok = ctx.tokenizer
         self._bos, self._eos = tok.bos_id, tok.eos_id
         self.specials = lm_text.Specials.of(tok)

@@ -40,7 +40,7 @@ from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import SeriesModel, SessionRow
 from seqserve.service.scheduling.sessions import MAX_SESSION_ID
 
-__all__ = ["F32_MAX", "MAX_SESSION_ID", "SERIES_WORKERS", "SequenceClassifierWorker",
+__all__ = ["F32_MAX", "MAX_SESSION_ID", "SequenceClassifierWorker",
            "SequenceTaggerWorker", "SeriesContext", "SeriesLimits", "SeriesWorker"]
 from seqserve.service.workers.base import RequestContext
 
@@ -304,9 +304,3 @@ class SequenceTaggerWorker(SeriesWorker):
 
     task: ClassVar[str] = "sequence-tagger"
     per_step: ClassVar[bool] = True
-
-
-SERIES_WORKERS: dict[str, type[SeriesWorker]] = {
-    "sequence-classifier": SequenceClassifierWorker,
-    "sequence-tagger": SequenceTaggerWorker,
-}

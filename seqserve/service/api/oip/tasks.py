@@ -21,7 +21,8 @@ request has. A language model takes
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,31 +60,138 @@ SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 """Triton's sequence-batcher parameters: a session's id (string or uint64) and its flags."""
 Signature = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 TEXT_INPUT = [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+InferAnswer = dict[str, Any] | None
+"""The answer's own `parameters` an infer fills (a session's id and steps), or None."""
+
+
+def _series_signature(worker: SeriesWorker) -> Signature:
+    k = worker.outputs
+    shape = [-1, -1, k] if worker.per_step else [-1, k]
+    outs = [{"name": "outputs", "datatype": "FP32", "shape": shape}]
+    if worker.labels:
+        outs.append({"name": "probabilities", "datatype": "FP32", "shape": shape})
+        if not worker.per_step:
+            outs.append({"name": "label", "datatype": "BYTES", "shape": [-1]})
+    return [{"name": "features", "datatype": "FP32", "shape": [-1, -1, worker.features]},
+            {"name": "lengths", "datatype": "INT64", "shape": [-1]}], outs
+
+
+def _classifier_signature(worker: ClassifierWorker) -> Signature:
+    return TEXT_INPUT, [
+        {"name": "label", "datatype": "BYTES", "shape": [-1]},
+        {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(worker.labels)]},
+    ]
+
+
+def _no_parameters(parameters: dict[str, Any]) -> None:
+    if parameters:
+        raise BadRequest(f"unknown parameters {sorted(parameters)}: this model takes none")
+
+
+async def _infer_classifier(worker: ClassifierWorker, inputs: dict[str, V2Tensor],
+                            parameters: dict[str, Any], call: RequestContext,
+                            answer: InferAnswer, states: StateCodec) -> list[V2Tensor]:
+    texts = input_texts(inputs)
+    _no_parameters(parameters)
+    probs = await worker.probabilities(texts, call)  # (n, C)
+    labels = [worker.labels[int(j)] for j in probs.argmax(axis=1)]
+    n, c = probs.shape
+    return [V2Tensor("label", "BYTES", [n], labels),
+            V2Tensor("probabilities", "FP32", [n, c], probs.reshape(-1).tolist())]
+
+
+async def _infer_tagger(worker: TaggerWorker, inputs: dict[str, V2Tensor],
+                        parameters: dict[str, Any], call: RequestContext,
+                        answer: InferAnswer, states: StateCodec) -> list[V2Tensor]:
+    texts = input_texts(inputs)
+    _no_parameters(parameters)
+    tagged = await worker.tag(texts, call)
+    # each element is JSON text itself: the one encoder's (a NaN probability is null)
+    data = [encode_json(r["tokens"]).decode() for r in tagged]
+    return [V2Tensor("tags", "BYTES", [len(data)], data)]
+
+
+async def _infer_translator(worker: TranslatorWorker, inputs: dict[str, V2Tensor],
+                            parameters: dict[str, Any], call: RequestContext,
+                            answer: InferAnswer, states: StateCodec) -> list[V2Tensor]:
+    texts = input_texts(inputs)
+    options = TranslateOptions.from_parameters(parameters).search_options()
+    results = await worker.translate(texts, options, call)
+    n = len(results)
+    return [V2Tensor("translation", "BYTES", [n], [r["translation"] for r in results]),
+            V2Tensor("score", "FP32", [n], [float(r["score"]) for r in results])]
+
+
+async def _infer_series_task(worker: SeriesWorker, inputs: dict[str, V2Tensor],
+                             parameters: dict[str, Any], call: RequestContext,
+                             answer: InferAnswer, states: StateCodec) -> list[V2Tensor]:
+    """A feature-sequence model's infer: stateless series, a session's chunk (Triton's
+    sequence parameters) or one series carried by state tokens."""
+    given = dict(parameters)
+    session = sequence_of(given)  # removes the sequence parameters from `given`
+    return_state = given.pop("return_state", False)
+    if given:
+        raise BadRequest(f"unknown parameters {sorted(given)}: this model takes only "
+                         f"{[*SEQUENCE_PARAMETERS, 'return_state']}")
+    if "state" in inputs or return_state is not False:
+        if session is not None:
+            raise BadRequest("a state token carries the series' state in the request: "
+                             "not with parameters.sequence_id (the server keeps a "
+                             "sequence's state)")
+        tensors, steps = await _infer_carried(worker, inputs, return_state, states, call)
+        if answer is not None:
+            answer.update(sequence_steps=steps)
+        return tensors
+    if session is not None:
+        tensors, steps, ran = await _infer_session(worker, inputs, session, call)
+        if answer is not None:  # VERSION_KEY: the session's version names the answer
+            answer.update(sequence_id=parameters["sequence_id"], sequence_steps=steps)
+            answer[VERSION_KEY] = ran
+        return tensors
+    return await _infer_series(worker, inputs, call)
+
+
+async def _infer_lm_task(worker: LMWorker, inputs: dict[str, V2Tensor],
+                         parameters: dict[str, Any], call: RequestContext,
+                         answer: InferAnswer, states: StateCodec) -> list[V2Tensor]:
+    return await _infer_lm(worker, inputs, parameters, call, states)
+
+
+@dataclass(frozen=True)
+class Face:
+    """A task's OIP face: its metadata signature and its infer on decoded inputs."""
+
+    signature: Callable[[Any], Signature]
+    infer: Callable[[Any, dict[str, V2Tensor], dict[str, Any], RequestContext, InferAnswer,
+                     StateCodec], Awaitable[list[V2Tensor]]]
+
+
+_SERIES = Face(_series_signature, _infer_series_task)
+FACES: dict[str, Face] = {
+    "classifier": Face(_classifier_signature, _infer_classifier),
+    "tagger": Face(lambda w: (TEXT_INPUT, [{"name": "tags", "datatype": "BYTES",
+                                            "shape": [-1]}]), _infer_tagger),
+    "translator": Face(lambda w: (TEXT_INPUT, [
+        {"name": "translation", "datatype": "BYTES", "shape": [-1]},
+        {"name": "score", "datatype": "FP32", "shape": [-1]}]), _infer_translator),
+    "lm": Face(lambda w: (LM_INPUT, [{"name": "text_output", "datatype": "BYTES",
+                                      "shape": [-1]}]), _infer_lm_task),
+    "sequence-classifier": _SERIES,
+    "sequence-tagger": _SERIES,
+}
+"""The task table's OIP column (export.contract.TASK_SPECS), by the worker's task."""
+
+
+def _face(worker: ModelWorker) -> Face:
+    face = FACES.get(worker.task)
+    if face is None:
+        raise BadRequest(f"no OIP inference for task {worker.task!r}")
+    return face
 
 
 def signature(worker: ModelWorker) -> Signature:
     """OIP metadata `inputs` and `outputs` ([{name, datatype, shape}]) of a worker's task."""
-    if isinstance(worker, SeriesWorker):
-        k = worker.outputs
-        shape = [-1, -1, k] if worker.per_step else [-1, k]
-        outs = [{"name": "outputs", "datatype": "FP32", "shape": shape}]
-        if worker.labels:
-            outs.append({"name": "probabilities", "datatype": "FP32", "shape": shape})
-            if not worker.per_step:
-                outs.append({"name": "label", "datatype": "BYTES", "shape": [-1]})
-        return [{"name": "features", "datatype": "FP32", "shape": [-1, -1, worker.features]},
-                {"name": "lengths", "datatype": "INT64", "shape": [-1]}], outs
-    if isinstance(worker, ClassifierWorker):
-        return TEXT_INPUT, [
-            {"name": "label", "datatype": "BYTES", "shape": [-1]},
-            {"name": "probabilities", "datatype": "FP32", "shape": [-1, len(worker.labels)]},
-        ]
-    if isinstance(worker, TaggerWorker):
-        return TEXT_INPUT, [{"name": "tags", "datatype": "BYTES", "shape": [-1]}]
-    if isinstance(worker, LMWorker):
-        return LM_INPUT, [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}]
-    return TEXT_INPUT, [{"name": "translation", "datatype": "BYTES", "shape": [-1]},
-                        {"name": "score", "datatype": "FP32", "shape": [-1]}]
+    return _face(worker).signature(worker)
 
 
 def output_names(worker: ModelWorker) -> list[str]:
@@ -94,58 +202,13 @@ def output_names(worker: ModelWorker) -> list[str]:
 
 
 async def infer(worker: ModelWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],
-                call: RequestContext, answer: dict[str, Any] | None = None,
+                call: RequestContext, answer: InferAnswer = None,
                 states: StateCodec | None = None) -> list[V2Tensor]:
     """Run the worker's task on the decoded inputs; BadRequest for what does not fit it.
     The answer's own `parameters` (a session's id and steps) go into `answer`; `states`
     signs and checks state tokens (None: a server without a secret)."""
-    if isinstance(worker, SeriesWorker):
-        given = dict(parameters)
-        session = sequence_of(given)  # removes the sequence parameters from `given`
-        return_state = given.pop("return_state", False)
-        if given:
-            raise BadRequest(f"unknown parameters {sorted(given)}: this model takes only "
-                             f"{[*SEQUENCE_PARAMETERS, 'return_state']}")
-        if "state" in inputs or return_state is not False:
-            if session is not None:
-                raise BadRequest("a state token carries the series' state in the request: "
-                                 "not with parameters.sequence_id (the server keeps a "
-                                 "sequence's state)")
-            tensors, steps = await _infer_carried(worker, inputs, return_state,
-                                                  states or StateCodec([]), call)
-            if answer is not None:
-                answer.update(sequence_steps=steps)
-            return tensors
-        if session is not None:
-            tensors, steps, ran = await _infer_session(worker, inputs, session, call)
-            if answer is not None:  # VERSION_KEY: the session's version names the answer
-                answer.update(sequence_id=parameters["sequence_id"], sequence_steps=steps)
-                answer[VERSION_KEY] = ran
-            return tensors
-        return await _infer_series(worker, inputs, call)
-    if isinstance(worker, LMWorker):
-        return await _infer_lm(worker, inputs, parameters, call, states or StateCodec([]))
-    texts = input_texts(inputs)
-    if isinstance(worker, TranslatorWorker):
-        options = TranslateOptions.from_parameters(parameters).search_options()
-        results = await worker.translate(texts, options, call)
-        n = len(results)
-        return [V2Tensor("translation", "BYTES", [n], [r["translation"] for r in results]),
-                V2Tensor("score", "FP32", [n], [float(r["score"]) for r in results])]
-    if parameters:
-        raise BadRequest(f"unknown parameters {sorted(parameters)}: this model takes none")
-    if isinstance(worker, ClassifierWorker):
-        probs = await worker.probabilities(texts, call)  # (n, C)
-        labels = [worker.labels[int(j)] for j in probs.argmax(axis=1)]
-        n, c = probs.shape
-        return [V2Tensor("label", "BYTES", [n], labels),
-                V2Tensor("probabilities", "FP32", [n, c], probs.reshape(-1).tolist())]
-    if isinstance(worker, TaggerWorker):
-        tagged = await worker.tag(texts, call)
-        # each element is JSON text itself: the one encoder's (a NaN probability is null)
-        data = [encode_json(r["tokens"]).decode() for r in tagged]
-        return [V2Tensor("tags", "BYTES", [len(data)], data)]
-    raise BadRequest(f"no OIP inference for task {worker.task!r}")
+    return await _face(worker).infer(worker, inputs, parameters, call, answer,
+                                     states or StateCodec([]))
 
 
 async def _infer_lm(worker: LMWorker, inputs: dict[str, V2Tensor], parameters: dict[str, Any],

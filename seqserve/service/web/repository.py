@@ -267,11 +267,11 @@ class ModelRepository:
     def _ready(self, name: str, entry: ModelEntry) -> tuple[ModelEntry, ModelWorker]:
         if entry.state != "ready" or entry.worker is None:
             why = f": {entry.reason}" if entry.reason else ""
-            # a failed version stays failed until the server is redeployed: no Retry-After
-            retry = None if entry.state == "failed" else self.settings.retry_after_s
+            # failed too: the model control may load it again (a fixed file, another
+            # process's copy), and every 503 says when to ask again
             raise ModelNotReady(
                 f"model {name!r} version {entry.version} is {entry.state}{why}",
-                retry_after=retry,
+                retry_after=self.settings.retry_after_s,
             )
         return entry, entry.worker
 

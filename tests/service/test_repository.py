@@ -33,7 +33,51 @@ def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
             for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
 
 
-@pytest.mark.parametrize("readiness", ["all", "any"])
+@pytest.mark.parametrize("readiness", ["default", "all"])
+def test_a_failed_version_beside_the_default_holds_readiness_only_when_strict(
+        tiny_repo: Path, tmp_path: Path, readiness: str) -> None:
+    """Version 1's graph truncated, version 2 good (the default: the highest ready): with
+    `--readiness default` (the default) the server is ready and version 1 is reported failed
+    with its reason in the repository index and the metrics; with `all` it is unready."""
+    repo = copy_repo(tiny_repo, tmp_path / "repo")
+    shutil.copytree(repo / MODEL / "1", repo / MODEL / "2")
+    onnx = repo / MODEL / "1" / "classifier.onnx"
+    onnx.write_bytes(onnx.read_bytes()[: onnx.stat().st_size // 2])
+    assert Settings(repo=repo).readiness == "default"
+    chosen = {} if readiness == "default" else {"readiness": readiness}
+    app = create_app(Settings(repo=repo, warmup=False, **chosen))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        ready = c.get("/v2/health/ready")
+        index = {(m["name"], m["version"]): m for m in c.post("/v2/repository/index").json()}
+        ok = c.post(f"/v1/models/{MODEL}/classify", json={"texts": ["one"]})
+        metrics = c.get("/metrics").text
+    assert index[MODEL, "1"]["state"] == "UNAVAILABLE"
+    assert "classifier.onnx" in index[MODEL, "1"]["reason"]
+    assert index[MODEL, "2"]["state"] == "READY"
+    assert ok.status_code == 200 and ok.json()["version"] == 2
+    assert _samples(metrics, "seqserve_model_load_failures_total")[(MODEL, "1")] == 1
+    if readiness == "default":
+        assert ready.status_code == 200, ready.text
+    else:
+        assert ready.status_code == 503 and f"{MODEL}/1: failed" in ready.json()["error"]
+
+
+def test_a_model_with_no_version_ready_holds_default_readiness(tiny_repo: Path,
+                                                              tmp_path: Path) -> None:
+    """`--readiness default` is not `any`: a model none of whose versions loaded keeps the
+    server unready though another model serves."""
+    repo = copy_repo(tiny_repo, tmp_path / "repo")
+    shutil.copytree(repo / MODEL, repo / "broken")
+    onnx = repo / "broken" / "1" / "classifier.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:100])
+    with serve_in_thread(create_app(Settings(repo=repo, warmup=False))) as url:
+        ready = httpx.get(f"{url}/v2/health/ready", timeout=30)
+        ok = httpx.post(f"{url}/v1/models/{MODEL}/classify", json={"texts": ["one"]}, timeout=30)
+    assert ok.status_code == 200
+    assert ready.status_code == 503 and "broken/1: failed" in ready.json()["error"]
+
+
+@pytest.mark.parametrize("readiness", ["default", "all", "any"])
 def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_path: Path,
                                                          readiness: str) -> None:
     repo = copy_repo(tiny_repo, tmp_path / "repo")
@@ -63,6 +107,7 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
         ready = c.get("/v2/health/ready")
         metrics = c.get("/metrics").text
     if readiness == "all":  # strict: a failed version keeps the server out of rotation
+        # (default: version 2 is not the default while it is failed, version 1 serves)
         assert ready.status_code == 503 and f"{MODEL}/2: failed" in ready.json()["error"]
         assert ready.headers["retry-after"] == "1"
         # the open readiness answer names the file within the repository: before, it showed

@@ -299,17 +299,24 @@ class ModelRepository:
                                 "model")
         return entry, worker
 
-    def serving(self, strict: bool) -> bool:
-        """Whether the server may take traffic: every version ready (strict; Triton's
-        default), or at least one (relaxed); a version the model control added while
-        serving that is not ready (loading, failed) does not count: it replaced nothing, so
-        whatever answered before answers on. An empty repository serves nothing, and nothing
-        is served once the engine process is gone."""
+    def serving(self, readiness: str) -> bool:
+        """Whether the server may take traffic (`Settings.readiness`): default, every model
+        has a default version, ready (the policy's while it is ready, else its highest ready
+        one: `default_version`), so every unpinned request is served; a failed version beside
+        it is reported (index, metrics, log) but holds nothing; all, every version ready
+        (strict; Triton's default); any, at least one. A version the model control added
+        while serving that is not ready (loading, failed) does not count: it replaced
+        nothing, so whatever answered before answers on. An empty repository serves nothing,
+        and nothing is served once the engine process is gone."""
         if any(e.lost is not None for e in self.engines):
             return False
-        states = [e.state == "ready" for v in self.entries.values() for e in v.values()
-                  if e.state == "ready" or not e.late]
-        return bool(states) and (all(states) if strict else any(states))
+        counted = {name: [e.state == "ready" for e in v.values() if e.state == "ready"
+                          or not e.late] for name, v in self.entries.items()}
+        states = [ok for oks in counted.values() for ok in oks]
+        if readiness == "default":
+            return bool(states) and all(self.default_version(name) is not None
+                                        for name, oks in counted.items() if oks)
+        return bool(states) and (all(states) if readiness == "all" else any(states))
 
     def not_ready(self) -> list[str]:
         """"name/version: state (reason)" of every version that is not ready."""

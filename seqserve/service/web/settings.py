@@ -189,10 +189,14 @@ class Settings(BaseSettings):
     take turns, so one group's beam bookkeeping overlaps the other's step (1 = one call per
     step); auto = 2 in the engine layout, 1 where each API process runs its own translator
     (hybrid, replicated: measured, docs/performance.md section 15)."""
-    readiness: Literal["all", "any"] = "all"
-    """When /v2/health/ready says ready: every model version loaded (all: strict, Triton's
-    default; a failed bundle keeps the instance out of the load balancer) or at least one
-    (any)."""
+    readiness: Literal["default", "all", "any"] = "default"
+    """When /v2/health/ready says ready. default: every model's default version is loaded
+    (the version unpinned requests go to: its policy.json default while ready, else its
+    highest ready version), so every model answers; a failed version beside it is reported
+    (/v2/repository/index and /v1/models with its reason, seqserve_model_ready and
+    seqserve_model_load_failures_total, the log) but does not keep the instance out of the
+    load balancer; all: every version loaded (strict, Triton's default: one failed bundle
+    keeps the instance unready); any: at least one version of any model."""
     warmup: bool = True
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"

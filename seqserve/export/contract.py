@@ -363,6 +363,10 @@ MAX_STATE_DIM = 1 << 18
 """Most floats of one recurrent state row (1 MiB)."""
 MAX_TOKENIZER_BYTES = 64 << 20
 """Largest tokenizer file read (a 256k-piece tokenizer.json is ~17 MB)."""
+MAX_MANIFEST_BYTES = 16 << 20
+"""Largest manifest.json read (refused before it is parsed: a manifest of 1,000,000 labels
+took the supervisor to 164 MB to refuse). A manifest names files, graphs and up to
+MAX_OUTPUTS labels: 65,536 labels of 200 characters are ~13 MB."""
 
 _TENSOR = {"type": "object", "required": ["name", "dtype", "shape"],
            "properties": {"name": {"type": "string"},

@@ -4,19 +4,21 @@ ONNX goes through the TorchScript-based exporter (`dynamo=False`): it emits nati
 LSTM/GRU/RNN ops and names every dynamic dim after `dynamic_axes`. Afterwards every graph
 input and output is checked against the contract spec: names, dtypes, and every dim symbolic
 with the contract's name (only `k` is a fixed [1]); a size frozen from the example inputs
-fails the export.
+fails the export. torch is imported by the writers only: `check_onnx` runs without it
+(`seqserve verify --no-parity`).
 """
 
 from __future__ import annotations
 
 import warnings
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from seqserve.export.contract import GraphSpec
-from seqserve.export.graphs import GraphDef
 from seqserve.models.errors import BundleError
+
+if TYPE_CHECKING:
+    from seqserve.export.graphs import GraphDef
 
 DEFAULT_OPSET = 17
 
@@ -33,6 +35,8 @@ def dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
 
 def export_onnx(gdef: GraphDef, path: Path, opset: int = DEFAULT_OPSET) -> None:
     """Export one graph to a self-contained .onnx file, then check it (see module doc)."""
+    import torch
+
     spec = gdef.spec
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation chatter
@@ -80,6 +84,8 @@ def check_onnx(path: Path, spec: GraphSpec, opset: int | None = None, strict: bo
 
 def export_torchscript(gdef: GraphDef, path: Path) -> None:
     """Trace the wrapper module and save it with torch.jit.save (positional in/out)."""
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         traced = torch.jit.trace(gdef.module, gdef.example, check_trace=False)

@@ -27,6 +27,7 @@ from seqserve.export.contract import (
     DECODERS,
     FEATURE_TASKS,
     GRAPHS_BY_TASK,
+    MAX_MANIFEST_BYTES,
     MAX_SERIES_VALUES,
     MAX_TOKENIZER_BYTES,
     TASK_SPECS,
@@ -274,15 +275,40 @@ def manifest_checksum(data: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
+def read_manifest_bytes(bundle_dir: str | os.PathLike[str]) -> bytes:
+    """The bytes of `bundle_dir/manifest.json`, checked as every file it lists is: a regular
+    file inside the version folder (a symbolic link out of it is refused: `inside`), and at
+    most MAX_MANIFEST_BYTES, refused before more is read (the server parses and signature
+    checks read it through here)."""
+    path = Path(bundle_dir) / MANIFEST_FILE
+    if not path.is_file():
+        raise BundleError(f"{path}: manifest.json is missing")
+    inside(Path(bundle_dir).resolve(), path)
+    with path.open("rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{path}: over the {MAX_MANIFEST_BYTES >> 20} MiB a manifest.json "
+                          "may have")
+    return data
+
+
+def inside(real_root: Path, path: Path) -> Path:
+    """`path` resolved, or BundleError when it leads out of the folder `real_root` (resolved):
+    a symbolic link within it, as Kubernetes volumes and git-sync publish files, is fine."""
+    real = path.resolve()
+    if real_root not in real.parents:
+        raise BundleError(f"{path}: a symbolic link that leads out of its version folder "
+                          "(a bundle's files must lie inside it)")
+    return real
+
+
 def read_manifest(bundle_dir: str | os.PathLike[str], require_checksum: bool = False
                   ) -> Manifest:
     """Parse `bundle_dir/manifest.json`; check its own `manifest_sha256` when present
     (required with `require_checksum`). File hashes are checked by `load_bundle`."""
     path = Path(bundle_dir) / MANIFEST_FILE
-    if not path.is_file():
-        raise BundleError(f"{path}: manifest.json is missing")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_manifest_bytes(bundle_dir).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{path}: manifest.json is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):
@@ -359,10 +385,7 @@ def verify_files(bundle_dir: str | os.PathLike[str], manifest: Manifest) -> None
             raise BundleError(f"{root}: manifest lists an invalid file name {name!r}")
         if not path.is_file():
             raise BundleError(f"{path}: listed in the manifest but missing")
-        real = path.resolve()
-        if real_root not in real.parents:
-            raise BundleError(f"{path}: a symbolic link that leads out of its version folder "
-                              "(a bundle's files must lie inside it)")
+        real = inside(real_root, path)
         if name in tokenizers and real.stat().st_size > MAX_TOKENIZER_BYTES:
             raise BundleError(f"{path}: {real.stat().st_size} bytes, over the "
                               f"{MAX_TOKENIZER_BYTES >> 20} MiB a tokenizer file may have")

@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from seqserve.export.manifest import MANIFEST_FILE, SIGNATURE_FILE
+from seqserve.export.manifest import MANIFEST_FILE, SIGNATURE_FILE, read_manifest_bytes
 from seqserve.models.errors import BundleError, UserError
 
 ALGORITHM = "ed25519"
@@ -124,7 +124,7 @@ def check_signed(bundle: str | os.PathLike[str], trusted: dict[str, object]) -> 
     if key is None:
         raise BundleError(f"{sig_path.name}: signed by key {kid}, which is not trusted")
     try:
-        key.verify(signature, (root / MANIFEST_FILE).read_bytes())  # type: ignore[attr-defined]
+        key.verify(signature, read_manifest_bytes(root))  # type: ignore[attr-defined]
     except InvalidSignature as exc:
         raise BundleError(f"{sig_path.name}: the signature by key {kid} does not match "
                           "manifest.json (changed after signing?)") from exc

@@ -178,3 +178,17 @@ def test_export_rejects_bad_arguments(tiny_classifier_run: Path, tmp_path: Path)
     (unfinished / "DONE").unlink()
     with pytest.raises(UserError, match="not finished"):
         export_run(unfinished, tmp_path, "m", progress=False)
+
+
+def test_verify_without_parity_never_imports_torch(tiny_repo: Path) -> None:
+    """`seqserve verify --no-parity` checks hashes, schema, tokenizer and graph signatures
+    with ONNX Runtime: a machine with the server's dependencies only (no torch) can run it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom seqserve.cli import main\n"
+            f"assert main(['verify', {str(tiny_repo / 'tiny-mt' / '1')!r}, '--no-parity']) == 0\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from seqserve.cli import main
-from seqserve.export.contract import MAX_SERIES_VALUES, MAX_TOKENIZER_BYTES
+from seqserve.export.contract import MAX_MANIFEST_BYTES, MAX_SERIES_VALUES, MAX_TOKENIZER_BYTES
 from seqserve.export.manifest import manifest_checksum, sha256_file
 from seqserve.export.verify import verify_bundle
 from seqserve.models.errors import BundleError
@@ -99,6 +99,38 @@ def test_a_link_out_of_the_version_folder_is_refused(bundle: Path, tmp_path: Pat
         verify_bundle(bundle, parity=False)
     with pytest.raises(BundleError, match="leads out"):
         build_served("clf", bundle, _options(bundle))
+
+
+def test_a_manifest_linked_out_of_the_version_folder_is_refused(bundle: Path,
+                                                               tmp_path: Path) -> None:
+    """manifest.json itself reached through a link to elsewhere was read and served (every
+    file it lists was refused for the same thing); now refused by name, by the server too."""
+    outside = tmp_path / "elsewhere" / "manifest.json"
+    outside.parent.mkdir()
+    (bundle / "manifest.json").rename(outside)
+    (bundle / "manifest.json").symlink_to(outside)
+    with pytest.raises(BundleError, match="manifest.json: a symbolic link that leads out"):
+        verify_bundle(bundle, parity=False)
+    with pytest.raises(BundleError, match="manifest.json: a symbolic link that leads out"):
+        build_served("clf", bundle, _options(bundle))
+
+
+def test_an_oversized_manifest_is_refused_before_it_is_parsed(
+        bundle: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import seqserve.export.manifest as manifest_module
+
+    manifest = bundle / "manifest.json"
+    with manifest.open("ab") as f:  # valid JSON (trailing blanks) but over the bound
+        f.write(b" " * (MAX_MANIFEST_BYTES + 1 - manifest.stat().st_size))
+    parsed: list[int] = []
+    real_loads = json.loads
+    monkeypatch.setattr(manifest_module.json, "loads",
+                        lambda text, *a, **k: parsed.append(len(text)) or real_loads(text))
+    with pytest.raises(BundleError, match="over the 16 MiB a manifest.json may have"):
+        verify_bundle(bundle, parity=False)
+    with pytest.raises(BundleError, match="16 MiB a manifest.json"):
+        build_served("clf", bundle, _options(bundle))
+    assert all(n < MAX_MANIFEST_BYTES for n in parsed)
 
 
 def test_kubernetes_volume_links_inside_the_folder_keep_working(bundle: Path) -> None:

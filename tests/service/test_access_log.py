@@ -210,7 +210,7 @@ def test_refusals_logged_at_most_ten_a_second_others_always(
         pass
 
     async def flood() -> float:
-        middleware = AccessLogMiddleware(app)
+        middleware = AccessLogMiddleware(app, retry_after_s=1)
         start = time.monotonic()
         for i in range(300):
             path = "/ok" if i % 100 == 0 else "/v1/models/m/classify"

@@ -7,6 +7,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,7 +33,51 @@ def _samples(text: str, name: str) -> dict[tuple[str, str], float]:
             for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
 
 
-@pytest.mark.parametrize("readiness", ["all", "any"])
+@pytest.mark.parametrize("readiness", ["default", "all"])
+def test_a_failed_version_beside_the_default_holds_readiness_only_when_strict(
+        tiny_repo: Path, tmp_path: Path, readiness: str) -> None:
+    """Version 1's graph truncated, version 2 good (the default: the highest ready): with
+    `--readiness default` (the default) the server is ready and version 1 is reported failed
+    with its reason in the repository index and the metrics; with `all` it is unready."""
+    repo = copy_repo(tiny_repo, tmp_path / "repo")
+    shutil.copytree(repo / MODEL / "1", repo / MODEL / "2")
+    onnx = repo / MODEL / "1" / "classifier.onnx"
+    onnx.write_bytes(onnx.read_bytes()[: onnx.stat().st_size // 2])
+    assert Settings(repo=repo).readiness == "default"
+    chosen = {} if readiness == "default" else {"readiness": readiness}
+    app = create_app(Settings(repo=repo, warmup=False, **chosen))
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as c:
+        ready = c.get("/v2/health/ready")
+        index = {(m["name"], m["version"]): m for m in c.post("/v2/repository/index").json()}
+        ok = c.post(f"/v1/models/{MODEL}/classify", json={"texts": ["one"]})
+        metrics = c.get("/metrics").text
+    assert index[MODEL, "1"]["state"] == "UNAVAILABLE"
+    assert "classifier.onnx" in index[MODEL, "1"]["reason"]
+    assert index[MODEL, "2"]["state"] == "READY"
+    assert ok.status_code == 200 and ok.json()["version"] == 2
+    assert _samples(metrics, "seqserve_model_load_failures_total")[(MODEL, "1")] == 1
+    if readiness == "default":
+        assert ready.status_code == 200, ready.text
+    else:
+        assert ready.status_code == 503 and f"{MODEL}/1: failed" in ready.json()["error"]
+
+
+def test_a_model_with_no_version_ready_holds_default_readiness(tiny_repo: Path,
+                                                              tmp_path: Path) -> None:
+    """`--readiness default` is not `any`: a model none of whose versions loaded keeps the
+    server unready though another model serves."""
+    repo = copy_repo(tiny_repo, tmp_path / "repo")
+    shutil.copytree(repo / MODEL, repo / "broken")
+    onnx = repo / "broken" / "1" / "classifier.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:100])
+    with serve_in_thread(create_app(Settings(repo=repo, warmup=False))) as url:
+        ready = httpx.get(f"{url}/v2/health/ready", timeout=30)
+        ok = httpx.post(f"{url}/v1/models/{MODEL}/classify", json={"texts": ["one"]}, timeout=30)
+    assert ok.status_code == 200
+    assert ready.status_code == 503 and "broken/1: failed" in ready.json()["error"]
+
+
+@pytest.mark.parametrize("readiness", ["default", "all", "any"])
 def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_path: Path,
                                                          readiness: str) -> None:
     repo = copy_repo(tiny_repo, tmp_path / "repo")
@@ -55,12 +100,16 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
         assert ok.status_code == 200 and ok.json()["version"] == 1
         bad = c.post(f"/v1/models/{MODEL}/versions/2/classify", json={"texts": ["one"]})
         assert bad.status_code == 503 and "sha256" in bad.json()["error"]
-        assert "retry-after" not in bad.headers  # failed stays failed: do not retry
-        assert c.get(f"/v2/models/{MODEL}/versions/2/ready").status_code == 503
+        # every 503 says when to ask again (a failed version may load again: a fixed file)
+        assert bad.headers["retry-after"] == "1"
+        version_ready = c.get(f"/v2/models/{MODEL}/versions/2/ready")
+        assert version_ready.status_code == 503 and version_ready.headers["retry-after"] == "1"
         ready = c.get("/v2/health/ready")
         metrics = c.get("/metrics").text
     if readiness == "all":  # strict: a failed version keeps the server out of rotation
+        # (default: version 2 is not the default while it is failed, version 1 serves)
         assert ready.status_code == 503 and f"{MODEL}/2: failed" in ready.json()["error"]
+        assert ready.headers["retry-after"] == "1"
         # the open readiness answer names the file within the repository: before, it showed
         # the server's absolute path to anyone
         assert f"{MODEL}/2/classifier.onnx" in ready.text and str(repo) not in ready.text
@@ -69,6 +118,38 @@ def test_tampered_bundle_is_skipped_while_another_serves(tiny_repo: Path, tmp_pa
     ready_gauge = _samples(metrics, "seqserve_model_ready")
     assert ready_gauge[(MODEL, "1")] == 1 and ready_gauge[(MODEL, "2")] == 0
     assert _samples(metrics, "seqserve_model_load_failures_total")[(MODEL, "2")] == 1
+
+
+def test_a_failed_version_answers_grpc_unavailable_with_retry_after(tiny_repo: Path,
+                                                                  tmp_path: Path) -> None:
+    """gRPC's 503 (UNAVAILABLE) says when to ask again as HTTP's does: `retry-after` in its
+    trailing metadata, for a failed version too (ModelNotReady set none before)."""
+    import grpc
+    from grpc_support import serve_with_grpc
+    from service_fakes import settings
+
+    from seqserve.service.api.grpc import messages as pb
+
+    repo = copy_repo(tiny_repo, tmp_path / "repo")
+    shutil.copytree(repo / MODEL / "1", repo / MODEL / "2")
+    onnx = repo / MODEL / "2" / "classifier.onnx"
+    onnx.write_bytes(onnx.read_bytes() + b"\0")
+    app = create_app(settings(repo, grpc_port=0, retry_after_s=3))
+    request = pb.ModelInferRequest(model_name=MODEL, model_version="2")
+    request.inputs.add(name="text", datatype="BYTES", shape=[1]).contents.bytes_contents \
+        .append(b"one")
+    with serve_with_grpc(app) as running, grpc.insecure_channel(running.grpc) as channel:
+        infer = channel.unary_unary(f"/{pb.INFERENCE}/ModelInfer",
+                                    request_serializer=pb.ModelInferRequest.SerializeToString,
+                                    response_deserializer=pb.ModelInferResponse.FromString)
+        with pytest.raises(grpc.RpcError) as caught:
+            infer(request, timeout=30)
+        http = httpx.post(f"{running.url}/v1/models/{MODEL}/versions/2/classify",
+                          json={"texts": ["one"]}, timeout=30)
+    error: Any = caught.value
+    assert error.code() == grpc.StatusCode.UNAVAILABLE and "sha256" in error.details()
+    assert dict(error.trailing_metadata())["retry-after"] == "3"
+    assert http.status_code == 503 and http.headers["retry-after"] == "3"
 
 
 def test_requested_cuda_on_cpu_build_is_not_ready(tiny_repo: Path) -> None:

@@ -66,8 +66,9 @@ async def live() -> dict[str, bool]:
 @_also_head("/v2/health/ready", "health_ready")
 @router.get("/v2/health/ready", name="health_ready", tags=["health"], responses=READINESS)
 async def ready(request: Request) -> Response:
-    """200 once every model version is loaded and warmed up (`--readiness any`: at least one);
-    503 with the reason while loading, draining, or when a version failed."""
+    """200 once every model's default version is loaded and warmed up (`--readiness all`:
+    every version; `any`: at least one); 503 with the reason while loading, draining, or
+    when a version it needs failed."""
     return _readiness(request)
 
 

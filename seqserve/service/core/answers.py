@@ -14,7 +14,7 @@ arrays become plain numbers and lists; any other type raises (a server bug, answ
     {"error": "<message>", "request_id": "<the X-Request-Id of this request>"}
 
 with `content-type: application/json`, `content-length` and its own extra headers
-(`Retry-After` on overload and shutdown, `WWW-Authenticate` on 401, `Allow` on 405,
+(`Retry-After` on 429 and every 503, `WWW-Authenticate` on 401, `Allow` on 405,
 `Connection: close` on 408, 414 and 431). `request_id` is there whenever a request id was
 assigned (by `seqserve.service.web.access_log`: every request that got as far as its headers),
 so every 5xx carries it; only the protocol's answers to request heads have none (408: never

@@ -16,7 +16,8 @@ class ServiceError(Exception):
     status: int = 400
     """HTTP status code of the answer."""
     retry_after: float | None = None
-    """Seconds for a `Retry-After` header (overload and shutdown only)."""
+    """Seconds for a `Retry-After` header (overload, shutdown, a version not ready; a 503
+    that sets none gets the server's `retry_after_s` where it is answered)."""
     param: str | None = None
     """The request field at fault, where one is (OpenAI's error shape names it)."""
 

@@ -16,7 +16,9 @@ The outermost middleware of the app:
   logged once, here, as that request's line with a short traceback (`seqserve.service.core.logs`);
   uvicorn's own copy of the same traceback ("Exception in ASGI application") is filtered out.
   One that escapes before any answer went out (a bug in a middleware) is answered here: the
-  one error answer, a JSON 500 with the request id, not uvicorn's plain-text one.
+  one error answer, a JSON 500 with the request id, not uvicorn's plain-text one;
+- every 503 carries `Retry-After`: one whose code set none (a version loading or failed, the
+  readiness routes, a drain) gets `retry_after_s` here, the one place every answer passes.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seqserve.service.core.answers import Answer, bug_message
+from seqserve.service.core.answers import Answer, Headers, bug_message, retry_after_value
 from seqserve.service.web.responses import error_for, request_id_of, send_answer
 
 if TYPE_CHECKING:
@@ -118,15 +120,27 @@ def _filter_uvicorn_duplicates() -> None:
 def with_access_log(app: ASGIApp, settings: Settings) -> ASGIApp:
     """`app` behind the request-id and access-log middleware (the outermost one)."""
     _filter_uvicorn_duplicates()
-    return AccessLogMiddleware(app, enabled=settings.access_log)
+    return AccessLogMiddleware(app, enabled=settings.access_log,
+                               retry_after_s=settings.retry_after_s)
+
+
+RETRY_AFTER = b"retry-after"
+
+
+def with_retry_after(status: int, headers: Headers, seconds: float) -> Headers:
+    """`headers` with `Retry-After: seconds` added where the answer is a 503 without one."""
+    if status != 503 or any(k.lower() == RETRY_AFTER for k, _ in headers):
+        return headers
+    return [*headers, (RETRY_AFTER, retry_after_value(seconds))]
 
 
 class AccessLogMiddleware:
     """See the module docstring."""
 
-    def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
+    def __init__(self, app: ASGIApp, *, retry_after_s: float, enabled: bool = True) -> None:
         self.app = app
         self.enabled = enabled
+        self.retry_after_s = retry_after_s
         self.refusals = RefusalLines()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -142,6 +156,7 @@ class AccessLogMiddleware:
             if message["type"] == "http.response.start":
                 status["code"] = int(message["status"])
                 headers = [h for h in message.get("headers", []) if h[0] != HEADER]
+                headers = with_retry_after(status["code"], headers, self.retry_after_s)
                 message = {**message, "headers": [*headers, (HEADER, rid.encode())]}
             await send(message)
 
@@ -183,7 +198,9 @@ class AccessLogMiddleware:
             return None
         status, headers, body = answer
         self._line(scope, rid, status, now)  # (a refusal left out: counted, not logged)
-        return status, [*(h for h in headers if h[0] != HEADER), (HEADER, rid.encode())], body
+        headers = with_retry_after(status, [h for h in headers if h[0] != HEADER],
+                                   self.retry_after_s)
+        return status, [*headers, (HEADER, rid.encode())], body
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,
              exc: Exception | None, hidden: int = 0) -> None:

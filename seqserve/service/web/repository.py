@@ -262,11 +262,11 @@ class ModelRepository:
     def _ready(self, name: str, entry: ModelEntry) -> tuple[ModelEntry, ModelWorker]:
         if entry.state != "ready" or entry.worker is None:
             why = f": {entry.reason}" if entry.reason else ""
-            # a failed version stays failed until the server is redeployed: no Retry-After
-            retry = None if entry.state == "failed" else self.settings.retry_after_s
+            # failed too: the model control may load it again (a fixed file, another
+            # process's copy), and every 503 says when to ask again
             raise ModelNotReady(
                 f"model {name!r} version {entry.version} is {entry.state}{why}",
-                retry_after=retry,
+                retry_after=self.settings.retry_after_s,
             )
         return entry, entry.worker
 
@@ -294,17 +294,24 @@ class ModelRepository:
                                 "model")
         return entry, worker
 
-    def serving(self, strict: bool) -> bool:
-        """Whether the server may take traffic: every version ready (strict; Triton's
-        default), or at least one (relaxed); a version the model control added while
-        serving that is not ready (loading, failed) does not count: it replaced nothing, so
-        whatever answered before answers on. An empty repository serves nothing, and nothing
-        is served once the engine process is gone."""
+    def serving(self, readiness: str) -> bool:
+        """Whether the server may take traffic (`Settings.readiness`): default, every model
+        has a default version, ready (the policy's while it is ready, else its highest ready
+        one: `default_version`), so every unpinned request is served; a failed version beside
+        it is reported (index, metrics, log) but holds nothing; all, every version ready
+        (strict; Triton's default); any, at least one. A version the model control added
+        while serving that is not ready (loading, failed) does not count: it replaced
+        nothing, so whatever answered before answers on. An empty repository serves nothing,
+        and nothing is served once the engine process is gone."""
         if any(e.lost is not None for e in self.engines):
             return False
-        states = [e.state == "ready" for v in self.entries.values() for e in v.values()
-                  if e.state == "ready" or not e.late]
-        return bool(states) and (all(states) if strict else any(states))
+        counted = {name: [e.state == "ready" for e in v.values() if e.state == "ready"
+                          or not e.late] for name, v in self.entries.items()}
+        states = [ok for oks in counted.values() for ok in oks]
+        if readiness == "default":
+            return bool(states) and all(self.default_version(name) is not None
+                                        for name, oks in counted.items() if oks)
+        return bool(states) and (all(states) if readiness == "all" else any(states))
 
     def not_ready(self) -> list[str]:
         """"name/version: state (reason)" of every version that is not ready."""

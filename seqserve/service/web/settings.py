@@ -54,6 +54,19 @@ class Settings(BaseSettings):
     """Port of the gRPC protocol (Triton's 8001), bound by every API process with
     SO_REUSEPORT (the kernel spreads connections over them); 0 picks a free one (per
     process)."""
+    grpc_idle_timeout_s: float = Field(default=30.0, gt=0)
+    """A gRPC connection with no RPC for this long is closed (GOAWAY, then closed; grpc's
+    max_connection_idle), HTTP's keepalive_timeout_s for gRPC. Longer than HTTP's 5 s: a
+    gRPC channel is one multiplexed connection a client keeps between calls (reopened by
+    itself after a GOAWAY, at a TCP and HTTP/2 handshake's cost), so 30 s keeps a client
+    that calls every few seconds on one connection while an idle flood holds each socket
+    for 30 s at most (before: for ever)."""
+    grpc_max_connection_age_s: float = Field(default=600.0, gt=0)
+    """A gRPC connection is asked to close (GOAWAY) after this long, busy or not, and its
+    RPCs in flight then get drain_timeout_s to finish (grpc's max_connection_age and its
+    grace): the kernel spreads only new connections over the API processes (and a load
+    balancer over replicas), so a channel held for hours would stay on one of them; 10
+    minutes rebalances a long-lived client a few times an hour at one reconnect each."""
     runtime: Literal["onnx", "torchscript"] = "onnx"
     """Which graph format runs: ONNX Runtime or TorchScript (imports torch)."""
     device: Literal["cpu", "cuda"] = "cpu"
@@ -189,10 +202,14 @@ class Settings(BaseSettings):
     take turns, so one group's beam bookkeeping overlaps the other's step (1 = one call per
     step); auto = 2 in the engine layout, 1 where each API process runs its own translator
     (hybrid, replicated: measured, docs/performance.md section 15)."""
-    readiness: Literal["all", "any"] = "all"
-    """When /v2/health/ready says ready: every model version loaded (all: strict, Triton's
-    default; a failed bundle keeps the instance out of the load balancer) or at least one
-    (any)."""
+    readiness: Literal["default", "all", "any"] = "default"
+    """When /v2/health/ready says ready. default: every model's default version is loaded
+    (the version unpinned requests go to: its policy.json default while ready, else its
+    highest ready version), so every model answers; a failed version beside it is reported
+    (/v2/repository/index and /v1/models with its reason, seqserve_model_ready and
+    seqserve_model_load_failures_total, the log) but does not keep the instance out of the
+    load balancer; all: every version loaded (strict, Triton's default: one failed bundle
+    keeps the instance unready); any: at least one version of any model."""
     warmup: bool = True
     """Run each model over its length buckets before reporting ready."""
     log_level: str = "info"

@@ -46,8 +46,8 @@ class AppState:
 
     @property
     def ready(self) -> bool:
-        strict = self.settings.readiness == "all"
-        return self.started and not self.draining and self.repository.serving(strict)
+        return self.started and not self.draining and \
+            self.repository.serving(self.settings.readiness)
 
     def begin_drain(self) -> None:
         if not self.draining:

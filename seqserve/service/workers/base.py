@@ -89,22 +89,34 @@ def _kept_pattern(blank: str) -> re.Pattern[str]:
     return re.compile(f"[^\\x00{blank}]")
 
 
-def check_text(text: str, i: int, tok: TextTokenizer) -> None:
-    """Text no tokenizer should see is a 400: lone surrogates ("\\ud800", which JSON can
-    carry), NUL (which C APIs read as the end of the text) and text with nothing the
-    tokenizer keeps (empty, whitespace or control characters only, and punctuation only
-    for a tokenizer that drops punctuation: it has no tokens)."""
+def check_characters(text: str, where: str, max_chars: int, param: str | None = None) -> None:
+    """A text no tokenizer should read is a 400 naming `where` (and `param`): over
+    `max_chars`, NUL (which C APIs read as the end of the text) and lone surrogates
+    ("\\ud800", which JSON can carry and SentencePiece fails on). Every text a tokenizer
+    reads passes here: the texts of the one input contract (`check_text`) and a language
+    model's /tokenize (which takes any other text, empty included, as vLLM does)."""
+    if len(text) > max_chars:
+        raise BadRequest(f"{where} has {len(text)} characters > max_chars {max_chars}",
+                         param=param)
     if "\x00" in text:
-        raise BadRequest(f"texts[{i}] contains a NUL character (U+0000)")
-    if _kept(tok).search(text) is None:
-        raise BadRequest(f"texts[{i}] is empty (nothing this model's tokenizer keeps, so no "
-                         "tokens)")
+        raise BadRequest(f"{where} contains a NUL character (U+0000)", param=param)
     if text.isascii():
         return
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise BadRequest(f"texts[{i}] is not valid Unicode ({exc.reason})") from exc
+        raise BadRequest(f"{where} is not valid Unicode ({exc.reason})", param=param) from exc
+
+
+def check_text(text: str, i: int, tok: TextTokenizer, max_chars: int) -> None:
+    """Text no tokenizer should see is a 400: the length and characters of
+    `check_characters` and text with nothing the tokenizer keeps (empty, whitespace or
+    control characters only, and punctuation only for a tokenizer that drops punctuation:
+    it has no tokens)."""
+    check_characters(text, f"texts[{i}]", max_chars)
+    if _kept(tok).search(text) is None:
+        raise BadRequest(f"texts[{i}] is empty (nothing this model's tokenizer keeps, so no "
+                         "tokens)")
 
 
 def encode_texts(tok: TextTokenizer, texts: list[str], limits: TextLimits,
@@ -121,9 +133,7 @@ def encode_texts(tok: TextTokenizer, texts: list[str], limits: TextLimits,
 def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: bool) -> Encoded:
     if not isinstance(text, str):
         raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
-    if len(text) > limits.max_chars:
-        raise BadRequest(f"texts[{i}] has {len(text)} characters > max_chars {limits.max_chars}")
-    check_text(text, i, tok)
+    check_text(text, i, tok, limits.max_chars)
     try:
         pieces = tok.encode_with_offsets(text) if offsets else None
         ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)

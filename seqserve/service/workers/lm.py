@@ -61,6 +61,7 @@ from seqserve.service.workers import lm_text
 from seqserve.service.workers.base import (
     RequestContext,
     WorkerContext,
+    check_characters,
     describe_common,
     encode_texts,
 )
@@ -353,10 +354,9 @@ class LMWorker:
         return out
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The ids of `text`, special tokens by their strings (`lm_text.tokenize`)."""
-        if len(text) > self.ctx.limits.max_chars:
-            raise BadRequest(f"prompt has {len(text)} characters > max_chars "
-                             f"{self.ctx.limits.max_chars}", param="prompt")
+        """The ids of `text`, special tokens by their strings (`lm_text.tokenize`), once
+        `check_characters` passed (an empty text is bos alone)."""
+        check_characters(text, "prompt", self.ctx.limits.max_chars, param="prompt")
         try:
             return lm_text.tokenize(self.ctx.tokenizer, self.specials, text,
                                     add_special_tokens)

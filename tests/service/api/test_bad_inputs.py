@@ -1,7 +1,7 @@
 """One table of bad inputs, sent to every POST route (v1 and OIP v2, default and pinned version,
-classifier, translator and tagger; a language model's generate and score, and the OIP generate
-extension's generate and generate_stream; a feature-sequence model's predict and OIP infer) of a
-real server over one keep-alive connection per route.
+classifier, translator and tagger; a language model's generate and score, the OIP generate
+extension's generate and generate_stream, and vLLM's /tokenize; a feature-sequence model's
+predict and OIP infer) of a real server over one keep-alive connection per route.
 
 For every case and route: a 4xx with a JSON `{"error": ...}` body, no 5xx, no reset and no
 hang (the next, good request on the same connection gets its 200), and the server stays
@@ -42,6 +42,10 @@ ROUTES += [("series", protocol, pinned) for protocol in ("predict", "v2")
            for pinned in (False, True)]
 ROUTES += [("lm", verb, pinned) for verb in LM_VERBS + OIP_LM_VERBS
            for pinned in (False, True)]
+TOKENIZE = ("tokenize",)
+"""vLLM's /tokenize: one text as `prompt`, the model named in the body (no version); any
+other text is valid there, empty included (bos alone), and no token limit applies."""
+TABLE_ROUTES = ROUTES + [("lm", "tokenize", False)]
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,11 @@ class Bad:
             return json.dumps({"texts": self.texts, **self.options}).encode()
         if protocol == "generate":
             return json.dumps({"prompts": self.texts, **self.options}).encode()
-        if protocol in OIP_LM_VERBS:  # one text; several (or none) stay a list: refused
-            one = self.texts[0] if isinstance(self.texts, list) and len(self.texts) == 1 \
-                else self.texts
+        one = self.texts[0] if isinstance(self.texts, list) and len(self.texts) == 1 \
+            else self.texts  # one text; several (or none) stay a list: refused
+        if protocol in TOKENIZE:
+            return json.dumps({"model": MODELS["lm"], "prompt": one, **self.options}).encode()
+        if protocol in OIP_LM_VERBS:
             oip_body: dict[str, Any] = {"text_input": one}
             if self.options:
                 oip_body["parameters"] = self.options
@@ -138,11 +144,11 @@ CASES = [
     Bad("invalid utf-8", raw=b'{"texts": ["\xff\xfe one"]}'),
     Bad("utf-8 encoded surrogate", raw=b'{"texts": ["\xed\xa0\x80"]}'),
     Bad("nul character", texts=["one\u0000two"]),
-    Bad("empty text", texts=[""]),
-    Bad("whitespace only", texts=["  \t\n "]),
+    Bad("empty text", texts=[""], valid_for=TOKENIZE),
+    Bad("whitespace only", texts=["  \t\n "], valid_for=TOKENIZE),
     # -- texts: sizes
     Bad("more characters than max_chars", texts=["x" * 501]),
-    Bad("more tokens than max_tokens", texts=["one " * 120]),
+    Bad("more tokens than max_tokens", texts=["one " * 120], valid_for=TOKENIZE),
     Bad("more texts than max_texts", texts=["one"] * 5),
     Bad("no texts", texts=[]),
     Bad("body over max_body_bytes", raw=b'{"texts": ["' + b"x" * 200_001 + b'"]}'),
@@ -152,7 +158,7 @@ CASES = [
     Bad("text is a list", texts=[["one"]]),
     Bad("text is an object", texts=[{"text": "one"}]),
     Bad("text is a bool", texts=[True]),
-    Bad("texts is a string", texts="one two", valid_for=OIP_LM_VERBS),  # text_input is one
+    Bad("texts is a string", texts="one two", valid_for=OIP_LM_VERBS + TOKENIZE),  # one text
     # -- the body
     Bad("malformed json", raw=b'{"texts": ['),
     Bad("empty body", raw=b""),
@@ -334,7 +340,8 @@ GOOD_NO_OPTIONS = {"v1": json.dumps({"texts": ["one two"]}).encode(),
                                              "parameters": {"max_tokens": 2}}).encode(),
                    "v2generate_stream": json.dumps({"text_input": "one two",
                                                     "parameters": {"max_tokens": 2}}).encode(),
-                   "score": json.dumps({"texts": ["one two"]}).encode()}
+                   "score": json.dumps({"texts": ["one two"]}).encode(),
+                   "tokenize": json.dumps({"model": MODELS["lm"], "prompt": "one two"}).encode()}
 
 
 def test_the_table_is_big_enough() -> None:
@@ -356,6 +363,8 @@ def server(tiny_full_repo: Path, tiny_lm_repo: Path, tiny_series_repo: Path,
 
 
 def route(task: str, protocol: str, pinned: bool) -> str:
+    if protocol in TOKENIZE:
+        return "/tokenize"
     prefix = "v1" if protocol in (*LM_VERBS, "predict") else protocol[:2]
     base = f"/{prefix}/models/{MODELS[task]}" + ("/versions/1" if pinned else "")
     if protocol in LM_VERBS:
@@ -367,8 +376,8 @@ def route(task: str, protocol: str, pinned: bool) -> str:
     return f"{base}/{V1_VERB[task]}" if protocol == "v1" else f"{base}/infer"
 
 
-@pytest.mark.parametrize(("task", "protocol", "pinned"), ROUTES,
-                         ids=[f"{t}-{p}{'-pinned' if v else ''}" for t, p, v in ROUTES])
+@pytest.mark.parametrize(("task", "protocol", "pinned"), TABLE_ROUTES,
+                         ids=[f"{t}-{p}{'-pinned' if v else ''}" for t, p, v in TABLE_ROUTES])
 def test_every_bad_input_is_a_4xx_and_the_connection_stays_usable(
         server: str, task: str, protocol: str, pinned: bool) -> None:
     path = route(task, protocol, pinned)

@@ -372,6 +372,20 @@ def test_tokenizer_endpoints_round_trip(url: str) -> None:
     assert post(url, "/tokenize", {"model": "no-such", "prompt": "a"}).status_code == 404
 
 
+def test_tokenize_checks_text_as_every_route_does(url: str) -> None:
+    """A lone surrogate (which JSON carries) or a NUL is a 400 naming the prompt, as on
+    /generate, not the tokenizer's 500; an empty text is bos alone (vLLM's)."""
+    for text, fault in (("a\ud800", "not valid Unicode"), ("one\x00two", "NUL")):
+        body = json.dumps({"model": "tiny-lm", "prompt": text}).encode()
+        for path, field in (("/tokenize", "prompt"), ("/v1/models/tiny-lm/generate", "prompts")):
+            sent = body if path == "/tokenize" else json.dumps(
+                {field: [text], "max_new_tokens": 1}).encode()
+            r = httpx.post(f"{url}{path}", content=sent, timeout=10,
+                           headers={"content-type": "application/json"})
+            assert r.status_code == 400 and fault in r.json()["error"], (path, r.text)
+    assert post(url, "/tokenize", {"model": "tiny-lm", "prompt": ""}).json()["tokens"] == [2]
+
+
 def test_continuous_usage_stats_as_guidellm_asks(url: str) -> None:
     """guidellm sends `stream_options.continuous_usage_stats` on every request: each chunk
     then carries the usage so far (vLLM's), the counts only growing to the final ones."""

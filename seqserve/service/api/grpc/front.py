@@ -152,8 +152,11 @@ class Front:
         if outcome.status == 200:
             context.set_trailing_metadata(tuple(trailing))
             return outcome.response
-        if outcome.retry_after is not None:
-            trailing.append(("retry-after", retry_after_value(outcome.retry_after).decode()))
+        retry = outcome.retry_after
+        if retry is None and outcome.status == 503:  # every 503 says when (HTTP's too)
+            retry = self.state.settings.retry_after_s
+        if retry is not None:
+            trailing.append(("retry-after", retry_after_value(retry).decode()))
         await context.abort(outcome.code or code_of(outcome.status), outcome.message,
                             tuple(trailing))
 

@@ -12,6 +12,9 @@ as usual through the shutdown delay (readiness and health NOT_SERVING meanwhile)
 taking new RPCs when HTTP stops accepting, and the RPCs in flight finish within what is left of
 the one drain budget (`AppState.drain_left`) before the models drain. A message over
 `max_body_bytes` is refused by grpc itself (RESOURCE_EXHAUSTED), as HTTP refuses the body.
+Idle connections close after `grpc_idle_timeout_s` (HTTP's keep-alive bound), and every
+connection is asked to go after `grpc_max_connection_age_s`, its RPCs in flight given
+`drain_timeout_s` (grpc's max_connection_idle, max_connection_age and its grace).
 """
 
 from __future__ import annotations
@@ -49,6 +52,11 @@ def check_free(host: str, port: int) -> None:
                                "choose another --grpc-port, or --no-grpc") from exc
 
 
+def _ms(seconds: float) -> int:
+    """A grpc channel option's milliseconds (at least 1: 0 would mean "none" to some)."""
+    return max(1, round(seconds * 1000))
+
+
 class GrpcServer:
     """See the module doc. `port` is the bound port once started (`grpc_port` 0: a free
     one)."""
@@ -68,6 +76,9 @@ class GrpcServer:
         server = grpc.aio.server(options=[
             ("grpc.so_reuseport", 0 if self.exclusive else 1),
             ("grpc.max_receive_message_length", s.max_body_bytes),
+            ("grpc.max_connection_idle_ms", _ms(s.grpc_idle_timeout_s)),
+            ("grpc.max_connection_age_ms", _ms(s.grpc_max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", _ms(s.drain_timeout_s)),
         ])
         server.add_generic_rpc_handlers(self.service.handlers())
         where = address(s.host, s.grpc_port)

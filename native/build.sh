@@ -1,0 +1,46 @@
+#!/bin/sh
+# Build the native HTTP front seqserve._front (Rust: hyper 0.14 + tokio + PyO3 0.17),
+# offline, from Debian bookworm's librust-*-dev packages.
+#   native/build.sh [PYTHON]     (default: python3; run as root on a fresh machine)
+# Exit status non-zero when it cannot build: the caller then keeps uvicorn.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+py=${1:-python3}
+fail() { echo "native/build.sh: native front unavailable: $*" >&2; exit 1; }
+
+command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || fail "no python at $py"
+ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') \
+    || fail "cannot ask $py for EXT_SUFFIX"
+
+pkgs="cargo rustc librust-pyo3-dev librust-hyper-dev librust-tokio-dev librust-libc-dev librust-http-body-dev librust-bytes-dev"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    command -v apt-get >/dev/null 2>&1 || fail "missing packages:$missing (no apt-get)"
+    echo "native/build.sh: installing$missing" >&2
+    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1; }; } \
+      || fail "apt-get install$missing failed"
+fi
+
+# Debian's toolchain first (the registry's crates match it); any cargo otherwise.
+if [ -x /usr/bin/cargo ] && [ -x /usr/bin/rustc ]; then
+    cargo=/usr/bin/cargo; export RUSTC=/usr/bin/rustc
+else
+    cargo=$(command -v cargo) || fail "no cargo"
+fi
+[ -d /usr/share/cargo/registry/hyper-0.14.19 ] || [ -n "$(ls -d /usr/share/cargo/registry/hyper-0.14.* 2>/dev/null)" ] \
+    || fail "no hyper 0.14 in /usr/share/cargo/registry"
+
+export PYO3_PYTHON=$(command -v "$py" 2>/dev/null || echo "$py")
+cd "$here/front"
+"$cargo" build --release --offline -j"${BUILD_JOBS:-2}" >&2 || fail "cargo build failed"
+so="$here/front/target/release/lib_front.so"
+[ -f "$so" ] || fail "no $so after the build"
+cp "$so" "$root/seqserve/_front$ext.tmp" && mv "$root/seqserve/_front$ext.tmp" "$root/seqserve/_front$ext"
+"$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); from seqserve._front import Front' "$root" 2>&1 >/dev/null \
+    || fail "built, but seqserve._front does not import"
+echo "native/build.sh: built seqserve/_front$ext" >&2

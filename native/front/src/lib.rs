@@ -1,0 +1,1025 @@
+//! seqserve._front: a native HTTP/1.1 front for seqserve.
+//!
+//! hyper 0.14 serves connections on a tokio runtime in background threads.  Heads are
+//! parsed, bodies read and answers written there, without the GIL.  Complete requests
+//! wait in a queue; an eventfd tells Python's event loop that something waits, and
+//! Python takes whole batches with `take()` and answers with `respond()`/`respond_many()`
+//! or streams with `start()`/`send()`/`end()`.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body::SizeHint;
+use hyper::body::HttpBody;
+use hyper::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::server::conn::Http;
+use hyper::service::service_fn;
+use hyper::{HeaderMap, Request, Response, StatusCode};
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+// ---------------------------------------------------------------------------------
+// Shared state between the tokio side and Python
+// ---------------------------------------------------------------------------------
+
+#[derive(Clone, Copy)]
+struct Cfg {
+    max_head_bytes: usize,
+    max_headers: usize,
+    max_url_bytes: usize,
+    max_body_bytes: usize,
+    head_timeout: Duration,
+    keep_alive: Duration,
+    body_timeout: Duration,
+}
+
+struct Item {
+    rid: u64,
+    method: hyper::Method,
+    uri: hyper::Uri,
+    headers: HeaderMap,
+    body: Bytes,
+    client: SocketAddr,
+    received: f64,
+}
+
+type Hdrs = Vec<(HeaderName, HeaderValue)>;
+
+enum Reply {
+    Full(StatusCode, Hdrs, Bytes),
+    Stream(StatusCode, Hdrs, mpsc::UnboundedReceiver<Bytes>),
+}
+
+enum Pending {
+    Waiting(oneshot::Sender<Reply>),
+    Streaming(mpsc::UnboundedSender<Bytes>),
+}
+
+struct Shared {
+    cfg: Cfg,
+    queue: Mutex<VecDeque<Item>>,
+    gone: Mutex<Vec<u64>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    efd: RawFd,
+    signaled: AtomicBool,
+    next_rid: AtomicU64,
+    connections: AtomicUsize,
+    accepted: AtomicU64,
+    requests: AtomicU64,
+    shutdown_rx: watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// Make the eventfd readable, only on the transition from "nothing signalled".
+    fn signal(&self) {
+        if !self.signaled.swap(true, SeqCst) {
+            let one: u64 = 1;
+            unsafe {
+                libc::write(self.efd, &one as *const u64 as *const libc::c_void, 8);
+            }
+        }
+    }
+
+    /// Reset the eventfd before draining; `resignal` afterwards if something is left.
+    fn rearm(&self) {
+        self.signaled.store(false, SeqCst);
+        let mut v: u64 = 0;
+        unsafe {
+            libc::read(self.efd, &mut v as *mut u64 as *mut libc::c_void, 8);
+        }
+    }
+
+    fn resignal(&self) {
+        let left = !self.queue.lock().unwrap().is_empty() || !self.gone.lock().unwrap().is_empty();
+        if left {
+            self.signal();
+        }
+    }
+
+    fn report_gone(&self, rid: u64) {
+        self.gone.lock().unwrap().push(rid);
+        self.signal();
+    }
+}
+
+fn monotonic() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Dropped while the request still waits for Python: the client went away.
+struct PendingGuard {
+    rid: u64,
+    sh: Arc<Shared>,
+    armed: bool,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let was_pending = self.sh.pending.lock().unwrap().remove(&self.rid).is_some();
+        if !was_pending {
+            return; // Python answered already
+        }
+        // Not taken yet: withdraw it silently; taken: tell Python.
+        let mut q = self.sh.queue.lock().unwrap();
+        if let Some(pos) = q.iter().position(|it| it.rid == self.rid) {
+            q.remove(pos);
+            return;
+        }
+        drop(q);
+        self.sh.report_gone(self.rid);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Per-connection state: timeouts and hyper's own error answers
+// ---------------------------------------------------------------------------------
+
+enum Phase {
+    Idle { since: Instant, first: bool },
+    Head { since: Instant },
+    Busy,
+}
+
+struct CS {
+    phase: Phase,
+    busy: u32,
+    expected_heads: u64,
+    seen_heads: u64,
+}
+
+struct ConnState {
+    m: Mutex<CS>,
+    notify: Notify,
+}
+
+enum Expired {
+    No,
+    Idle,
+    Head,
+}
+
+impl ConnState {
+    fn new() -> Self {
+        ConnState {
+            m: Mutex::new(CS {
+                phase: Phase::Idle { since: Instant::now(), first: true },
+                busy: 0,
+                expected_heads: 0,
+                seen_heads: 0,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    fn on_read(&self) {
+        let mut s = self.m.lock().unwrap();
+        if let Phase::Idle { .. } = s.phase {
+            s.phase = Phase::Head { since: Instant::now() };
+        }
+    }
+
+    fn enter(&self) {
+        let mut s = self.m.lock().unwrap();
+        s.busy += 1;
+        s.phase = Phase::Busy;
+    }
+
+    fn leave(&self) {
+        let mut s = self.m.lock().unwrap();
+        s.busy = s.busy.saturating_sub(1);
+        if s.busy == 0 {
+            s.phase = Phase::Idle { since: Instant::now(), first: false };
+            drop(s);
+            self.notify.notify_one();
+        }
+    }
+
+    fn expect_head(&self) {
+        self.m.lock().unwrap().expected_heads += 1;
+    }
+
+    fn deadline(&self, cfg: &Cfg) -> Instant {
+        let s = self.m.lock().unwrap();
+        match s.phase {
+            Phase::Idle { since, first: true } => since + cfg.head_timeout,
+            Phase::Idle { since, first: false } => since + cfg.keep_alive,
+            Phase::Head { since } => since + cfg.head_timeout,
+            Phase::Busy => Instant::now() + Duration::from_secs(3600),
+        }
+    }
+
+    fn expired(&self, cfg: &Cfg) -> Expired {
+        let now = Instant::now();
+        let s = self.m.lock().unwrap();
+        match s.phase {
+            Phase::Idle { since, first } => {
+                let lim = if first { cfg.head_timeout } else { cfg.keep_alive };
+                if now >= since + lim {
+                    Expired::Idle
+                } else {
+                    Expired::No
+                }
+            }
+            Phase::Head { since } => {
+                if now >= since + cfg.head_timeout {
+                    Expired::Head
+                } else {
+                    Expired::No
+                }
+            }
+            Phase::Busy => Expired::No,
+        }
+    }
+
+    /// Called with the start of every write.  hyper answers bad heads on its own
+    /// (400/414/431 with an empty body); such a write comes when no response of ours is
+    /// due.  Returns the JSON answer that replaces it.
+    fn intercept(&self, first: &[u8]) -> Option<Vec<u8>> {
+        if !first.starts_with(b"HTTP/1.") {
+            return None;
+        }
+        let mut s = self.m.lock().unwrap();
+        if s.expected_heads > s.seen_heads {
+            s.seen_heads += 1;
+            return None;
+        }
+        if s.busy != 0 {
+            return None;
+        }
+        let (status, msg) = if first.starts_with(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") {
+            (431u16, "request header fields too large")
+        } else if first.starts_with(b"HTTP/1.1 414 URI Too Long\r\n") {
+            (414, "request URI too long")
+        } else if first.starts_with(b"HTTP/1.1 400 Bad Request\r\n") {
+            (400, "bad request")
+        } else {
+            return None;
+        };
+        Some(raw_error(status, msg))
+    }
+}
+
+fn error_json(status: u16, msg: &str) -> String {
+    format!("{{\"error\": \"{}\", \"status\": {}}}", msg, status)
+}
+
+fn raw_error(status: u16, msg: &str) -> Vec<u8> {
+    let body = error_json(status, msg);
+    let reason = StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("Error");
+    format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+        status,
+        reason,
+        body.len(),
+        body
+    )
+    .into_bytes()
+}
+
+/// The connection's socket, watched for reads (timeouts) and for hyper's own answers.
+struct Io {
+    inner: TcpStream,
+    st: Arc<ConnState>,
+    repl: Option<(Vec<u8>, usize)>,
+}
+
+impl Io {
+    fn drive_repl(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some((buf, off)) = self.repl.as_mut() {
+            while *off < buf.len() {
+                match Pin::new(&mut self.inner).poll_write(cx, &buf[*off..]) {
+                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(Ok(n)) => *off += n,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            if buf.filled().len() > before {
+                this.st.on_read();
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.repl.is_none() {
+            if let Some(r) = this.st.intercept(buf) {
+                this.repl = Some((r, 0));
+            }
+        }
+        if this.repl.is_some() {
+            // hyper's own answer: ours is written instead, hyper's is swallowed.
+            return match this.drive_repl(cx) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(buf.len())),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            };
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.repl.is_none() {
+            if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+                if let Some(r) = this.st.intercept(first) {
+                    this.repl = Some((r, 0));
+                }
+            }
+        }
+        if this.repl.is_some() {
+            let total: usize = bufs.iter().map(|b| b.len()).sum();
+            return match this.drive_repl(cx) {
+                Poll::Ready(Ok(())) => Poll::Ready(Ok(total)),
+                Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                Poll::Pending => Poll::Pending,
+            };
+        }
+        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.drive_repl(cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match this.drive_repl(cx) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Response bodies
+// ---------------------------------------------------------------------------------
+
+/// Marks the connection idle again once hyper has finished with (dropped) the body.
+struct BusyGuard(Arc<ConnState>);
+
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        self.0.leave();
+    }
+}
+
+/// A stream dropped before `end()`: the client went away.
+struct StreamGuard {
+    rid: u64,
+    sh: Arc<Shared>,
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        let removed = self.sh.pending.lock().unwrap().remove(&self.rid);
+        if let Some(Pending::Streaming(_)) = removed {
+            self.sh.report_gone(self.rid);
+        }
+    }
+}
+
+enum Kind {
+    Full(Option<Bytes>),
+    Stream(mpsc::UnboundedReceiver<Bytes>, StreamGuard),
+}
+
+struct OutBody {
+    kind: Kind,
+    _busy: BusyGuard,
+}
+
+impl HttpBody for OutBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_data(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, Infallible>>> {
+        match &mut self.get_mut().kind {
+            Kind::Full(b) => Poll::Ready(b.take().map(Ok)),
+            Kind::Stream(rx, _) => loop {
+                match rx.poll_recv(cx) {
+                    // an empty chunk would end a chunked body: skip it
+                    Poll::Ready(Some(b)) if b.is_empty() => continue,
+                    Poll::Ready(Some(b)) => return Poll::Ready(Some(Ok(b))),
+                    Poll::Ready(None) => return Poll::Ready(None),
+                    Poll::Pending => return Poll::Pending,
+                }
+            },
+        }
+    }
+
+    fn poll_trailers(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<HeaderMap>, Infallible>> {
+        Poll::Ready(Ok(None))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Full(None) => true,
+            Kind::Full(Some(b)) => b.is_empty(),
+            Kind::Stream(..) => false,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Full(None) => SizeHint::with_exact(0),
+            Kind::Full(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            Kind::Stream(..) => SizeHint::default(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Serving
+// ---------------------------------------------------------------------------------
+
+enum Answer {
+    Full(StatusCode, Hdrs, Bytes),
+    Stream(StatusCode, Hdrs, mpsc::UnboundedReceiver<Bytes>, u64),
+}
+
+fn error_answer(status: u16, msg: &str) -> Answer {
+    let body = error_json(status, msg);
+    Answer::Full(
+        StatusCode::from_u16(status).unwrap(),
+        vec![
+            (CONTENT_TYPE, HeaderValue::from_static("application/json")),
+            (CONNECTION, HeaderValue::from_static("close")),
+        ],
+        Bytes::from(body),
+    )
+}
+
+enum BodyErr {
+    TooLarge,
+    Io,
+}
+
+async fn read_body(mut body: hyper::Body, max: usize) -> Result<Bytes, BodyErr> {
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<BytesMut> = None;
+    let mut total = 0usize;
+    while let Some(chunk) = body.data().await {
+        let c = chunk.map_err(|_| BodyErr::Io)?;
+        total += c.len();
+        if total > max {
+            return Err(BodyErr::TooLarge);
+        }
+        match (&mut first, &mut rest) {
+            (None, _) => first = Some(c),
+            (Some(f), None) => {
+                let mut m = BytesMut::with_capacity(f.len() + c.len());
+                m.extend_from_slice(f);
+                m.extend_from_slice(&c);
+                rest = Some(m);
+            }
+            (Some(_), Some(m)) => m.extend_from_slice(&c),
+        }
+    }
+    Ok(match rest {
+        Some(m) => m.freeze(),
+        None => first.unwrap_or_else(Bytes::new),
+    })
+}
+
+async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, peer: SocketAddr) -> Answer {
+    let received = monotonic();
+    let cfg = sh.cfg;
+    let url_len = req.uri().path_and_query().map(|p| p.as_str().len()).unwrap_or(1);
+    if url_len > cfg.max_url_bytes {
+        return error_answer(414, "request URI too long");
+    }
+    if req.headers().len() > cfg.max_headers {
+        return error_answer(431, "too many header fields");
+    }
+    let head_len: usize = req.method().as_str().len()
+        + url_len
+        + 12
+        + req.headers().iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum::<usize>()
+        + 2;
+    if head_len > cfg.max_head_bytes {
+        return error_answer(431, "request header fields too large");
+    }
+    if let Some(cl) = req.headers().get(CONTENT_LENGTH) {
+        if let Some(n) = cl.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+            if n > cfg.max_body_bytes as u64 {
+                return error_answer(413, "request body too large");
+            }
+        }
+    }
+    let (parts, body) = req.into_parts();
+    let body = match tokio::time::timeout(cfg.body_timeout, read_body(body, cfg.max_body_bytes)).await {
+        Err(_) => return error_answer(408, "request body timeout"),
+        Ok(Err(BodyErr::TooLarge)) => return error_answer(413, "request body too large"),
+        Ok(Err(BodyErr::Io)) => return error_answer(400, "bad request body"),
+        Ok(Ok(b)) => b,
+    };
+
+    let rid = sh.next_rid.fetch_add(1, SeqCst);
+    let (tx, rx) = oneshot::channel();
+    sh.pending.lock().unwrap().insert(rid, Pending::Waiting(tx));
+    let mut guard = PendingGuard { rid, sh: sh.clone(), armed: true };
+    sh.queue.lock().unwrap().push_back(Item {
+        rid,
+        method: parts.method,
+        uri: parts.uri,
+        headers: parts.headers,
+        body,
+        client: peer,
+        received,
+    });
+    sh.requests.fetch_add(1, SeqCst);
+    sh.signal();
+    let reply = rx.await;
+    guard.armed = false;
+    match reply {
+        Ok(Reply::Full(s, h, b)) => Answer::Full(s, h, b),
+        Ok(Reply::Stream(s, h, r)) => Answer::Stream(s, h, r, rid),
+        Err(_) => error_answer(503, "server shutting down"),
+    }
+}
+
+async fn handle(
+    req: Request<hyper::Body>,
+    sh: Arc<Shared>,
+    st: Arc<ConnState>,
+    peer: SocketAddr,
+) -> Result<Response<OutBody>, Infallible> {
+    st.enter();
+    let busy = BusyGuard(st.clone());
+    let answer = handle_inner(req, &sh, peer).await;
+    let (status, hdrs, kind) = match answer {
+        Answer::Full(s, h, b) => (s, h, Kind::Full(Some(b))),
+        Answer::Stream(s, h, r, rid) => (s, h, Kind::Stream(r, StreamGuard { rid, sh: sh.clone() })),
+    };
+    let mut resp = Response::new(OutBody { kind, _busy: busy });
+    *resp.status_mut() = status;
+    let hm = resp.headers_mut();
+    for (n, v) in hdrs {
+        hm.append(n, v);
+    }
+    st.expect_head();
+    Ok(resp)
+}
+
+fn send_raw(fd: RawFd, data: &[u8]) {
+    unsafe {
+        libc::send(
+            fd,
+            data.as_ptr() as *const libc::c_void,
+            data.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        );
+    }
+}
+
+struct ConnCount(Arc<Shared>);
+
+impl Drop for ConnCount {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, SeqCst);
+    }
+}
+
+async fn serve_conn(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>) {
+    let _count = ConnCount(sh.clone());
+    let _ = stream.set_nodelay(true);
+    let fd = stream.as_raw_fd();
+    let st = Arc::new(ConnState::new());
+    let io = Io { inner: stream, st: st.clone(), repl: None };
+    let mut http = Http::new();
+    http.http1_only(true);
+    http.http1_keep_alive(true);
+    http.max_buf_size(std::cmp::max(8192, sh.cfg.max_head_bytes));
+    let (sh2, st2) = (sh.clone(), st.clone());
+    let svc = service_fn(move |req| handle(req, sh2.clone(), st2.clone(), peer));
+    let conn = http.serve_connection(io, svc);
+    tokio::pin!(conn);
+    let mut shut_rx = sh.shutdown_rx.clone();
+    let mut shutting = *shut_rx.borrow();
+    if shutting {
+        conn.as_mut().graceful_shutdown();
+    }
+    loop {
+        let dl = tokio::time::Instant::from_std(st.deadline(&sh.cfg));
+        tokio::select! {
+            _ = &mut conn => break,
+            _ = shut_rx.changed(), if !shutting => {
+                shutting = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = st.notify.notified() => {}
+            _ = tokio::time::sleep_until(dl) => {
+                match st.expired(&sh.cfg) {
+                    Expired::No => {}
+                    Expired::Idle => break,
+                    Expired::Head => {
+                        send_raw(fd, &raw_error(408, "request head timeout"));
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    if *stop.borrow() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, peer)) => {
+                    sh.accepted.fetch_add(1, SeqCst);
+                    sh.connections.fetch_add(1, SeqCst);
+                    tokio::spawn(serve_conn(s, peer, sh.clone()));
+                }
+                Err(_) => {
+                    // EMFILE and the like: back off a little
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            r = stop.changed() => {
+                if r.is_err() || *stop.borrow() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Python API
+// ---------------------------------------------------------------------------------
+
+#[pyclass(module = "seqserve._front")]
+struct Front {
+    sh: Arc<Shared>,
+    rt: Mutex<Option<tokio::runtime::Runtime>>,
+    stop_accept: watch::Sender<bool>,
+    shutdown: watch::Sender<bool>,
+}
+
+fn to_headers(raw: Vec<(&[u8], &[u8])>) -> PyResult<Hdrs> {
+    let mut out = Vec::with_capacity(raw.len());
+    for (n, v) in raw {
+        let name = HeaderName::from_bytes(n).map_err(|_| PyValueError::new_err("invalid header name"))?;
+        let value = HeaderValue::from_bytes(v).map_err(|_| PyValueError::new_err("invalid header value"))?;
+        out.push((name, value));
+    }
+    Ok(out)
+}
+
+fn to_status(s: u16) -> PyResult<StatusCode> {
+    StatusCode::from_u16(s).map_err(|_| PyValueError::new_err("invalid status code"))
+}
+
+impl Front {
+    fn deliver(&self, rid: u64, reply: Reply) -> bool {
+        let p = self.sh.pending.lock().unwrap().remove(&rid);
+        match p {
+            Some(Pending::Waiting(tx)) => tx.send(reply).is_ok(),
+            Some(other) => {
+                // already streaming: put it back, refuse
+                self.sh.pending.lock().unwrap().insert(rid, other);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+#[pymethods]
+impl Front {
+    #[new]
+    #[args(
+        fd,
+        "*",
+        threads = "1",
+        max_head_bytes = "16384",
+        max_headers = "100",
+        max_url_bytes = "8192",
+        max_body_bytes = "8 << 20",
+        head_timeout_s = "10.0",
+        keep_alive_s = "5.0",
+        body_timeout_s = "30.0"
+    )]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        fd: i32,
+        threads: usize,
+        max_head_bytes: usize,
+        max_headers: usize,
+        max_url_bytes: usize,
+        max_body_bytes: usize,
+        head_timeout_s: f64,
+        keep_alive_s: f64,
+        body_timeout_s: f64,
+    ) -> PyResult<Self> {
+        let secs = |v: f64, name: &str| -> PyResult<Duration> {
+            if !(v > 0.0) || !v.is_finite() {
+                return Err(PyValueError::new_err(format!("{} must be a positive number", name)));
+            }
+            Ok(Duration::from_secs_f64(v))
+        };
+        let cfg = Cfg {
+            max_head_bytes,
+            max_headers,
+            max_url_bytes,
+            max_body_bytes,
+            head_timeout: secs(head_timeout_s, "head_timeout_s")?,
+            keep_alive: secs(keep_alive_s, "keep_alive_s")?,
+            body_timeout: secs(body_timeout_s, "body_timeout_s")?,
+        };
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(PyOSError::new_err(format!("eventfd: {}", io::Error::last_os_error())));
+        }
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            let e = io::Error::last_os_error();
+            unsafe { libc::close(efd) };
+            return Err(PyOSError::new_err(format!("dup of listening socket {}: {}", fd, e)));
+        }
+        let std_listener = unsafe { std::net::TcpListener::from_raw_fd(dup) };
+        let fail = |msg: String| {
+            unsafe { libc::close(efd) };
+            PyOSError::new_err(msg)
+        };
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| fail(format!("set_nonblocking: {}", e)))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("seqserve-front")
+            .enable_all()
+            .build()
+            .map_err(|e| fail(format!("tokio runtime: {}", e)))?;
+        let listener = {
+            let _g = rt.enter();
+            TcpListener::from_std(std_listener).map_err(|e| fail(format!("listener: {}", e)))?
+        };
+        let (stop_accept, stop_rx) = watch::channel(false);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let sh = Arc::new(Shared {
+            cfg,
+            queue: Mutex::new(VecDeque::new()),
+            gone: Mutex::new(Vec::new()),
+            pending: Mutex::new(HashMap::new()),
+            efd,
+            signaled: AtomicBool::new(false),
+            next_rid: AtomicU64::new(1),
+            connections: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            shutdown_rx,
+        });
+        rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
+        Ok(Front { sh, rt: Mutex::new(Some(rt)), stop_accept, shutdown })
+    }
+
+    /// The eventfd to watch for readability (requests or disconnect notices waiting).
+    fn fileno(&self) -> i32 {
+        self.sh.efd
+    }
+
+    /// Up to `max` waiting requests, as
+    /// (rid, method, path, query, headers, body, (host, port), received).
+    fn take(&self, py: Python<'_>, max: usize) -> PyResult<PyObject> {
+        self.sh.rearm();
+        let items: Vec<Item> = {
+            let mut q = self.sh.queue.lock().unwrap();
+            let n = max.min(q.len());
+            q.drain(..n).collect()
+        };
+        self.sh.resignal();
+        let list = PyList::empty(py);
+        for it in items {
+            let hl = PyList::empty(py);
+            for (n, v) in it.headers.iter() {
+                let pair = PyTuple::new(
+                    py,
+                    &[PyBytes::new(py, n.as_str().as_bytes()), PyBytes::new(py, v.as_bytes())],
+                );
+                hl.append(pair)?;
+            }
+            let path: String = it.uri.path().to_string();
+            let query = it.uri.query().unwrap_or("");
+            let client = (it.client.ip().to_string(), it.client.port());
+            let t: PyObject = (
+                it.rid,
+                it.method.as_str(),
+                path,
+                PyBytes::new(py, query.as_bytes()),
+                hl,
+                PyBytes::new(py, &it.body),
+                client,
+                it.received,
+            )
+                .into_py(py);
+            list.append(t)?;
+        }
+        Ok(list.into())
+    }
+
+    /// The whole answer.  False when the connection is already gone.
+    fn respond(&self, rid: u64, status: u16, headers: Vec<(&[u8], &[u8])>, body: &[u8]) -> PyResult<bool> {
+        let reply = Reply::Full(to_status(status)?, to_headers(headers)?, Bytes::copy_from_slice(body));
+        Ok(self.deliver(rid, reply))
+    }
+
+    /// Several answers in one call: [(rid, status, headers, body), ...].
+    fn respond_many(&self, answers: Vec<(u64, u16, Vec<(&[u8], &[u8])>, &[u8])>) -> PyResult<()> {
+        let mut replies = Vec::with_capacity(answers.len());
+        for (rid, status, headers, body) in answers {
+            replies.push((rid, Reply::Full(to_status(status)?, to_headers(headers)?, Bytes::copy_from_slice(body))));
+        }
+        let mut txs = Vec::with_capacity(replies.len());
+        {
+            let mut p = self.sh.pending.lock().unwrap();
+            for (rid, reply) in replies {
+                match p.remove(&rid) {
+                    Some(Pending::Waiting(tx)) => txs.push((tx, reply)),
+                    Some(other) => {
+                        p.insert(rid, other);
+                    }
+                    None => {}
+                }
+            }
+        }
+        for (tx, reply) in txs {
+            let _ = tx.send(reply);
+        }
+        Ok(())
+    }
+
+    /// Start a streamed (chunked) answer.  False when the connection is already gone.
+    fn start(&self, rid: u64, status: u16, headers: Vec<(&[u8], &[u8])>) -> PyResult<bool> {
+        let status = to_status(status)?;
+        let hdrs = to_headers(headers)?;
+        let mut p = self.sh.pending.lock().unwrap();
+        match p.remove(&rid) {
+            Some(Pending::Waiting(tx)) => {
+                let (stx, srx) = mpsc::unbounded_channel();
+                p.insert(rid, Pending::Streaming(stx));
+                drop(p);
+                if tx.send(Reply::Stream(status, hdrs, srx)).is_err() {
+                    self.sh.pending.lock().unwrap().remove(&rid);
+                    return Ok(false);
+                }
+                Ok(true)
+            }
+            Some(other) => {
+                p.insert(rid, other);
+                Ok(false)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// One piece of a streamed answer.  False when the client has gone.
+    fn send(&self, rid: u64, data: &[u8]) -> bool {
+        let p = self.sh.pending.lock().unwrap();
+        match p.get(&rid) {
+            Some(Pending::Streaming(tx)) => tx.send(Bytes::copy_from_slice(data)).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// End a streamed answer.
+    fn end(&self, rid: u64) {
+        let removed = {
+            let mut p = self.sh.pending.lock().unwrap();
+            match p.get(&rid) {
+                Some(Pending::Streaming(_)) => p.remove(&rid),
+                _ => None,
+            }
+        };
+        drop(removed);
+    }
+
+    /// Request ids whose client disconnected before their answer was written (once each).
+    fn gone(&self) -> Vec<u64> {
+        self.sh.rearm();
+        let g = std::mem::take(&mut *self.sh.gone.lock().unwrap());
+        self.sh.resignal();
+        g
+    }
+
+    /// Stop accepting new connections.
+    fn pause(&self) {
+        self.stop_accept.send_replace(true);
+    }
+
+    /// Stop accepting, close idle keep-alive connections, let the others finish for up to
+    /// `timeout_s` seconds, then stop the runtime.  The GIL is released while waiting.
+    #[args(timeout_s = "5.0")]
+    fn close(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
+        self.stop_accept.send_replace(true);
+        self.shutdown.send_replace(true);
+        let rt = self.rt.lock().unwrap().take();
+        let sh = self.sh.clone();
+        py.allow_threads(move || {
+            let deadline = Instant::now() + Duration::from_secs_f64(timeout_s.max(0.0));
+            while sh.connections.load(SeqCst) > 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if let Some(rt) = rt {
+                rt.shutdown_timeout(Duration::from_millis(200));
+            }
+        });
+        // Whatever still waited for Python is dropped with its connection.
+        self.sh.pending.lock().unwrap().clear();
+        Ok(())
+    }
+
+    fn stats(&self, py: Python<'_>) -> PyResult<PyObject> {
+        let d = PyDict::new(py);
+        d.set_item("connections", self.sh.connections.load(SeqCst))?;
+        d.set_item("accepted", self.sh.accepted.load(SeqCst))?;
+        d.set_item("requests", self.sh.requests.load(SeqCst))?;
+        d.set_item("waiting", self.sh.queue.lock().unwrap().len())?;
+        d.set_item("pending", self.sh.pending.lock().unwrap().len())?;
+        d.set_item("gone", self.sh.gone.lock().unwrap().len())?;
+        d.set_item("closed", self.rt.lock().unwrap().is_none())?;
+        Ok(d.into())
+    }
+}
+
+impl Drop for Front {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.lock().unwrap().take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Shared {
+    // The last reference goes with the last task: no write can hit a reused fd.
+    fn drop(&mut self) {
+        unsafe {
+            libc::close(self.efd);
+        }
+    }
+}
+
+#[pymodule]
+fn _front(_py: Python<'_>, m: &PyModule) -> PyResult<()> {
+    m.add_class::<Front>()?;
+    Ok(())
+}

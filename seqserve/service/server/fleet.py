@@ -301,6 +301,9 @@ class SupervisorControl:
         self.table_file = workdir / "models.json"
         self.controller: Controller | None = None
         self.adopted = threading.Event()
+        self.hung = threading.Event()
+        """Set when the engine answered nothing for `engine_hang_timeout_s` (this thread's
+        `EngineClient` pings it): the supervisor's watch kills it and starts another."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="model-control", daemon=True)
@@ -338,7 +341,9 @@ class SupervisorControl:
         s = self.settings
         engine = None
         if self.address is not None:
-            engine = EngineClient(self.address, s.retry_after_s)
+            engine = EngineClient(self.address, s.retry_after_s,
+                                  hang_timeout_s=s.engine_hang_timeout_s)
+            engine.hang_listeners.append(self.hung.set)
             await engine.start()
         fleet = Fleet(s, self.sockets, engine, self.table_file)
         assert self.metrics is not None

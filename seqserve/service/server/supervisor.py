@@ -21,6 +21,9 @@ seqserve.service.server.api_process`), and watches them:
   while the server's readiness stays true unless the engine stays away longer than
   `client.RESTART_BOUND_S`; sessions the dead engine held are gone (their next chunk: 404
   naming the restart).
+- a hung engine (its model control's `EngineClient` heard nothing for
+  `engine_hang_timeout_s`: `fleet.SupervisorControl.hung`) is killed and restarted the same
+  way; `seqserve_engine_restarts_total{reason}` counts each restart (exit, hang);
 - one crash-loop rule for every child: the `MAX_DEATHS`th death within `DEATH_WINDOW_S`
   (5 in 30 s) ends the server non-zero, after draining what still runs;
 - SIGTERM or SIGINT drains: the API processes first (readiness false, `shutdown_delay_s` of
@@ -56,7 +59,7 @@ from types import FrameType
 from pydantic import SecretStr
 
 from seqserve.models.errors import UserError
-from seqserve.service.core.metrics import MULTIPROC_ENV, shared_metrics
+from seqserve.service.core.metrics import MULTIPROC_ENV, Metrics, shared_metrics
 from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
@@ -137,6 +140,8 @@ class Child:
     role: str
     proc: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
+    ended: str = "exit"
+    """Why it ended: exit (by itself), hang (killed: it answered nothing)."""
 
 
 class Supervisor:
@@ -154,6 +159,8 @@ class Supervisor:
         self.engine: Child | None = None
         self.api: list[Child] = []
         self.deaths: list[float] = []
+        self.metrics: Metrics | None = None
+        """This process's instruments (the model control's events, engine restarts)."""
         self.signals = 0
         self.with_engine = needs_engine(settings)
         self.slots_path = self.workdir / "connections"
@@ -233,7 +240,8 @@ class Supervisor:
                          "process", s.layout, int(s.api_workers))
             self.api = [self._start_api(i) for i in range(int(s.api_workers))]
             # this process's own metrics (the model control's) beside its children's
-            self.control.start(shared_metrics(str(self.metrics_dir)))
+            self.metrics = shared_metrics(str(self.metrics_dir))
+            self.control.start(self.metrics)
             return self._watch()
         finally:
             self.control.stop()
@@ -260,11 +268,14 @@ class Supervisor:
     def _watch(self) -> int:
         while not self.signals:
             engine = self.engine
+            if engine is not None and self.control.hung.is_set():
+                self._kill_hung(engine)
             if engine is not None and engine.proc.poll() is not None:
                 if not self._died(engine):
                     return 1
                 log.error("the engine process exited (status %s): restarting it; its models "
                           "answer 503 meanwhile, the others serve on", engine.proc.returncode)
+                self._count_restart(engine)
                 self.engine = self._start_engine()
             for i, child in enumerate(self.api):
                 if child.proc.poll() is not None:
@@ -275,6 +286,22 @@ class Supervisor:
                     self.api[i] = self._start_api(i)
             time.sleep(0.1)
         return self._drain()
+
+    def _kill_hung(self, engine: Child) -> None:
+        """The model control's engine client heard nothing from the engine for
+        `engine_hang_timeout_s` (fleet.SupervisorControl.hung): SIGKILL it (a stopped
+        process too); the watch then restarts it as it does a dead one."""
+        self.control.hung.clear()
+        if engine.proc.poll() is None:
+            log.error("the engine process %d answered nothing for %g s (hung): killing it",
+                      engine.proc.pid, self.settings.engine_hang_timeout_s)
+            engine.ended = "hang"
+            engine.proc.kill()
+            engine.proc.wait()
+
+    def _count_restart(self, engine: Child) -> None:
+        if self.metrics is not None:
+            self.metrics.engine_restarts.labels(reason=engine.ended).inc()
 
     def _died(self, child: Child) -> bool:
         """Count a child's death (the crash-loop rule, `MAX_DEATHS`); False: give up, after

@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     one (seqserve_engine_restarts_total{reason="hang"}). 10 s: far beyond any loop turn of a
     working engine, so a busy one is never killed, and what a stalled request waits at most
     beyond its own queueing."""
+    engine_restart_backoff_s: float = Field(default=1.0, gt=0)
+    """A crash-looping engine process is restarted after a delay: its first death in 30 s at
+    once, the next ones after this long, doubled each time (capped at 30 s), while its models
+    answer 503 + Retry-After with the reason (/v2/repository/index) and every other model
+    serves on; API processes keep the crash-loop rule that ends the server (their fifth death
+    in 30 s)."""
     intra_op_threads: int = Field(default=0, ge=0)
     """Threads inside one operator, per runtime instance (0 = runtime default, or chosen
     with the instances when those are auto)."""

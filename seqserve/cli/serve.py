@@ -86,6 +86,10 @@ def serve(settings: typing.Any, cli: typing.Iterable[str] = ()) -> int:
     print_speed_settings(settings, layout.resolved_sources(before, settings, origin))
     log = logging.getLogger("seqserve")
     log.info("settings: %s", json.dumps(settings.effective(), sort_keys=True))
+    from seqserve.service.web.auth import secret_warnings
+
+    for warning in secret_warnings(settings):  # once, here: weak, never refused
+        log.warning("%s", warning)
     if settings.api_workers:
         from seqserve.service.server.supervisor import Supervisor
 

@@ -5,8 +5,9 @@ translator each, one engine process with the stateful tiny-series bundle). SIGKI
 engine under load: the classifier answers on with only 2xx, the session model answers 503 +
 Retry-After (and its model-ready endpoint says not ready) until the supervisor's new engine
 is up, the server's readiness stays true, a session the dead engine held answers 404 naming
-the restart, and new sessions work again. One crash-loop rule for every child: the fifth
-death within 30 s ends the server non-zero.
+the restart, and new sessions work again. Crash loops per role (issue 50): a crash-looping
+engine is restarted with backoff while the other models serve on; the fifth death of an API
+process within 30 s ends the server non-zero.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_support import serve
+from process_support import counts, serve
+
+from seqserve.service.server.supervisor import ENGINE_BACKOFF_MAX_S, engine_backoff_s
 
 STEP = [0.1, 0.2, 0.3]
 
@@ -150,18 +153,79 @@ def test_a_killed_engine_is_restarted_and_the_other_models_answer_on(
     assert load.no_retry_after == 0, load.tally
 
 
-def test_five_deaths_in_thirty_seconds_end_the_server_non_zero(session_repo: Path) -> None:
-    """The crash-loop rule counts every child: engine deaths as API process deaths."""
+def test_a_crash_looping_engine_is_restarted_with_backoff_and_the_others_serve_on(
+        session_repo: Path) -> None:
+    """Six engine kills in a row: the server does not exit, the classifier (run by the API
+    processes) answers 200 throughout, the session model 503 + Retry-After while the engine
+    is down (the index says why) and 200 again once the kills stop."""
+    with serve(session_repo, "--layout", "hybrid", "--api-workers", "2",
+               "--engine-restart-backoff-s", "0.2") as server:
+        url = server.url
+        with Load(url) as load:
+            killed: list[int] = []
+            index = None
+            deadline = time.monotonic() + 120
+            while len(killed) < 6 and time.monotonic() < deadline:
+                assert server.proc.poll() is None, server.output()
+                pid = engine_of(server)
+                if pid is not None and pid not in killed:
+                    killed.append(pid)
+                    os.kill(pid, signal.SIGKILL)
+                    if len(killed) == 6:  # the longest backoff yet: 0.2 x 2^4 = 3.2 s
+                        time.sleep(0.5)
+                        index = httpx.post(f"{url}/v2/repository/index", json={},
+                                           timeout=10).json()
+                time.sleep(0.05)
+            assert len(killed) == 6, killed
+            chunk = {"series": [[STEP]], "session": "after", "start": True, "end": True}
+            back = None
+            while time.monotonic() < deadline:
+                back = httpx.post(f"{url}/v1/models/tiny-series/predict", json=chunk,
+                                  timeout=30)
+                if back.status_code == 200:
+                    break
+                assert back.status_code == 503 and back.headers.get("retry-after"), back.text
+                time.sleep(0.1)
+            assert back is not None and back.status_code == 200, back.text if back else None
+            time.sleep(0.5)
+        assert server.proc.poll() is None, server.output()
+        rows = {r["name"]: r for r in index or []}
+        assert rows["tiny-series"]["state"] == "UNAVAILABLE", index
+        assert "crash loop" in rows["tiny-series"]["reason"], index
+        assert "--engine-restart-backoff-s" in rows["tiny-series"]["reason"], index
+        assert rows["tiny-clf"]["state"] == "READY", index
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        assert counts(metrics, "seqserve_engine_restarts_total", "reason") == {"exit": 6.0}
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=60) == 0
+    classify, session = load.tally["classify"], load.tally["session"]
+    assert set(classify) == {"200"}, load.tally  # the other models never stopped
+    assert classify["200"] >= 20, load.tally
+    assert set(session) <= {"200", "503"}, load.tally
+    assert session["503"] >= 1, load.tally
+    assert load.no_retry_after == 0, load.tally
+
+
+def test_engine_backoff_doubles_from_the_second_death_and_is_capped() -> None:
+    assert [engine_backoff_s(n, 0.5) for n in range(1, 6)] == [0.0, 0.5, 1.0, 2.0, 4.0]
+    assert engine_backoff_s(40, 0.5) == ENGINE_BACKOFF_MAX_S
+    assert engine_backoff_s(10_000, 1.0) == ENGINE_BACKOFF_MAX_S
+
+
+def test_five_api_process_deaths_in_thirty_seconds_end_the_server_non_zero(
+        session_repo: Path) -> None:
+    """The API processes keep the crash-loop rule that ends the server."""
     with serve(session_repo, "--layout", "hybrid", "--api-workers", "2") as server:
         killed: set[int] = set()
         deadline = time.monotonic() + 60
         while server.proc.poll() is None and time.monotonic() < deadline:
-            pid = engine_of(server)
-            if pid is not None and pid not in killed:
-                killed.add(pid)
-                os.kill(pid, signal.SIGKILL)
+            for pid, role in server.children().items():
+                if role == "api" and pid not in killed and len(killed) < 5:
+                    killed.add(pid)
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(0.05)
         code = server.proc.wait(timeout=60)
-        assert code != 0
+        assert code != 0, server.output()
         assert len(killed) == 5, killed
+        assert "5 deaths of API processes" in server.output()
         assert not server.children()

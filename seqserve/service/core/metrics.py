@@ -160,6 +160,10 @@ class Metrics:
             "seqserve_session_refusals", "Session chunks the session table refused, by "
             "reason: full (max_sessions), busy (a chunk in flight), unknown (not live).",
             ("model", "reason"))
+        self.engine_restarts = counter(
+            "seqserve_engine_restarts", "Engine processes the supervisor started again, by "
+            "why the one before ended: exit (it died) or hang (it answered nothing for "
+            "engine_hang_timeout_s and was killed).", ("reason",))
         self._model_control(histogram, gauge, counter)
 
     def _model_control(self, histogram: Any, gauge: Any, counter: Any) -> None:

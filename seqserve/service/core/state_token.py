@@ -106,6 +106,49 @@ def load_secrets(path: str | os.PathLike[str] | None) -> list[bytes]:
     return secrets
 
 
+STRONG_SECRET_BYTES = 32
+"""A secret shorter than this (but at least the 16 bytes `load_secrets` demands) is served
+with a warning at start (`secret_warnings`): `openssl rand -hex 32` makes 64."""
+
+
+def secret_warnings(path: str | os.PathLike[str] | None) -> list[str]:
+    """Why the secrets of a `--state-secret-file` are weak, for the start-up log (never a
+    refusal; the refusals are `load_secrets`'): a secret under `STRONG_SECRET_BYTES` bytes or
+    of one repeated character, and a file that its group or others may read (mode & 0o077).
+    No message holds a secret; an unreadable file gives none (`load_secrets` says why)."""
+    if not path:
+        return []
+    try:
+        secrets = load_secrets(path)
+    except ValueError:
+        return []
+    out = []
+    for i, secret in enumerate(secrets):
+        if len(set(secret)) == 1:
+            out.append(f"--state-secret-file {path}: the secret on line {i + 1} is one "
+                       "character repeated (use e.g. `openssl rand -hex 32`)")
+        elif len(secret) < STRONG_SECRET_BYTES:
+            out.append(f"--state-secret-file {path}: the secret on line {i + 1} is "
+                       f"{len(secret)} bytes, under {STRONG_SECRET_BYTES} (use e.g. "
+                       "`openssl rand -hex 32`)")
+    loose = loose_mode(path)
+    if loose is not None:
+        out.append(f"--state-secret-file {path}: {loose}")
+    return out
+
+
+def loose_mode(path: str | os.PathLike[str]) -> str | None:
+    """Why a file of secrets is readable beyond its owner (mode & 0o077), else None."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (f"mode {mode:04o} lets its group or others read or change it: "
+            f"chmod 600 {os.fspath(path)}")
+
+
 class StateCodec:
     """Signs and checks state tokens with a server's secrets (module doc)."""
 

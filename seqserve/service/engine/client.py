@@ -15,6 +15,14 @@ here and every new one fails with `EngineUnavailable` (503 + Retry-After) while 
 request alone. The DEALER's identity names this process's pid, so that the engine can drop
 the work of a process that died.
 
+A hung engine (its process stopped, its loop blocked) keeps its socket connected, so the
+monitor says nothing: with `hang_timeout_s` the client sends a `Ping` every
+`hang_timeout_s x HEARTBEAT_FRACTION` while connected, and once nothing at all came from the
+engine for `hang_timeout_s` it is `down` as if it were gone (pending requests and new ones
+503 + Retry-After, listeners told, `hung` says why); it is up again once the engine answers
+`hello` (the supervisor's own client, the same code, has the hung engine killed and restarted:
+supervisor.py).
+
 The supervisor restarts a dead engine at the same address, and ZeroMQ connects the DEALER
 to the new one by itself: once connected, the client asks it `hello` again (its models, as
 it loaded them from the supervisor's model table) and is up again. Its `listeners` hear of
@@ -55,6 +63,10 @@ RESTART_BOUND_S = 30.0
 the server's readiness turns false. Within it the server stays ready while the supervisor
 restarts the engine (its models answer 503 + Retry-After meanwhile)."""
 
+HEARTBEAT_FRACTION = 0.25
+"""The heartbeat's interval as a share of `hang_timeout_s`: a hang is called after about four
+unanswered pings, never after one late answer."""
+
 WAIT_TTL_S = 0.5
 """How long an engine's report of a model's queue wait stays usable for early shedding."""
 
@@ -78,8 +90,18 @@ class EngineClient:
     in_process = False
 
     def __init__(self, address: str, retry_after_s: float = 1.0,
-                 restart_bound_s: float = RESTART_BOUND_S) -> None:
+                 restart_bound_s: float = RESTART_BOUND_S,
+                 hang_timeout_s: float | None = None) -> None:
         self.address = address
+        self.hang_timeout_s = hang_timeout_s
+        """Silence of a connected engine after which it is hung (None: no heartbeat)."""
+        self.hung: str | None = None
+        """Why the engine is down as hung (no answer for `hang_timeout_s`), else None."""
+        self._connected = False
+        self._heard = 0.0
+        """time.monotonic() of the engine's last frame (or of the connection)."""
+        self._beat: asyncio.Task[None] | None = None
+        self._pings = itertools.count(1)
         self.state: p.State | None = None
         """The engine's models and options, from its answer to `hello`."""
         self.retry_after_s = retry_after_s
@@ -93,6 +115,8 @@ class EngineClient:
         self.restarts = 0
         self.listeners: list[Callable[[], None]] = []
         """Called after the engine went down and after it is up again."""
+        self.hang_listeners: list[Callable[[], None]] = []
+        """Called once when the engine is found hung (after `listeners`)."""
         self.lost: str | None = None
         """Why the engine is gone for good: down for longer than `restart_bound_s` (None: up,
         or restarting within the bound)."""
@@ -121,8 +145,44 @@ class EngineClient:
         sock.connect(self.address)
         self._channel = Channel(sock, self._on_frames)
         self._monitor = Channel(monitor, self._on_event)
+        if self.hang_timeout_s is not None:
+            self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+
+    async def _heartbeat(self) -> None:
+        """Ping the connected engine; call it hung once it was silent for `hang_timeout_s`
+        (module doc)."""
+        assert self.hang_timeout_s is not None
+        while True:
+            await asyncio.sleep(self.hang_timeout_s * HEARTBEAT_FRACTION)
+            if not self._connected:
+                continue
+            silent = time.monotonic() - self._heard
+            if silent > self.hang_timeout_s and self.down is None:
+                self._hang(silent)
+            self._send_quietly(p.Ping(next(self._pings)))
+
+    def _hang(self, silent: float) -> None:
+        self.hung = f"the engine process did not answer for {silent:.1f} s (hung: " \
+                    f"--engine-hang-timeout-s {self.hang_timeout_s:g})"
+        self._went_down(self.hung)
+        log.error("%s: answering %d pending requests with 503", self.hung,
+                  len(self._pending) + len(self._streams))
+        self._fail_all(self._unavailable())
+        self._tell()
+        for listener in self.hang_listeners:
+            listener()
+        if self._back is None or self._back.done():  # up again once it answers
+            self._back = asyncio.get_running_loop().create_task(self._reconnected())
+
+    def _went_down(self, why: str) -> None:
+        if self.down is None:
+            self.down, self.down_since = why, time.monotonic()
+            self._bound = asyncio.get_running_loop().call_later(self.restart_bound_s,
+                                                                self._too_long)
 
     async def close(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
         if self._back is not None:
             self._back.cancel()
         if self._bound is not None:
@@ -145,11 +205,11 @@ class EngineClient:
 
     def _on_event(self, frames: list[bytes]) -> None:
         event = parse_monitor_message(frames)["event"]
+        if event == zmq.EVENT_CONNECTED:
+            self._connected, self._heard = True, time.monotonic()
         if event == zmq.EVENT_DISCONNECTED:
-            if self.down is None:
-                self.down, self.down_since = "the engine process is gone", time.monotonic()
-                self._bound = asyncio.get_running_loop().call_later(self.restart_bound_s,
-                                                                    self._too_long)
+            self._connected = False
+            self._went_down("the engine process is gone")
             log.error("%s: answering %d pending requests with 503", self.down,
                       len(self._pending) + len(self._streams))
             self._fail_all(self._unavailable())
@@ -172,7 +232,7 @@ class EngineClient:
         except EngineUnavailable as exc:
             log.error("the engine connected again but %s", exc)
             return
-        self.down = self.down_since = self.lost = None
+        self.down = self.down_since = self.lost = self.hung = None
         if self._bound is not None:
             self._bound.cancel()
             self._bound = None
@@ -425,6 +485,7 @@ class EngineClient:
     def _on_frames(self, frames: list[bytes]) -> None:
         """One message of the engine: the list of replies one engine loop turn had for this
         process (`protocol.api_decoder`)."""
+        self._heard = time.monotonic()
         for msg in p.api_decoder.decode(frames[-1]):
             self._on_message(msg)
 
@@ -446,6 +507,8 @@ class EngineClient:
                 found[0].put(failure)
 
     def _deliver(self, msg: p.ToApi) -> None:
+        if isinstance(msg, p.Pong):
+            return  # heard (`_on_frames`): that is all a Pong says
         if isinstance(msg, p.State):
             if self._state is not None and not self._state.done():
                 self._state.set_result(msg)

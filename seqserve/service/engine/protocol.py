@@ -1,6 +1,7 @@
 """The frames between API processes (DEALER) and the engine (ROUTER): msgspec msgpack.
 
 API -> engine: `Hello` (which models, in what state, and the engine's effective options);
+`Ping`, the heartbeat, answered by `Pong`;
 from the model control (the supervisor) `LoadModel` and `UnloadModel`, answered by `Loaded`
 and `Unloaded`;
 one typed message per call of the engine interface (`SubmitRows`, `SubmitScore`,
@@ -96,6 +97,17 @@ class SubmitChunk(SubmitSeries, tag="submit-chunk"):
     """The chunk ends the session (its state is freed once the chunk is computed)."""
     owner: str = ""
     """Who sends it (an API key's digest or a client address): the per-owner quota."""
+
+
+class Ping(msgspec.Struct, tag="ping", array_like=True):
+    """The heartbeat (`EngineClient`, every `hang_timeout_s` x `HEARTBEAT_FRACTION`): the
+    engine answers `Pong` on its next loop turn; an engine whose loop stopped answers nothing."""
+
+    seq: int
+
+
+class Pong(msgspec.Struct, tag="pong", array_like=True):
+    seq: int
 
 
 class Cancel(msgspec.Struct, tag="cancel", array_like=True):
@@ -236,8 +248,8 @@ class Failure(msgspec.Struct, tag="failure", array_like=True):
 
 
 ToEngine = (Hello | SubmitRows | SubmitScore | SubmitTranslate | SubmitSeries | SubmitChunk
-            | Generate | Cancel | StopSeq | LoadModel | UnloadModel)
-ToApi = State | Rows | Decodes | Failure | Tokens | Loaded | Unloaded
+            | Generate | Cancel | StopSeq | LoadModel | UnloadModel | Ping)
+ToApi = State | Rows | Decodes | Failure | Tokens | Loaded | Unloaded | Pong
 
 encoder = msgspec.msgpack.Encoder()
 engine_decoder = msgspec.msgpack.Decoder(list[ToEngine])

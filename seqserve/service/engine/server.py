@@ -82,7 +82,8 @@ class EngineServer:
             p.SubmitTranslate: self._translate, p.SubmitSeries: self._series,
             p.SubmitChunk: self._chunk, p.Generate: self._generate, p.StopSeq: self._stop_seq,
             p.Cancel: lambda identity, msg: self._cancel((identity, msg.id)),
-            p.LoadModel: self._load_model, p.UnloadModel: self._unload_model}
+            p.LoadModel: self._load_model, p.UnloadModel: self._unload_model,
+            p.Ping: lambda identity, msg: self._send(identity, p.Pong(msg.seq))}
         """Each message type's handler: the one dispatch."""
         self._control: set[asyncio.Future[Any]] = set()
         """The model control's loads and unloads under way."""

@@ -33,7 +33,8 @@ def main() -> int:
     process.apply()  # the same as the engine process applies from its options
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
     address = os.environ.get(ADDRESS_ENV)
-    engine = EngineClient(address, settings.retry_after_s) if address else None
+    engine = EngineClient(address, settings.retry_after_s,
+                          hang_timeout_s=settings.engine_hang_timeout_s) if address else None
     app = create_app(settings, engine=engine, freeze=True)
     server = build_server(app, app.state.seqserve, supervised=True, balance=slots_from_env())
     process.apply()  # again after uvicorn's Config, which set up its own loggers

@@ -110,7 +110,8 @@ class Composition:
                 if e.state == "ready":
                     self._held[e.name, e.version] = e.late
                     e.state, e.late = "loading", True
-                    e.reason = "the engine process is restarting"
+                    e.reason = "the engine process is restarting" + (
+                        f": {remote.hung}" if remote.hung else "")
             return
         states = {(m.name, m.version): m for m in remote.models()}
         for e in entries:

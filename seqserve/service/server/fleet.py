@@ -36,7 +36,7 @@ from typing import Any
 from seqserve.service.core.errors import ShuttingDown
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient
-from seqserve.service.engine.control import Controller, Refused
+from seqserve.service.engine.control import READY, UNAVAILABLE, Controller, Refused
 from seqserve.service.engine.loading import keeps_sessions
 from seqserve.service.engine.scan import startup_bundles
 from seqserve.service.web.control import LocalTable
@@ -301,6 +301,13 @@ class SupervisorControl:
         self.table_file = workdir / "models.json"
         self.controller: Controller | None = None
         self.adopted = threading.Event()
+        self.engine_down: str | None = None
+        """Why the engine process last ended (the supervisor's words, its restart's backoff
+        included): the reason the index gives its versions while it is down."""
+        self._fleet: Fleet | None = None
+        self.hung = threading.Event()
+        """Set when the engine answered nothing for `engine_hang_timeout_s` (this thread's
+        `EngineClient` pings it): the supervisor's watch kills it and starts another."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="model-control", daemon=True)
@@ -338,9 +345,11 @@ class SupervisorControl:
         s = self.settings
         engine = None
         if self.address is not None:
-            engine = EngineClient(self.address, s.retry_after_s)
+            engine = EngineClient(self.address, s.retry_after_s,
+                                  hang_timeout_s=s.engine_hang_timeout_s)
+            engine.hang_listeners.append(self.hung.set)
             await engine.start()
-        fleet = Fleet(s, self.sockets, engine, self.table_file)
+        fleet = self._fleet = Fleet(s, self.sockets, engine, self.table_file)
         assert self.metrics is not None
         self.controller = Controller(s.repo, s.model_control, fleet, self.metrics,
                                      s.load_model, s.repository_poll_s)
@@ -359,6 +368,22 @@ class SupervisorControl:
             await self.controller.stop()
             if engine is not None:
                 await engine.close()
+
+    def _engine_rows(self, controller: Controller, rows: list[dict[str, Any]]
+                     ) -> list[dict[str, Any]]:
+        """The index's rows, those of versions the engine serves UNAVAILABLE with the reason
+        while the engine is down (dead, restarting after its backoff, or hung)."""
+        fleet = self._fleet
+        engine = None if fleet is None else fleet.engine
+        if fleet is None or engine is None or engine.down is None:
+            return rows
+        why = self.engine_down or engine.down
+        for row in rows:
+            found = controller.table.get(row["name"], {}).get(int(row["version"] or 0))
+            if row["state"] == READY and found is not None \
+                    and fleet.in_engine(Path(found.path)):
+                row["state"], row["reason"] = UNAVAILABLE, why
+        return rows
 
     async def _rows(self) -> list[tuple[str, int, str, bool, str | None]] | None:
         """Every API process's table once each is up: a version is ready where it is ready
@@ -387,7 +412,10 @@ class SupervisorControl:
         assert controller is not None
         op = msg["op"]
         if op == "index":
-            return {"ok": True, "rows": await controller.index(bool(msg.get("ready")))}
+            rows = self._engine_rows(controller, await controller.index())
+            if msg.get("ready"):
+                rows = [r for r in rows if r["state"] == READY]
+            return {"ok": True, "rows": rows}
         if op == "load":
             await controller.load(msg["name"])
         elif op == "unload":

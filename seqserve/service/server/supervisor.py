@@ -21,8 +21,15 @@ seqserve.service.server.api_process`), and watches them:
   while the server's readiness stays true unless the engine stays away longer than
   `client.RESTART_BOUND_S`; sessions the dead engine held are gone (their next chunk: 404
   naming the restart).
-- one crash-loop rule for every child: the `MAX_DEATHS`th death within `DEATH_WINDOW_S`
-  (5 in 30 s) ends the server non-zero, after draining what still runs;
+- a hung engine (its model control's `EngineClient` heard nothing for
+  `engine_hang_timeout_s`: `fleet.SupervisorControl.hung`) is killed and restarted the same
+  way; `seqserve_engine_restarts_total{reason}` counts each restart (exit, hang);
+- crash loops are contained per role: the `MAX_DEATHS`th death of an API process within
+  `DEATH_WINDOW_S` (5 in 30 s) ends the server non-zero, after draining what still runs; a
+  dying engine is restarted with backoff instead (`engine_backoff_s`: its first death in the
+  window at once, then `engine_restart_backoff_s` doubled each time, capped at
+  `ENGINE_BACKOFF_MAX_S`), its models answering 503 + Retry-After meanwhile with the reason
+  in the repository index (`SupervisorControl.engine_down`), the other models serving on;
 - SIGTERM or SIGINT drains: the API processes first (readiness false, `shutdown_delay_s` of
   serving as usual with `Connection: close`, then they stop listening, read and answer what
   their connections already sent, and answer what they admitted, which still needs the
@@ -56,7 +63,7 @@ from types import FrameType
 from pydantic import SecretStr
 
 from seqserve.models.errors import UserError
-from seqserve.service.core.metrics import MULTIPROC_ENV, shared_metrics
+from seqserve.service.core.metrics import MULTIPROC_ENV, Metrics, shared_metrics
 from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
@@ -71,8 +78,11 @@ log = logging.getLogger("seqserve.supervisor")
 
 DEATH_WINDOW_S = 30.0
 MAX_DEATHS = 5
-"""The crash-loop rule, one for every child (API process or engine): the MAX_DEATHS-th death
-within DEATH_WINDOW_S ends the server non-zero (after a drain of what still runs)."""
+"""The API processes' crash-loop rule: the MAX_DEATHS-th death of one within DEATH_WINDOW_S
+ends the server non-zero (after a drain of what still runs). The engine's deaths are not
+counted there: it is restarted with backoff (`engine_backoff_s`)."""
+ENGINE_BACKOFF_MAX_S = 30.0
+"""The longest delay before a crash-looping engine is started again."""
 STOP_MARGIN_S = 5.0
 """Beyond a child's own stop budget, before the supervisor kills it: what its exit takes
 (the lifespan's shutdown, closing its sockets, the interpreter's exit)."""
@@ -122,6 +132,15 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def engine_backoff_s(deaths: int, first_s: float) -> float:
+    """The delay before restarting an engine whose `deaths`-th death within DEATH_WINDOW_S
+    this is: none for the first (a one-off crash restarts at once), then `first_s` doubled at
+    each further death, at most ENGINE_BACKOFF_MAX_S."""
+    if deaths <= 1:
+        return 0.0
+    return min(first_s * 2.0 ** min(deaths - 2, 32), ENGINE_BACKOFF_MAX_S)
+
+
 def needs_engine(settings: Settings) -> bool:
     """Whether the server runs an engine process: always in the engine layout; in the hybrid
     one when several API processes serve a repository with bundles that keep sessions."""
@@ -137,6 +156,8 @@ class Child:
     role: str
     proc: subprocess.Popen[bytes]
     started: float = field(default_factory=time.monotonic)
+    ended: str = "exit"
+    """Why it ended: exit (by itself), hang (killed: it answered nothing)."""
 
 
 class Supervisor:
@@ -154,6 +175,13 @@ class Supervisor:
         self.engine: Child | None = None
         self.api: list[Child] = []
         self.deaths: list[float] = []
+        """When API processes died, within DEATH_WINDOW_S (the crash-loop rule)."""
+        self.engine_deaths: list[float] = []
+        self.engine_due: float | None = None
+        """When the engine, dead, is started again (time.monotonic(); None: it runs)."""
+        self.engine_ended = "exit"
+        self.metrics: Metrics | None = None
+        """This process's instruments (the model control's events, engine restarts)."""
         self.signals = 0
         self.with_engine = needs_engine(settings)
         self.slots_path = self.workdir / "connections"
@@ -193,6 +221,7 @@ class Supervisor:
         return env
 
     def _start_engine(self) -> Child:
+        self.control.hung.clear()  # of an engine before this one
         env = self._env()
         env[OPTIONS_ENV] = self.settings.engine_options().to_json()
         env[ENGINE_TABLE_ENV] = str(self.control.table_file)  # a restart loads what serves
@@ -233,7 +262,8 @@ class Supervisor:
                          "process", s.layout, int(s.api_workers))
             self.api = [self._start_api(i) for i in range(int(s.api_workers))]
             # this process's own metrics (the model control's) beside its children's
-            self.control.start(shared_metrics(str(self.metrics_dir)))
+            self.metrics = shared_metrics(str(self.metrics_dir))
+            self.control.start(self.metrics)
             return self._watch()
         finally:
             self.control.stop()
@@ -260,12 +290,15 @@ class Supervisor:
     def _watch(self) -> int:
         while not self.signals:
             engine = self.engine
+            if engine is not None and self.control.hung.is_set():
+                self._kill_hung(engine)
             if engine is not None and engine.proc.poll() is not None:
-                if not self._died(engine):
-                    return 1
-                log.error("the engine process exited (status %s): restarting it; its models "
-                          "answer 503 meanwhile, the others serve on", engine.proc.returncode)
+                self._engine_died(engine)
+            if self.engine_due is not None and time.monotonic() >= self.engine_due:
+                self.engine_due = None
                 self.engine = self._start_engine()
+                if self.metrics is not None:
+                    self.metrics.engine_restarts.labels(reason=self.engine_ended).inc()
             for i, child in enumerate(self.api):
                 if child.proc.poll() is not None:
                     if not self._died(child):
@@ -276,9 +309,41 @@ class Supervisor:
             time.sleep(0.1)
         return self._drain()
 
+    def _kill_hung(self, engine: Child) -> None:
+        """The model control's engine client heard nothing from the engine for
+        `engine_hang_timeout_s` (fleet.SupervisorControl.hung): SIGKILL it (a stopped
+        process too); the watch then restarts it as it does a dead one."""
+        self.control.hung.clear()
+        if engine.proc.poll() is None:
+            log.error("the engine process %d answered nothing for %g s (hung): killing it",
+                      engine.proc.pid, self.settings.engine_hang_timeout_s)
+            engine.ended = "hang"
+            engine.proc.kill()
+            engine.proc.wait()
+
+    def _engine_died(self, engine: Child) -> None:
+        """Restart the engine, at once or after its backoff (`engine_backoff_s`); its models
+        are reported failed with why meanwhile (`SupervisorControl.engine_down`)."""
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(engine.proc.pid, str(self.metrics_dir))
+        now = time.monotonic()
+        self.engine_deaths = [t for t in self.engine_deaths if now - t < DEATH_WINDOW_S] + [now]
+        delay = engine_backoff_s(len(self.engine_deaths), self.settings.engine_restart_backoff_s)
+        how = "killed: it hung" if engine.ended == "hang" else \
+            f"exited with status {engine.proc.returncode}"
+        why = f"the engine process {how}"
+        if delay:
+            why += (f"; {len(self.engine_deaths)} deaths in {DEATH_WINDOW_S:.0f} s (a crash "
+                    f"loop): restarting it in {delay:g} s (--engine-restart-backoff-s)")
+        log.error("%s; its models answer 503 meanwhile, the others serve on%s", why,
+                  "" if delay else "; restarting it")
+        self.control.engine_down = why
+        self.engine, self.engine_ended, self.engine_due = None, engine.ended, now + delay
+
     def _died(self, child: Child) -> bool:
-        """Count a child's death (the crash-loop rule, `MAX_DEATHS`); False: give up, after
-        draining what still runs."""
+        """Count an API process's death (the crash-loop rule, `MAX_DEATHS`); False: give up,
+        after draining what still runs."""
         from prometheus_client import multiprocess
 
         multiprocess.mark_process_dead(child.proc.pid, str(self.metrics_dir))
@@ -286,8 +351,8 @@ class Supervisor:
         self.deaths = [t for t in self.deaths if now - t < DEATH_WINDOW_S] + [now]
         if len(self.deaths) < MAX_DEATHS:
             return True
-        log.error("%s process %d exited (status %s): %d deaths of children in %.0f s, giving "
-                  "up", child.role, child.proc.pid, child.proc.returncode, len(self.deaths),
+        log.error("%s process %d exited (status %s): %d deaths of API processes in %.0f s, "
+                  "giving up", child.role, child.proc.pid, child.proc.returncode, len(self.deaths),
                   DEATH_WINDOW_S)
         self.control.stop()
         self._stop_api(timeout=api_stop_bound_s(self.settings))

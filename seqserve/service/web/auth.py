@@ -27,6 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.models.errors import UserError
 from seqserve.service.core.answers import Answer
+from seqserve.service.core.state_token import loose_mode
+from seqserve.service.core.state_token import secret_warnings as state_secret_warnings
 from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
@@ -36,6 +38,8 @@ HEALTH_PATHS = ("/v2/health/", "/health/")
 METRICS_PATHS = ("/metrics",)
 DOCS_PATHS = ("/openapi.json", "/docs", "/redoc")
 CHALLENGE = 'Bearer realm="seqserve"'
+MIN_KEY_CHARS = 16
+"""A shorter API key is served with a warning at start (`secret_warnings`)."""
 
 
 class ApiKeyError(UserError):
@@ -55,9 +59,9 @@ def key_file_path(secret: SecretStr | None, file: Path | None) -> Path | None:
     return Path(value[1:]) if value.startswith("@") else None
 
 
-def load_keys(secret: SecretStr | None, file: Path | None = None) -> list[bytes]:
-    """SHA-256 digests of the keys: one key per line of `secret`'s value or of the key file
-    (`file`, or `secret`'s `@PATH`; blank lines and `#` comments skipped)."""
+def read_keys(secret: SecretStr | None, file: Path | None = None) -> tuple[str, list[str]]:
+    """(where they come from, the keys): one key per line of `secret`'s value or of the key
+    file (`file`, or `secret`'s `@PATH`; blank lines and `#` comments skipped)."""
     value = secret.get_secret_value().strip() if secret is not None else ""
     where = "api_key"
     path = key_file_path(secret, file)
@@ -71,7 +75,36 @@ def load_keys(secret: SecretStr | None, file: Path | None = None) -> list[bytes]
     keys = [k for k in keys if k and not k.startswith("#")]
     if not keys:
         raise ApiKeyError(f"{where} holds no key: give a key or @FILE, or unset api_key")
-    return [hashlib.sha256(k.encode()).digest() for k in keys]
+    return where, keys
+
+
+def load_keys(secret: SecretStr | None, file: Path | None = None) -> list[bytes]:
+    """SHA-256 digests of the keys (`read_keys`)."""
+    return [hashlib.sha256(k.encode()).digest() for k in read_keys(secret, file)[1]]
+
+
+def secret_warnings(settings: Settings) -> list[str]:
+    """Why the server's secrets are weak, for the start-up log (warnings, never refusals):
+    an API key under `MIN_KEY_CHARS` characters, a key file or state-secret file its group
+    or others may read, a state secret under 32 bytes or of one repeated character
+    (`state_token.secret_warnings`). No message holds a key or secret; what cannot be read
+    gives none here (its loading refuses it with the reason)."""
+    out = []
+    if settings.keys_on:
+        try:
+            where, keys = read_keys(settings.api_key, settings.api_key_file)
+        except ApiKeyError:
+            keys = []
+        for i, key in enumerate(keys):
+            if len(key) < MIN_KEY_CHARS:
+                out.append(f"{where}: key {i + 1} is {len(key)} characters, under "
+                           f"{MIN_KEY_CHARS}: easy to guess (use e.g. "
+                           "`openssl rand -hex 32`)")
+        path = key_file_path(settings.api_key, settings.api_key_file)
+        loose = None if path is None else loose_mode(path)
+        if loose is not None:
+            out.append(f"api_key file {path}: {loose}")
+    return out + state_secret_warnings(settings.state_secret_file)
 
 
 def is_open(path: str, auth_health: bool, auth_metrics: bool) -> bool:

@@ -92,6 +92,20 @@ class Settings(BaseSettings):
     with its own session and intra_op_threads threads; auto = chosen for this machine."""
     startup_timeout_s: float = Field(default=600.0, gt=0)
     """How long API processes wait for the engine to load and warm up every model."""
+    engine_hang_timeout_s: float = Field(default=10.0, gt=0)
+    """An engine process that answers nothing for this long is hung: each API process pings
+    it every quarter of this (over its ZeroMQ socket) and, after this long without an answer,
+    answers its requests, pending and new, with 503 + Retry-After at once (its models not
+    ready) while the supervisor, pinging it the same way, kills it (SIGKILL) and starts a new
+    one (seqserve_engine_restarts_total{reason="hang"}). 10 s: far beyond any loop turn of a
+    working engine, so a busy one is never killed, and what a stalled request waits at most
+    beyond its own queueing."""
+    engine_restart_backoff_s: float = Field(default=1.0, gt=0)
+    """A crash-looping engine process is restarted after a delay: its first death in 30 s at
+    once, the next ones after this long, doubled each time (capped at 30 s), while its models
+    answer 503 + Retry-After with the reason (/v2/repository/index) and every other model
+    serves on; API processes keep the crash-loop rule that ends the server (their fifth death
+    in 30 s)."""
     intra_op_threads: int = Field(default=0, ge=0)
     """Threads inside one operator, per runtime instance (0 = runtime default, or chosen
     with the instances when those are auto)."""

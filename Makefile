@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	# CPU environment: onnxruntime (never together with onnxruntime-gpu).
 	$(BIN)/pip install -q -e '.[cpu,train,dev]'
+	# the native HTTP front (Rust, built offline from Debian's crates; apt-installs them):
+	# served with --front native; where it cannot build, uvicorn's front serves
+	bash native/build.sh $(BIN)/python || echo "native front not built: --front native falls back to uvicorn"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,12 +27,12 @@ run: $(STAMP)
 test: $(STAMP)
 	# system tools the deploy tests use (promtool, prometheus); no-op when present
 	bash deploy/install-test-tools.sh
-	$(BIN)/ruff check seqserve bench deploy tests examples
+	$(BIN)/ruff check seqserve bench deploy tests examples native
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -ra tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check seqserve bench deploy tests examples
+	$(BIN)/ruff check seqserve bench deploy tests examples native
 	$(BIN)/mypy
 
 clean:

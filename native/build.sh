@@ -1,5 +1,5 @@
 #!/bin/sh
-# Build the native HTTP front seqserve._front (Rust: hyper 0.14 + tokio + PyO3 0.17),
+# Build the native HTTP front seqserve.service.server._front (Rust: hyper 0.14 + tokio + PyO3 0.17),
 # offline, from Debian bookworm's librust-*-dev packages.
 #   native/build.sh [PYTHON]     (default: python3; run as root on a fresh machine)
 # Exit status non-zero when it cannot build: the caller then keeps uvicorn.
@@ -35,12 +35,13 @@ fi
 [ -d /usr/share/cargo/registry/hyper-0.14.19 ] || [ -n "$(ls -d /usr/share/cargo/registry/hyper-0.14.* 2>/dev/null)" ] \
     || fail "no hyper 0.14 in /usr/share/cargo/registry"
 
+case "$py" in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac
 export PYO3_PYTHON=$(command -v "$py" 2>/dev/null || echo "$py")
 cd "$here/front"
 "$cargo" build --release --offline -j"${BUILD_JOBS:-2}" >&2 || fail "cargo build failed"
 so="$here/front/target/release/lib_front.so"
 [ -f "$so" ] || fail "no $so after the build"
-cp "$so" "$root/seqserve/_front$ext.tmp" && mv "$root/seqserve/_front$ext.tmp" "$root/seqserve/_front$ext"
-"$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); from seqserve._front import Front' "$root" 2>&1 >/dev/null \
-    || fail "built, but seqserve._front does not import"
-echo "native/build.sh: built seqserve/_front$ext" >&2
+cp "$so" "$root/seqserve/service/server/_front$ext.tmp" && mv "$root/seqserve/service/server/_front$ext.tmp" "$root/seqserve/service/server/_front$ext"
+"$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); from seqserve.service.server._front import Front' "$root" 2>&1 >/dev/null \
+    || fail "built, but seqserve.service.server._front does not import"
+echo "native/build.sh: built seqserve/service/server/_front$ext" >&2

@@ -1,4 +1,4 @@
-"""A tiny asyncio driver for seqserve._front: the bridge the server would use.
+"""A tiny asyncio driver for seqserve.service.server._front: the bridge the server would use.
 
     python native/echo_front.py PORT        # serve the echo routes until interrupted
 
@@ -19,7 +19,7 @@ import sys
 import threading
 from typing import Any
 
-from seqserve._front import Front
+from seqserve.service.server._front import Front
 
 _JSON = [(b"content-type", b"application/json")]
 
@@ -91,7 +91,8 @@ class EchoDriver:
 
     async def sse(self, rid: int) -> None:
         f = self.front
-        if not f.start(rid, 200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]):
+        head = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        if not f.start(rid, 200, head):
             return
         for i in range(3):
             if not f.send(rid, f"data: {i}\n\n".encode()):

@@ -12,7 +12,9 @@ from typing import Any
 
 @contextlib.contextmanager
 def serve_app(app: Any, timeout_s: float = 60.0, **config: Any) -> Iterator[str]:
-    """Run `app` (lifespan on) under uvicorn on a free 127.0.0.1 port in a thread; yield its URL."""
+    """Run `app` (lifespan on) under uvicorn on a free 127.0.0.1 port in a thread; yield its URL.
+    An app whose settings say `front="native"` runs in the server's own `DrainingServer`
+    with the native front instead."""
     import uvicorn
 
     # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted sockets only when the listener
@@ -25,7 +27,13 @@ def serve_app(app: Any, timeout_s: float = 60.0, **config: Any) -> Iterator[str]
         "log_level": "warning", "access_log": False, "lifespan": "on",
         "timeout_graceful_shutdown": 5,
     } | config  # fmt: skip
-    server = uvicorn.Server(uvicorn.Config(app, **options))
+    state = getattr(getattr(app, "state", None), "seqserve", None)
+    if state is not None and state.settings.front == "native":  # the server's own, native
+        from seqserve.service.server.shutdown import build_server
+
+        server: Any = build_server(app, state)
+    else:
+        server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

@@ -16,6 +16,7 @@ from seqserve.service.server.accept import (
     BalancedListener,
     Slots,
     may_accept,
+    protocol_handoff,
 )
 
 
@@ -53,7 +54,8 @@ async def _accepts(folder: Path, others: int, mine: int,
     slots[1] = others
     server = socket.create_server(("127.0.0.1", 0))
     _Held.made = []
-    listener = BalancedListener(server, _Held, slots, 0, lambda: mine + len(_Held.made))
+    handoff = protocol_handoff(asyncio.get_running_loop(), _Held)
+    listener = BalancedListener(server, handoff, slots, 0, lambda: mine + len(_Held.made))
     listener.start()
     client = socket.socket()
     client.setblocking(False)

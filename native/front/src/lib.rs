@@ -1,4 +1,4 @@
-//! seqserve._front: a native HTTP/1.1 front for seqserve.
+//! seqserve.service.server._front: a native HTTP/1.1 front for seqserve.
 //!
 //! hyper 0.14 serves connections on a tokio runtime in background threads.  Heads are
 //! parsed, bodies read and answers written there, without the GIL.  Complete requests
@@ -554,21 +554,58 @@ async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, peer: SocketA
     if head_len > cfg.max_head_bytes {
         return error_answer(431, "request header fields too large");
     }
-    if let Some(cl) = req.headers().get(CONTENT_LENGTH) {
-        if let Some(n) = cl.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()) {
-            if n > cfg.max_body_bytes as u64 {
-                return error_answer(413, "request body too large");
-            }
-        }
-    }
+    let announced_over = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|cl| cl.to_str().ok())
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map_or(false, |n| n > cfg.max_body_bytes as u64);
     let (parts, body) = req.into_parts();
+    if announced_over {
+        // The app answers it (its 413 by the announced length, its error shape, request id,
+        // metrics and access log: as on the uvicorn front), with the body read and dropped
+        // here so that the connection stays usable; a body too large even to drop: closed.
+        let most = (cfg.max_body_bytes.saturating_mul(16)).max(16 << 20);
+        match tokio::time::timeout(cfg.body_timeout, drop_body(body, most)).await {
+            Ok(true) => {}
+            _ => return error_answer(413, "request body too large"),
+        }
+        return hand_over(sh, parts, Bytes::new(), peer, received).await;
+    }
     let body = match tokio::time::timeout(cfg.body_timeout, read_body(body, cfg.max_body_bytes)).await {
         Err(_) => return error_answer(408, "request body timeout"),
         Ok(Err(BodyErr::TooLarge)) => return error_answer(413, "request body too large"),
         Ok(Err(BodyErr::Io)) => return error_answer(400, "bad request body"),
         Ok(Ok(b)) => b,
     };
+    hand_over(sh, parts, body, peer, received).await
+}
 
+/// Read a body to its end without keeping it; false past `most` bytes or on an error.
+async fn drop_body(mut body: hyper::Body, most: usize) -> bool {
+    let mut total = 0usize;
+    while let Some(chunk) = body.data().await {
+        match chunk {
+            Ok(c) => {
+                total += c.len();
+                if total > most {
+                    return false;
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Queue a whole request for Python and wait for its answer.
+async fn hand_over(
+    sh: &Arc<Shared>,
+    parts: hyper::http::request::Parts,
+    body: Bytes,
+    peer: SocketAddr,
+    received: f64,
+) -> Answer {
     let rid = sh.next_rid.fetch_add(1, SeqCst);
     let (tx, rx) = oneshot::channel();
     sh.pending.lock().unwrap().insert(rid, Pending::Waiting(tx));
@@ -707,9 +744,24 @@ async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, mut stop: watch::Re
 // Python API
 // ---------------------------------------------------------------------------------
 
-#[pyclass(module = "seqserve._front")]
+type Outgoing = Vec<(oneshot::Sender<Reply>, Reply)>;
+
+/// Hands a call's answers to their connections from inside the runtime: one wake-up of the
+/// runtime per call (each oneshot send from outside it wrote the runtime's eventfd: 70% of
+/// `respond_many` under load, with the GIL held).
+async fn dispatch(mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+    while let Some(batch) = rx.recv().await {
+        for (tx, reply) in batch {
+            let _ = tx.send(reply);
+        }
+    }
+}
+
+#[pyclass(module = "seqserve.service.server._front")]
 struct Front {
     sh: Arc<Shared>,
+    outbox: mpsc::UnboundedSender<Outgoing>,
+    handle: tokio::runtime::Handle,
     rt: Mutex<Option<tokio::runtime::Runtime>>,
     stop_accept: watch::Sender<bool>,
     shutdown: watch::Sender<bool>,
@@ -790,29 +842,35 @@ impl Front {
         if efd < 0 {
             return Err(PyOSError::new_err(format!("eventfd: {}", io::Error::last_os_error())));
         }
-        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if dup < 0 {
-            let e = io::Error::last_os_error();
-            unsafe { libc::close(efd) };
-            return Err(PyOSError::new_err(format!("dup of listening socket {}: {}", fd, e)));
-        }
-        let std_listener = unsafe { std::net::TcpListener::from_raw_fd(dup) };
         let fail = |msg: String| {
             unsafe { libc::close(efd) };
             PyOSError::new_err(msg)
         };
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|e| fail(format!("set_nonblocking: {}", e)))?;
+        // fd < 0: no listener of its own; connections come through `adopt`
+        let std_listener = if fd < 0 {
+            None
+        } else {
+            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if dup < 0 {
+                let e = io::Error::last_os_error();
+                return Err(fail(format!("dup of listening socket {}: {}", fd, e)));
+            }
+            let l = unsafe { std::net::TcpListener::from_raw_fd(dup) };
+            l.set_nonblocking(true).map_err(|e| fail(format!("set_nonblocking: {}", e)))?;
+            Some(l)
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("seqserve-front")
             .enable_all()
             .build()
             .map_err(|e| fail(format!("tokio runtime: {}", e)))?;
-        let listener = {
-            let _g = rt.enter();
-            TcpListener::from_std(std_listener).map_err(|e| fail(format!("listener: {}", e)))?
+        let listener = match std_listener {
+            None => None,
+            Some(l) => {
+                let _g = rt.enter();
+                Some(TcpListener::from_std(l).map_err(|e| fail(format!("listener: {}", e)))?)
+            }
         };
         let (stop_accept, stop_rx) = watch::channel(false);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -829,8 +887,13 @@ impl Front {
             requests: AtomicU64::new(0),
             shutdown_rx,
         });
-        rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
-        Ok(Front { sh, rt: Mutex::new(Some(rt)), stop_accept, shutdown })
+        if let Some(listener) = listener {
+            rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
+        }
+        let (outbox, outbox_rx) = mpsc::unbounded_channel();
+        rt.spawn(dispatch(outbox_rx));
+        let handle = rt.handle().clone();
+        Ok(Front { sh, outbox, handle, rt: Mutex::new(Some(rt)), stop_accept, shutdown })
     }
 
     /// The eventfd to watch for readability (requests or disconnect notices waiting).
@@ -884,27 +947,33 @@ impl Front {
     }
 
     /// Several answers in one call: [(rid, status, headers, body), ...].
-    fn respond_many(&self, answers: Vec<(u64, u16, Vec<(&[u8], &[u8])>, &[u8])>) -> PyResult<()> {
+    fn respond_many(&self, py: Python<'_>, answers: Vec<(u64, u16, Vec<(&[u8], &[u8])>, &[u8])>) -> PyResult<()> {
         let mut replies = Vec::with_capacity(answers.len());
         for (rid, status, headers, body) in answers {
             replies.push((rid, Reply::Full(to_status(status)?, to_headers(headers)?, Bytes::copy_from_slice(body))));
         }
-        let mut txs = Vec::with_capacity(replies.len());
-        {
-            let mut p = self.sh.pending.lock().unwrap();
-            for (rid, reply) in replies {
-                match p.remove(&rid) {
-                    Some(Pending::Waiting(tx)) => txs.push((tx, reply)),
-                    Some(other) => {
-                        p.insert(rid, other);
+        py.allow_threads(|| {
+            let mut txs: Outgoing = Vec::with_capacity(replies.len());
+            {
+                let mut p = self.sh.pending.lock().unwrap();
+                for (rid, reply) in replies {
+                    match p.remove(&rid) {
+                        Some(Pending::Waiting(tx)) => txs.push((tx, reply)),
+                        Some(other) => {
+                            p.insert(rid, other);
+                        }
+                        None => {}
                     }
-                    None => {}
                 }
             }
-        }
-        for (tx, reply) in txs {
-            let _ = tx.send(reply);
-        }
+            if !txs.is_empty() {
+                if let Err(mpsc::error::SendError(batch)) = self.outbox.send(txs) {
+                    for (tx, reply) in batch {  // the runtime is stopping: send from here
+                        let _ = tx.send(reply);
+                    }
+                }
+            }
+        });
         Ok(())
     }
 
@@ -933,12 +1002,15 @@ impl Front {
     }
 
     /// One piece of a streamed answer.  False when the client has gone.
-    fn send(&self, rid: u64, data: &[u8]) -> bool {
-        let p = self.sh.pending.lock().unwrap();
-        match p.get(&rid) {
-            Some(Pending::Streaming(tx)) => tx.send(Bytes::copy_from_slice(data)).is_ok(),
-            _ => false,
-        }
+    fn send(&self, py: Python<'_>, rid: u64, data: &[u8]) -> bool {
+        let chunk = Bytes::copy_from_slice(data);
+        py.allow_threads(|| {  // the send may wake the runtime (a write to its eventfd)
+            let p = self.sh.pending.lock().unwrap();
+            match p.get(&rid) {
+                Some(Pending::Streaming(tx)) => tx.send(chunk).is_ok(),
+                _ => false,
+            }
+        })
     }
 
     /// End a streamed answer.
@@ -962,6 +1034,33 @@ impl Front {
     }
 
     /// Stop accepting new connections.
+    /// Serve a connection accepted elsewhere (the caller's balanced accept): the front owns
+    /// `fd` from now on (the caller detaches its socket object).
+    fn adopt(&self, fd: i32) -> PyResult<()> {
+        if fd < 0 {
+            return Err(PyValueError::new_err("adopt: not a file descriptor"));
+        }
+        let std_stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+        let peer = match std_stream.peer_addr() {
+            Ok(p) => p,
+            Err(_) => return Ok(()),  // the client left already: dropping closes it
+        };
+        std_stream.set_nonblocking(true).map_err(|e| PyOSError::new_err(format!("adopt: {}", e)))?;
+        let stream = {
+            let _g = self.handle.enter();
+            TcpStream::from_std(std_stream).map_err(|e| PyOSError::new_err(format!("adopt: {}", e)))?
+        };
+        self.sh.accepted.fetch_add(1, SeqCst);
+        self.sh.connections.fetch_add(1, SeqCst);
+        self.handle.spawn(serve_conn(stream, peer, self.sh.clone()));
+        Ok(())
+    }
+
+    /// Connections open now.
+    fn connections(&self) -> usize {
+        self.sh.connections.load(SeqCst)
+    }
+
     fn pause(&self) {
         self.stop_accept.send_replace(true);
     }

@@ -38,7 +38,7 @@ import mmap
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 log = logging.getLogger("seqserve.accept")
@@ -104,15 +104,36 @@ def may_accept(me: int, counts: list[int]) -> bool:
     return all(c >= limit for i, c in enumerate(counts) if i != me and c < GONE)
 
 
-class BalancedListener:
-    """Accepts on `sock` for `protocol_factory` while this process is the least loaded (see
-    the module doc). `connections()` is how many connections this process holds; it stands in
-    for the asyncio server uvicorn would have made (`close()`)."""
+Handoff = Callable[[socket.socket, bool], Awaitable[None]]
+"""Serves an accepted connection: uvicorn's protocol (`protocol_handoff`) or the native
+front (`server/native.py`); True: the server stops (a request already sent is answered, then
+the connection closes)."""
 
-    def __init__(self, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol],
+
+def protocol_handoff(loop: asyncio.AbstractEventLoop,
+                     factory: Callable[[], asyncio.Protocol]) -> Handoff:
+    """The hand-off of accepted connections to an asyncio protocol (uvicorn's)."""
+    async def hand(conn: socket.socket, stopping: bool) -> None:
+        conn.setblocking(False)
+        if conn.family in (socket.AF_INET, socket.AF_INET6):
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _, protocol = await loop.connect_accepted_socket(factory, conn)
+        stop = getattr(protocol, "shutdown", None) if stopping else None
+        if stop is not None:
+            stop()
+
+    return hand
+
+
+class BalancedListener:
+    """Accepts on `sock` while this process is the least loaded (see the module doc) and
+    hands each connection over (`handoff`). `connections()` is how many connections this
+    process holds; it stands in for the asyncio server uvicorn would have made (`close()`)."""
+
+    def __init__(self, sock: socket.socket, handoff: Handoff,
                  slots: Slots, index: int, connections: Callable[[], int]) -> None:
         self.sock = sock
-        self.factory = protocol_factory
+        self.handoff = handoff
         self.slots = slots
         self.index = index
         self.connections = connections
@@ -123,7 +144,6 @@ class BalancedListener:
         self._timer: asyncio.TimerHandle | None = None
         self._watching = False
         self._closed = False
-        self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
         self.accepted = 0
         self.deferrals = 0
 
@@ -188,10 +208,7 @@ class BalancedListener:
 
     async def _connect(self, conn: socket.socket) -> None:
         try:
-            conn.setblocking(False)
-            if self._tcp:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await self.loop.connect_accepted_socket(self.factory, conn)
+            await self.handoff(conn, False)
         except Exception as exc:  # the client left at once, or a socket option failed
             log.debug("accepted connection dropped: %s", exc)
             conn.close()
@@ -204,7 +221,7 @@ class BalancedListener:
         listen queue (module doc); the slot reads GONE from now on."""
         if self._closed:
             return
-        serve_stopping(self.loop, self.factory, take_waiting(self.sock))
+        serve_stopping(self.loop, self.handoff, take_waiting(self.sock))
         self._closed = True
         if self._timer is not None:
             self._timer.cancel()
@@ -238,24 +255,16 @@ def take_waiting(sock: socket.socket) -> list[socket.socket]:
     return taken
 
 
-def serve_stopping(loop: asyncio.AbstractEventLoop,
-                   factory: Callable[[], asyncio.Protocol],
+def serve_stopping(loop: asyncio.AbstractEventLoop, handoff: Handoff,
                    conns: list[socket.socket]) -> None:
-    """Hand connections taken at close to the protocol, each told at once that the server
-    stops (`shutdown()`: a request already sent is answered, then the connection closes)."""
+    """Hand connections taken at close over, each told at once that the server stops (a
+    request already sent is answered, then the connection closes)."""
     async def one(conn: socket.socket) -> None:
         try:
-            conn.setblocking(False)
-            if conn.family in (socket.AF_INET, socket.AF_INET6):
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _, protocol = await loop.connect_accepted_socket(factory, conn)
+            await handoff(conn, True)
         except Exception as exc:  # the client left at once
             log.debug("connection taken at close dropped: %s", exc)
             conn.close()
-            return
-        stop = getattr(protocol, "shutdown", None)
-        if stop is not None:
-            stop()
 
     for conn in conns:
         loop.create_task(one(conn))

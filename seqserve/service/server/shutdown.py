@@ -40,9 +40,18 @@ from typing import Any
 import uvicorn
 
 from seqserve.service.api.grpc.server import GrpcServer
-from seqserve.service.server.accept import BalancedListener, Slots, serve_stopping, take_waiting
+from seqserve.service.server.accept import (
+    BalancedListener,
+    Slots,
+    protocol_handoff,
+    serve_stopping,
+    take_waiting,
+)
+from seqserve.service.server.native import NativeListener, native_front
 from seqserve.service.web.http_protocol import guarded_protocol
 from seqserve.service.web.state import AppState
+
+log = logging.getLogger("seqserve.app")
 
 
 class DrainingServer(uvicorn.Server):
@@ -104,18 +113,50 @@ class DrainingServer(uvicorn.Server):
         return run
 
     async def _start_http(self, sockets: list[socket.socket] | None) -> None:
-        if self.balance is None or not sockets:
+        native = self._native()
+        if not native and (self.balance is None or not sockets):
             await super().startup(sockets)
             return
         await super().startup([])  # the lifespan, and no asyncio server: ours accept
-        factory = self._factory()
-        slots, index = self.balance
-        connections = self.server_state.connections
-        self.listeners = [BalancedListener(sock, factory, slots, index,
-                                           lambda: len(connections)) for sock in sockets]
-        for listener in self.listeners:
-            listener.start()
-        self.servers = self.listeners  # type: ignore[assignment]  # uvicorn close()s them
+        s = self.state.settings
+        if not sockets:  # the native front, started without sockets: bind here
+            sockets = [socket.create_server((s.host, s.port), backlog=self.config.backlog)]
+        front = self._front(None if self.balance is not None else sockets[0]) if native else None
+        if self.balance is not None:
+            slots, index = self.balance
+            connections = self.server_state.connections
+            handoff = front.handoff if front is not None else \
+                protocol_handoff(asyncio.get_running_loop(), self._factory())
+            count = front.connections if front is not None else lambda: len(connections)
+            self.listeners = [BalancedListener(sock, handoff, slots, index, count)
+                              for sock in sockets]
+            for listener in self.listeners:
+                listener.start()
+        # uvicorn close()s them, then awaits their wait_closed()
+        self.servers = [*self.listeners, *([front] if front is not None else [])]  # type: ignore[list-item]
+        if front is not None:
+            log.info("serving on http://%s:%d (native front)", *sockets[0].getsockname()[:2])
+
+    def _front(self, sock: socket.socket | None) -> NativeListener:
+        """The native front: accepting on `sock` itself, or (None) served the connections
+        the balanced listener takes."""
+        s = self.state.settings
+        if sock is not None:
+            sock.listen(self.config.backlog)  # (as asyncio's create_server does)
+        head = getattr(self.config.app, "answer_head", None)
+        return NativeListener(sock, self.config.loaded_app, head, s, self.lifespan.state,
+                              self.server_state.tasks, s.drain_timeout_s + 5.0)
+
+    def _native(self) -> bool:
+        """Whether this server runs the native front (`--front native` and built); logs
+        the choice and why."""
+        s = self.state.settings
+        if s.front != "native":
+            log.info("HTTP front: uvicorn (--front uvicorn)")
+            return False
+        front, why = native_front()
+        log.info("HTTP front: %s (%s)", "native" if front else "uvicorn", why)
+        return front is not None
 
     def _factory(self) -> Any:
         """uvicorn's protocol factory, as its own Server.startup makes it."""
@@ -133,7 +174,8 @@ class DrainingServer(uvicorn.Server):
                 for listening in getattr(server, "sockets", None) or ():
                     sock = socket.socket(fileno=listening.fileno())
                     try:
-                        serve_stopping(loop, self._factory(), take_waiting(sock))
+                        serve_stopping(loop, protocol_handoff(loop, self._factory()),
+                                       take_waiting(sock))
                     finally:
                         sock.detach()
         await super().shutdown(sockets)

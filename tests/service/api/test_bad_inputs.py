@@ -348,16 +348,22 @@ def test_the_table_is_big_enough() -> None:
     assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_full_repo: Path, tiny_lm_repo: Path, tiny_series_repo: Path,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["uvicorn", "native"])
+def server(request: pytest.FixtureRequest, tiny_full_repo: Path, tiny_lm_repo: Path,
+           tiny_series_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real server on each HTTP front (`--front`: uvicorn's protocol, the native one)."""
     import shutil
+
+    if request.param == "native":
+        pytest.importorskip("seqserve.service.server._front",
+                            reason="the native front is not built (native/build.sh)")
 
     repo = tmp_path_factory.mktemp("bad-inputs") / "repo"
     shutil.copytree(tiny_full_repo, repo)
     shutil.copytree(tiny_lm_repo / "tiny-lm", repo / "tiny-lm")
     shutil.copytree(tiny_series_repo / "tiny-series", repo / "tiny-series")
-    settings = Settings(repo=repo, intra_op_threads=1, warmup=False, **LIMITS)
+    settings = Settings(repo=repo, intra_op_threads=1, warmup=False, front=request.param,
+                        **LIMITS)
     with serve_in_thread(create_app(settings)) as url:
         yield url
 

@@ -1,0 +1,208 @@
+"""The native HTTP front: requests parsed, bodies read and answers written outside the
+interpreter (`_front`, a Rust extension over hyper and tokio: native/front/), the
+app run per request on the event loop as uvicorn runs it.
+
+The front accepts on the listening socket in its own threads, reads each request whole (head
+limits, body limit, head and keep-alive deadlines are its own) and queues it; an eventfd
+tells the event loop that requests wait, and one `take` per loop turn hands it every waiting
+request at once. Each becomes the ASGI scope uvicorn would have built, with the same
+disconnect future (`web.http_protocol.DISCONNECT`), and runs the same app (`create_app`'s
+middleware chain: access log, serving middleware, API keys, hot path or FastAPI). A request
+the app refuses from its head alone (`answer_head`: an overloaded model's 429) is answered
+without a task, as the uvicorn protocol does. The answers of one loop turn leave in one
+`respond_many` call; a streamed answer (SSE) goes chunk by chunk.
+
+Draining: `close()` stops accepting (connections already open keep being served, and every
+answer carries `Connection: close` while the server drains: the middleware's), uvicorn then
+waits for the requests in flight (`server_state.tasks`), and `wait_closed()` stops the front
+within the drain's bound.
+
+The choice is `--front`: `native` where `_front` imports (built by
+native/build.sh), `uvicorn` otherwise or when asked; `serve` logs which and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import unquote
+
+from seqserve.service.server.accept import take_waiting
+from seqserve.service.web.http_protocol import DISCONNECT
+
+log = logging.getLogger("seqserve.front")
+
+TAKE = 512
+"""Most requests taken from the front in one loop turn (the rest on the next turn)."""
+Message = dict[str, Any]
+
+
+def native_front() -> tuple[Any | None, str]:
+    """The front's class and why it is (or is not) available."""
+    try:
+        from seqserve.service.server._front import Front  # type: ignore[import-not-found]
+    except ImportError as exc:
+        return None, f"seqserve.service.server._front is not built ({exc}); run native/build.sh"
+    return Front, "seqserve.service.server._front is built"
+
+
+class NativeListener:
+    """Serves `app` on `sock` through the native front; stands in for uvicorn's asyncio
+    server (`close`, `wait_closed`) in `DrainingServer.servers`."""
+
+    def __init__(self, sock: socket.socket | None, app: Any,
+                 answer_head: Callable[[dict[str, Any]], Any] | None, settings: Any,
+                 app_state: dict[str, Any], tasks: set[asyncio.Task[None]],
+                 stop_bound_s: float) -> None:
+        front_class, why = native_front()
+        if front_class is None:
+            raise RuntimeError(why)
+        self.loop = asyncio.get_running_loop()
+        self.sock = sock
+        self.app = app
+        self.answer_head = answer_head
+        self.app_state = app_state
+        self.tasks = tasks
+        self.stop_bound_s = stop_bound_s
+        s = settings
+        self.front = front_class(
+            -1 if sock is None else sock.fileno(), threads=1, max_head_bytes=s.max_header_bytes,
+            max_headers=s.max_headers, max_url_bytes=s.max_url_bytes,
+            max_body_bytes=s.max_body_bytes, head_timeout_s=s.header_timeout_s,
+            keep_alive_s=s.keepalive_timeout_s, body_timeout_s=s.body_timeout_s)
+        host, port = (settings.host, settings.port) if sock is None else sock.getsockname()[:2]
+        self.server = (str(host), int(port))
+        self.gone: dict[int, asyncio.Future[None]] = {}
+        """The disconnect future of every request in flight, by the front's id."""
+        self.answers: list[tuple[int, int, list[tuple[bytes, bytes]], bytes]] = []
+        """Whole answers written this loop turn, sent together at its end."""
+        self._flush_due = False
+        self._closed = False
+        self.loop.add_reader(self.front.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        front = self.front
+        for rid in front.gone():
+            future = self.gone.pop(rid, None)
+            if future is not None and not future.done():
+                future.set_result(None)
+        for rid, method, path, query, headers, body, client, _received in front.take(TAKE):
+            gone: asyncio.Future[None] = self.loop.create_future()
+            scope = {
+                "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                "http_version": "1.1", "server": self.server, "client": client,
+                "scheme": "http", "method": method, "root_path": "",
+                "path": unquote(path), "raw_path": path.encode("latin-1"),
+                "query_string": query, "headers": headers, "state": self.app_state.copy(),
+                "extensions": {DISCONNECT: gone},
+            }
+            if self.answer_head is not None:
+                answer = self.answer_head(scope)
+                if answer is not None:
+                    self._write(rid, *answer)
+                    continue
+            self.gone[rid] = gone
+            task = self.loop.create_task(self._run(rid, scope, body, gone))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _write(self, rid: int, status: int, headers: list[tuple[bytes, bytes]],
+               body: bytes) -> None:
+        self.answers.append((rid, status, headers, body))
+        if not self._flush_due:
+            self._flush_due = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        answers, self.answers = self.answers, []
+        if answers:
+            self.front.respond_many(answers)
+
+    async def _run(self, rid: int, scope: dict[str, Any], body: bytes,
+                   gone: asyncio.Future[None]) -> None:
+        front = self.front
+        pending: Message = {"type": "http.request", "body": body, "more_body": False}
+        start: Message | None = None
+        streaming = False
+
+        async def receive() -> Message:
+            nonlocal pending
+            if pending:
+                message, pending = pending, {}
+                return message
+            await gone
+            return {"type": "http.disconnect"}
+
+        async def send(message: Message) -> None:
+            nonlocal start, streaming
+            kind = message["type"]
+            if kind == "http.response.start":
+                start = message
+                return
+            if kind != "http.response.body" or start is None:
+                return
+            chunk = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not streaming and not more:
+                self._write(rid, start["status"], list(start.get("headers", ())), chunk)
+                self.gone.pop(rid, None)
+                return
+            if not streaming:
+                streaming = True
+                if not front.start(rid, start["status"], list(start.get("headers", ()))):
+                    _leave(gone)
+                    return
+            if chunk and not front.send(rid, chunk):
+                _leave(gone)
+            if not more:
+                front.end(rid)
+                self.gone.pop(rid, None)
+
+        try:
+            await self.app(scope, receive, send)
+        except Exception:  # the app's access log logged it; the client gets a 500 if nothing
+            log.exception("request failed")  # was sent yet
+            if start is None:
+                self._write(rid, 500, [(b"content-type", b"application/json")],
+                            b'{"error":"internal server error","status":500}')
+        finally:
+            if self.gone.pop(rid, None) is not None and streaming:
+                front.end(rid)
+
+    async def handoff(self, conn: socket.socket, stopping: bool) -> None:
+        """Serve a connection accepted elsewhere (`accept.BalancedListener`); one taken
+        while stopping gets its request answered with the drain's `Connection: close`."""
+        self.front.adopt(conn.detach())
+
+    def connections(self) -> int:
+        return int(self.front.connections())
+
+    def close(self) -> None:
+        """Stop accepting (connections already open are still served), after taking the
+        connections waiting in the listen queue of a socket it accepts on itself."""
+        if not self._closed:
+            self._closed = True
+            self.front.pause()
+            if self.sock is not None:
+                for conn in take_waiting(self.sock):
+                    self.front.adopt(conn.detach())
+
+    async def wait_closed(self) -> None:
+        """Flush what is left and stop the front (its open connections closed)."""
+        self._flush()
+        self.loop.remove_reader(self.front.fileno())
+        await asyncio.to_thread(self.front.close, self.stop_bound_s)
+        if self.sock is not None:
+            self.sock.close()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.front.stats())
+
+
+def _leave(gone: asyncio.Future[None]) -> None:
+    if not gone.done():
+        gone.set_result(None)

@@ -38,7 +38,7 @@ from starlette.types import Receive, Scope
 
 from seqserve.service.api.common import ERRORS, header
 from seqserve.service.core.errors import BadRequest, QueueFull, ServiceError
-from seqserve.service.web.http_protocol import DISCONNECT
+from seqserve.service.web.http_protocol import DISCONNECT, RECEIVED
 from seqserve.service.web.repository import ModelEntry
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import RequestContext
@@ -71,6 +71,10 @@ class Call:
     """The client's address, where the transport knows it."""
     entry: ModelEntry | None = None
     """The model version `admit` found (its statistics: `Metrics.on_inference`)."""
+    received: float | None = None
+    """When the front read the request (`time.monotonic()`; `web.http_protocol.RECEIVED`),
+    where it reads requests off the event loop: the deadline and the queue wait allowed
+    count from then. None: from when the lifecycle saw it."""
 
     @property
     def scope(self) -> str:
@@ -92,10 +96,11 @@ def asgi_call(scope: Scope, receive: Receive, model: str, version: str | None,
     disconnect future (`web.http_protocol.DISCONNECT`) or a watch for `http.disconnect`,
     the scope's state and its headers."""
     client = scope.get("client")
+    extensions = scope.get("extensions", {})
     return Call(model, version, header(scope, TIMEOUT_HEADER), asked_s,
-                scope.get("extensions", {}).get(DISCONNECT), lambda: http_disconnect(receive),
+                extensions.get(DISCONNECT), lambda: http_disconnect(receive),
                 scope.setdefault("state", {}), lambda name: header(scope, name),
-                peer=client[0] if client else "")
+                peer=client[0] if client else "", received=extensions.get(RECEIVED))
 
 
 Reply = Any
@@ -184,15 +189,21 @@ def request_timeout(state: AppState, call: Call) -> float:
     return limit if call.asked_s is None else min(limit, call.asked_s)
 
 
-def shed_early(state: AppState, model: Any, timeout_s: float) -> None:
+def shed_early(state: AppState, model: Any, timeout_s: float,
+               received: float | None = None) -> None:
     """429 before any work when the model's queue is already longer than this request may
-    wait (the engine's last report, or the in-process batcher's own estimate): the cheap
-    refusal; the model's own admission decides for the rest, with the request's size."""
+    wait (the engine's last report, or the in-process batcher's own estimate), less what it
+    waited since the front read it (`received`): the cheap refusal; the model's own
+    admission decides for the rest, with the request's size."""
     wait = model.expected_wait()
     budget = min(timeout_s, state.settings.max_queue_wait_s)
-    if wait is not None and wait > budget:
-        raise QueueFull(f"overloaded: expected queue wait {wait:.3f} s > {budget:.3f} s "
-                        "allowed", retry_after=max(state.settings.retry_after_s, wait))
+    waited = 0.0 if received is None else time.monotonic() - received
+    if waited > budget or wait is not None and waited + wait > budget:
+        ahead = wait or 0.0
+        front = f" after {waited:.3f} s read and waiting" if waited >= 0.001 else ""
+        raise QueueFull(f"overloaded: expected queue wait {ahead:.3f} s{front} > "
+                        f"{budget:.3f} s allowed",
+                        retry_after=max(state.settings.retry_after_s, ahead))
 
 
 def shed_unread(state: AppState, call: Call) -> None:
@@ -207,7 +218,7 @@ def shed_unread(state: AppState, call: Call) -> None:
         timeout = request_timeout(state, call)
     except ServiceError:
         return
-    shed_early(state, worker.ctx.model, timeout)  # type: ignore[attr-defined]
+    shed_early(state, worker.ctx.model, timeout, call.received)  # type: ignore[attr-defined]
 
 
 def lookup(state: AppState, call: Call, kind: type[W] | None) -> tuple[ModelEntry, W]:
@@ -240,7 +251,7 @@ def admit(state: AppState, call: Call, kind: type[W] | None,
     if read is not None:
         read(call)
     timeout = request_timeout(state, call)
-    shed_early(state, worker.ctx.model, timeout)  # type: ignore[attr-defined]
+    shed_early(state, worker.ctx.model, timeout, call.received)  # type: ignore[attr-defined]
     if check is not None:
         check(worker)  # 4xx before any queueing
     return entry, worker, timeout
@@ -271,7 +282,8 @@ class RequestCall:
         context = self.context
         if context is None:
             seconds = request_timeout(state, call) if self.timeout_s is None else self.timeout_s
-            context = self.context = RequestContext(deadline=time.monotonic() + seconds)
+            since = time.monotonic() if call.received is None else call.received
+            context = self.context = RequestContext(deadline=since + seconds)
         context.caller = call
         if call.keep is not None:
             call.keep["call"] = context

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from seqserve.service.server.accept import take_waiting
-from seqserve.service.web.http_protocol import DISCONNECT
+from seqserve.service.web.http_protocol import DISCONNECT, RECEIVED
 
 log = logging.getLogger("seqserve.front")
 
@@ -89,7 +89,7 @@ class NativeListener:
             future = self.gone.pop(rid, None)
             if future is not None and not future.done():
                 future.set_result(None)
-        for rid, method, path, query, headers, body, client, _received in front.take(TAKE):
+        for rid, method, path, query, headers, body, client, received in front.take(TAKE):
             gone: asyncio.Future[None] = self.loop.create_future()
             scope = {
                 "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -97,7 +97,7 @@ class NativeListener:
                 "scheme": "http", "method": method, "root_path": "",
                 "path": unquote(path), "raw_path": path.encode("latin-1"),
                 "query_string": query, "headers": headers, "state": self.app_state.copy(),
-                "extensions": {DISCONNECT: gone},
+                "extensions": {DISCONNECT: gone, RECEIVED: received},
             }
             if self.answer_head is not None:
                 answer = self.answer_head(scope)

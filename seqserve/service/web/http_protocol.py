@@ -93,6 +93,11 @@ from seqserve.service.web.settings import Settings
 
 DISCONNECT = "seqserve.disconnect"
 """The scope extension: a future done when the request's client is gone (see module doc)."""
+RECEIVED = "seqserve.received"
+"""The scope extension a front that reads requests off the event loop sets (the native
+front, server/native.py): the `time.monotonic()` at which the request was read whole. The
+request's deadline, its allowed queue wait and its Server-Timing count from it (absent: from
+when the app saw the request)."""
 LINGER_S = 1.0
 """After the answer to a refused request head: how long the connection goes on reading (and
 dropping) what the client still sends before it closes (see the module doc)."""

@@ -41,6 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.service.core.answers import Answer
 from seqserve.service.web.cors import Cors
+from seqserve.service.web.http_protocol import RECEIVED
 from seqserve.service.web.responses import error_for, send_answer
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ class ServingMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start = time.monotonic()
+        start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
         status = {"code": 500, "observed": 0}
         origin = self.cors.origin(scope) if self.cors is not None else None
         if self.cors is not None and origin is not None:

@@ -45,6 +45,7 @@ from seqserve.export.compare import (
 )
 from seqserve.export.contract import FEATURE_TASKS, GRAPHS_BY_TASK, GraphSpec
 from seqserve.export.runners import Arrays, Runner
+from seqserve.models.errors import BundleError
 
 BATCH_SIZES = (1, 3, 16)
 LENGTHS = (1, 7, 64)
@@ -72,14 +73,44 @@ class _Tally:
     id_mismatches: dict[str, int] = field(default_factory=dict)
     tie_swaps: dict[str, int] = field(default_factory=dict)
     k_dynamic: dict[str, bool] = field(default_factory=dict)
+    bounds: tuple[float, float] = (PARITY_TOL, INVARIANCE_TOL)
+    where: str = ""
+    """The batch being checked ("batch 3, longest length 7"): named by a failure."""
+    first: dict[str, str] = field(default_factory=dict)
+    """"parity|invariance format key" -> the batch at which that bound first broke."""
 
     def note(self, table: dict[str, dict[str, float]], fmt: str, key: str, value: float) -> None:
         row = table.setdefault(fmt, {})
         row[key] = max(row.get(key, 0.0), value)
+        kind = "parity" if table is self.parity else "invariance"
+        if not value <= self.bounds[kind == "invariance"]:
+            self.first.setdefault(f"{kind} {fmt} {key}", self.where)
+
+    def at(self, fmt: str, table: dict[str, dict[str, float]], key: str) -> str:
+        kind = "parity" if table is self.parity else "invariance"
+        where = self.first.get(f"{kind} {fmt} {key}")
+        return f" (first at {where})" if where else ""
+
+    def case(self, batch: int, longest: int) -> None:
+        self.where = f"batch {batch}, longest length {longest}"
 
     def ids(self, fmt: str, bad: int, ties: int) -> None:
         self.id_mismatches[fmt] = self.id_mismatches.get(fmt, 0) + bad
         self.tie_swaps[fmt] = self.tie_swaps.get(fmt, 0) + ties
+
+
+def _run(run: Runner, inputs: Arrays, fmt: str, graph: str, where: str) -> Arrays:
+    """One run; a runtime's error becomes a refusal naming the batch it failed on."""
+    try:
+        return run(inputs)
+    except Exception as exc:  # ONNX Runtime's / TorchScript's own error types
+        raise BundleError(
+            f"the {fmt} {graph} graph failed on a {where.replace('longest length', 'length')}"
+            f" (inputs {', '.join(f'{k} {tuple(v.shape)}' for k, v in inputs.items())}): "
+            f"{type(exc).__name__}: {str(exc).strip()[:300]}. It answers only some lengths "
+            "or batch sizes: a size was fixed when it was exported. Export it again with "
+            "that axis dynamic (torch.onnx.export(..., dynamic_shapes=...) for the default "
+            "exporter, or dynamo=False with dynamic_axes=...)") from exc
 
 
 @dataclass(frozen=True)
@@ -167,14 +198,16 @@ def _sequence_graph(tally: _Tally, graph: str, spec: GraphSpec, runners: dict[st
     outputs."""
     names = [t.name for t in spec.inputs]  # (ids, lengths) under their graph names
     extra: Arrays = {} if start is None else {"initial_state": start}
-    outs = {fmt: run({names[0]: ids, names[1]: lengths, **extra})
-            for fmt, run in runners.items()}
+    outs = {fmt: _run(run, {names[0]: ids, names[1]: lengths, **extra}, fmt, graph,
+                      tally.where) for fmt, run in runners.items()}
     for fmt, got in outs.items():
         if fmt != reference:
             _compare_outputs(tally, fmt, graph, spec, outs[reference], got, tol)
         for b, n in enumerate(lengths.tolist()):
-            alone = runners[fmt]({names[0]: ids[b : b + 1, :n], names[1]: lengths[b : b + 1],
-                                  **{k: v[b : b + 1] for k, v in extra.items()}})
+            alone = _run(runners[fmt], {names[0]: ids[b : b + 1, :n],
+                                        names[1]: lengths[b : b + 1],
+                                        **{k: v[b : b + 1] for k, v in extra.items()}},
+                         fmt, graph, f"batch 1, longest length {n}")
             _row_invariance(tally, fmt, graph, spec, got, b, n, alone, inv_tol)
     return outs[reference]
 
@@ -256,7 +289,7 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
     same step inputs. Returns the JSON-ready report (see module doc).
     """
     started = time.perf_counter()
-    tally = _Tally()
+    tally = _Tally(bounds=(grid.parity_tol, grid.invariance_tol))
     if task in FEATURE_TASKS:
         return _check_series(task, tally, runners, reference, specs, grid, progress, started)
     rng = np.random.default_rng(grid.seed + 1)
@@ -264,6 +297,7 @@ def check_parity(task: str, runners: dict[str, dict[str, Runner]], reference: st
     first_graph = GRAPHS_BY_TASK[task][0]
     bar = _progress(len(cases), f"parity {task}", progress)
     for ids, lengths in cases:
+        tally.case(*ids.shape)
         graph_runners = {fmt: r[first_graph] for fmt, r in runners.items()}
         start = None
         if any(t.name == "initial_state" for t in specs[first_graph].inputs):
@@ -324,7 +358,9 @@ def _check_series(task: str, tally: _Tally, runners: dict[str, dict[str, Runner]
     bar = _progress(len(cases), f"parity {task}", progress)
     graph_runners = {fmt: r[graph] for fmt, r in runners.items()}
     for inputs in cases:
-        outs = {fmt: run(inputs) for fmt, run in graph_runners.items()}
+        tally.case(*inputs["features"].shape[:2])
+        outs = {fmt: _run(run, inputs, fmt, graph, tally.where)
+                for fmt, run in graph_runners.items()}
         lengths = inputs["lengths"]
         for fmt, got in outs.items():
             if fmt != reference:
@@ -332,7 +368,8 @@ def _check_series(task: str, tally: _Tally, runners: dict[str, dict[str, Runner]
                                  grid.parity_tol)
             run = graph_runners[fmt]
             for b, n in enumerate(lengths.tolist()):
-                alone = run(_alone(inputs, b, n))
+                alone = _run(run, _alone(inputs, b, n), fmt, graph,
+                             f"batch 1, longest length {n}")
                 _row_invariance(tally, fmt, graph, spec, got, b, n, alone, grid.invariance_tol)
                 if b == 0 and n > 1 and "state" in inputs:
                     _chunked(tally, fmt, graph, run, inputs, b, n, alone)
@@ -365,11 +402,12 @@ def _report(task: str, tally: _Tally, reference: str, formats: list[str], grid: 
     failures: list[str] = []
     for fmt, row in tally.parity.items():
         failures += [f"{fmt} vs {reference}: {key} differs by {v:.3g} > {grid.parity_tol:g}"
+                     f"{tally.at(fmt, tally.parity, key)}"
                      for key, v in row.items() if not v <= grid.parity_tol]
     for fmt, row in tally.invariance.items():
         failures += [f"{fmt}: batch invariance of {key} broken by {v:.3g} > "
-                     f"{grid.invariance_tol:g}" for key, v in row.items()
-                     if not v <= grid.invariance_tol]
+                     f"{grid.invariance_tol:g}{tally.at(fmt, tally.invariance, key)}"
+                     for key, v in row.items() if not v <= grid.invariance_tol]
     failures += [f"{fmt}: {n} top-k ids differ (not near-ties)"
                  for fmt, n in tally.id_mismatches.items() if n]
     failures += [f"{fmt}: decoder_step ignores its k input (k=1 run is not column 0 of k={TOP_K})"
@@ -387,6 +425,7 @@ def _report(task: str, tally: _Tally, reference: str, formats: list[str], grid: 
         "topk_tie_swaps": tally.tie_swaps,
         "k_dynamic": tally.k_dynamic if task == "translator" else {},
         "failures": failures,
+        "first_failures": dict(tally.first),
         "passed": not failures,
         "seconds": round(seconds, 2),
     }

@@ -14,7 +14,6 @@ recurrent nodes given the prompts' lengths).
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from seqserve.export.contract import SPECS, GraphSpec, expected_spec
-from seqserve.export.formats import DEFAULT_OPSET, dynamic_axes
+from seqserve.export.formats import DEFAULT_OPSET
 from seqserve.export.pack.bundle import (
-    BIDIRECTIONAL_FIX,
     PackedGraph,
     pack_bundle,
     pack_series_bundle,
@@ -51,6 +49,7 @@ from seqserve.export.pack.torch_wrap import (
     state_tree,
     step_has_attention,
 )
+from seqserve.export.writer import say
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids
 
@@ -58,29 +57,45 @@ PathLike = str | os.PathLike[str]
 
 
 def _export(module: nn.Module, example: tuple[Tensor, ...], spec: GraphSpec,
-            opset: int, trace: bool = True) -> tuple[Any, Any]:
-    """(onnx.ModelProto, traced ScriptModule) of a wrapper module."""
-    import onnx
+            opset: int, trace: bool = True, dynamo: bool = True,
+            probes: tuple[tuple[Tensor, ...], ...] = (),
+            progress: bool = True) -> tuple[Any, Any]:
+    """(onnx.ModelProto, traced ScriptModule) of a wrapper module, its packing calls
+    replaced by length-aware equivalents (`packing.export_friendly_packing`). ONNX by
+    PyTorch's default exporter (dynamo) when `dynamo`, checked on `probes` (other batch sizes
+    and lengths than the example's; `exporters.export_onnx`), else or where that fails by the
+    TorchScript-based one, saying so."""
+    from seqserve.export.pack.exporters import export_onnx
+    from seqserve.export.pack.packing import export_friendly_packing
 
     module.eval()
-    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+    with export_friendly_packing(module) as replaced, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        path = Path(tmp) / "graph.onnx"
-        try:
-            torch.onnx.export(module, example, str(path),
-                              input_names=[t.name for t in spec.inputs],
-                              output_names=[t.name for t in spec.outputs],
-                              dynamic_axes=dynamic_axes(spec),  # type: ignore[arg-type]
-                              opset_version=opset, do_constant_folding=True, dynamo=False)
-        except Exception as exc:  # the exporter's own errors
-            raise BundleError(
-                f"ONNX export failed ({type(exc).__name__}: {str(exc)[:300]}). A module that "
-                "calls pack_padded_sequence does not export; run a bidirectional layer within "
-                f"each row's length instead with {BIDIRECTIONAL_FIX} (call it as "
-                "rnn(x, lengths); it keeps the layer's weights)") from exc
-        model = onnx.load(str(path))
+        model, exporter, note = export_onnx(module, example, spec, opset, dynamo, probes)
+        if replaced.packed:
+            say(progress, "exported with pack_padded_sequence / pad_packed_sequence replaced "
+                "by length-aware equivalents (same results; checked against the eager module "
+                "below)")
+        if note:
+            say(progress, note)
         traced = torch.jit.trace(module, example, check_trace=False) if trace else None
+    model.metadata_props.add(key="seqserve.exporter", value=exporter)
     return model, traced
+
+
+def _probes(example: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], ...]:
+    """Inputs of other batch sizes and lengths than `example` (x (B, T, ...), lengths (B,),
+    then per-row tensors): (2, 5), (1, 1) and (4, 2T - 3), each with a row of full length."""
+    x, lengths, *rest = example
+    out = []
+    for batch, seq, lens in ((2, 5, [5, 2]), (1, 1, [1]),
+                             (4, 2 * x.shape[1] - 3, [2 * x.shape[1] - 3, 2, 9, 1])):
+        reps = (-(-batch // x.shape[0]), -(-seq // x.shape[1])) + (1,) * (x.dim() - 2)
+        n = torch.tensor(lens, dtype=lengths.dtype)
+        out.append((x.repeat(*reps)[:batch, :seq], n,
+                    *[t.repeat(-(-batch // t.shape[0]), *[1] * (t.dim() - 1))[:batch]
+                      for t in rest]))
+    return tuple(out)
 
 
 def _run_common(task: str, graphs: dict[str, PackedGraph], tokenizer: PathLike,
@@ -106,7 +121,8 @@ def classifier(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLi
     wrap = ClassifierWrap(module, attention).eval()
     outputs = ["logits", "attention"] if attention else ["logits"]
     spec = expected_spec("classifier", outputs)
-    onnx_model, traced = _export(wrap, (ids, lengths), spec, opset)
+    onnx_model, traced = _export(wrap, (ids, lengths), spec, opset,
+                                 probes=_probes((ids, lengths)), progress=progress)
     graph = PackedGraph(outputs, onnx_model, traced if torchscript else None, eager=wrap)
     return _run_common("classifier", {"classifier": graph}, tokenizer, repo, name,
                        version=version, labels=parse_labels(labels), specials=specials,
@@ -124,7 +140,8 @@ def tagger(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, 
     vocab = special_ids(tokenizer, specials).vocab_size
     ids, lengths = example_ids(vocab)
     wrap = TaggerWrap(module.eval()).eval()
-    onnx_model, traced = _export(wrap, (ids, lengths), SPECS["tagger"], opset)
+    onnx_model, traced = _export(wrap, (ids, lengths), SPECS["tagger"], opset,
+                                 probes=_probes((ids, lengths)), progress=progress)
     graph = PackedGraph(["log_probs"], onnx_model, traced if torchscript else None, eager=wrap)
     return _run_common("tagger", {"tagger": graph}, tokenizer, repo, name, version=version,
                        labels=parse_labels(labels), specials=specials, max_tokens=max_tokens,
@@ -184,7 +201,8 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
     for graph, wrap, example in (("encoder", enc, (ids, lengths)),
                                  ("decoder_step", dec, step_example)):
         spec = expected_spec(graph, ())  # no projected keys: a user's step projects its own
-        onnx_model, traced = _export(wrap, example, spec, opset)
+        onnx_model, traced = _export(wrap, example, spec, opset, progress=progress,
+                                     probes=_probes(example) if graph == "encoder" else ())
         graphs[graph] = PackedGraph([t.name for t in spec.outputs], onnx_model,
                                     traced if torchscript else None, eager=wrap)
     return pack_bundle(
@@ -237,8 +255,12 @@ def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_reposi
     index = torch.tensor([0, 0, 1, 2, 2], dtype=torch.int64)
     prev = torch.randint(min(1, vocab - 1), vocab, (5,),
                          generator=torch.Generator().manual_seed(1))
-    pre_onnx, _ = _export(prefill, (ids, lengths), SPECS["prefill"], opset, trace=False)
-    step_onnx, _ = _export(step, (prev, state[index]), SPECS["lm_step"], opset, trace=False)
+    # the TorchScript-based exporter: `with_sequence_lens` feeds the lengths to its native
+    # recurrent nodes
+    pre_onnx, _ = _export(prefill, (ids, lengths), SPECS["prefill"], opset, trace=False,
+                          dynamo=False, progress=progress)
+    step_onnx, _ = _export(step, (prev, state[index]), SPECS["lm_step"], opset, trace=False,
+                           dynamo=False, progress=progress)
     graphs = {"prefill": PackedGraph(["state", "log_probs"],
                                      with_sequence_lens(pre_onnx, "lengths", "prefill"),
                                      eager=rows),
@@ -308,7 +330,8 @@ def _series(task: str, module: nn.Module, features: int, outputs: int | None,
                           f"{tuple(out.shape)} for features {tuple(x.shape)}")
     k = int(out.shape[-1])
     spec = expected_spec(task.replace("-", "_"), contract)
-    onnx_model, traced = _export(wrap, example, spec, opset)
+    onnx_model, traced = _export(wrap, example, spec, opset, probes=_probes(example),
+                                 progress=progress)
     graph = PackedGraph(contract, onnx_model, traced if torchscript else None, eager=wrap)
     source: dict[str, Any] = {"packed_by": "seqserve.pack", "task": task,
                               "module": type(module).__name__}

@@ -19,6 +19,7 @@ import numpy as np
 
 from seqserve.export.contract import GRAPHS_BY_TASK, GraphSpec, expected_spec
 from seqserve.export.manifest import Manifest, TokenizerSpec
+from seqserve.export.pack.exporters import relax_data_dims
 from seqserve.export.pack.user_names import UserNames
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, bundle_runners, torch_threads
@@ -103,7 +104,7 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         return Manifest(task=task, name=name, version=version, tokenizer=tok,
                         target_tokenizer=target_tok, labels=labels, limits=limits,
                         graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
-                        attention=attention, source=dict(source or _PACKED_BY),
+                        attention=attention, source=_source(source, graphs),
                         words=words if task == "tagger" else None,
                         state_dim=state_dim if task == "lm" else None)
 
@@ -112,6 +113,17 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
 
 
 _PACKED_BY = {"packed_by": "seqserve pack"}
+
+
+def _source(source: dict[str, Any] | None, graphs: dict[str, PackedGraph]) -> dict[str, Any]:
+    """The manifest's `source`, with the ONNX exporter `seqserve.pack` used ("dynamo" or
+    "torchscript", per graph where they differ)."""
+    out = dict(source or _PACKED_BY)
+    used = {g: prop.value for g, p in graphs.items() if p.onnx is not None
+            for prop in p.onnx.metadata_props if prop.key == "seqserve.exporter"}
+    if used:
+        out["exporter"] = next(iter(used.values())) if len(set(used.values())) == 1 else used
+    return out
 
 
 def _check_bos_eos(task: str, tok: TokenizerSpec, target_tok: TokenizerSpec | None) -> None:
@@ -135,11 +147,11 @@ def _check_bos_eos(task: str, tok: TokenizerSpec, target_tok: TokenizerSpec | No
 
 
 def _opset(opset: int | None, graphs: dict[str, PackedGraph]) -> int | None:
-    """The given opset, else the first ONNX graph's (its default domain's import)."""
-    if opset is not None:
-        return opset
-    return next((max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))
-                 for g in graphs.values() if g.onnx is not None), None)
+    """The graphs' own opset (the highest default-domain import: PyTorch's default exporter
+    writes at least 18 whatever was asked), else the given one."""
+    found = [max(o.version for o in g.onnx.opset_import if o.domain in ("", "ai.onnx"))
+             for g in graphs.values() if g.onnx is not None]
+    return max(found) if found else opset
 
 
 def _write(repo: str | os.PathLike[str], name: str, version: int | None,
@@ -250,7 +262,7 @@ def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[st
         return Manifest(task=task, name=name, version=version, labels=labels,
                         limits={"max_steps": int(max_steps)},
                         graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
-                        source=dict(source or _PACKED_BY), features=int(features),
+                        source=_source(source, graphs), features=int(features),
                         outputs=int(outputs), normalization=norm, output_scale=scale,
                         state_dim=None if state_dim is None else int(state_dim),
                         source_run=dict(source_run or {}))
@@ -318,12 +330,17 @@ def _write_graphs(out: Path, graphs: dict[str, PackedGraph]) -> dict[str, GraphS
     specs: dict[str, GraphSpec] = {}
     for graph, packed in graphs.items():
         onnx_file = ts_file = None
+        want = expected_spec(graph, packed.outputs, packed.inputs_given)
         if packed.onnx is not None:
             onnx_file = f"{graph}.onnx"
             if packed.onnx.ByteSize() > 2_000_000_000:
                 raise UserError(f"{graph}: the graph is over 2 GB; a bundle keeps each graph "
                                 "in one file")
-            onnx.save(packed.onnx, str(out / onnx_file))
+            copy = onnx.ModelProto()
+            copy.CopyFrom(packed.onnx)  # declared data dims made dynamic in the bundle's copy
+            relax_data_dims(copy, GraphSpec(want.inputs, want.outputs,
+                                            tensor_names=dict(packed.tensor_names)))
+            onnx.save(copy, str(out / onnx_file))
         if packed.torchscript is not None:
             import torch
 
@@ -331,7 +348,6 @@ def _write_graphs(out: Path, graphs: dict[str, PackedGraph]) -> dict[str, GraphS
             torch.jit.save(packed.torchscript, str(out / ts_file))
         if onnx_file is None and ts_file is None:
             raise UserError(f"graph {graph}: give an ONNX file (a TorchScript twin is optional)")
-        want = expected_spec(graph, packed.outputs, packed.inputs_given)
         specs[graph] = GraphSpec(want.inputs, want.outputs, onnx_file, ts_file,
                                  tensor_names=dict(packed.tensor_names))
     return specs
@@ -482,8 +498,13 @@ def _explained(report: dict[str, Any]) -> list[str]:
     for fmt, row in report["parity_max_abs"].items():
         for key, value in row.items():
             if not value <= tol:
+                where = report.get("first_failures", {}).get(f"parity {fmt} {key}")
+                at = f", first at {where}" if where else ""
                 lines.append(f"- {fmt} vs {report['reference']}: {key} differs by {value:.3g} "
-                             f"(> {tol:g}): the two files do not compute the same function; "
-                             "export both from the same module and weights")
+                             f"(> {tol:g}{at}): the two do not compute the same function "
+                             "there. A graph right at the example's length and wrong at others "
+                             "had a length fixed when it was exported: export it again with "
+                             "the sequence axis dynamic; else export both from the same module "
+                             "and weights")
     lines += [f"- {f}" for f in report["failures"] if "top-k ids" in f or "ignores its k" in f]
     return lines

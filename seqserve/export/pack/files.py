@@ -52,38 +52,7 @@ def _load(path: PathLike | None, what: str) -> Any:
     except Exception as exc:  # onnx's own errors (a missing .data file, a bad proto)
         raise UserError(f"{p}: cannot read the ONNX graph (and its external data files, "
                         f"which must lie beside it under the names it records): {exc}") from exc
-    check_not_specialised(model, p.name)
     return model
-
-
-def check_not_specialised(model: Any, file: str) -> None:
-    """Refuse, with the fix, a graph that PyTorch's default ONNX exporter (`dynamo=True`,
-    torch.export) fixed to the example's sequence length: its inputs' time axis is dynamic
-    (the user gave a Dim) but an output's is a number, because torch.export specialises the
-    length of nn.LSTM / nn.GRU / nn.RNN (and unrolls Python loops over time steps). The
-    TorchScript-based exporter (`dynamo=False`) keeps the axis dynamic."""
-    nodes = model.graph.node
-    dynamo = bool(nodes) and sum(n.name.startswith("node_") for n in nodes) * 2 > len(nodes)
-    if not dynamo:
-        return
-    inputs = [(v.name, _dims(v)) for v in user_inputs(model)]
-    dynamic = [(n, d[1]) for n, d in inputs if len(d) >= 2 and isinstance(d[1], str)]
-    frozen_in = [(n, d[1]) for n, d in inputs if len(d) >= 2 and isinstance(d[1], int)
-                 and d[1] > 1]
-    for out in model.graph.output:
-        dims = _dims(out)
-        if len(dims) == 3 and isinstance(dims[1], int) and dims[1] > 1 and (dynamic or
-                                                                             frozen_in):
-            seen = (f"although input {dynamic[0][0]!r} has it dynamic ({dynamic[0][1]!r})"
-                    if dynamic else f"as input {frozen_in[0][0]!r}'s is")
-            raise UserError(
-                f"{file}: output {out.name!r} has its sequence axis (dim 1) fixed at "
-                f"{dims[1]} {seen}: the graph was exported by torch.onnx.export's default "
-                "exporter (dynamo=True), which specialises the sequence length of nn.LSTM / "
-                "nn.GRU / nn.RNN to the example's (and unrolls loops over time steps), so it "
-                "answers only inputs of that length. Export it again with dynamo=False: "
-                f"torch.onnx.export(model, example, {file!r}, dynamo=False, input_names=[...], "
-                "output_names=[...], dynamic_axes={name: {0: 'batch', 1: 'seq'}, ...})")
 
 
 def _names(given: str | None, actual: list[str], count: tuple[int, ...], what: str,

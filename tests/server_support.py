@@ -32,6 +32,7 @@ def serve_app(app: Any, timeout_s: float = 60.0, **config: Any) -> Iterator[str]
         from seqserve.service.server.shutdown import build_server
 
         server: Any = build_server(app, state)
+        server.grpc = None  # as uvicorn.Server here: HTTP only
     else:
         server = uvicorn.Server(uvicorn.Config(app, **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -505,7 +505,8 @@ fn error_answer(status: u16, msg: &str) -> Answer {
 }
 
 enum BodyErr {
-    TooLarge,
+    /// Over the limit: the first `max + 1` bytes (the app answers its 413 from them).
+    TooLarge(Bytes),
     Io,
 }
 
@@ -514,10 +515,11 @@ async fn read_body(mut body: hyper::Body, max: usize) -> Result<Bytes, BodyErr> 
     let mut rest: Option<BytesMut> = None;
     let mut total = 0usize;
     while let Some(chunk) = body.data().await {
-        let c = chunk.map_err(|_| BodyErr::Io)?;
+        let mut c = chunk.map_err(|_| BodyErr::Io)?;
         total += c.len();
-        if total > max {
-            return Err(BodyErr::TooLarge);
+        let over = total > max;
+        if over {
+            c.truncate(c.len() - (total - max - 1));  // keep max + 1 bytes in all
         }
         match (&mut first, &mut rest) {
             (None, _) => first = Some(c),
@@ -528,6 +530,13 @@ async fn read_body(mut body: hyper::Body, max: usize) -> Result<Bytes, BodyErr> 
                 rest = Some(m);
             }
             (Some(_), Some(m)) => m.extend_from_slice(&c),
+        }
+        if over {
+            let kept = match rest.take() {
+                Some(m) => m.freeze(),
+                None => first.take().unwrap_or_else(Bytes::new),
+            };
+            return Err(BodyErr::TooLarge(kept));
         }
     }
     Ok(match rest {
@@ -574,7 +583,9 @@ async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, peer: SocketA
     }
     let body = match tokio::time::timeout(cfg.body_timeout, read_body(body, cfg.max_body_bytes)).await {
         Err(_) => return error_answer(408, "request body timeout"),
-        Ok(Err(BodyErr::TooLarge)) => return error_answer(413, "request body too large"),
+        // a body over the limit without a length announced: the app answers its 413 from
+        // the first max + 1 bytes; the rest is never read, so the connection then closes
+        Ok(Err(BodyErr::TooLarge(kept))) => kept,
         Ok(Err(BodyErr::Io)) => return error_answer(400, "bad request body"),
         Ok(Ok(b)) => b,
     };

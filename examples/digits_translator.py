@@ -172,7 +172,8 @@ def greedy(encoder: EncoderRNN, decoder: AttnDecoderRNN, ids: list[int], tgt_tok
 
 def export(encoder: EncoderRNN, decoder: AttnDecoderRNN, out: Path) -> None:
     """What a user has before seqserve: the encoder and one decoder step as ONNX files with
-    their own tensor names (torch's default dynamo exporter works as well; slower)."""
+    their own tensor names (exported here with dynamo=False; seqserve.pack's Python API
+    also takes the module itself and exports it with the default dynamo exporter)."""
     ids, lengths = pad([[3, 4, 5, 6], [7, 8]])
     with torch.no_grad():
         memory, hidden = encoder(ids, lengths)

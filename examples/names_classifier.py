@@ -140,8 +140,8 @@ def train(out: Path, epochs: int = 30, seed: int = 0) -> tuple[CharGRU, list[str
 
 def export(model: CharGRU, out: Path) -> None:
     """What a user has before seqserve: an ONNX file with their own tensor names (and a
-    TorchScript twin). torch's default dynamo exporter works as well (pack reads the
-    names.onnx.data file it writes); the TorchScript-based one is quicker."""
+    TorchScript twin), here with dynamo=False; the default dynamo exporter's files are read
+    too (pack reads the names.onnx.data file it writes)."""
     ids, lengths = batch([[2, 3, 4, 5, 6], [7, 8]])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

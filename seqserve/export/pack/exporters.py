@@ -14,6 +14,7 @@ is what the parity check then finds by running it at several lengths and batch s
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from seqserve.export.formats import dynamic_axes
 from seqserve.models.errors import BundleError
 
 PROBE_TOL = 1e-4
+GENERATED_DIM = re.compile(r"s\d+")
+"""The names torch.export gives the dynamic dims it finds (Dim.AUTO)."""
 
 
 def _dynamic_shapes(spec: GraphSpec, count: int) -> tuple[Any, ...]:
@@ -126,8 +129,10 @@ def export_onnx(module: nn.Module, example: tuple[Tensor, ...], spec: GraphSpec,
 def relax_data_dims(model: Any, spec: GraphSpec) -> list[str]:
     """Rewrite, in place, the fixed numbers an exporter declared for the contract's data dims
     (DATA_DIMS: batch, seq, ...) of `model`'s inputs and outputs (named as the graph names them,
-    `spec.tensor_names`) to symbolic dims, and drop the intermediate shapes it declared
-    (value_info: those of the example's sizes would otherwise be taken for the outputs').
+    `spec.tensor_names`) to symbolic dims, name such dims the dynamo exporter named itself
+    (s0, s1, ...; a name the file's author chose stays) as the contract does, and drop the
+    intermediate shapes it declared (value_info: those of the example's sizes would otherwise
+    be taken for the outputs').
     Returns "tensor dim axis" of each rewritten dim."""
     values = {v.name: v for v in [*model.graph.input, *model.graph.output]}
     changed: list[str] = []
@@ -137,10 +142,13 @@ def relax_data_dims(model: Any, spec: GraphSpec) -> list[str]:
             continue
         dims = value.type.tensor_type.shape.dim
         for axis, contract in enumerate(t.shape):
-            if (contract in DATA_DIMS and axis < len(dims)
-                    and dims[axis].HasField("dim_value")):
+            if contract not in DATA_DIMS or axis >= len(dims):
+                continue
+            if dims[axis].HasField("dim_value"):
                 dims[axis].dim_param = str(contract)
                 changed.append(f"{value.name} dim {axis}")
+            elif GENERATED_DIM.fullmatch(dims[axis].dim_param):  # dynamo's s0, s1, ...
+                dims[axis].dim_param = str(contract)
     del model.graph.value_info[:]  # intermediate shapes: ONNX Runtime infers them again
     return changed
 

@@ -53,6 +53,16 @@ def _session(path: Path) -> object:
         raise BundleError(f"{path}: ONNX Runtime cannot load it: {exc}") from exc
 
 
+def probe_tokenizers(root: Path, manifest: Manifest) -> None:
+    """The server's own check of a bundle's tokenizers (`probe_tokenizer`, as the repository
+    runs it at load): one that fails, panics or crawls on short adversarial texts is refused,
+    with the reason (BundleError)."""
+    if manifest.has_tokenizer:
+        for spec in filter(None, (manifest.tokenizer, manifest.target_tokenizer)):
+            probe_tokenizer(load_tokenizer(root / spec.file, spec.kind, (
+                spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id)), spec.file)
+
+
 def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
                   progress: bool = False, grid: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check a bundle; raise BundleError naming what is wrong, else return a report dict.
@@ -67,10 +77,7 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
     root = Path(bundle_dir)
     manifest = load_bundle(root, verify=True, require_checksum=True)  # schema + declared
     check_graph_files(root, manifest)
-    if manifest.has_tokenizer:  # one that panics or crawls on adversarial texts is refused
-        for spec in filter(None, (manifest.tokenizer, manifest.target_tokenizer)):
-            probe_tokenizer(load_tokenizer(root / spec.file, spec.kind, (
-                spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id)), spec.file)
+    probe_tokenizers(root, manifest)
     report: dict[str, Any] = {"bundle": str(root), "name": manifest.name,
                               "version": manifest.version, "task": manifest.task,
                               "files": sorted(manifest.files), "hashes": "ok", "parity": None}

@@ -131,3 +131,20 @@ def test_series_limit_names_the_flag_that_sets_it(tmp_path: Path) -> None:
     own = refused(600, max_tokens=1024, max_batch_tokens=8192)
     assert "> the model's limit 512 (the bundle's max_steps" in own
     assert "seqserve pack --max-steps" in own
+
+
+def test_a_tokenizer_without_an_unknown_token_is_refused_with_that_reason(
+        files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    files = {**files, "tok": char_tokenizer(files["dir"] / "no-unk.json", specials=("<pad>",))}
+    err = _refusal(files, capsys, "tagger", "plain", "--labels", "a,b,c,d")
+    assert "its WordLevel model has no unknown token in its vocabulary" in err
+    assert "add the model's unk_token" in err and "backtracking" not in err
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused_with_both_sizes(
+        files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789 .,")
+    files = {**files, "tok": char_tokenizer(files["dir"] / "big.json", letters=letters)}
+    err = _refusal(files, capsys, "tagger", "plain", "--labels", "a,b,c,d")
+    assert "plain.onnx: the tagger graph takes token ids below 30 (its embedding has 30 " \
+           f"rows) but the tokenizer has {len(letters) + 2} tokens" in err

@@ -23,7 +23,7 @@ from seqserve.export.pack.exporters import relax_data_dims
 from seqserve.export.pack.user_names import UserNames
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, bundle_runners, torch_threads
-from seqserve.export.verify import check_graph_files, series_grid
+from seqserve.export.verify import check_graph_files, probe_tokenizers, series_grid
 from seqserve.export.writer import Build, check_args, say, write_bundle
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind
@@ -174,6 +174,7 @@ def _write(repo: str | os.PathLike[str], name: str, version: int | None,
         runners = bundle_runners(tmp, manifest.graphs, eager,
                                  order=("eager", "torchscript", "onnx"))
         if manifest.has_tokenizer:
+            probe_tokenizers(tmp, manifest)  # what the server would refuse at load
             _check_sizes(manifest, runners, names)
             say(progress, "checking parity and batch invariance on random padded batches")
             params = _grid(manifest, grid)
@@ -382,6 +383,8 @@ def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]],
     except Exception as exc:  # the runtime's own error, named
         raise BundleError(f"{users.file(first)}: the {first} graph fails on a (1, 3) batch of "
                           f"token ids: {exc}") from exc
+    _check_embedding(runners[fmt][first], feed, names[0], manifest.tokenizer.vocab_size,
+                     users.file(first), first)
     if task == "lm":
         _check_lm_sizes(runners[fmt], manifest, out, fmt)
         return
@@ -392,6 +395,30 @@ def _check_sizes(manifest: Manifest, runners: dict[str, dict[str, Runner]],
         raise UserError(f"{users.tensor(f'{first}.{key}')} has {out[key].shape[-1]} scores"
                         f"{per} but {n} labels were given ({', '.join(manifest.labels)}): "
                         "give one label per score, in the order of the scores (--labels)")
+
+
+def _check_embedding(run: Runner, feed: dict[str, Any], ids: str, vocab: int, file: str,
+                     graph: str) -> None:
+    """Every id the tokenizer can give must run: a graph whose embedding has fewer rows than
+    the tokenizer has tokens is refused with both sizes (the rows found by bisection: the
+    first id the graph fails on), not with the runtime's Gather error on a served text."""
+    def runs(token: int) -> bool:
+        try:
+            run({**feed, ids: np.full(feed[ids].shape, token, np.int64)})
+        except Exception:
+            return False
+        return True
+
+    if vocab <= 1 or runs(vocab - 1):
+        return
+    low, high = 0, vocab - 1  # runs(low), not runs(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if runs(mid) else (low, mid)
+    raise BundleError(f"{file}: the {graph} graph takes token ids below {high} (its embedding "
+                      f"has {high} rows) but the tokenizer has {vocab} tokens: a text with a "
+                      f"token from id {high} on would fail; give the tokenizer the model was "
+                      "trained with, or a model whose embedding covers the tokenizer")
 
 
 def _check_lm_sizes(runners: dict[str, Runner], manifest: Manifest, out: dict[str, Any],

@@ -54,6 +54,9 @@ _CONTROL = ("\\x01-\\x20\\x7f-\\x9f\\xa0\\u1680\\u2000-\\u200f\\u2028\\u2029\\u2
             "\\u3000\\ufeff")
 
 
+MISSING_UNK = re.compile(r"(\w+) error: Missing \S+ token from the vocabulary")
+"""Hugging Face tokenizers' error for a word-level model (WordLevel, WordPiece) whose unknown
+token is not in its vocabulary, met on the first word outside it."""
 PROBE_BUDGET_S = 0.05
 """Most seconds a tokenizer may take on one probe text (each under 200 characters): a
 working one takes well under a millisecond."""
@@ -113,6 +116,13 @@ def probe_tokenizer(tok: TextTokenizer, name: str = "tokenizer",
             try:
                 tok.decode(tok.encode(text))
             except Exception as exc:  # TokenizerFailed, or SentencePiece's own errors
+                missing = MISSING_UNK.search(str(exc))
+                if missing is not None:
+                    raise BundleError(
+                        f"{name}: its {missing[1]} model has no unknown token in its "
+                        "vocabulary, so every word outside the vocabulary fails to encode "
+                        f"({label}: {exc}); add the model's unk_token (\"unk_token\" under "
+                        "\"model\" in tokenizer.json) to its vocabulary") from exc
                 raise BundleError(
                     f"{name}: the tokenizer fails on a short text ({label}: {exc}); a "
                     "backtracking regex in its normalizer or pre-tokenizer? Every text like "

@@ -24,7 +24,6 @@ native/build.sh), `uvicorn` otherwise or when asked; `serve` logs which and why.
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +31,6 @@ from urllib.parse import unquote
 
 from seqserve.service.server.accept import take_waiting
 from seqserve.service.web.http_protocol import DISCONNECT, RECEIVED
-
-log = logging.getLogger("seqserve.front")
 
 TAKE = 512
 """Most requests taken from the front in one loop turn (the rest on the next turn)."""
@@ -164,8 +161,7 @@ class NativeListener:
 
         try:
             await self.app(scope, receive, send)
-        except Exception:  # the app's access log logged it; the client gets a 500 if nothing
-            log.exception("request failed")  # was sent yet
+        except Exception:  # logged once, by the app's access log; a 500 if nothing was sent
             if start is None:
                 self._write(rid, 500, [(b"content-type", b"application/json")],
                             b'{"error":"internal server error","status":500}')

@@ -80,10 +80,9 @@ def test_a_version_published_under_load_reaches_every_process(mixed: Path, tmp_p
     assert traffic.errors == [] and set(traffic.statuses) == {200}, traffic.errors[:5]
     assert {(r["name"], r["version"], r["state"]) for r in index} == {
         (CLF, "2", "READY"), (MT, "2", "READY"), (SERIES, "2", "READY")}
-    load_s = counts(metrics, "seqserve_model_load_seconds_sum", "model")
-    loads = counts(metrics, "seqserve_model_load_seconds_count", "model")
-    for model in (CLF, MT):  # each process's load of v2 (and of v1 at start) averaged
-        assert switched[model] < 2 * poll + 2 * load_s[model] / loads[model] + 2, switched
+    # How soon v2 answered is printed, not asserted (no timed assertions in tests: a switch's
+    # latency is bench/model_churn.py's); that every process switched without an error is.
+    assert all(s > 0 for s in switched.values()), switched
     assert counts(metrics, "seqserve_model_loads_total", "model")[SERIES] == 1
     print(f"\n{layout}: {traffic.total()} requests, statuses {traffic.statuses}, answers on "
           f"v2 after {switched} s (poll {poll} s)")

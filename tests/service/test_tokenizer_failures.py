@@ -14,6 +14,7 @@ BaseException) on a 24-32 character run of one letter, or crawl.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -135,10 +136,7 @@ def test_a_text_the_tokenizer_fails_on_is_a_422_with_one_log_line(
 # -- a served bundle: refused at load (verify and the server), or 422 per request if let in
 
 
-@pytest.fixture(scope="module")
-def bad_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A repository with "regex-clf" v1: a packed character classifier whose tokenizer.json
-    has the (x+x+)+y normalizer (pack itself does not probe it)."""
+def _packed(d: Path, tok: Path) -> None:
     import sys
 
     export_tests = str(Path(__file__).resolve().parents[1] / "export")  # foreign_models
@@ -149,13 +147,36 @@ def bad_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     import seqserve.pack
 
-    d = tmp_path_factory.mktemp("regex-tokenizer")
-    tok = _tokenizer_json(d / "tokenizer.json", _replace_normalizer)
     torch.manual_seed(0)
     clf = CharGRUClassifier(len(LETTERS) + 2, 2).eval()
     seqserve.pack.classifier(clf, tokenizer=tok, labels=["yes", "no"], repo=d / "repo",
                              name="regex-clf", max_tokens=48, progress=False)
+
+
+@pytest.fixture(scope="module")
+def bad_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository with "regex-clf" v1: a packed character classifier whose tokenizer.json
+    was replaced after packing (pack refuses it: `test_pack_refuses_it`) by one with the
+    (x+x+)+y normalizer, its hashes rewritten so that the bundle is whole."""
+    import hashlib
+
+    from control_support import rewrite_manifest
+
+    d = tmp_path_factory.mktemp("regex-tokenizer")
+    _packed(d, _tokenizer_json(d / "tokenizer.json"))
+    folder = d / "repo" / "regex-clf" / "1"
+    bad = _tokenizer_json(folder / "tokenizer.json", _replace_normalizer)
+    files = json.loads((folder / "manifest.json").read_text())["files"]
+    rewrite_manifest(folder, files={**files, "tokenizer.json": hashlib.sha256(
+        bad.read_bytes()).hexdigest()})
     return d / "repo"
+
+
+def test_pack_refuses_it(tmp_path: Path) -> None:
+    """pack runs the server's own probe: the bundle is never written."""
+    with pytest.raises(BundleError, match=r"the tokenizer fails on a short text"):
+        _packed(tmp_path, _tokenizer_json(tmp_path / "tokenizer.json", _replace_normalizer))
+    assert not (tmp_path / "repo" / "regex-clf" / "1").exists()
 
 
 def test_verify_refuses_the_bundle_naming_the_tokenizer(bad_repo: Path) -> None:

@@ -29,7 +29,7 @@ test: $(STAMP)
 	bash deploy/install-test-tools.sh
 	$(BIN)/ruff check seqserve bench deploy tests examples native
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra --durations=30 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check seqserve bench deploy tests examples native

@@ -6,6 +6,9 @@
 - requests sent on new connections just before the listener closes (waiting in the listen
   queue) and on idle keep-alive connections are answered (200, or 503 with `Connection:
   close`), none reset;
+- a connection opened before SIGTERM that sends its first request a moment after it (its
+  client connected to send one) is answered, not closed under it; one that never sends is
+  closed soon after (not held for the header deadline);
 - SIGTERM with requests and a stream in flight, the stream longer than the shutdown delay:
   every admitted request answered, the stream whole, exit 0 (the API processes are given
   shutdown delay + drain to stop, not the delay alone).
@@ -151,6 +154,31 @@ def test_requests_sent_as_the_listener_closes_are_answered_not_reset(tiny_repo: 
         assert server.proc.wait(timeout=60) == 0
     assert set(tally) <= {"200", "503", "refused", "closed before sending"}, tally
     assert tally.get("200", 0) >= 20, tally
+
+
+@pytest.mark.parametrize("layout", ["replicated", "engine"])
+def test_a_new_connection_gets_its_first_request_answered_after_sigterm(
+        tiny_repo: Path, layout: str) -> None:
+    with serve(tiny_repo, "--layout", layout, "--api-workers", "2", "--shutdown-delay-s", "0",
+               "--header-timeout-s", "30") as server:
+        host = server.url.removeprefix("http://")
+        late = [RawConnection(server.url) for _ in range(8)]
+        silent = RawConnection(server.url)
+        time.sleep(0.3)  # accepted by now: the listener's close does not take them
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        for conn in late:
+            conn.sock.sendall(request_bytes(host))
+        answers = [answers_until_close(conn, 1)[0] for conn in late]
+        assert silent.sock.recv(1) == b""  # closed cleanly, long before the header deadline
+        silent_closed = time.monotonic() - t0
+        for conn in [*late, silent]:
+            conn.close()
+        assert server.proc.wait(timeout=60) == 0
+    for status, connection in answers:
+        assert status == 200 or (status == 503 and connection == "close"), answers
+    assert silent_closed < 15, silent_closed
 
 
 def test_sigterm_with_a_stream_and_requests_in_flight_answers_all_and_exits_0(

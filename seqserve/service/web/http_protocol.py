@@ -40,6 +40,8 @@ never inside one (`draining`: the server's drain has begun):
   the last request answered closes it;
 - at shutdown (uvicorn's `shutdown()`, and the keep-alive timeout) an idle connection with
   bytes unread is not closed: its request is read and answered (with `Connection: close`);
+  a connection that has sent nothing yet (a new one: its client connected to send a request)
+  is given `FIRST_REQUEST_GRACE_S` for it, then closes if it sent none;
 - the server closes a connection after an answer by half-closing it (FIN after the answer)
   and reading and dropping what still arrives for `LINGER_S`: a close with unread data
   resets the connection, and the client may lose the answer it has not read yet.
@@ -103,6 +105,10 @@ LINGER_S = 1.0
 dropping) what the client still sends before it closes (see the module doc)."""
 LINGER_BYTES = 1 << 20
 """... and how much of it at most."""
+FIRST_REQUEST_GRACE_S = 1.0
+"""At shutdown, how long a connection that has not sent a byte yet (accepted just before, or
+taken from the listen queue at close) is given for its first request before it closes: its
+client connected to send one, and closed at once it lost it (the request crossed the close)."""
 HeadAnswer = Callable[[dict[str, Any]], Answer | None]
 """The app's answer to a request from its scope alone (its head), or None (module doc)."""
 log = logging.getLogger("seqserve.http")
@@ -247,6 +253,8 @@ def guarded_protocol(header_timeout_s: float, *,
         """Closed after an answer (`close_after_answer`): what arrives now is dropped."""
         _stopping: bool
         """The server stops: each request is its connection's last unless more waits."""
+        _fresh: bool
+        """Nothing was received on this connection yet."""
         refused_at: float
         """When this connection's last 429 was written or is due (-inf: none)."""
         _late: tuple[asyncio.TimerHandle, Any, Answer] | None
@@ -255,6 +263,7 @@ def guarded_protocol(header_timeout_s: float, *,
         def connection_made(self, transport: Any) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._closing = self._stopping = False
+            self._fresh = True
             self._open = []
             self._room = max_header_bytes
             self._quiet = 0
@@ -268,6 +277,7 @@ def guarded_protocol(header_timeout_s: float, *,
 
         def data_received(self, data: bytes) -> None:
             # uvicorn's, on `_feed`; a callback's `_Refused` ends up a parser error here
+            self._fresh = False
             if self._refused:
                 self._dropped += len(data)
                 if self._dropped > LINGER_BYTES:
@@ -475,6 +485,8 @@ def guarded_protocol(header_timeout_s: float, *,
             if self.transport.is_closing() or (
                     self.cycle is not None and not self.cycle.response_complete):
                 return False  # closed already, or a request came in meanwhile
+            if self._room is not None and self._room < max_header_bytes:
+                return False  # a request head is coming (the header deadline bounds it)
             if unread(self.transport):
                 return False
             self.close_after_answer()
@@ -485,7 +497,9 @@ def guarded_protocol(header_timeout_s: float, *,
             taken from the listen queue at close): idle, close unless a request was sent
             already; in a request, close after the last one the client has sent."""
             self._stopping = True
-            if self.cycle is None or self.cycle.response_complete:
+            if self._fresh:  # its first request may be on its way (FIRST_REQUEST_GRACE_S)
+                self.loop.call_later(FIRST_REQUEST_GRACE_S, self._close_idle)
+            elif self.cycle is None or self.cycle.response_complete:
                 self._close_idle()
             else:
                 self.cycle.keep_alive = False  # (keep_open lifts it while more waits)

@@ -197,32 +197,22 @@ def test_refusals_logged_at_most_ten_a_second_others_always(
         caplog: pytest.LogCaptureFixture) -> None:
     """The access log of a refusal flood: at most 10 lines a second of 429s (the rest only
     counted, then told by the next logged one), every other answer logged."""
-    import asyncio
+    from seqserve.service.web.access_log import AccessLog
 
-    from seqserve.service.web.access_log import AccessLogMiddleware
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        status = 200 if scope["path"] == "/ok" else 429
-        await send({"type": "http.response.start", "status": status, "headers": []})
-        await send({"type": "http.response.body", "body": b"{}"})
-
-    async def noop(message: Any) -> None:
-        pass
-
-    async def flood() -> float:
-        middleware = AccessLogMiddleware(app, retry_after_s=1)
+    def flood() -> float:
+        lines = AccessLog()
         start = time.monotonic()
         for i in range(300):
             path = "/ok" if i % 100 == 0 else "/v1/models/m/classify"
-            await middleware({"type": "http", "method": "POST", "path": path, "headers": []},
-                             noop, noop)
-        await asyncio.sleep(max(0.0, 1.05 - (time.monotonic() - start) % 1))  # a new second
-        await middleware({"type": "http", "method": "POST", "path": "/x", "headers": []},
-                         noop, noop)
+            scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+            lines.line(scope, f"r{i}", 200 if path == "/ok" else 429, time.monotonic())
+        time.sleep(max(0.0, 1.05 - (time.monotonic() - start) % 1))  # a new second
+        scope = {"type": "http", "method": "POST", "path": "/x", "headers": []}
+        lines.line(scope, "last", 429, time.monotonic())
         return time.monotonic() - start
 
     caplog.set_level(logging.INFO, logger="seqserve.access")
-    seconds = asyncio.run(flood())
+    seconds = flood()
     lines = _access(caplog)
     oks = [r for r in lines if r.fields["status"] == 200]  # type: ignore[attr-defined]
     refusals = [r for r in lines if r.fields["status"] == 429]  # type: ignore[attr-defined]

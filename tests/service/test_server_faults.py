@@ -182,7 +182,7 @@ def test_max_in_flight_counts_requests_whose_bodies_still_arrive(tiny_repo: Path
             for conn in slow:
                 assert conn.request("GET", "/v2/health/live")[0] == 200
                 conn.sock.sendall(head + body[:5])  # headers and the start of the body
-            serving = app.entry.app  # the ServingMiddleware (behind the access log)
+            serving = app.entry  # the request lifecycle
             deadline = time.monotonic() + 10
             while serving.admitted < 2 and time.monotonic() < deadline:  # both headers seen
                 time.sleep(0.01)

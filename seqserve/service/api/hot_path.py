@@ -8,16 +8,16 @@ process's time, the route itself (tokenization, the engine round trip, result bu
 completions, OIP v2 infer, generate and generate_stream, default and pinned versions) is
 answered here, and only here; FastAPI serves the others:
 
-- the body (read once, by `web.middleware.ServingMiddleware`) is validated by the route's
-  pydantic model as the route `reads` it: `model_validate_json` for an application/json body,
-  any other content type (and every body of the routes that say "fastapi") as FastAPI reads
-  a body (`read_like_fastapi`), so each route's rules and messages are the ones it always
-  had;
+- the body (read once, by the request lifecycle `web.middleware.HttpLifecycle`) is
+  validated by the route's pydantic model as the route `reads` it: `model_validate_json`
+  for an application/json body, any other content type (and every body of the routes that
+  say "fastapi") as FastAPI reads a body (`read_like_fastapi`), so each route's rules and
+  messages are the ones it always had;
 - the answer is the route's own (`lifecycle.serve`): worker, deadline, early shedding,
   in-flight accounting and disconnects are the one lifecycle's;
-- `answer_head`: an overloaded model's refusal from the request's head alone (`shed_unread`),
-  for our uvicorn protocol to write without running the app (`web/http_protocol.py`); a
-  request it lets through is not checked a second time by `__call__`;
+- `head`: an overloaded model's refusal from the request's head alone (`shed_unread`), the
+  route's part of the lifecycle's one decision from the head (which a front may write
+  without running the app: `web/http_protocol.py`, the native front);
 - a success is encoded with the server's one JSON encoder
   (`seqserve.service.core.answers.encode_json`), a streamed answer sends itself; every
   error is the one error answer (`seqserve.service.web.responses.error_for`), as in the
@@ -52,8 +52,6 @@ NOT_JSON = "request body is not valid JSON text (malformed or not UTF-8)"
 ALLOW = [(b"allow", b"POST")]
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
-HEAD_CHECKED = "seqserve.head_checked"
-"""The scope key set once `HotPath.answer_head` found nothing to refuse."""
 
 
 class Unprocessable(Exception):
@@ -65,11 +63,12 @@ class Unprocessable(Exception):
 
 
 class HotPath:
-    """Answers the inference routes of one app (`table`); `match` says whether a path is
-    one of them."""
+    """ASGI: answers the inference routes of one app (`table`), and passes every other
+    request to `fallback` (FastAPI); `match` says whether a path is one of them."""
 
-    def __init__(self, state: AppState, table: Iterable[Route]) -> None:
+    def __init__(self, state: AppState, table: Iterable[Route], fallback: ASGIApp) -> None:
         self.state = state
+        self.fallback = fallback
         self.by_verb: dict[tuple[str, str], tuple[Route, str, str]] = {}
         self.fixed: dict[str, Found] = {}
         for route in table:
@@ -93,9 +92,14 @@ class HotPath:
         route, default, pinned = entry
         return route, name, version, default if version is None else pinned
 
-    def answer_head(self, scope: Scope, found: Found) -> Answer | None:
-        """The refusal of a POST to an overloaded model from its head alone (`shed_unread`:
-        the model's expected wait against the deadline the headers allow), else None."""
+    def head(self, scope: Scope) -> Answer | None:
+        """The route's own answer to a request from its head alone, asked by the request
+        lifecycle before the body is read (`web.middleware.HttpLifecycle`): the refusal of a
+        POST to an overloaded model (`shed_unread`: the model's expected wait against the
+        deadline the headers allow), else None."""
+        found = self.match(scope["path"])
+        if found is None:
+            return None
         _, name, version, _ = found
         if name is None or scope["method"] != "POST":
             return None
@@ -104,11 +108,28 @@ class HotPath:
             shed_unread(self.state, asgi_call(scope, _unused, name, version))
         except ServiceError as exc:
             return service_error_for(scope, exc)
-        scope[HEAD_CHECKED] = True
         return None
 
-    async def __call__(self, scope: Scope, body: bytes, receive: Receive, send: Send,
-                       found: Found) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.fallback(scope, receive, send)
+            return
+        path = scope["path"]
+        found = self.match(path)
+        if found is None:
+            if path.endswith("/") and path != "/" and self.match(path.rstrip("/")):
+                # FastAPI's redirect_slashes, for the routes it no longer holds
+                url = URL(scope={**scope, "path": path.rstrip("/")})
+                await RedirectResponse(url=str(url))(scope, receive, send)
+                return
+            await self.fallback(scope, receive, send)
+            return
+        await self.answer(scope, scope[BODY], receive, send, found)
+
+    async def answer(self, scope: Scope, body: bytes, receive: Receive, send: Send,
+                     found: Found) -> None:
+        """The route's answer to one request whose head passed (`head`) and whose body
+        (`body`) the lifecycle read."""
         route, name, version, _ = found
         _name_route(scope, found)
         if scope["method"] != "POST":
@@ -124,8 +145,6 @@ class HotPath:
         bug: Exception | None = None
         try:
             call = asgi_call(scope, receive, name or "", version)
-            if name is not None and not scope.get(HEAD_CHECKED):
-                shed_unread(self.state, call)  # the cheap refusal, before parsing
             parsed = _parse(route, body, scope)
             if route.model_of is not None:  # the model the body names: metrics, access log
                 scope["path_params"] = {"name": route.model_of(parsed)}
@@ -213,44 +232,6 @@ def read_like_fastapi(model: type[BaseModel], body: bytes, kind: bytes) -> BaseM
     except ValidationError as exc:
         raise Unprocessable([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
                             ) from exc
-
-
-class HotPathRouter:
-    """ASGI: the inference routes to `HotPath`, everything else to `fallback` (FastAPI)."""
-
-    def __init__(self, fast: HotPath, fallback: ASGIApp) -> None:
-        self.fast = fast
-        self.fallback = fallback
-
-    def answer_head(self, scope: Scope) -> Answer | None:
-        """`HotPath.answer_head` for an inference route, else None."""
-        found = self.fast.match(scope["path"])
-        return None if found is None else self.fast.answer_head(scope, found)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.fallback(scope, receive, send)
-            return
-        path = scope["path"]
-        found = self.fast.match(path)
-        if found is None:
-            if path.endswith("/") and path != "/" and self.fast.match(path.rstrip("/")):
-                # FastAPI's redirect_slashes, for the routes it no longer holds
-                url = URL(scope={**scope, "path": path.rstrip("/")})
-                await RedirectResponse(url=str(url))(scope, receive, send)
-                return
-            await self.fallback(scope, receive, send)
-            return
-        body = scope.get(BODY)  # read once, by ServingMiddleware
-        if body is None:  # an app without it (tests): read it here
-            chunks = []
-            while True:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                if message["type"] != "http.request" or not message.get("more_body", False):
-                    break
-            body = b"".join(chunks)
-        await self.fast(scope, body, receive, send, found)
 
 
 def _content_type(scope: Scope) -> bytes:

@@ -20,11 +20,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from seqserve.service.api import routes
 from seqserve.service.api.common import describe_errors
-from seqserve.service.api.hot_path import HotPath, HotPathRouter
+from seqserve.service.api.hot_path import HotPath
 from seqserve.service.core.answers import Answer, bug_message
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.core.metrics import Metrics
@@ -33,9 +33,8 @@ from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.loading import RuntimeFactory
 from seqserve.service.server.composition import Composition
 from seqserve.service.server.openapi import install as install_openapi
-from seqserve.service.web.access_log import with_access_log
-from seqserve.service.web.auth import with_api_keys
-from seqserve.service.web.middleware import ServingMiddleware
+from seqserve.service.web.auth import Keys
+from seqserve.service.web.middleware import HttpLifecycle
 from seqserve.service.web.responses import (
     JsonResponse,
     as_response,
@@ -90,11 +89,10 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         app.include_router(router)
     # the table's routes and FastAPI's, the live limits and one infer operation per model
     install_openapi(app, state, routes.FRONTS)
-    # outermost first: request id + access log, body limit + drain + timing + metrics, API
-    # keys (their 401s counted and timed), then the hot path or FastAPI's own stack
-    inner = HotPathRouter(HotPath(state, routes.TABLE), functools.partial(FastAPI.__call__, app))
-    app.entry = with_access_log(ServingMiddleware(with_api_keys(inner, settings), state),
-                                settings)
+    # the one request lifecycle (request id, access log, CORS, the head's decision, API
+    # keys, body, timing, metrics), then the hot path or FastAPI's own stack
+    inner = HotPath(state, routes.TABLE, functools.partial(FastAPI.__call__, app))
+    app.entry = HttpLifecycle(inner, state, Keys.of(settings))
     return app
 
 
@@ -103,7 +101,7 @@ class SeqserveApp(FastAPI):
     FastAPI's stack so that the inference routes are answered by the hot path
     (`seqserve.service.api.hot_path`) without FastAPI's per-request machinery."""
 
-    entry: ASGIApp
+    entry: HttpLifecycle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.entry(scope, receive, send)
@@ -111,8 +109,7 @@ class SeqserveApp(FastAPI):
     def answer_head(self, scope: Scope) -> Answer | None:
         """The chain's answer from a request's head alone (`web/http_protocol.py`: a refusal
         written without running the app), or None."""
-        inner = getattr(self.entry, "answer_head", None)
-        return None if inner is None else inner(scope)  # type: ignore[no-any-return]
+        return self.entry.answer_head(scope)
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -1,6 +1,5 @@
-"""Request ids, the access log and the one traceback of a server bug.
-
-The outermost middleware of the app:
+"""Request ids, the access log and the one traceback of a server bug, as the request
+lifecycle (`web.middleware.HttpLifecycle`) applies them to every request:
 
 - every request gets an id: its `X-Request-Id` header when that is 1-128 characters of
   `[A-Za-z0-9._:/+=~-]`, else a new random one; the response carries it back in
@@ -13,12 +12,13 @@ The outermost middleware of the app:
   is left out may be answered from the request's head (`answer_head`, for the uvicorn
   protocol: `web/http_protocol.py`), one whose line is due goes the full path that logs it;
 - an exception that escapes the routes (a server bug, answered 500 by the app's handler) is
-  logged once, here, as that request's line with a short traceback (`seqserve.service.core.logs`);
+  logged once, as that request's line with a short traceback (`seqserve.service.core.logs`);
   uvicorn's own copy of the same traceback ("Exception in ASGI application") is filtered out.
-  One that escapes before any answer went out (a bug in a middleware) is answered here: the
-  one error answer, a JSON 500 with the request id, not uvicorn's plain-text one;
-- every 503 carries `Retry-After`: one whose code set none (a version loading or failed, the
-  readiness routes, a drain) gets `retry_after_s` here, the one place every answer passes.
+  One that escapes before any answer went out is answered by the lifecycle: the one error
+  answer, a JSON 500 with the request id, not uvicorn's plain-text one;
+- every 503 carries `Retry-After` (`with_retry_after`): one whose code set none (a version
+  loading or failed, the readiness routes, a drain) gets `retry_after_s`, added where every
+  answer passes.
 """
 
 from __future__ import annotations
@@ -28,15 +28,11 @@ import logging
 import random
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from seqserve.service.core.answers import Answer, Headers, bug_message, retry_after_value
-from seqserve.service.web.responses import error_for, request_id_of, send_answer
-
-if TYPE_CHECKING:
-    from seqserve.service.web.settings import Settings
+from seqserve.service.core.answers import Headers, retry_after_value
 
 log = logging.getLogger("seqserve.access")
 HEADER = b"x-request-id"
@@ -117,13 +113,6 @@ def _filter_uvicorn_duplicates() -> None:
         logger.addFilter(_AlreadyLogged())
 
 
-def with_access_log(app: ASGIApp, settings: Settings) -> ASGIApp:
-    """`app` behind the request-id and access-log middleware (the outermost one)."""
-    _filter_uvicorn_duplicates()
-    return AccessLogMiddleware(app, enabled=settings.access_log,
-                               retry_after_s=settings.retry_after_s)
-
-
 RETRY_AFTER = b"retry-after"
 
 
@@ -134,42 +123,21 @@ def with_retry_after(status: int, headers: Headers, seconds: float) -> Headers:
     return [*headers, (RETRY_AFTER, retry_after_value(seconds))]
 
 
-class AccessLogMiddleware:
-    """See the module docstring."""
+class AccessLog:
+    """The access lines of one app (module doc): `line` per answered request, `bug` for a
+    server bug's; `due` says whether a refusal's line would be written now."""
 
-    def __init__(self, app: ASGIApp, *, retry_after_s: float, enabled: bool = True) -> None:
-        self.app = app
+    def __init__(self, *, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.retry_after_s = retry_after_s
         self.refusals = RefusalLines()
+        _filter_uvicorn_duplicates()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.monotonic()
-        rid = request_id_of(scope) or request_id(scope)  # (the head's, when it asked)
-        scope.setdefault("state", {})["request_id"] = rid
-        status = {"code": 0}
+    def due(self, now: float) -> bool:
+        """Whether a refusal answered at `now` would get its line (logging on, this second's
+        refusal lines not used up)."""
+        return self.enabled and log.isEnabledFor(logging.INFO) and not self.refusals.full(now)
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = int(message["status"])
-                headers = [h for h in message.get("headers", []) if h[0] != HEADER]
-                headers = with_retry_after(status["code"], headers, self.retry_after_s)
-                message = {**message, "headers": [*headers, (HEADER, rid.encode())]}
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_with_id)
-        except Exception as exc:
-            self._log(scope, rid, 500, start, exc)
-            if not status["code"]:  # nothing answered it (a bug outside the routes' handlers)
-                await _send_bug(send_with_id, scope, exc)
-            raise
-        self._line(scope, rid, status["code"], start)
-
-    def _line(self, scope: Scope, rid: str, code: int, start: float) -> None:
+    def line(self, scope: Scope, rid: str, code: int, start: float) -> None:
         """The request's access line, unless logging is off or it is a refusal left out."""
         if self.enabled and log.isEnabledFor(logging.INFO):  # no fields built for nothing
             hidden = 0
@@ -180,27 +148,9 @@ class AccessLogMiddleware:
                 hidden = left_out
             self._log(scope, rid, code, start, None, hidden)
 
-    def answer_head(self, scope: Scope) -> Answer | None:
-        """The app's answer from the request's head (`answer_head` of the app inside: a
-        refusal), with its request id; None when the app has none, or when the line of a
-        refusal now would be logged (the full path logs it, with what only it knows: the
-        client behind a proxy)."""
-        inner = getattr(self.app, "answer_head", None)
-        if inner is None:
-            return None
-        now = time.monotonic()
-        if self.enabled and log.isEnabledFor(logging.INFO) and not self.refusals.full(now):
-            return None
-        rid = request_id(scope)
-        scope.setdefault("state", {})["request_id"] = rid
-        answer = inner(scope)
-        if answer is None:
-            return None
-        status, headers, body = answer
-        self._line(scope, rid, status, now)  # (a refusal left out: counted, not logged)
-        headers = with_retry_after(status, [h for h in headers if h[0] != HEADER],
-                                   self.retry_after_s)
-        return status, [*headers, (HEADER, rid.encode())], body
+    def bug(self, scope: Scope, rid: str, start: float, exc: Exception) -> None:
+        """The line of a request a server bug ended, with its short traceback (once)."""
+        self._log(scope, rid, 500, start, exc)
 
     def _log(self, scope: Scope, rid: str, status: int, start: float,
              exc: Exception | None, hidden: int = 0) -> None:
@@ -216,12 +166,6 @@ class AccessLogMiddleware:
         log.error(message + " (server bug)", exc_info=exc, extra={"fields": fields})
         with contextlib.suppress(AttributeError):  # no attributes: uvicorn logs it too
             setattr(exc, LOGGED, True)
-
-
-async def _send_bug(send: Send, scope: Scope, exc: Exception) -> None:
-    """The JSON 500 (with the request id) instead of uvicorn's plain-text one."""
-    with contextlib.suppress(Exception):  # the client may be gone already
-        await send_answer(send, error_for(scope, 500, bug_message(exc)))
 
 
 def access_fields(scope: Scope, rid: str, status: int, seconds: float) -> dict[str, Any]:

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from seqserve.models.errors import UserError
 from seqserve.service.core.answers import Answer
 from seqserve.service.core.state_token import loose_mode
 from seqserve.service.core.state_token import secret_warnings as state_secret_warnings
-from seqserve.service.web.responses import error_for, send_answer
+from seqserve.service.web.responses import error_for
 
 if TYPE_CHECKING:
     from seqserve.service.web.settings import Settings
@@ -138,53 +138,41 @@ def key_matches(key: bytes, digests: list[bytes]) -> bool:
     return found
 
 
-def with_api_keys(app: ASGIApp, settings: Settings) -> ASGIApp:
-    """`app` behind the key check when `settings.api_key` is set (reads a key file now)."""
-    if not settings.keys_on:
-        return app
-    return ApiKeyMiddleware(app, digests=load_keys(settings.api_key, settings.api_key_file),
-                            auth_health=settings.auth_health, auth_metrics=settings.auth_metrics)
+class Keys:
+    """The key check of protected paths (see the module doc), run by the request lifecycle
+    (`web.middleware.HttpLifecycle`) before any route."""
 
-
-class ApiKeyMiddleware:
-    """Refuses requests to protected paths without a valid bearer key (see module doc)."""
-
-    def __init__(self, app: ASGIApp, digests: list[bytes], auth_health: bool = False,
+    def __init__(self, digests: list[bytes], auth_health: bool = False,
                  auth_metrics: bool = False) -> None:
-        self.app = app
         self.digests = digests
         self.auth_health = auth_health
         self.auth_metrics = auth_metrics
 
-    def answer_head(self, scope: Scope) -> Answer | None:
-        """The app's answer from the request's head (`web/http_protocol.py`) once the request
-        holds a valid key; None without one (the full path answers its 401)."""
-        inner = getattr(self.app, "answer_head", None)
-        if inner is None:
+    @classmethod
+    def of(cls, settings: Settings) -> Keys | None:
+        """The check `settings` ask for (reads a key file now), None when keys are off."""
+        if not settings.keys_on:
             return None
-        if not is_open(scope["path"], self.auth_health, self.auth_metrics):
-            key = presented_key(scope)
-            if key is None or not key_matches(key, self.digests):
-                return None
-        return inner(scope)  # type: ignore[no-any-return]
+        return cls(load_keys(settings.api_key, settings.api_key_file),
+                   auth_health=settings.auth_health, auth_metrics=settings.auth_metrics)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or is_open(scope["path"], self.auth_health,
-                                              self.auth_metrics):
-            if scope["type"] == "http" and scope["path"].startswith(DOCS_PATHS):
+    def refusal(self, scope: Scope) -> Answer | None:
+        """The 401 of a request to a protected path without a valid key, else None (on the
+        open API-description paths, `scope[AUTHORIZED]` says whether it held one)."""
+        path = scope["path"]
+        if is_open(path, self.auth_health, self.auth_metrics):
+            if path.startswith(DOCS_PATHS):
                 key = presented_key(scope)
                 scope[AUTHORIZED] = key is not None and key_matches(key, self.digests)
-            await self.app(scope, receive, send)
-            return
+            return None
         key = presented_key(scope)
         if key is not None and key_matches(key, self.digests):
-            await self.app(scope, receive, send)
-            return
+            return None
         if key is None:
             message = "missing API key: send 'Authorization: Bearer <key>'"
             challenge = CHALLENGE
         else:
             message = "invalid API key"
             challenge = CHALLENGE + ', error="invalid_token"'
-        await send_answer(send, error_for(scope, 401, message,
-                                          headers=[(b"www-authenticate", challenge.encode())]))
+        return error_for(scope, 401, message,
+                         headers=[(b"www-authenticate", challenge.encode())])

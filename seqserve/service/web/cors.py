@@ -1,5 +1,5 @@
 """CORS for browser clients (`cors_origins`; off when empty), applied by
-`seqserve.service.web.middleware.ServingMiddleware` before anything else looks at a request.
+`seqserve.service.web.middleware.HttpLifecycle` before anything else looks at a request.
 
 - A preflight (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) is answered here,
   before the API-key check and the content-type check (a browser never sends a key, nor a
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from starlette.types import Message, Scope, Send
+from starlette.types import Scope
 
 from seqserve.service.core.answers import Answer
 from seqserve.service.web.responses import error_for
@@ -93,17 +93,9 @@ class Cors:
                    (b"access-control-max-age", MAX_AGE), (b"content-length", b"0")]
         return 204, headers, b""
 
-    def sending(self, send: Send, origin: bytes) -> Send:
-        """`send` with the CORS headers added to the answer's start (allowed `origin`s only;
-        `Vary: Origin` for every origin when the answer depends on it)."""
-        extra = [*self._allow_origin(origin), (b"access-control-expose-headers", EXPOSE)] \
-            if self.allows(origin) else [] if self.any else [(b"vary", b"Origin")]
-
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                names = {name for name, _ in extra if name != b"vary"}  # Vary adds up
-                headers = [h for h in message.get("headers", []) if h[0] not in names]
-                message = {**message, "headers": [*headers, *extra]}
-            await send(message)
-
-        return wrapped if extra else send
+    def extra(self, origin: bytes) -> list[tuple[bytes, bytes]]:
+        """The headers added to every answer to a request from `origin` (allowed origins
+        only; `Vary: Origin` for every origin when the answer depends on it)."""
+        if self.allows(origin):
+            return [*self._allow_origin(origin), (b"access-control-expose-headers", EXPOSE)]
+        return [] if self.any else [(b"vary", b"Origin")]

@@ -52,11 +52,11 @@ requests are refusals (429 + Retry-After before the body is read), and the task,
 middleware chain's coroutines and their sends cost more than the refusal's own decision
 (measured: 0.17-0.19 ms of server CPU per refused request through the app, 0.11-0.13 ms
 answered here by the same rules, 0.07 ms for the bytes alone; docs/performance.md section
-25). The app decides, by the same rules
-and with the same answer as its full path (`web.middleware.ServingMiddleware.answer_head`
-says which); the request's body, when it comes, is read and dropped as for any request
-answered before its body. Only on a keep-alive connection that is not closing and whose
-client does not wait for `100 Continue`: the full path handles every other case.
+25). The app decides, with the one decision its full path makes too
+(`web.middleware.HttpLifecycle.answer_head` says which); the request's body, when it comes,
+is read and dropped as for any request answered before its body. Only on a keep-alive
+connection that is not closing and whose client does not wait for `100 Continue`: the full
+path handles every other case.
 
 A client that resends at once after a 429 is paced (`pace_s`, `--refusal-pace-s`): a 429
 from a request's head due less than `pace_s` after its connection's last 429 is written at

@@ -1,48 +1,63 @@
-"""The pure-ASGI middleware in front of every route.
+"""The one lifecycle of an HTTP request (`HttpLifecycle`), the pure-ASGI middleware in front
+of every route: what every request passes, in this order, whatever route answers it.
 
-- refuses bodies over `max_body_bytes` before reading them (Content-Length) and caps streamed
-  reads; a body must arrive within `body_timeout_s` (else 408, connection closed); the
-  accepted body is buffered and replayed, later `receive()` calls reach the server (so a
-  handler can still see `http.disconnect`);
-- reads only what the routes understand (every POST route reads JSON): a POST body must be
-  `application/json` or `application/*+json` (a charset, if given, UTF-8: what FastAPI reads
-  as JSON) or have no content type (read as JSON), or,
-  to an OIP infer route, `application/octet-stream` (the binary tensor extension: tritonclient
-  sends it, or no type); any other type is a 415 before the body is read (`text/plain`, forms
-  and `multipart/form-data` too: what a browser sends cross-site without a CORS preflight). A
-  `gzip` or `deflate` body is decompressed, to `max_body_bytes` at most (more: 413, however
-  small the body sent); any other content coding is a 415;
-- while the server drains (the shutdown delay after SIGTERM) serves new work as usual but
-  closes every connection after its answer (`Connection: close`: keep-alive clients move on
-  to the endpoints that stay; the load balancer still routes some traffic here meanwhile);
-- answers 429 + Retry-After at once to new inference work while this process already holds
-  `max_in_flight` requests (HTTP and gRPC together: `AppState.admitted`), each counted from
-  its headers on, while its body still arrives
-  (the engine's admission cannot see a backlog that waits for the API process's own CPU);
-- answers CORS preflights and adds the CORS headers to answers (`cors_origins`: see
-  `seqserve.service.web.cors`), before the API-key and content-type checks;
-- adds `Server-Timing` (queue, compute, total in ms) to every response;
-- counts requests and observes durations into the app's metrics;
-- `answer_head`: the same answer from a request's head alone, where the head decides it (a
-  refusal: max_in_flight, or the route's own refusal of an overloaded model), for our uvicorn
-  protocol to write without running the app (`web/http_protocol.py`); None wherever the body,
-  CORS or the drain could change the answer.
+- the request id and the access line (`web.access_log`): the id is the client's
+  `X-Request-Id` when sane, else a new one, and goes back on the answer; one access line per
+  answered request; a server bug's line carries its traceback and, when nothing was
+  answered yet, the request gets the one JSON 500;
+- CORS (`cors_origins`: see `seqserve.service.web.cors`): a preflight is answered first, before
+  the API-key and content-type checks, and every answer to an allowed origin carries the
+  CORS headers;
+- the head's decision (`_head`), one for every front: a POST body must be `application/json`
+  or `application/*+json` (a charset, if given, UTF-8: what FastAPI reads as JSON) or have
+  no content type (read as JSON), or, to an OIP infer route, `application/octet-stream`
+  (the binary tensor extension: tritonclient sends it, or no type); any other type is a 415
+  before the body is read (`text/plain`, forms and `multipart/form-data` too: what a browser
+  sends cross-site without a CORS preflight), and so is a content coding other than `gzip`,
+  `deflate` and identity; new inference work while this process already holds
+  `max_in_flight` requests (HTTP and gRPC together: `AppState.admitted`, each counted from
+  its headers on, while its body still arrives: the engine's admission cannot see a backlog
+  that waits for the API process's own CPU) gets 429 + Retry-After at once; a body announced
+  over `max_body_bytes` a 413; a protected path without a valid API key a 401
+  (`web.auth.Keys`); then the route's own decision from the head (the app's `head`: an
+  overloaded model's 429, `api/hot_path.py`);
+- the body: it must arrive within `body_timeout_s` (else 408, connection closed) and stay
+  under `max_body_bytes` (a streamed one is cut there: 413); a `gzip` or `deflate` body is
+  decompressed, to `max_body_bytes` at most (more: 413, however small the body sent). It is
+  read once, kept in the scope (`BODY`) and replayed; later `receive()` calls reach the
+  server (so a handler can still see `http.disconnect`);
+- every answer leaves with its `Server-Timing` (queue, compute, total in ms), the CORS
+  headers, Retry-After on a 503 that has none, the request id, and, while the server drains
+  (the shutdown delay after SIGTERM: new work is served as usual), `Connection: close`
+  (keep-alive clients move on to the endpoints that stay; the load balancer still routes
+  some traffic here meanwhile); it is counted in the request metrics before the client can
+  see it.
+
+`answer_head` is the same decision for a front that can answer a request before running the
+app (our uvicorn protocol, `web/http_protocol.py`; the native front): the answer `__call__`
+gives, when it is a refusal (429) from the head alone whose access line is not due; else
+None, and the full path answers from the decision already made (kept in the scope), the drain
+and CORS requests included.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 import zlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seqserve.service.core.answers import Answer
+from seqserve.service.core.answers import Answer, Headers, bug_message
+from seqserve.service.web.access_log import AccessLog, request_id, with_retry_after
+from seqserve.service.web.auth import Keys
 from seqserve.service.web.cors import Cors
 from seqserve.service.web.http_protocol import RECEIVED
-from seqserve.service.web.responses import error_for, send_answer
+from seqserve.service.web.responses import error_for, request_id_of, send_answer
 
 if TYPE_CHECKING:
     from seqserve.service.web.state import AppState
@@ -51,9 +66,13 @@ NOT_TRAFFIC = ("/v2/health", "/metrics", "/health")
 """Probes and scrapes: not counted as traffic in the request metrics."""
 INFERENCE = ("/v1/models/", "/v2/models/")
 """Paths whose POSTs are inference work (refused first under overload)."""
-Refusal = tuple[int, str, float | None, list[tuple[bytes, bytes]]]
-"""Status, message, Retry-After and extra headers of an answer the middleware gives itself
-(written by the one error answer, `seqserve.service.web.responses.error_for`)."""
+Refusal = tuple[int, str, list[tuple[bytes, bytes]]]
+"""Status, message and extra headers of a body's refusal (written by the one error answer,
+`seqserve.service.web.responses.error_for`)."""
+HEAD = "seqserve.head"
+"""The scope key of the head's decision (`HttpLifecycle._head`) when `answer_head` made it and
+left the answer to the full path."""
+REQUEST_ID = b"x-request-id"
 
 
 BODY = "seqserve.body"
@@ -125,17 +144,16 @@ def _decoded(body: bytes, coding: bytes, limit: int) -> bytes | Refusal:
             if wbits == 15 and not out:  # deflate without zlib's header: a raw stream
                 wbits = -15
                 continue
-            return 400, f"request body is not valid {coding.decode()} data", None, []
+            return 400, f"request body is not valid {coding.decode()} data", []
         size += len(chunk)
         if size > limit:
-            return (413, f"request body exceeds max_body_bytes ({limit}) once decompressed",
-                    None, [])
+            return 413, f"request body exceeds max_body_bytes ({limit}) once decompressed", []
         out.append(chunk)
         if not stream.eof:
-            return 400, f"request body is truncated {coding.decode()} data", None, []
+            return 400, f"request body is truncated {coding.decode()} data", []
         data = stream.unused_data
         if data and wbits != 31:
-            return 400, f"request body has data after its {coding.decode()} stream", None, []
+            return 400, f"request body has data after its {coding.decode()} stream", []
     return b"".join(out)
 
 
@@ -154,109 +172,146 @@ def _as_read(scope: Scope, media: bytes, coding: bytes, size: int) -> None:
     scope["headers"] = headers
 
 
-class ServingMiddleware:
+class HttpLifecycle:
     """See the module docstring."""
 
-    def __init__(self, app: ASGIApp, state: AppState) -> None:
+    def __init__(self, app: ASGIApp, state: AppState, keys: Keys | None = None) -> None:
         self.app = app
         self.state = state
-        origins = state.settings.cors_origins
-        self.cors = Cors(origins) if origins else None
+        s = state.settings
+        self.cors = Cors(s.cors_origins) if s.cors_origins else None
+        self.keys = keys
+        self.log = AccessLog(enabled=s.access_log)
+        self.inner_head: Callable[[Scope], Answer | None] | None = getattr(app, "head", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
-        status = {"code": 500, "observed": 0}
+        rid = request_id_of(scope) or request_id(scope)  # (the head's, when it asked)
+        scope.setdefault("state", {})["request_id"] = rid
         origin = self.cors.origin(scope) if self.cors is not None else None
-        if self.cors is not None and origin is not None:
-            send = self.cors.sending(send, origin)
-        send_timed = self._timed_send(scope, send, start, status)
-        try:
-            if self.cors is not None and origin is not None and self.cors.is_preflight(scope):
-                scope["endpoint_name"] = "cors_preflight"  # before keys, body and 415
-                await send_answer(send_timed, self.cors.preflight(scope, origin))
-                return
-            await self._serve(scope, receive, send_timed)
-        finally:
-            if not status["observed"]:  # no response went out (an exception escaped)
-                self._observe(scope, status["code"], time.monotonic() - start)
+        status = [0, 0]  # the answer's status, whether it was observed in the metrics
 
-    async def _serve(self, scope: Scope, receive: Receive, send_timed: Send) -> None:
+        async def finishing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                code = status[0] = int(message["status"])
+                status[1] = 1  # before the client can see the answer
+                self._observe(scope, code, time.monotonic() - start)
+                message = {**message, "headers": self._finish(
+                    scope, rid, code, message.get("headers", []), start, origin)}
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, finishing, origin)
+        except Exception as exc:
+            self.log.bug(scope, rid, start, exc)
+            if not status[0]:  # nothing answered it (a bug outside the routes' handlers)
+                with contextlib.suppress(Exception):  # the client may be gone already
+                    await send_answer(finishing, error_for(scope, 500, bug_message(exc)))
+            raise
+        finally:
+            if not status[1]:  # no response went out
+                self._observe(scope, status[0] or 500, time.monotonic() - start)
+        self.log.line(scope, rid, status[0], start)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send,
+                     origin: bytes | None) -> None:
+        if origin is not None and self.cors is not None and self.cors.is_preflight(scope):
+            scope["endpoint_name"] = "cors_preflight"  # before keys, body and 415
+            await send_answer(send, self.cors.preflight(scope, origin))
+            return
         post = scope["method"] == "POST"
         inference = post and scope["path"].startswith(INFERENCE)
-        media, coding = JSON, b""
-        unread: Refusal | None = None
-        if post:
-            kind = _body_kind(scope)
-            if isinstance(kind, str):
-                unread = 415, kind, None, []
-            else:
-                media, coding = kind
-        answer = unread or self._refusal(scope, inference)
+        kind = _body_kind(scope) if post else (JSON, b"")
+        answer = scope.pop(HEAD) if HEAD in scope else self._head(scope, kind, inference)
         counted = inference and answer is None
         self.state.admitted += counted  # before the body is read: slow bodies count too
         try:
-            got = await self._body_or_refusal(scope, receive, coding) if answer is None else b""
-            if isinstance(got, tuple):
-                answer = got
-            if answer is not None:
-                code, message, retry_after, extra = answer
-                await send_answer(send_timed, error_for(scope, code, message,
-                                                        retry_after=retry_after, headers=extra))
+            if answer is not None or isinstance(kind, str):
+                await send_answer(send, answer or error_for(scope, 415, str(kind)))
                 return
-            body = got if isinstance(got, bytes) else b""
+            media, coding = kind
+            got = await self._body_or_refusal(scope, receive, coding)
+            if isinstance(got, tuple):
+                code, message, extra = got
+                await send_answer(send, error_for(scope, code, message, headers=extra))
+                return
             if not media or coding:
-                _as_read(scope, media, coding, len(body))
-            scope[BODY] = body
-            await self.app(scope, _replay(body, receive), send_timed)
+                _as_read(scope, media, coding, len(got))
+            scope[BODY] = got
+            await self.app(scope, _replay(got, receive), send)
         finally:
             self.state.admitted -= counted
 
+    def _head(self, scope: Scope, kind: tuple[bytes, bytes] | str,
+              inference: bool) -> Answer | None:
+        """The one answer a request gets from its head alone, in this order: 415 (a body
+        this route does not read), 429 beyond max_in_flight, 413 (a Content-Length over
+        max_body_bytes), 401 (API keys), then the route's own (`head` of the app inside: an
+        overloaded model's 429); None: the body is read and the route answers."""
+        s = self.state.settings
+        if isinstance(kind, str):
+            return error_for(scope, 415, kind)
+        if inference and self.state.admitted >= s.max_in_flight:
+            return error_for(scope, 429, "server overloaded: this process already works on "
+                             f"max_in_flight ({s.max_in_flight}) requests",
+                             retry_after=s.retry_after_s)
+        if _announced_over(scope, s.max_body_bytes):
+            return error_for(scope, 413,
+                             f"request body exceeds max_body_bytes ({s.max_body_bytes})")
+        if self.keys is not None:
+            refused = self.keys.refusal(scope)
+            if refused is not None:
+                return refused
+        return self.inner_head(scope) if self.inner_head is not None else None
+
     def answer_head(self, scope: Scope) -> Answer | None:
-        """The answer `__call__` gives an inference POST, from its head alone: a refusal
-        (max_in_flight here, or the app's own `answer_head`: an overloaded model), with its
-        Server-Timing and counted in the metrics; None when the full path must answer: a
-        body it would refuse by type, coding or announced size (those answers come first
-        there), a CORS request, the drain (its `Connection: close`)."""
+        """The answer `__call__` gives an inference POST from its head alone (`_head`), for
+        a front to write without running the app (`web/http_protocol.py`, the native front),
+        when it is a refusal (429) whose access line is not due now; None otherwise: the
+        full path then answers, from the same decision (kept in the scope), a CORS request
+        and the drain (its `Connection: close`) included."""
         if scope["method"] != "POST" or not scope["path"].startswith(INFERENCE) \
                 or self.state.draining:
             return None
         if self.cors is not None and self.cors.origin(scope) is not None:
             return None
         start = time.monotonic()
-        refusal = self._refusal(scope, True)
-        answer: Answer | None
-        if refusal is not None:
-            code, message, retry_after, extra = refusal
-            answer = error_for(scope, code, message, retry_after=retry_after, headers=extra)
-        else:
-            inner = getattr(self.app, "answer_head", None)
-            answer = inner(scope) if inner is not None else None
-            if answer is None:  # (most requests: asked first, the checks below only then)
-                return None
-        if isinstance(_body_kind(scope), str) or _announced_over(
-                scope, self.state.settings.max_body_bytes):
-            return None  # the full path's 415 / 413 come first
+        if self.log.due(start):  # the full path logs it, with what only it knows (the client
+            return None  # behind a proxy)
+        rid = request_id(scope)
+        scope.setdefault("state", {})["request_id"] = rid
+        answer = scope[HEAD] = self._head(scope, _body_kind(scope), True)
+        if answer is None or answer[0] != 429:
+            return None
+        del scope[HEAD]
         status, headers, body = answer
         self._observe(scope, status, time.monotonic() - start)
-        headers = [h for h in headers if h[0] != b"server-timing"]
-        headers.append((b"server-timing", _timing(scope, start)))
-        return status, headers, body
+        self.log.line(scope, rid, status, start)  # (a refusal left out: counted, not logged)
+        return status, self._finish(scope, rid, status, headers, start, None), body
+
+    def _finish(self, scope: Scope, rid: str, status: int, headers: Headers, start: float,
+                origin: bytes | None) -> list[tuple[bytes, bytes]]:
+        """An answer's headers as they leave: its Server-Timing, `Connection: close` while
+        draining, the CORS headers (`origin`), a 503's Retry-After, the request id."""
+        out = [h for h in headers if h[0] != b"server-timing" and h[0] != REQUEST_ID]
+        out.append((b"server-timing", _timing(scope, start)))
+        if self.state.draining and not any(h[0] == b"connection" for h in out):
+            out.append((b"connection", b"close"))  # no reuse of a closing server
+        if origin is not None and self.cors is not None:
+            extra = self.cors.extra(origin)
+            names = {name for name, _ in extra if name != b"vary"}  # Vary adds up
+            out = [*(h for h in out if h[0] not in names), *extra]
+        out = with_retry_after(status, out, self.state.settings.retry_after_s)
+        out.append((REQUEST_ID, rid.encode()))
+        return out
 
     @property
     def admitted(self) -> int:
         """Inference requests this process works on (`AppState.admitted`: HTTP and gRPC)."""
         return self.state.admitted
-
-    def _refusal(self, scope: Scope, inference: bool) -> Refusal | None:
-        """429 beyond max_in_flight (draining refuses nothing: see the module doc)."""
-        s = self.state.settings
-        if inference and self.state.admitted >= s.max_in_flight:
-            return (429, "server overloaded: this process already works on max_in_flight "
-                    f"({s.max_in_flight}) requests", s.retry_after_s, [])
-        return None
 
     async def _body_or_refusal(self, scope: Scope, receive: Receive,
                                coding: bytes) -> bytes | Refusal:
@@ -265,19 +320,17 @@ class ServingMiddleware:
         s = self.state.settings
         try:
             async with asyncio.timeout(s.body_timeout_s):
-                body = await self._read_body(scope, receive)
+                body = await self._read_body(receive)
         except TimeoutError:
             return (408, f"request body did not arrive within {s.body_timeout_s:g} s "
-                    "(body_timeout_s)", None, [(b"connection", b"close")])
+                    "(body_timeout_s)", [(b"connection", b"close")])
         if body is None:
-            return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", None, []
+            return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", []
         return _decoded(body, coding, s.max_body_bytes) if coding else body
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
-        """The whole body, or None when it is (or announces itself) over the limit."""
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None when it is over the limit."""
         limit = self.state.settings.max_body_bytes
-        if _announced_over(scope, limit):
-            return None
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -291,21 +344,6 @@ class ServingMiddleware:
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
-
-    def _timed_send(self, scope: Scope, send: Send, start: float, status: dict[str, int]) -> Send:
-        async def wrapped(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status["code"] = int(message["status"])
-                status["observed"] = 1  # before the client can see the answer
-                self._observe(scope, status["code"], time.monotonic() - start)
-                headers = [h for h in message.get("headers", []) if h[0] != b"server-timing"]
-                headers.append((b"server-timing", _timing(scope, start)))
-                if self.state.draining and not any(h[0] == b"connection" for h in headers):
-                    headers.append((b"connection", b"close"))  # no reuse of a closing server
-                message = {**message, "headers": headers}
-            await send(message)
-
-        return wrapped
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
         if scope["path"].startswith(NOT_TRAFFIC):

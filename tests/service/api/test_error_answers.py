@@ -283,7 +283,7 @@ def test_every_error_path_answers_the_same_shape(
         held.join(30)
     runtime.hold = False
     # 500: a runtime fault (a domain error), then bugs: FastAPI's handler, the hot path, and
-    # one in the middleware (answered by the access log): each carries its request id
+    # one in the request lifecycle (answered by it): each carries its request id
     runtime.fail_next = 1
     assert "inference failed" in ask("POST", CLASSIFY, 500, good).json()["error"]
 
@@ -297,12 +297,12 @@ def test_every_error_path_answers_the_same_shape(
                                              "shape": [1], "data": ["one"]}]})
     finally:
         del state.repository.ready
-    serving = app.entry.app
-    serving._refusal = boom
+    lifecycle = app.entry
+    lifecycle._head = boom
     try:
         ask("POST", CLASSIFY, 500, good)
     finally:
-        del serving._refusal
+        del lifecycle._head
     assert httpx.post(base + CLASSIFY, json=good, headers=AUTH, timeout=30).status_code == 200
     # 503: a model version not ready (the hot path, both readiness answers) ...
     translator = state.repository.entry("tiny-mt")

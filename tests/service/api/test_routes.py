@@ -37,7 +37,7 @@ def test_the_hot_path_matches_every_table_route(tmp_path: Path) -> None:
     from seqserve.service.api.hot_path import HotPath
 
     app = create_app(Settings(repo=tmp_path, warmup=False))
-    hot = HotPath(app.state.seqserve, TABLE)
+    hot = HotPath(app.state.seqserve, TABLE, app.router)
     for route in TABLE:
         for pinned in (False, True) if route.by_model else (False,):
             path = route.path(pinned).replace("{name}", "m").replace("{version}", "3")

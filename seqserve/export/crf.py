@@ -47,7 +47,8 @@ class CRF:
     def from_arrays(cls, transitions: np.ndarray, start: np.ndarray, end: np.ndarray) -> CRF:
         """Checked float32 copies: a square transition matrix, start and end one score per
         label, all finite (ValueError naming the flaw)."""
-        t, s, e = (np.array(x, dtype=np.float32) for x in (transitions, start, end))
+        t, s, e = (np.ascontiguousarray(x, dtype=np.float32)
+                   for x in (transitions, start, end))
         if t.ndim != 2 or t.shape[0] != t.shape[1] or t.shape[0] < 1:
             raise ValueError(f"transitions must be a square (labels, labels) matrix, got "
                              f"shape {t.shape}")
@@ -65,7 +66,8 @@ class CRF:
 
     def to_array(self) -> np.ndarray:
         """The bundle file's array: float32 (C + 2, C) (module doc)."""
-        return np.concatenate([self.transitions, self.start[None], self.end[None]])
+        return np.ascontiguousarray(np.concatenate([self.transitions, self.start[None],
+                                                    self.end[None]]))
 
 
 def save_crf(path: str | os.PathLike[str], crf: CRF) -> None:

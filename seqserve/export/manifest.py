@@ -63,10 +63,8 @@ class TokenizerSpec:
 
 @dataclass(frozen=True)
 class CrfSpec:
-    """A tagger's CRF (schema 4): the file of its transition, start and end scores
-    (export/crf.py) and the unit it decodes over. With one, the tagger graph's `log_probs`
-    output holds the CRF's emission scores as the model gives them (not normalised: the
-    CRF scores whole labellings with them) and the server decodes with Viterbi."""
+    """A tagger's CRF (schema 4): its scores' file (export/crf.py) and unit; the graph's
+    `log_probs` then hold emission scores, not normalised, decoded with Viterbi."""
 
     file: str = "crf.npy"  # File name inside the bundle.
     unit: str = "tokens"  # What it decodes over: every token the graph scores, in order.
@@ -136,8 +134,7 @@ class Manifest:
     pre-tokenizer makes "Hello," two words); None (older bundles, seqserve's own taggers):
     whitespace."""
     crf: CrfSpec | None = None
-    """Taggers with a CRF layer (schema 4): its scores' file and unit; None: each token's
-    label is the best of its own log-probs."""
+    """Taggers with a CRF layer (schema 4); None: each token's best label on its own."""
 
     @property
     def spec(self) -> TaskSpec:

@@ -32,7 +32,8 @@ def classifier(module: Any, **kwargs: Any) -> Any:
 
 
 def tagger(module: Any, **kwargs: Any) -> Any:
-    """`module(ids, lengths)` -> per-token logits: see `export.pack.api`."""
+    """`module(ids, lengths)` -> per-token logits, or a CRF tagger (the PyTorch tutorial's
+    BiLSTM_CRF, a torchcrf-style layer; `emissions=`, `crf=`): see `export.pack.api`."""
     from seqserve.export.pack.api import tagger as pack
 
     return pack(module, **kwargs)

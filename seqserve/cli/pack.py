@@ -14,7 +14,7 @@ examples:
   seqserve pack classifier --onnx model.onnx --tokenizer tokenizer.json --labels en,fr,de \\
       --repo model_repository --name names
   seqserve pack tagger --onnx tagger.onnx --tokenizer tokenizer.json --labels labels.txt \\
-      --repo model_repository --name pos
+      --repo model_repository --name pos [--crf crf.json]
   seqserve pack translator --encoder enc.onnx --decoder-step step.onnx \\
       --source-tokenizer src.json --target-tokenizer tgt.json --repo model_repository --name mt
   seqserve pack lm --prefill lm.onnx --step lm.onnx --tokenizer chars.json \\
@@ -92,6 +92,12 @@ def _rows(p: argparse.ArgumentParser, task: str) -> None:
                        "\"Hello,\" is one word) or the tokenizer.json's own pre-tokenized "
                        "words (a BERT pre-tokenizer makes \"Hello\" and \",\" two); a word's "
                        "label is read at its first token")
+        p.add_argument("--crf", type=Path, default=None, metavar="FILE",
+                       help="the tagger's CRF scores: JSON {\"transitions\": [[...]] "
+                       "(previous tag, next tag), \"start\": [...], \"end\": [...]} or a "
+                       ".npy of (tags + 2, tags) rows (transitions, start, end). The graph's "
+                       "output is then the emission scores, kept as they are; the server "
+                       "decodes with Viterbi")
     _common(p)
 
 
@@ -256,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
                    target_tokenizer=args.target_tokenizer,
                    max_decode_length=args.max_decode_length, **common)
     else:
-        words = {"words": args.words} if args.task == "tagger" else {}
+        words = {"words": args.words, "crf": args.crf} if args.task == "tagger" else {}
         pack_files(args.task, onnx=args.onnx, torchscript=args.torchscript,
                    tokenizer=args.tokenizer, labels=args.labels,
                    input_names=args.input_names, output_names=args.output_names, **common,

@@ -44,12 +44,15 @@ class TaskSpec:
     `--instances` copies)."""
     streams: bool = False
     """Answers may stream token by token (SSE, OIP generate_stream, gRPC decoupled)."""
+    crf: bool = False
+    """A bundle may carry a CRF over its per-token scores (the manifest's `crf`): its rows
+    are then decoded with Viterbi (export/crf.py), not label by label."""
 
 
 TASK_SPECS: dict[str, TaskSpec] = {spec.task: spec for spec in (
     TaskSpec("classifier", "rows", ("classifier",)),
     TaskSpec("translator", "decode", ("encoder", "decoder_step"), shared_instance=True),
-    TaskSpec("tagger", "rows", ("tagger",)),
+    TaskSpec("tagger", "rows", ("tagger",), crf=True),
     TaskSpec("lm", "lm", ("prefill", "lm_step"), shared_instance=True, streams=True),
     TaskSpec("sequence-classifier", "series", ("sequence_classifier",), features=True),
     TaskSpec("sequence-tagger", "series", ("sequence_tagger",), features=True),
@@ -67,6 +70,10 @@ def task_spec(task: str) -> TaskSpec:
         raise LookupError(f"task {task!r} is not one of {TASKS}")
     return spec
 
+
+CRF_UNITS = ("tokens",)
+"""What a tagger's CRF decodes over (the manifest's `crf.unit`): "tokens", every token the
+tagger graph scores, in order."""
 
 DECODERS = ("none", "bahdanau", "luong")
 """Translator decoders (models/nn/decoders.py); a translator manifest without one is luong."""
@@ -389,7 +396,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["schema_version", "task", "name", "version", "graphs", "files"],
     "properties": {
-        "schema_version": {"enum": [1, 2, 3]},
+        "schema_version": {"enum": [1, 2, 3, 4]},
         "task": {"enum": list(TASKS)},
         "name": {"type": "string", "minLength": 1},
         "version": {"type": "integer", "minimum": 1},
@@ -427,6 +434,8 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "decoder": {"enum": ["none", "bahdanau", "luong"]},
         "attention": {"type": "boolean"},
         "words": {"enum": ["whitespace", "tokenizer"]},
+        "crf": {"type": "object", "required": ["file", "unit"],
+                "properties": {"file": {"type": "string"}, "unit": {"enum": list(CRF_UNITS)}}},
         "manifest_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     },
 }

@@ -7,9 +7,10 @@ Torch-free on purpose: the server imports this module (stdlib, numpy-free even, 
                                   tokenizer.model | tokenizer.json [+ target tokenizer]
                                   GRAPH.onnx [, GRAPH.pt]
 
-Schema version 2 (this module writes it) adds the tokenizer's `kind`, a translator's
-optional `target_tokenizer`, each graph's `tensor_names` and the optional `attention` flag;
-version-1 manifests keep loading (their absent fields mean what they always meant).
+Schema version 2 adds the tokenizer's `kind`, a translator's optional `target_tokenizer`,
+each graph's `tensor_names` and the optional `attention` flag; version 3 optional graph inputs
+and `state_dim`; version 4 (this module writes it) a tagger's optional `crf`. Older manifests
+keep loading (their absent fields mean what they always meant).
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from seqserve.export.contract import (
 )
 from seqserve.models.errors import BundleError
 
-SCHEMA_VERSION = 3
-SUPPORTED_SCHEMAS = (1, 2, 3)
+SCHEMA_VERSION = 4
+SUPPORTED_SCHEMAS = (1, 2, 3, 4)
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 """An optional signature over manifest.json (`seqserve.export.signing`): not listed in it."""
@@ -58,6 +59,15 @@ class TokenizerSpec:
     eos_id: int = 3  # End-of-sequence id (decoder stop token).
     # "sentencepiece" (.model) or "tokenizers" (Hugging Face tokenizer.json).
     kind: str = "sentencepiece"
+
+
+@dataclass(frozen=True)
+class CrfSpec:
+    """A tagger's CRF (schema 4): its scores' file (export/crf.py) and unit; the graph's
+    `log_probs` then hold emission scores, not normalised, decoded with Viterbi."""
+
+    file: str = "crf.npy"  # File name inside the bundle.
+    unit: str = "tokens"  # What it decodes over: every token the graph scores, in order.
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,8 @@ class Manifest:
     characters) or "tokenizer" (the words of a tokenizer.json's own pre-tokenizer: a BERT
     pre-tokenizer makes "Hello," two words); None (older bundles, seqserve's own taggers):
     whitespace."""
+    crf: CrfSpec | None = None
+    """Taggers with a CRF layer (schema 4); None: each token's best label on its own."""
 
     @property
     def spec(self) -> TaskSpec:
@@ -198,6 +210,8 @@ class Manifest:
             d["source"] = self.source
         if self.words is not None:
             d["words"] = self.words
+        if self.crf is not None:
+            d["crf"] = asdict(self.crf)
         if self.task == "lm" and self.state_dim is not None:
             d["state_dim"] = self.state_dim
         if not self.has_tokenizer:
@@ -245,6 +259,7 @@ class Manifest:
                 output_scale=_stats(d.get("output_scale")),
                 state_dim=None if d.get("state_dim") is None else int(d["state_dim"]),
                 words=None if d.get("words") is None else str(d["words"]),
+                crf=None if d.get("crf") is None else CrfSpec(**d["crf"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc
@@ -350,6 +365,8 @@ def _referenced_files(manifest: Manifest) -> list[str]:
         names.append(manifest.target_tokenizer.file)
     for g in manifest.graphs.values():
         names += [f for f in (g.onnx, g.torchscript) if f is not None]
+    if manifest.crf is not None:
+        names.append(manifest.crf.file)
     return names
 
 
@@ -473,6 +490,8 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
         raise BundleError(f"{where}: graphs {extra} are not part of a {manifest.task} bundle")
     if manifest.words is not None and manifest.task != "tagger":
         raise BundleError(f"{where}: words is a tagger's field, not a {manifest.task}'s")
+    if manifest.crf is not None and not manifest.spec.crf:
+        raise BundleError(f"{where}: crf is a tagger's field, not a {manifest.task}'s")
     if manifest.words == "tokenizer" and manifest.tokenizer.kind != "tokenizers":
         raise BundleError(f"{where}: words \"tokenizer\" labels the words of a tokenizer.json's "
                           f"pre-tokenizer; {manifest.tokenizer.file} is a "

@@ -63,6 +63,15 @@ def probe_tokenizers(root: Path, manifest: Manifest) -> None:
                 spec.pad_id, spec.unk_id, spec.bos_id, spec.eos_id)), spec.file)
 
 
+def check_crf(root: Path, manifest: Manifest) -> None:
+    """A tagger's CRF file as the server reads it (`export.crf.load_crf`): one score array
+    that fits the labels, every score finite (BundleError)."""
+    if manifest.crf is not None:
+        from seqserve.export.crf import load_crf
+
+        load_crf(root / manifest.crf.file, len(manifest.labels))
+
+
 def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
                   progress: bool = False, grid: dict[str, Any] | None = None) -> dict[str, Any]:
     """Check a bundle; raise BundleError naming what is wrong, else return a report dict.
@@ -78,6 +87,7 @@ def verify_bundle(bundle_dir: str | os.PathLike[str], parity: bool = True,
     manifest = load_bundle(root, verify=True, require_checksum=True)  # schema + declared
     check_graph_files(root, manifest)
     probe_tokenizers(root, manifest)
+    check_crf(root, manifest)
     report: dict[str, Any] = {"bundle": str(root), "name": manifest.name,
                               "version": manifest.version, "task": manifest.task,
                               "files": sorted(manifest.files), "hashes": "ok", "parity": None}

@@ -60,7 +60,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert m.formats == ["onnx", "torchscript"]
     assert m.graphs["classifier"].inputs[0].shape == ("batch", "seq")
     raw = json.loads((bundle / "manifest.json").read_text())
-    assert raw["schema_version"] == 3 and raw["graphs"]["classifier"]["onnx"] == "classifier.onnx"
+    assert raw["schema_version"] == 4 and raw["graphs"]["classifier"]["onnx"] == "classifier.onnx"
 
 
 def test_sha256_file(tmp_path: Path) -> None:

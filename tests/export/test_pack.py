@@ -167,7 +167,7 @@ def test_packed_classifiers_serve_the_eager_answers(packed: dict[str, object],
             assert r.status_code == 400 and "attention" in r.json()["error"]
         manifest = json.loads((packed["repo"] / "names-cli" / "1" / "manifest.json")  # type: ignore[operator]
                               .read_text())
-        assert manifest["schema_version"] == 3
+        assert manifest["schema_version"] == 4
         assert manifest["graphs"]["classifier"]["tensor_names"] == {
             "input_ids": "tokens", "lengths": "n", "logits": "scores"}
     assert main(["verify", str(packed["repo"] / "names-cli" / "1")]) == 0  # type: ignore[operator]

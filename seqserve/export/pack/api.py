@@ -26,6 +26,7 @@ from seqserve.export.contract import SPECS, GraphSpec, expected_spec
 from seqserve.export.formats import DEFAULT_OPSET
 from seqserve.export.pack.bundle import (
     PackedGraph,
+    check_crf_labels,
     pack_bundle,
     pack_series_bundle,
     parse_labels,
@@ -99,10 +100,12 @@ def _probes(example: tuple[Tensor, ...]) -> tuple[tuple[Tensor, ...], ...]:
 
 
 def _run_common(task: str, graphs: dict[str, PackedGraph], tokenizer: PathLike,
-                repo: PathLike, name: str, **kw: Any) -> Path:
+                repo: PathLike, name: str, source: dict[str, Any] | None = None,
+                **kw: Any) -> Path:
     return pack_bundle(task, graphs, tokenizer, repo, name,
                        source={"packed_by": "seqserve.pack", "task": task,
-                               "module": kw.pop("module_name")}, opset=kw.pop("opset"), **kw)
+                               "module": kw.pop("module_name"), **(source or {})},
+                       opset=kw.pop("opset"), **kw)
 
 
 def classifier(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, name: str,
@@ -133,20 +136,43 @@ def classifier(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLi
 def tagger(module: nn.Module, tokenizer: PathLike, labels: Any, repo: PathLike, name: str,
            version: int | None = None, torchscript: bool = True, max_tokens: int = 128,
            specials: dict[str, Any] | None = None, opset: int = DEFAULT_OPSET,
-           progress: bool = True, words: str = "whitespace") -> Path:
+           progress: bool = True, words: str = "whitespace",
+           emissions: Callable[..., Any] | None = None, crf: Any = None) -> Path:
     """Pack a tagger `module(ids (B, T), lengths (B,))` -> logits (B, T, C) (log-probs work
     too: log-softmax is appended either way). `words`: the unit that gets one label,
-    "whitespace" words or the "tokenizer"'s own pre-tokenized words (a tokenizer.json)."""
+    "whitespace" words or the "tokenizer"'s own pre-tokenized words (a tokenizer.json).
+
+    A CRF tagger (`crf_layer`: the PyTorch tutorial's BiLSTM_CRF with its START / STOP
+    `transitions`, or a torchcrf-style layer with `start_transitions` / `end_transitions`)
+    is found in the module's parameters (`crf=`: scores given instead, a mapping, a .json
+    or .npy file, or a module holding them; False: leave the CRF out): its emission scores
+    are exported as the graph (from `emissions=`, a callable (ids, lengths) -> (B, T, tags),
+    or the module's forward; the tutorial's one-sentence `_get_lstm_features` is batched by
+    pack), its scores kept in the bundle and the server decodes with Viterbi, checked here
+    against the module's own decoding. `labels` then name the CRF's tags (the tutorial's
+    without START and STOP, in index order)."""
+    from seqserve.export.pack.crf_layer import tagger_parts
+
     vocab = special_ids(tokenizer, specials).vocab_size
     ids, lengths = example_ids(vocab)
-    wrap = TaggerWrap(module.eval()).eval()
+    module.eval()
+    source, found, checked = tagger_parts(module, crf, emissions, ids, lengths)
+    names = parse_labels(labels)
+    extra: dict[str, Any] = {}
+    if found is not None:
+        check_crf_labels(found.crf, names)
+        say(progress, f"CRF over {found.crf.labels} tags read from {found.where}"
+            + (f"; the module's own decoding agrees on {checked} example sentences"
+               if checked else "; the module has no decoding pack knows to compare with"))
+        extra = {"crf": found.where, "crf_checked_sentences": checked}
+    wrap = TaggerWrap(source, normalize=found is None).eval()
     onnx_model, traced = _export(wrap, (ids, lengths), SPECS["tagger"], opset,
                                  probes=_probes((ids, lengths)), progress=progress)
     graph = PackedGraph(["log_probs"], onnx_model, traced if torchscript else None, eager=wrap)
     return _run_common("tagger", {"tagger": graph}, tokenizer, repo, name, version=version,
-                       labels=parse_labels(labels), specials=specials, max_tokens=max_tokens,
+                       labels=names, specials=specials, max_tokens=max_tokens,
                        progress=progress, opset=opset, module_name=type(module).__name__,
-                       words=words)
+                       words=words, crf=None if found is None else found.crf, source=extra)
 
 
 def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] | None = None,

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 
 from seqserve.export.contract import GRAPHS_BY_TASK, GraphSpec, expected_spec
-from seqserve.export.manifest import Manifest, TokenizerSpec
+from seqserve.export.crf import CRF, CRF_FILE, save_crf
+from seqserve.export.manifest import CrfSpec, Manifest, TokenizerSpec
 from seqserve.export.pack.exporters import relax_data_dims
 from seqserve.export.pack.user_names import UserNames
 from seqserve.export.parity import ParityGrid, check_parity
 from seqserve.export.runners import Runner, bundle_runners, torch_threads
-from seqserve.export.verify import check_graph_files, probe_tokenizers, series_grid
+from seqserve.export.verify import check_crf, check_graph_files, probe_tokenizers, series_grid
 from seqserve.export.writer import Build, check_args, say, write_bundle
 from seqserve.models.errors import BundleError, UserError
 from seqserve.models.text.tokenizer_files import special_ids, tokenizer_kind
@@ -67,10 +68,12 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                 source: dict[str, Any] | None = None, opset: int | None = None,
                 progress: bool = True, grid: dict[str, Any] | None = None,
                 attention: bool | None = None, words: str | None = None,
-                state_dim: int | None = None) -> Path:
+                state_dim: int | None = None, crf: CRF | None = None) -> Path:
     """Write `repo/name/version` from packed graphs and return its path (see module doc).
     `attention` False: a translator whose step has no attention (its graph returns zeros).
-    `words` (taggers): "whitespace" (None: the same) or "tokenizer" (`Manifest.words`)."""
+    `words` (taggers): "whitespace" (None: the same) or "tokenizer" (`Manifest.words`).
+    `crf` (taggers): its scores, kept as `crf.npy`; the tagger graph then gives emission
+    scores, decoded with Viterbi (`Manifest.crf`)."""
 
     check_args(name, version, ["onnx"])
     missing = [g for g in GRAPHS_BY_TASK[task] if g not in graphs]
@@ -86,6 +89,9 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
         raise UserError(f"words {words!r}: give whitespace or tokenizer")
     if words is not None and task != "tagger":
         raise UserError(f"--words is a tagger's option, not a {task}'s")
+    if crf is not None and task != "tagger":
+        raise UserError(f"--crf is a tagger's option, not a {task}'s")
+    check_crf_labels(crf, labels)
     if words == "tokenizer" and tokenizer_kind(tokenizer) != "tokenizers":
         raise UserError(f"--words tokenizer labels the words of a tokenizer.json's "
                         f"pre-tokenizer; {Path(tokenizer).name} is a SentencePiece model, "
@@ -101,12 +107,15 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                       _tokenizer(tmp, Path(target_tokenizer), "target_tokenizer",
                                  target_specials))
         _check_bos_eos(task, tok, target_tok)
+        if crf is not None:
+            save_crf(tmp / CRF_FILE, crf)
         return Manifest(task=task, name=name, version=version, tokenizer=tok,
                         target_tokenizer=target_tok, labels=labels, limits=limits,
                         graphs=_write_graphs(tmp, graphs), opset=_opset(opset, graphs),
                         attention=attention, source=_source(source, graphs),
                         words=words if task == "tagger" else None,
-                        state_dim=state_dim if task == "lm" else None)
+                        state_dim=state_dim if task == "lm" else None,
+                        crf=None if crf is None else CrfSpec(CRF_FILE))
 
     return _write(repo, name, version, graphs, build, grid or {}, progress,
                   UserNames.from_source(task, source))
@@ -170,6 +179,7 @@ def _write(repo: str | os.PathLike[str], name: str, version: int | None,
 
     def checked(tmp: Path, manifest: Manifest) -> dict[str, Any]:
         check_graph_files(tmp, manifest)
+        check_crf(tmp, manifest)
         eager = {g: p.eager for g, p in graphs.items() if p.eager is not None}
         runners = bundle_runners(tmp, manifest.graphs, eager,
                                  order=("eager", "torchscript", "onnx"))
@@ -229,6 +239,50 @@ def parse_stats(value: Any, what: str, size: int) -> dict[str, list[float]] | No
         raise UserError(f"{what}.std must be > 0 everywhere (a constant feature: give it std "
                         "1)")
     return out
+
+
+def check_crf_labels(crf: CRF | None, labels: list[str]) -> None:
+    """One label per tag of the CRF (UserError)."""
+    if crf is not None and crf.labels != len(labels):
+        raise UserError(f"the CRF scores {crf.labels} tags but {len(labels)} labels were given "
+                        f"({', '.join(labels)}): give one label per tag, in the CRF's order")
+
+
+def parse_crf(value: Any) -> CRF:
+    """A CRF's scores from a mapping {"transitions": (tags, tags) [previous, next],
+    "start": (tags,), "end": (tags,)} (lists, numpy arrays or tensors), a JSON file of one, or
+    a .npy file laid out as a bundle's crf.npy (export/crf.py); UserError naming the flaw."""
+    import json
+
+    if isinstance(value, str | os.PathLike):
+        path = Path(value)
+        if not path.is_file():
+            raise UserError(f"{path}: no such CRF file (a .npy laid out as a bundle's crf.npy, "
+                            "or JSON: {\"transitions\": [[...]], \"start\": [...], \"end\": "
+                            "[...]})")
+        if path.suffix == ".npy":
+            try:
+                array = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise UserError(f"{path}: not a readable .npy array ({exc})") from exc
+            if array.ndim != 2 or array.shape[0] != array.shape[1] + 2:
+                raise UserError(f"{path}: a CRF .npy is (tags + 2, tags): the transitions, then "
+                                f"the start and end rows; got {array.shape}")
+            value = {"transitions": array[:-2], "start": array[-2], "end": array[-1]}
+        else:
+            try:
+                value = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError as exc:
+                raise UserError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(value, dict) or set(value) != {"transitions", "start", "end"}:
+        raise UserError(f"crf must be {{\"transitions\": ..., \"start\": ..., \"end\": ...}}, "
+                        f"got {value!r:.80}")
+    arrays = [v.detach().cpu().numpy() if hasattr(v, "detach") else v
+              for v in (value["transitions"], value["start"], value["end"])]
+    try:
+        return CRF.from_arrays(*arrays)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"crf: {exc}") from exc
 
 
 def pack_series_bundle(task: str, graph: PackedGraph, repo: str | os.PathLike[str], name: str,

@@ -17,6 +17,7 @@ from seqserve.export.pack.bundle import (
     PackedGraph,
     pack_bundle,
     pack_series_bundle,
+    parse_crf,
     parse_labels,
     series_labels,
 )
@@ -179,9 +180,11 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
                specials: dict[str, Any] | None = None,
                target_specials: dict[str, Any] | None = None, max_tokens: int = 128,
                max_decode_length: int = 128, progress: bool = True,
-               words: str = "whitespace") -> Path:
+               words: str = "whitespace", crf: PathLike | None = None) -> Path:
     """Pack files as bundle `repo/name/version` (see module doc and `seqserve pack --help`).
     `words` (taggers): the unit labelled, "whitespace" or "tokenizer" (`Manifest.words`).
+    `crf` (taggers): a file of the tagger's CRF scores (`bundle.parse_crf`): its graph's
+    output is then the emission scores, kept as they are and decoded with Viterbi.
     `specials` name the special tokens of `tokenizer` / `source_tokenizer`, `target_specials`
     those of `target_tokenizer` (a translator with separate vocabularies only)."""
     from seqserve.models.text.tokenizer_files import special_ids
@@ -215,16 +218,20 @@ def pack_files(task: str, *, repo: PathLike, name: str, tokenizer: PathLike | No
                 twin = _trace(ClassifierWrap(ts, len(outs) == 2), example_ids(vocab))
             graph = PackedGraph(from_contract, model, twin, mapping)
         else:
+            scores = None if crf is None else parse_crf(crf)
+            if scores is not None:
+                source["crf"] = str(crf)
             twin = None
             if ts is not None:
                 from seqserve.export.pack.torch_wrap import TaggerWrap, example_ids
 
-                twin = _trace(TaggerWrap(ts), example_ids(vocab))
-            graph = PackedGraph(["log_probs"], compose_tagger(model, ins, outs[0]), twin)
+                twin = _trace(TaggerWrap(ts, normalize=scores is None), example_ids(vocab))
+            graph = PackedGraph(["log_probs"], compose_tagger(model, ins, outs[0],
+                                                              normalize=scores is None), twin)
         return pack_bundle(task, {task: graph}, tokenizer, repo, name,
                            labels=parse_labels(labels or []), specials=specials,
                            source=source, words=words if task == "tagger" else None,
-                           **common)
+                           crf=scores if task == "tagger" else None, **common)
     if task != "translator":
         raise UserError(f"unknown task {task!r}: classifier, tagger or translator")
     src = source_tokenizer or tokenizer

@@ -3,7 +3,8 @@
 The user's graph is inlined unchanged (every name prefixed `user/`), between a few standard
 operators of ours:
 
-- tagger: LogSoftmax over the labels, zeros past each row's length;
+- tagger: LogSoftmax over the labels (a CRF tagger's emission scores: none), zeros past each
+  row's length;
 - encoder: src_mask from the lengths, memory zeroed past each row's length, the state tensors
   (each (layers, batch, hidden) or (batch, hidden)) flattened into one (batch, state_dim);
 - decoder step: memory rows gathered by `memory_index`, the flat state split back into the
@@ -220,14 +221,16 @@ def _cast_to(b: _Builder, src: str, value: Any, target: str) -> None:
     b.one("Cast", [src], target, to=elem)
 
 
-def compose_tagger(user: Any, inputs: list[str], output: str) -> Any:
-    """Tagger: user (ids, lengths) -> logits (B, T, C) becomes the contract's log_probs."""
+def compose_tagger(user: Any, inputs: list[str], output: str, normalize: bool = True) -> Any:
+    """Tagger: user (ids, lengths) -> logits (B, T, C) becomes the contract's log_probs (with
+    `normalize` False, a CRF tagger's emission scores: as they are, cast to float)."""
     b = _Builder(user)
     ins = {v.name: v for v in user_inputs(user)}
     _cast_to(b, "input_ids", ins[inputs[0]], PREFIX + inputs[0])
     _cast_to(b, "lengths", ins[inputs[1]], PREFIX + inputs[1])
     b.split_pre()
-    lp = b.one("LogSoftmax", [PREFIX + output], axis=-1)
+    lp = (b.one("LogSoftmax", [PREFIX + output], axis=-1) if normalize else
+          b.one("Cast", [PREFIX + output], to=F32))
     mask = b.one("Unsqueeze", [b.length_mask("input_ids", "lengths"), b.const("ax", [2])])
     b.one("Where", [mask, lp, b.const("zero", [0.0], "float32")], "log_probs")
     return b.model([_vi("input_ids", I64, ["batch", "seq"]), _vi("lengths", I64, ["batch"])],

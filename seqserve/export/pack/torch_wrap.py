@@ -4,7 +4,8 @@ The same wrapping as `onnx_compose`, written as modules so that they can be expo
 (ONNX with dynamic axes, TorchScript by tracing) and run eagerly as the reference:
 
 - `ClassifierWrap`: forward(ids, lengths) -> logits, or (logits, attention);
-- `TaggerWrap`: forward(ids, lengths) -> logits (B, T, C) -> log_probs, zeros past length;
+- `TaggerWrap`: forward(ids, lengths) -> logits (B, T, C) -> log_probs (a CRF tagger's
+  emission scores as they are), zeros past length;
 - `EncoderWrap`: encode(ids, lengths) -> (memory, state...) -> memory zeroed past length,
   src_mask, the state tensors flattened into one (B, state_dim);
 - `StepWrap`: step(prev_ids, state..., memory rows, mask rows) -> (logits, new state...,
@@ -81,15 +82,18 @@ class ClassifierWrap(nn.Module):
 
 
 class TaggerWrap(nn.Module):
-    """(ids, lengths) -> (log_probs,) with zeros past each row's length."""
+    """(ids, lengths) -> (log_probs,) with zeros past each row's length; with `normalize`
+    False (a CRF tagger's emission scores, which the CRF takes as they are) the scores
+    unchanged."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, normalize: bool = True) -> None:
         super().__init__()
         self.module = module
+        self.normalize = normalize
 
     def forward(self, input_ids: Tensor, lengths: Tensor) -> tuple[Tensor]:
         logits = _first(self.module(input_ids, lengths)).float()
-        lp = F.log_softmax(logits, dim=-1)
+        lp = F.log_softmax(logits, dim=-1) if self.normalize else logits
         mask = length_mask(lengths, input_ids.shape[1]).unsqueeze(-1)
         return (torch.where(mask, lp, torch.zeros_like(lp)),)
 

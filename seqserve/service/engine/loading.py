@@ -82,4 +82,4 @@ def build_served(name: str, path: Path, options: EngineOptions,
     instances = 1 if manifest.spec.shared_instance else max(1, options.instances)
     runtimes = [factory(options.runtime, path, manifest) for _ in range(instances)]
     config = options.model_config(max_tokens_of(manifest, options.max_tokens))
-    return manifest, build_model(name, runtimes, manifest, config, observer)
+    return manifest, build_model(name, runtimes, manifest, config, observer, path)

@@ -1,7 +1,8 @@
 """One served model on the scheduling side: its runtime behind a batcher or a decode scheduler.
 
-`build_model(task, runtime, manifest, config, observer)` gives a `BatchedModel` (classifier,
-tagger, feature sequences: rows through the dynamic batcher), a `DecodedModel` (translator:
+`build_model(task, runtime, manifest, config, observer, bundle)` gives a `BatchedModel`
+(classifier, tagger, feature sequences: rows through the dynamic batcher; a tagger with a CRF
+decodes each batch with Viterbi, `export.crf`), a `DecodedModel` (translator:
 the decode loop) or an `LMModel` (scheduling/lm.py). Each has `start()` (warm up, then
 serve), `stop(timeout)` (drain) and its typed calls (`submit(...)` returns one future per row
 or source). Workers hold such a model and nothing else of this layer, so the same workers
@@ -15,12 +16,14 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from seqserve.export.contract import GRAPHS_BY_TASK, task_spec
-from seqserve.export.manifest import Manifest
+from seqserve.export.crf import CRF, load_crf, marginals, viterbi
+from seqserve.export.manifest import BundleError, Manifest
 from seqserve.service.core.errors import BadRequest, ShuttingDown
 from seqserve.service.runtimes.base import Runtime
 from seqserve.service.scheduling.base import Observer, Timed, pad_rows
@@ -71,11 +74,21 @@ class DecodeModel(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-def classifier_rows(runtime: Runtime, pad_id: int) -> RowCompute:
+@dataclass(frozen=True)
+class RowSetup:
+    """What a row task's compute reads of its bundle besides its runtime."""
+
+    pad_id: int
+    """The id rows are right-padded with."""
+    crf: CRF | None = None
+    """A tagger's CRF (the manifest's `crf`): its rows are decoded with Viterbi."""
+
+
+def classifier_rows(runtime: Runtime, setup: RowSetup) -> RowCompute:
     """Rows -> (logits (C,), attention (L,)) per row, through the `classifier` graph."""
 
     def compute(rows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        ids, lengths = pad_rows(rows, pad_id)  # (B, T), (B,)
+        ids, lengths = pad_rows(rows, setup.pad_id)  # (B, T), (B,)
         out = runtime.run("classifier", {"input_ids": ids, "lengths": lengths})
         logits = out["logits"]  # (B, C)
         attention = out.get("attention")  # (B, T); optional in the bundle format
@@ -86,15 +99,45 @@ def classifier_rows(runtime: Runtime, pad_id: int) -> RowCompute:
     return compute
 
 
-def tagger_rows(runtime: Runtime, pad_id: int) -> RowCompute:
-    """Rows -> (best label (L,), its probability (L,)) per row, through the `tagger` graph."""
+TagDecode = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]
+"""A tagger graph's scores (B, T, C) and lengths (B,) -> each position's label (B, T), that
+label's probability (B, T) and each row's score (B,)."""
 
-    def compute(rows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray]]:
-        ids, lengths = pad_rows(rows, pad_id)  # (B, T), (B,)
-        log_probs = runtime.run("tagger", {"input_ids": ids, "lengths": lengths})["log_probs"]
-        best = log_probs.argmax(-1)  # (B, T)
-        prob = np.exp(np.take_along_axis(log_probs, best[..., None], -1)[..., 0])  # (B, T)
-        return [(best[i, : lengths[i]], prob[i, : lengths[i]]) for i in range(len(rows))]
+
+def best_labels(log_probs: np.ndarray, lengths: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each position's most probable label on its own; a row's score is the log-probability
+    of its labelling (the sum of its labels' log-probs)."""
+    best = log_probs.argmax(-1)  # (B, T)
+    chosen = np.take_along_axis(log_probs, best[..., None], -1)[..., 0]  # (B, T)
+    valid = np.arange(log_probs.shape[1])[None, :] < lengths[:, None]  # (B, T)
+    return best, np.exp(chosen), np.where(valid, chosen, 0.0).sum(-1, dtype=np.float32)
+
+
+def crf_labels(crf: CRF) -> TagDecode:
+    """The CRF's best labelling of each row (Viterbi) with its score, each label's
+    probability its marginal under the CRF (`export.crf`)."""
+
+    def decode(emissions: np.ndarray, lengths: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        path, score = viterbi(emissions, lengths, crf)  # (B, T), (B,)
+        probs = marginals(emissions, lengths, crf)  # (B, T, C)
+        return path, np.take_along_axis(probs, path[..., None], -1)[..., 0], score
+
+    return decode
+
+
+def tagger_rows(runtime: Runtime, setup: RowSetup) -> RowCompute:
+    """Rows -> (label (L,), its probability (L,), the row's score (1,)) per row, through the
+    `tagger` graph: each token's best label, or with a CRF the best labelling (`crf_labels`)."""
+    decode = best_labels if setup.crf is None else crf_labels(setup.crf)
+
+    def compute(rows: list[list[int]]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        ids, lengths = pad_rows(rows, setup.pad_id)  # (B, T), (B,)
+        scores = runtime.run("tagger", {"input_ids": ids, "lengths": lengths})["log_probs"]
+        best, prob, score = decode(scores, lengths)
+        return [(best[i, : lengths[i]], prob[i, : lengths[i]], score[i : i + 1])
+                for i in range(len(rows))]
 
     return compute
 
@@ -163,7 +206,7 @@ def series_rows(runtime: Runtime, manifest: Manifest) -> SeriesCompute:
     return compute
 
 
-ROW_TASKS: dict[str, Callable[[Runtime, int], RowCompute]] = {
+ROW_TASKS: dict[str, Callable[[Runtime, RowSetup], RowCompute]] = {
     "classifier": classifier_rows,
     "tagger": tagger_rows,
 }
@@ -354,13 +397,15 @@ def decode_limits(manifest: Manifest) -> DecodeLimits:
 
 
 def build_model(name: str, runtimes: Runtime | Sequence[Runtime], manifest: Manifest,
-                config: ModelConfig, observer: Observer | None = None) -> ServedModel:
+                config: ModelConfig, observer: Observer | None = None,
+                bundle: Path | None = None) -> ServedModel:
     """The scheduled model of `manifest.task` over its runtime instances (the task table's
     family picks the scheduler: `BUILDERS`; decode and LM models use the first instance);
-    LookupError for a task no scheduler serves."""
+    `bundle`: its folder, for the files a scheduler reads besides the graphs (a tagger's
+    CRF). LookupError for a task no scheduler serves."""
     instances = [runtimes] if not isinstance(runtimes, Sequence) else list(runtimes)
     return BUILDERS[task_spec(manifest.task).family](name, instances, manifest, config,
-                                                     observer)
+                                                     observer, bundle)
 
 
 def _ids(manifest: Manifest) -> tuple[int, int]:
@@ -370,16 +415,29 @@ def _ids(manifest: Manifest) -> tuple[int, int]:
     return pad_id, tok.unk_id if tok.unk_id >= 0 else pad_id
 
 
+def bundle_crf(manifest: Manifest, bundle: Path | None) -> CRF | None:
+    """The CRF a tagger bundle carries (None without one), read and checked against its
+    labels (BundleError)."""
+    if manifest.crf is None:
+        return None
+    if bundle is None:
+        raise BundleError(f"{manifest.name} {manifest.version}: its CRF ({manifest.crf.file}) "
+                          "is read from the bundle's folder, which was not given")
+    return load_crf(bundle / manifest.crf.file, len(manifest.labels))
+
+
 def _rows_model(name: str, instances: list[Runtime], manifest: Manifest, config: ModelConfig,
-                observer: Observer | None) -> ServedModel:
+                observer: Observer | None, bundle: Path | None) -> ServedModel:
     pad_id, unk_id = _ids(manifest)
+    setup = RowSetup(pad_id, bundle_crf(manifest, bundle))
     rows = ROW_TASKS[manifest.task]
-    return BatchedModel(name, instances, [rows(rt, pad_id) for rt in instances], unk_id,
+    return BatchedModel(name, instances, [rows(rt, setup) for rt in instances], unk_id,
                         config, observer)
 
 
 def _series_model(name: str, instances: list[Runtime], manifest: Manifest,
-                  config: ModelConfig, observer: Observer | None) -> ServedModel:
+                  config: ModelConfig, observer: Observer | None,
+                  bundle: Path | None) -> ServedModel:
     dim = int(manifest.features or 1)
     model = BatchedModel(name, instances, [series_rows(rt, manifest) for rt in instances], 0,
                          config, observer, warm_row=lambda n: np.zeros((n, dim), np.float32))
@@ -389,19 +447,20 @@ def _series_model(name: str, instances: list[Runtime], manifest: Manifest,
 
 
 def _decode_model(name: str, instances: list[Runtime], manifest: Manifest,
-                  config: ModelConfig, observer: Observer | None) -> ServedModel:
+                  config: ModelConfig, observer: Observer | None,
+                  bundle: Path | None) -> ServedModel:
     pad_id, unk_id = _ids(manifest)
     cfg = dataclasses.replace(config, decode=dataclasses.replace(config.decode, pad_id=pad_id))
     return DecodedModel(instances[0], decode_limits(manifest), unk_id, cfg, observer)
 
 
 def _lm_model(name: str, instances: list[Runtime], manifest: Manifest, config: ModelConfig,
-              observer: Observer | None) -> ServedModel:
+              observer: Observer | None, bundle: Path | None) -> ServedModel:
     return LMModel(instances[0], manifest, config, observer)
 
 
-BUILDERS: dict[str, Callable[[str, list[Runtime], Manifest, ModelConfig, Observer | None],
-                             ServedModel]] = {
+BUILDERS: dict[str, Callable[[str, list[Runtime], Manifest, ModelConfig, Observer | None,
+                              Path | None], ServedModel]] = {
     "rows": _rows_model, "series": _series_model, "decode": _decode_model, "lm": _lm_model,
 }
 """The scheduler of each task family (export.contract.FAMILIES)."""

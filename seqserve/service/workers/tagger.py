@@ -2,7 +2,12 @@
 label is read at its first piece. The word is the bundle's `words` unit (`Manifest.words`):
 a whitespace word (models/text/word_align.py; the default, and every bundle packed before the
 option) or a word of the tokenizer.json's own pre-tokenizer (`JsonTokenizer.words`: a BERT
-pre-tokenizer makes "Hello," two words, "Hello" and ",")."""
+pre-tokenizer makes "Hello," two words, "Hello" and ",").
+
+A tagger with a CRF (`Manifest.crf`) is decoded by the scheduler with Viterbi over each
+text's tokens: its labels are the CRF's best labelling, each label's probability its marginal
+under the CRF; `return_score` adds the best labelling's score (the CRF's: emissions plus
+transitions, start and end; without a CRF the sum of the chosen labels' log-probs)."""
 
 from __future__ import annotations
 
@@ -22,8 +27,9 @@ from seqserve.service.workers.base import (
     encode_texts,
 )
 
-TagRow = tuple[np.ndarray, np.ndarray]
-"""One text's result from the scheduler: best label index (L,) and its probability (L,)."""
+TagRow = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""One text's result from the scheduler: label index (L,), its probability (L,) and the
+labelling's score (1,) (`scheduling.models.tagger_rows`)."""
 
 
 class TaggerWorker:
@@ -35,17 +41,24 @@ class TaggerWorker:
         self.ctx = ctx
         self.labels = list(ctx.manifest.labels)
         self.words = ctx.manifest.words or "whitespace"
+        self.crf = ctx.manifest.crf
 
-    async def tag(self, texts: list[str], call: RequestContext) -> list[dict[str, Any]]:
-        """One tagging per text: its words with label, probability and [start, end)."""
+    async def tag(self, texts: list[str], call: RequestContext,
+                  return_score: bool = False) -> list[dict[str, Any]]:
+        """One tagging per text: its words with label, probability and [start, end) (and,
+        with `return_score`, its labelling's score)."""
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits, offsets=True)
         futures = self.ctx.model.submit([e.ids for e in encoded], call.deadline)
         done: list[Timed[TagRow]] = await call.wait(futures)
-        return [self._tagging(t, e, d.value)
-                for t, e, d in zip(texts, encoded, done, strict=True)]
+        out = [self._tagging(t, e, d.value)
+               for t, e, d in zip(texts, encoded, done, strict=True)]
+        if return_score:
+            for result, d in zip(out, done, strict=True):
+                result["score"] = float(d.value[2][0])
+        return out
 
     def _tagging(self, text: str, e: Encoded, row: TagRow) -> dict[str, Any]:
-        best, prob = row  # (L,), (L,)
+        best, prob = row[0], row[1]  # (L,), (L,)
         tokens = []
         for word in self._words(text, e):
             hit = 0 <= word.piece < len(best)
@@ -65,4 +78,5 @@ class TaggerWorker:
         return align(text, e.pieces or [])
 
     def describe(self) -> dict[str, Any]:
-        return {"labels": self.labels, "words": self.words, **describe_common(self.ctx)}
+        crf = {} if self.crf is None else {"crf": {"unit": self.crf.unit}}
+        return {"labels": self.labels, "words": self.words, **crf, **describe_common(self.ctx)}

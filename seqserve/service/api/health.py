@@ -7,6 +7,7 @@ routes are not listed in the API description.
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -101,6 +102,24 @@ METRICS_RESPONSE: dict[int | str, dict[str, Any]] = {200: {
 @router.get("/metrics", name="metrics", tags=["health"], response_class=PlainTextResponse,
             responses=METRICS_RESPONSE)
 async def metrics(request: Request) -> Response:
-    """Prometheus exposition of this app's registry."""
+    """Prometheus exposition of this app's registry (every process's samples), gzipped when
+    the scraper accepts it (Prometheus does: the text is ~10x smaller)."""
     body, content_type = app_state(request).metrics.exposition()
-    return Response(body, media_type=content_type)
+    headers = {"vary": "Accept-Encoding"}
+    if accepts_gzip(request.headers.get("accept-encoding", "")):
+        body = gzip.compress(body, compresslevel=6)
+        headers["content-encoding"] = "gzip"
+    return Response(body, media_type=content_type, headers=headers)
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding value takes gzip (`gzip` or `*`, not at q=0)."""
+    for item in accept_encoding.lower().split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip() in ("gzip", "*"):
+            q = params.strip().removeprefix("q=")
+            try:
+                return not params.strip() or float(q) > 0
+            except ValueError:
+                return False
+    return False

@@ -13,6 +13,8 @@ over live processes, engine gauges come from the one engine.
 from __future__ import annotations
 
 import os
+import resource
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Sequence
@@ -62,6 +64,44 @@ estimate was right), out to the 0.5 s default `--max-queue-wait-s` and beyond, s
 estimate running high (negative: it would refuse what meets the bound) and one running low
 (positive: it admits what waits past the bound) read apart from the bucket counts."""
 MODEL = ("model",)
+PROCESS_EVERY_S = 5.0
+"""How often each process records its own process metrics (`Metrics.watch_process`)."""
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+def read_process(gauges: dict[str, Any], seen: list[float]) -> None:
+    """Set the process metrics (`Metrics.process`, label-bound; `seen`: the CPU seconds
+    counted so far) from /proc/self: what
+    prometheus-client's own process collector reports, which its multiprocess mode cannot
+    (every process's numbers would be read by the one answering the scrape)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/self/statm", "rb") as f:
+            vms, rss = (int(x) for x in f.read().split()[:2])
+        fds = len(os.listdir("/proc/self/fd"))
+    except OSError:  # no /proc (not Linux): nothing to report
+        return
+    cpu = (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    gauges["cpu"].inc(max(0.0, cpu - seen[0]))  # a counter: what was used since last time
+    seen[0] = max(seen[0], cpu)
+    gauges["start"].set(_boot_time() + int(fields[19]) / TICKS)  # starttime
+    gauges["rss"].set(rss * PAGE)
+    gauges["vms"].set(vms * PAGE)
+    gauges["fds"].set(fds)
+    gauges["max_fds"].set(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
 class Metrics:
@@ -165,6 +205,44 @@ class Metrics:
             "why the one before ended: exit (it died) or hang (it answered nothing for "
             "engine_hang_timeout_s and was killed).", ("reason",))
         self._model_control(histogram, gauge, counter)
+        role = ("role",)  # one series per live process (and its pid, across processes)
+        self.process = {
+            "cpu": counter("process_cpu_seconds", "CPU time (user + system) this process "
+                           "used, in seconds.", ("role", "pid")),
+            "rss": gauge("process_resident_memory_bytes", "Resident memory size, in bytes.",
+                         "liveall", role),
+            "vms": gauge("process_virtual_memory_bytes", "Virtual memory size, in bytes.",
+                         "liveall", role),
+            "fds": gauge("process_open_fds", "Open file descriptors.", "liveall", role),
+            "max_fds": gauge("process_max_fds", "The most file descriptors this process may "
+                             "open.", "liveall", role),
+            "start": gauge("process_start_time_seconds", "Unix time the process started.",
+                           "liveall", role),
+        }
+        self._watching: threading.Event | None = None
+
+    def watch_process(self, role: str, every_s: float = PROCESS_EVERY_S) -> None:
+        """Record this process's CPU, memory, descriptors and start time under `role` (api,
+        engine, supervisor, server) now and every `every_s` seconds from a daemon thread,
+        until `stop_watching` (module doc)."""
+        if self._watching is not None:
+            return
+        stop = self._watching = threading.Event()
+        gauges = {k: g.labels(role=role) for k, g in self.process.items() if k != "cpu"}
+        gauges["cpu"] = self.process["cpu"].labels(role=role, pid=str(os.getpid()))
+        seen = [0.0]
+        read_process(gauges, seen)
+
+        def run() -> None:
+            while not stop.wait(every_s):
+                read_process(gauges, seen)
+
+        threading.Thread(target=run, name="seqserve-process-metrics", daemon=True).start()
+
+    def stop_watching(self) -> None:
+        if self._watching is not None:
+            self._watching.set()
+            self._watching = None
 
     def _model_control(self, histogram: Any, gauge: Any, counter: Any) -> None:
         """Models loaded and unloaded while serving (`engine.control`), and the statistics

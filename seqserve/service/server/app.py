@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,7 +29,7 @@ from seqserve.service.api.hot_path import HotPath
 from seqserve.service.core.answers import Answer, bug_message
 from seqserve.service.core.errors import ServiceError
 from seqserve.service.core.metrics import Metrics
-from seqserve.service.core.process import freeze_heap
+from seqserve.service.core.process import SUPERVISOR_ENV, freeze_heap
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.loading import RuntimeFactory
 from seqserve.service.server.composition import Composition
@@ -60,6 +61,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        metrics.watch_process("api" if os.environ.get(SUPERVISOR_ENV) else "server")
         await composition.start()
         await composition.start_control()
         state.control = composition.control
@@ -71,6 +73,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         yield
         state.begin_drain()
         drained = await composition.stop(state.drain_left())
+        metrics.stop_watching()
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
     app = SeqserveApp(

@@ -263,6 +263,7 @@ class Supervisor:
             self.api = [self._start_api(i) for i in range(int(s.api_workers))]
             # this process's own metrics (the model control's) beside its children's
             self.metrics = shared_metrics(str(self.metrics_dir))
+            self.metrics.watch_process("supervisor")
             self.control.start(self.metrics)
             return self._watch()
         finally:

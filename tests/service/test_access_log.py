@@ -53,6 +53,32 @@ def test_one_line_per_request_with_its_id(tiny_repo: Path,
     assert third["route"] == "/v2/health/ready" and third["model"] == ""
 
 
+def test_trace_context_is_continued_answered_and_logged(
+        tiny_repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """W3C trace context: a valid `traceparent` is continued (same trace, a new span of this
+    server's, the same flags), a missing or invalid one starts a new unsampled trace; the
+    answer's `traceparent` names the span and the access line the trace id."""
+    caplog.set_level(logging.INFO, logger="seqserve.access")
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    parent = f"00-{trace}-00f067aa0ba902b7-01"
+    with serve_app(create_app(settings(tiny_repo))) as url, \
+            httpx.Client(base_url=url, timeout=30) as client:
+        continued = client.post(URL, json={"texts": ["one"]}, headers={"traceparent": parent})
+        fresh = client.post(URL, json={"texts": ["one"]})
+        zeros = client.get("/v2/health/live", headers={
+            "traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"})
+        refused = client.post(URL, json={"texts": 5}, headers={"traceparent": parent})
+    shape = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+    got = [shape.fullmatch(r.headers["traceparent"]) for r in (continued, fresh, zeros, refused)]
+    assert all(got), [r.headers.get("traceparent") for r in (continued, fresh, zeros, refused)]
+    first, second, third, fourth = (m.groups() for m in got if m)
+    assert first[0] == trace and first[1] != "00f067aa0ba902b7" and first[2] == "01"
+    assert second[0] != trace and second[2] == "00" and third[0] != "0" * 32
+    assert fourth[0] == trace and refused.status_code == 422 and fourth[1] != first[1]
+    lines = [r.fields for r in _access(caplog)]  # type: ignore[attr-defined]
+    assert [f["trace_id"] for f in lines] == [first[0], second[0], third[0], fourth[0]]
+
+
 def test_a_server_bug_logs_one_short_traceback(tiny_repo: Path, caplog: pytest.LogCaptureFixture,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     async def broken(self: Any, *args: Any, **kwargs: Any) -> Any:

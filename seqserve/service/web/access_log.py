@@ -16,6 +16,10 @@ lifecycle (`web.middleware.HttpLifecycle`) applies them to every request:
   uvicorn's own copy of the same traceback ("Exception in ASGI application") is filtered out.
   One that escapes before any answer went out is answered by the lifecycle: the one error
   answer, a JSON 500 with the request id, not uvicorn's plain-text one;
+- W3C trace context: a request's `traceparent` (version 00, a trace id and parent span id not
+  all zeros) is continued, else a new trace is started (not sampled); the answer carries a
+  `traceparent` naming this server's span of that trace (`Trace`), and the access line the
+  trace id (`trace_id`), so a request is found in the log from any tracer's view of it;
 - every 503 carries `Retry-After` (`with_retry_after`): one whose code set none (a version
   loading or failed, the readiness routes, a drain) gets `retry_after_s`, added where every
   answer passes.
@@ -49,6 +53,46 @@ def request_id(scope: Scope) -> str:
                 return value.decode("ascii")
             break
     return new_id()
+
+
+TRACEPARENT = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+"""W3C trace context's `traceparent` header, version 00 (lower-case hex)."""
+
+
+class Trace:
+    """One request's place in a W3C trace: the trace it belongs to and this server's span
+    (module doc)."""
+
+    __slots__ = ("trace_id", "span_id", "flags")
+
+    def __init__(self, value: bytes | str | None) -> None:
+        raw = value.encode("latin-1") if isinstance(value, str) else value
+        found = TRACEPARENT.fullmatch(raw.strip()) if raw else None
+        if found is not None and found[1] != b"0" * 32 and found[2] != b"0" * 16:
+            self.trace_id, self.flags = found[1].decode(), found[3].decode()
+        else:  # none, or not one we can continue: a new trace, not sampled
+            self.trace_id, self.flags = f"{random.getrandbits(128) or 1:032x}", "00"
+        self.span_id = f"{random.getrandbits(64) or 1:016x}"
+
+    @property
+    def traceparent(self) -> str:
+        """The answer's `traceparent`: this server's span as the parent of what follows."""
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+
+def trace_of(scope: Scope) -> Trace:
+    """The request's trace (its `traceparent` header, else a new one), made once per
+    request and kept in the scope's state."""
+    state = scope.setdefault("state", {})
+    trace = state.get("trace")
+    if trace is None:
+        value = None
+        for name, header in scope.get("headers", ()):
+            if name == b"traceparent":
+                value = header
+                break
+        trace = state["trace"] = Trace(value)
+    return trace  # type: ignore[no-any-return]
 
 
 UUID4_CLEAR = ~((0xF << 76) | (0x3 << 62))
@@ -184,5 +228,6 @@ def access_fields(scope: Scope, rid: str, status: int, seconds: float) -> dict[s
         "compute_ms": round(call.compute_s * 1000, 3) if call else 0.0,
         "total_ms": round(seconds * 1000, 3),
         "request_id": rid,
+        "trace_id": trace_of(scope).trace_id,
         "client": f"{client[0]}:{client[1]}" if client else "",
     }

@@ -27,7 +27,8 @@ of every route: what every request passes, in this order, whatever route answers
   read once, kept in the scope (`BODY`) and replayed; later `receive()` calls reach the
   server (so a handler can still see `http.disconnect`);
 - every answer leaves with its `Server-Timing` (queue, compute, total in ms), the CORS
-  headers, Retry-After on a 503 that has none, the request id, and, while the server drains
+  headers, Retry-After on a 503 that has none, the request id, its `traceparent` (W3C trace
+  context: `web.access_log.Trace`), and, while the server drains
   (the shutdown delay after SIGTERM: new work is served as usual), `Connection: close`
   (keep-alive clients move on to the endpoints that stay; the load balancer still routes
   some traffic here meanwhile); it is counted in the request metrics before the client can
@@ -53,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.service.core.answers import Answer, Headers, bug_message
-from seqserve.service.web.access_log import AccessLog, request_id, with_retry_after
+from seqserve.service.web.access_log import AccessLog, request_id, trace_of, with_retry_after
 from seqserve.service.web.auth import Keys
 from seqserve.service.web.cors import Cors
 from seqserve.service.web.http_protocol import RECEIVED
@@ -73,6 +74,9 @@ HEAD = "seqserve.head"
 """The scope key of the head's decision (`HttpLifecycle._head`) when `answer_head` made it and
 left the answer to the full path."""
 REQUEST_ID = b"x-request-id"
+TRACEPARENT = b"traceparent"
+OWN = frozenset({b"server-timing", REQUEST_ID, TRACEPARENT})
+"""The answer's headers the lifecycle writes itself (`_finish`), whatever the route set."""
 
 
 BODY = "seqserve.body"
@@ -179,7 +183,8 @@ class HttpLifecycle:
         self.app = app
         self.state = state
         s = state.settings
-        self.cors = Cors(s.cors_origins) if s.cors_origins else None
+        self.cors = Cors(s.cors_origins, s.cors_headers, s.cors_expose_headers) \
+            if s.cors_origins else None
         self.keys = keys
         self.log = AccessLog(enabled=s.access_log)
         self.inner_head: Callable[[Scope], Answer | None] | None = getattr(app, "head", None)
@@ -295,8 +300,9 @@ class HttpLifecycle:
     def _finish(self, scope: Scope, rid: str, status: int, headers: Headers, start: float,
                 origin: bytes | None) -> list[tuple[bytes, bytes]]:
         """An answer's headers as they leave: its Server-Timing, `Connection: close` while
-        draining, the CORS headers (`origin`), a 503's Retry-After, the request id."""
-        out = [h for h in headers if h[0] != b"server-timing" and h[0] != REQUEST_ID]
+        draining, the CORS headers (`origin`), a 503's Retry-After, the request id and the
+        trace context (`web.access_log.Trace`)."""
+        out = [h for h in headers if h[0] not in OWN]
         out.append((b"server-timing", _timing(scope, start)))
         if self.state.draining and not any(h[0] == b"connection" for h in out):
             out.append((b"connection", b"close"))  # no reuse of a closing server
@@ -306,6 +312,7 @@ class HttpLifecycle:
             out = [*(h for h in out if h[0] not in names), *extra]
         out = with_retry_after(status, out, self.state.settings.retry_after_s)
         out.append((REQUEST_ID, rid.encode()))
+        out.append((TRACEPARENT, trace_of(scope).traceparent.encode()))
         return out
 
     @property

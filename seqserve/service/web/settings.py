@@ -269,12 +269,20 @@ class Settings(BaseSettings):
     (`https://app.example.com,http://localhost:3000`) or `*` for any; empty = off (no CORS
     headers; browsers refuse cross-origin calls). Preflights are answered without an API key;
     Authorization and Content-Type may be sent."""
+    cors_headers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """With cors_origins: more request headers pages may send (comma-separated; `x-app-*`
+    allows every header that starts so), besides those the routes read, W3C trace context and
+    the OpenAI JavaScript SDK's `x-stainless-*`."""
+    cors_expose_headers: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """With cors_origins: more answer headers a page's script may read (comma-separated),
+    besides the request id, Server-Timing, Retry-After, WWW-Authenticate and traceparent."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """Python's GIL switch interval of every `seqserve serve` process, API and engine (Python's
     default 5 ms makes the batch thread wait behind the busy event loop after every runtime
     call; 0.5 ms measured ~15% faster)."""
 
-    @field_validator("providers", "load_model", "cors_origins", mode="before")
+    @field_validator("providers", "load_model", "cors_origins", "cors_headers",
+                     "cors_expose_headers", mode="before")
     @classmethod
     def _split_providers(cls, v: object) -> object:
         if isinstance(v, str):
@@ -292,6 +300,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"{origin!r} is not an origin: give scheme://host[:port] "
                                  "(no path), or '*' for any")
         return origins
+
+    @field_validator("cors_headers", "cors_expose_headers")
+    @classmethod
+    def _header_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9!#$%&'+.^_`|~-]+\*?", name):
+                raise ValueError(f"{name!r} is not a header name (letters, digits and "
+                                 "!#$%&'+.^_`|~-; a trailing * for every header it starts)")
+        return [name.lower() for name in v]
 
     @field_validator("api_workers", "instances", "decode_groups")
     @classmethod

@@ -96,6 +96,34 @@ def test_cors_any_origin_and_off(tiny_series_repo: Path) -> None:
         assert not any(h.startswith("access-control-") for h in got.headers)
 
 
+def test_cors_allows_trace_context_the_openai_sdk_and_configured_headers(
+        tiny_series_repo: Path) -> None:
+    """A browser page sending W3C trace context and the OpenAI JavaScript SDK's headers is
+    allowed by default; `--cors-headers` adds names and prefixes, `--cors-expose-headers`
+    answer headers the page may read (traceparent among the defaults)."""
+    app = create_app(settings(tiny_series_repo, cors_origins=PAGE,
+                              cors_headers="x-app-*,X-Tenant",
+                              cors_expose_headers="x-model-version"))
+    with serve_app(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        sdk = _preflight(client, PAGE, headers="content-type, traceparent, tracestate, "
+                         "x-stainless-os, x-stainless-lang, x-stainless-retry-count")
+        assert sdk.status_code == 204, sdk.text
+        allowed = sdk.headers["access-control-allow-headers"].split(", ")
+        assert {"traceparent", "tracestate", "x-stainless-os", "x-stainless-lang",
+                "x-stainless-retry-count"} <= set(allowed), allowed
+        assert not any(name.endswith("*") for name in allowed)  # browsers read no patterns
+        configured = _preflight(client, PAGE, headers="x-app-user, x-tenant")
+        assert configured.status_code == 204, configured.text
+        assert {"x-app-user", "x-tenant"} <= set(
+            configured.headers["access-control-allow-headers"].split(", "))
+        assert _preflight(client, PAGE, headers="x-other").status_code == 403
+        got = client.post(PREDICT, json=BODY, headers={"origin": PAGE})
+        exposed = got.headers["access-control-expose-headers"].split(", ")
+        assert {"traceparent", "x-request-id", "x-model-version"} <= set(exposed), exposed
+    with pytest.raises(ValueError, match="is not a header name"):
+        settings(tiny_series_repo, cors_origins=PAGE, cors_headers="bad header")
+
+
 def test_cors_origins_flag() -> None:
     args = build_parser().parse_args(["serve", "--repo", ".", "--cors-origins",
                                       "https://a.test,http://localhost:8080/"])

@@ -1,11 +1,13 @@
-"""The gRPC front's share of every call: what the HTTP middleware chain does for a request.
+"""The gRPC front's share of every call: what the HTTP request lifecycle does for a request.
 
-`Front.run` is, for one RPC (or one request of a stream), what `web/access_log.py`,
-`web/middleware.py` and `web/auth.py` are for an HTTP request, and hands the work a
-transport-neutral `lifecycle.Call`:
+`Front.run` is, for one RPC (or one request of a stream), what `web/middleware.py`
+`HttpLifecycle` (with `web/access_log.py` and `web/auth.py`) is for an HTTP request, and
+hands the work a transport-neutral `lifecycle.Call`:
 
 - a request id: the `x-request-id` metadata when it is a sane token, else a new one (sent
-  back as trailing metadata of a unary RPC);
+  back as trailing metadata of a unary RPC), and W3C trace context: the `traceparent`
+  metadata continued (else a new trace), this server's span sent back as `traceparent`
+  trailing metadata of a unary RPC, the trace id in the access line (`web.access_log.Trace`);
 - API keys (when on): `authorization: Bearer KEY` metadata, compared as HTTP compares them
   (`web.auth`); the health RPCs (ServerLive, ServerReady, grpc.health.v1) stay open unless
   `auth_health`; else UNAUTHENTICATED before any work;
@@ -39,7 +41,7 @@ import grpc
 from seqserve.service.api.lifecycle import Call
 from seqserve.service.core.answers import bug_message, retry_after_value
 from seqserve.service.core.errors import QueueFull, ServiceError
-from seqserve.service.web.access_log import VALID_ID, new_id
+from seqserve.service.web.access_log import VALID_ID, Trace, new_id
 from seqserve.service.web.auth import key_matches, load_keys
 from seqserve.service.web.state import AppState
 
@@ -146,9 +148,11 @@ class Front:
         """A unary RPC's answer, or its status (aborts the RPC)."""
         metadata = metadata_of(context)
         rid = request_id(metadata)
+        trace = Trace(metadata.get("traceparent"))
         outcome = await self.run(rpc, context, model, version, work, metadata, rid,
-                                 done_future(context), check_key=True)
-        trailing: list[tuple[str, str]] = [("x-request-id", rid)]
+                                 done_future(context), check_key=True, trace=trace)
+        trailing: list[tuple[str, str]] = [("x-request-id", rid),
+                                           ("traceparent", trace.traceparent)]
         if outcome.status == 200:
             context.set_trailing_metadata(tuple(trailing))
             return outcome.response
@@ -174,10 +178,13 @@ class Front:
 
     async def run(self, rpc: Rpc, context: Any, model: str, version: str | None, work: Work,
                   metadata: dict[str, str], rid: str, gone: asyncio.Future[Any],
-                  check_key: bool) -> Outcome:
+                  check_key: bool, trace: Trace | None = None) -> Outcome:
         """One request: key, in-flight count, `work(call)`, metrics and access log; its
-        outcome (a client gone or a deadline passed while it ran: recorded, re-raised)."""
+        outcome (a client gone or a deadline passed while it ran: recorded, re-raised).
+        `trace`: its W3C trace context (None: from its `traceparent` metadata)."""
         start = time.monotonic()
+        if trace is None:
+            trace = Trace(metadata.get("traceparent"))
         keep: dict[str, Any] = {}
         outcome = Outcome()
         counted = False
@@ -204,7 +211,7 @@ class Front:
             left = context.time_remaining()
             status = 504 if left is not None and left <= 0 else 499
             self.record(rpc, context, model, version, status, time.monotonic() - start, keep,
-                        rid)
+                        rid, trace=trace)
             raise
         except Exception as exc:  # a server bug: INTERNAL, its traceback logged once below
             bug = exc
@@ -213,12 +220,13 @@ class Front:
             if counted:
                 self.state.admitted -= 1
         self.record(rpc, context, model, version, outcome.status, time.monotonic() - start,
-                    keep, rid, bug, outcome.code)
+                    keep, rid, bug, outcome.code, trace)
         return outcome
 
     def record(self, rpc: Rpc, context: Any, model: str, version: str | None, status: int,
                seconds: float, keep: dict[str, Any], rid: str,
-               bug: Exception | None = None, code: grpc.StatusCode | None = None) -> None:
+               bug: Exception | None = None, code: grpc.StatusCode | None = None,
+               trace: Trace | None = None) -> None:
         """The request metrics and the access-log line of one finished request."""
         call = keep.get("call")
         if rpc.traffic:
@@ -241,6 +249,7 @@ class Front:
             "queue_ms": round(call.queue_s * 1000, 3) if call else 0.0,
             "compute_ms": round(call.compute_s * 1000, 3) if call else 0.0,
             "total_ms": round(seconds * 1000, 3), "request_id": rid,
+            "trace_id": trace.trace_id if trace is not None else "",
             "client": _peer(context),
         }
         message = f"GRPC {rpc.path} {status}"

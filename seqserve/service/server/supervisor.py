@@ -142,13 +142,12 @@ def engine_backoff_s(deaths: int, first_s: float) -> float:
 
 
 def needs_engine(settings: Settings) -> bool:
-    """Whether the server runs an engine process: always in the engine layout; in the hybrid
-    one when several API processes serve a repository with bundles that keep sessions."""
+    """Whether the server starts with an engine process: always in the engine layout; in the
+    hybrid one when several API processes serve a repository with bundles that keep sessions
+    (else the model control starts it on demand, once such a bundle is loaded)."""
     if settings.layout == "engine":
         return True
-    if settings.layout != "hybrid" or int(settings.api_workers) <= 1:
-        return False
-    return bool(engine_bundles(settings.engine_options()))
+    return settings.sessions_in_engine() and bool(engine_bundles(settings.engine_options()))
 
 
 @dataclass
@@ -189,9 +188,8 @@ class Supervisor:
         """Each API process's open connections (accept.py), with more than one."""
         if int(settings.api_workers) > 1:
             self.slots = Slots(Slots.create(self.slots_path, int(settings.api_workers)))
-        self.control = SupervisorControl(
-            settings, self.workdir, int(settings.api_workers),
-            self.address if self.with_engine else None)
+        self.control = SupervisorControl(settings, self.workdir, int(settings.api_workers),
+                                         self.address, self.with_engine)
         """The owner of the model table (server/fleet.py): its changes reach every process."""
 
     def _key_file(self, settings: Settings) -> Path | None:
@@ -214,15 +212,14 @@ class Supervisor:
         if self.key_file is not None:
             env["SEQSERVE_API_KEY_FILE"] = str(self.key_file)
         env[MULTIPROC_ENV] = str(self.metrics_dir)
-        env.pop(ADDRESS_ENV, None)
-        if self.with_engine:  # an API process uses the engine iff it gets its address
-            env[ADDRESS_ENV] = self.address
+        env.pop(ADDRESS_ENV, None)  # an API process reads it in the model table, if any
         env[SUPERVISOR_ENV] = str(os.getpid())  # children stop when this process dies
         return env
 
     def _start_engine(self) -> Child:
         self.control.hung.clear()  # of an engine before this one
         env = self._env()
+        env[ADDRESS_ENV] = self.address
         env[OPTIONS_ENV] = self.settings.engine_options().to_json()
         env[ENGINE_TABLE_ENV] = str(self.control.table_file)  # a restart loads what serves
         proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.engine"], env=env)
@@ -294,6 +291,9 @@ class Supervisor:
                 self._kill_hung(engine)
             if engine is not None and engine.proc.poll() is not None:
                 self._engine_died(engine)
+            if not self.with_engine and self.control.engine_wanted.is_set():
+                self.with_engine = True  # from now on restarted like one there from the start
+                self.engine = self._start_engine()
             if self.engine_due is not None and time.monotonic() >= self.engine_due:
                 self.engine_due = None
                 self.engine = self._start_engine()

@@ -15,9 +15,11 @@ machine.
 
 `Composition.start()` connects to the engine process (when there is one) and loads this
 process's bundles (what each model's policy serves, `engine.scan.startup_bundles`; an API
-process: the supervisor's table, `fleet.TABLE_ENV`), then opens the repository over those
-engines; `start_control()` starts the model control (engine/control.py): its owner here in
-one process, else this API process's end of the supervisor's (server/fleet.py); `stop(timeout)`
+process: the supervisor's table, `fleet.TABLE_ENV`, and its defaults), then opens the
+repository over those engines; `attach(address)` connects to an engine process the
+supervisor started later (the hybrid layout's engine on demand, server/fleet.py);
+`start_control()` starts the model control (engine/control.py): its owner here in one
+process, else this API process's end of the supervisor's (server/fleet.py); `stop(timeout)`
 drains them and closes the connection.
 
 While the engine process is down (the supervisor restarts it), the versions it serves are

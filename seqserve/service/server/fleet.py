@@ -494,8 +494,7 @@ class SupervisorControl:
         self._demand = None
         return None
 
-    def _engine_rows(self, controller: Controller, rows: list[dict[str, Any]]
-                     ) -> list[dict[str, Any]]:
+    def _engine_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The index's rows, those of versions the engine serves UNAVAILABLE with the reason
         while the engine is down (dead, restarting after its backoff, or hung)."""
         fleet = self._fleet
@@ -504,9 +503,9 @@ class SupervisorControl:
             return rows
         why = self.engine_down or engine.down
         for row in rows:
-            found = controller.table.get(row["name"], {}).get(int(row["version"] or 0))
-            if row["state"] == READY and found is not None \
-                    and fleet.in_engine(Path(found.path)):
+            key = (row["name"], int(row["version"] or 0))
+            copy = fleet.loaded.get(key)  # what serves (not the repository's files)
+            if row["state"] == READY and copy is not None and fleet.in_engine(Path(copy)):
                 row["state"], row["reason"] = UNAVAILABLE, why
         return rows
 
@@ -537,7 +536,7 @@ class SupervisorControl:
         assert controller is not None
         op = msg["op"]
         if op == "index":
-            rows = self._engine_rows(controller, await controller.index())
+            rows = self._engine_rows(await controller.index())
             if msg.get("ready"):
                 rows = [r for r in rows if r["state"] == READY]
             return {"ok": True, "rows": rows}

@@ -4,8 +4,10 @@ With `layout = "replicated"` there is no engine process: each API process loads 
 copy of every model (the one-process server, N times over the one port); everything below
 holds without the engine's part. With `layout = "hybrid"` (what `auto` picks on a CPU) the
 same, except that the bundles that keep sessions run in one engine process, started only
-when the repository has such bundles and there is more than one API process
-(`needs_engine`).
+when there is more than one API process and the repository has such bundles at start
+(`needs_engine`) or the model control loads one later (on demand: the model control sets
+`SupervisorControl.engine_wanted`, this watch starts the engine, which is restarted from
+then on like one there from the start).
 
 It binds the listening socket once (every API process inherits it and accepts on it, the
 least loaded process taking each new connection: accept.py's shared counters), starts
@@ -42,7 +44,9 @@ control's events).
 
 The supervisor owns the model table (server/fleet.py): its model control polls the
 repository or takes the API processes' load and unload requests, and changes every process's
-table in two phases (load everywhere, then switch the default).
+table in two phases (load everywhere, then switch the default); every process loads the
+supervisor's copy of each version (server/snapshots.py, in its private folder), so all serve
+the same verified bytes whatever happens to the repository's files.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ Every process loads a version from the copy the supervisor took of it (`snapshot
 from the repository: the same bytes everywhere, a restarted process's too, whatever happens
 to the repository's files after the copy. A version whose files changed in place is loaded
 again from a new copy; while that fails, the copy verified before serves on in every process.
+Files that changed but hold the bytes that serve (touched, or put back) give the same copy:
+nothing is loaded again.
 
 The engine on demand: a hybrid server with several API processes starts without an engine
 process when no bundle keeps sessions. When one is loaded later, the supervisor's watch starts
@@ -274,6 +276,8 @@ class Fleet:
             copy = await asyncio.to_thread(self.copies.copy, name, version, path)
         except OSError as exc:
             return f"its files could not be copied for serving: {failure_reason(exc, path)}"
+        if self.loaded.get((name, version)) == str(copy):
+            return None  # the bytes that serve (files touched, or put back): nothing to do
         try:
             return await self._load(name, version, copy)
         finally:

@@ -260,6 +260,10 @@ class Metrics:
                                "model control.", mv)
         self.versions_loaded = gauge("seqserve_model_versions_loaded", "Versions of the "
                                      "model that serve.", "livemax")
+        self.files_changed = gauge("seqserve_model_files_changed", "1 while the version "
+                                   "serves the copy verified when it loaded and its files in "
+                                   "the repository changed since and do not load (the "
+                                   "repository index gives why), else 0.", "livemax", mv)
         self.last_scan = gauge("seqserve_repository_last_scan_timestamp_seconds", "Unix time "
                                "of the model control's last repository scan.", "max", ())
         self.inferences = counter("seqserve_model_inferences", "Requests answered per model "

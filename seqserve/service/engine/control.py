@@ -19,8 +19,11 @@ changes: `server/fleet.py`). It scans the repository (`engine.scan`) every
 
 A version that fails to load never replaces a serving one: it is listed UNAVAILABLE with its
 reason (and the model's serving version, even one its policy no longer wants, serves on) and
-it is tried again only when its files change (`scan.fingerprint`). A model whose policy.json
-cannot be read keeps what it serves; the index says why.
+it is tried again only when its files change (`scan.fingerprint`). A serving version whose
+files changed in place and do not load serves on from the copy verified when it loaded (with
+a supervisor, the copy every process loads from: server/snapshots.py): READY, with the change
+and why in the index's reason, `seqserve_model_files_changed` 1 and an error in the log. A
+model whose policy.json cannot be read keeps what it serves; the index says why.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,17 +101,23 @@ class Controller:
 
     # -- start and stop -------------------------------------------------------------------
 
-    def adopt(self, rows: Iterable[tuple[str, int, str, bool, str | None]]) -> None:
+    def adopt(self, rows: Iterable[tuple[str, int, str, bool, str | None]],
+              prints: Mapping[tuple[str, int], str] | None = None) -> None:
         """The versions loaded at start, as (name, version, path, ready, reason): the table
-        the changes start from (their files' fingerprints as they are now)."""
+        the changes start from, with their files' fingerprints as `prints` gives them (taken
+        before they were read for loading: a change since then is a change), else as they
+        are now."""
         rows = list(rows)
         found = scan(self.repo, {r[0] for r in rows})
         for name, version, path, ready, reason in rows:
             for outcome in ("ready", "failed"):  # every series exists from the start, at 0
                 self.metrics.loads.labels(name, str(version), outcome)
             self.metrics.unloads.labels(name, str(version))
+            self.metrics.files_changed.labels(name, str(version))
             on_disk = found.get(name, ModelDir(name)).versions.get(version)
             now = on_disk.print if on_disk is not None else ""
+            if prints is not None and (name, version) in prints:
+                now = prints[name, version]
             self.table.setdefault(name, {})[version] = Version(
                 version, path, now, READY if ready else UNAVAILABLE, reason,
                 None if ready else now)
@@ -200,20 +209,26 @@ class Controller:
         seconds = time.monotonic() - started
         outcome = "ready" if reason is None else "failed"
         self.metrics.loads.labels(name, str(found.version), outcome).inc()
+        changed = self.metrics.files_changed.labels(name, str(found.version))
         if reason is None:
             versions[found.version] = Version(found.version, str(found.path), found.print,
                                               READY)
+            changed.set(0)
             log.info("model %s version %d %s everywhere in %.2f s", name, found.version,
                      "reloaded" if reload else "loaded", seconds)
             return
+        if reload and now is not None:  # the loaded copy serves on
+            now.reason = f"its files changed in the repository and do not load (the copy " \
+                         f"verified when it loaded serves on): {reason}"
+            now.failed = found.print
+            changed.set(1)
+            log.error("model %s version %d: %s (%.2f s)", name, found.version, now.reason,
+                      seconds)
+            return
         log.error("model %s version %d failed to load (%.2f s): %s", name, found.version,
                   seconds, reason)
-        if reload and now is not None:  # the loaded copy serves on
-            now.reason, now.failed = f"its files changed and did not load: {reason}", \
-                found.print
-        else:
-            versions[found.version] = Version(found.version, str(found.path), found.print,
-                                              UNAVAILABLE, reason, found.print)
+        versions[found.version] = Version(found.version, str(found.path), found.print,
+                                          UNAVAILABLE, reason, found.print)
 
     async def _unload(self, name: str, version: int) -> None:
         entry = self.table[name][version]
@@ -222,6 +237,7 @@ class Controller:
         started = time.monotonic()
         await self.executor.unload(name, version)
         del self.table[name][version]
+        self.metrics.files_changed.labels(name, str(version)).set(0)
         if was != UNAVAILABLE:
             self.metrics.unloads.labels(name, str(version)).inc()
             log.info("model %s version %d unloaded everywhere in %.2f s", name, version,

@@ -51,13 +51,14 @@ def trusted_keys(folder: str) -> dict[str, object]:
     return load_trusted(folder)
 
 
-def failure_reason(exc: BaseException, repo: str | Path) -> str:
-    """Why a version failed, as `/v1/models`, the readiness answer and the log say it: the
-    exception's type and message, with the repository's own path left out (a bundle's files
-    are named relative to the repository: answers do not show the server's disk layout)."""
+def failure_reason(exc: BaseException, path: str | Path) -> str:
+    """Why the version at `path` failed, as `/v1/models`, the readiness answer and the log say
+    it: the exception's type and message, with the folder above its model's left out (its
+    files are named `name/version/file`, relative to the repository, or to the copy the
+    supervisor loads it from: answers do not show the server's disk layout)."""
     text = f"{type(exc).__name__}: {exc}"
-    root = str(Path(repo).resolve())
-    for prefix in {root, str(repo)}:
+    above = Path(path).parent.parent
+    for prefix in {str(above.resolve()), str(above)}:
         text = text.replace(prefix.rstrip("/") + "/", "")
     return text
 

@@ -83,7 +83,7 @@ class LocalEngine:
                 self.runtime_factory)
             await model.start()
         except Exception as exc:  # this version only
-            reason = failure_reason(exc, self.options.repo)
+            reason = failure_reason(exc, path)
             log.error("model %s version %d not served: %s", name, version, reason)
             self.metrics.load_failures.labels(name, str(version)).inc()
             failed = ModelState(name, version, str(path), "failed", reason, None, {})

@@ -1,9 +1,11 @@
 """`python -m seqserve.service.server.api_process`: one API process (started by the supervisor).
 
 Serves HTTP on the listening socket the supervisor bound and passed down (its descriptor in
-SEQSERVE_LISTEN_FD), with its models in the engine process (SEQSERVE_ENGINE_ADDRESS, set when
-there is one) or in this process (the replicated layout; in the hybrid layout those that keep
-no sessions, or all when there is no engine). The settings come from the SEQSERVE_* variables
+SEQSERVE_LISTEN_FD), with its models in the engine process (its address in the supervisor's
+model table, `fleet.table_engine`, when there is one) or in this process (the replicated
+layout; in the hybrid layout those that keep no sessions, or all while there is no engine:
+the supervisor starts one when a bundle that keeps sessions arrives, and this process then
+connects to it, `Composition.attach`). The settings come from the SEQSERVE_* variables
 the supervisor set; with several API processes, the shared connection counters that balance
 the accepting (accept.py: SEQSERVE_CONNECTION_SLOTS, SEQSERVE_API_SLOT).
 """
@@ -20,10 +22,10 @@ LISTEN_FD_ENV = "SEQSERVE_LISTEN_FD"
 
 def main() -> int:
     from seqserve.service.core.process import stop_with_parent
-    from seqserve.service.engine.client import EngineClient
-    from seqserve.service.engine.options import ADDRESS_ENV
     from seqserve.service.server.accept import slots_from_env
     from seqserve.service.server.app import create_app
+    from seqserve.service.server.composition import engine_client
+    from seqserve.service.server.fleet import table_engine
     from seqserve.service.server.shutdown import build_server
     from seqserve.service.web.settings import Settings
 
@@ -32,9 +34,8 @@ def main() -> int:
     process = settings.process_settings()
     process.apply()  # the same as the engine process applies from its options
     sock = socket.socket(fileno=int(os.environ[LISTEN_FD_ENV]))
-    address = os.environ.get(ADDRESS_ENV)
-    engine = EngineClient(address, settings.retry_after_s,
-                          hang_timeout_s=settings.engine_hang_timeout_s) if address else None
+    address = table_engine()
+    engine = engine_client(settings, address) if address else None
     app = create_app(settings, engine=engine, freeze=True)
     server = build_server(app, app.state.seqserve, supervised=True, balance=slots_from_env())
     process.apply()  # again after uvicorn's Config, which set up its own loggers

@@ -15,9 +15,11 @@ machine.
 
 `Composition.start()` connects to the engine process (when there is one) and loads this
 process's bundles (what each model's policy serves, `engine.scan.startup_bundles`; an API
-process: the supervisor's table, `fleet.TABLE_ENV`), then opens the repository over those
-engines; `start_control()` starts the model control (engine/control.py): its owner here in
-one process, else this API process's end of the supervisor's (server/fleet.py); `stop(timeout)`
+process: the supervisor's table, `fleet.TABLE_ENV`, and its defaults), then opens the
+repository over those engines; `attach(address)` connects to an engine process the
+supervisor started later (the hybrid layout's engine on demand, server/fleet.py);
+`start_control()` starts the model control (engine/control.py): its owner here in one
+process, else this API process's end of the supervisor's (server/fleet.py); `stop(timeout)`
 drains them and closes the connection.
 
 While the engine process is down (the supervisor restarts it), the versions it serves are
@@ -29,6 +31,7 @@ ready again, or failed with the reason the engine gives (then readiness says so)
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -69,6 +72,8 @@ class Composition:
         """The model control the routes see, once `start_control` ran."""
         self._owner: Controller | None = None
         self._channel: fleet.ApiEnd | None = None
+        self._table: LocalTable | None = None
+        self._attaching = asyncio.Lock()
         self._held: dict[tuple[str, int], bool] = {}
         """The engine's versions marked not ready while it restarts: their `late` before."""
 
@@ -77,11 +82,7 @@ class Composition:
         engines: list[Engine] = []
         remote: set[tuple[str, int]] = set()
         if self.remote is not None:
-            await self.remote.start()
-            hello = await self.remote.hello(self.settings.startup_timeout_s)
-            self.repository.engine_state = {"options": hello.options, "process": hello.process}
-            _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
-            remote = {(m.name, m.version) for m in hello.models}
+            remote = await self._connect(self.remote)
             engines.append(self.remote)
         if self.remote is None or self.settings.layout == "hybrid":
             bundles = [b for b in fleet.startup_table(self.settings)
@@ -98,6 +99,36 @@ class Composition:
                 default = read_policy(self.settings.repo / name).default
                 if default is not None:
                     self.repository.defaults[name] = default
+        self.repository.defaults.update(fleet.table_defaults())  # the supervisor's choice
+
+    async def _connect(self, remote: EngineClient) -> set[tuple[str, int]]:
+        """Connect to the engine process: its options and process values kept for
+        `/v1/admin/config`; the versions it serves."""
+        await remote.start()
+        hello = await remote.hello(self.settings.startup_timeout_s)
+        self.repository.engine_state = {"options": hello.options, "process": hello.process}
+        _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
+        return {(m.name, m.version) for m in hello.models}
+
+    async def attach(self, address: str) -> None:
+        """Connect to the engine process the supervisor started while this process serves
+        (the hybrid layout's engine on demand: server/fleet.py); the bundles that keep
+        sessions load there from then on (`LocalTable.in_engine`)."""
+        async with self._attaching:  # the supervisor's word and the table's, once
+            if self.remote is not None:
+                return
+            remote = engine_client(self.settings, address)
+            try:
+                await self._connect(remote)
+            except BaseException:
+                await remote.close()
+                raise
+            self.remote = remote
+            self.repository.engines.append(remote)
+            remote.listeners.append(self._engine_changed)
+            if self._table is not None:
+                self._table.remote = remote
+        log.info("connected to the engine process the supervisor started (%s)", address)
 
     def _engine_changed(self) -> None:
         """The engine went down or is back (see the module doc)."""
@@ -124,9 +155,9 @@ class Composition:
         """The model control (module doc): the owner of the table here (one process), or
         this API process's end of the supervisor's channel."""
         s = self.settings
-        table = LocalTable(self.repository, self.local, self.remote, s.drain_timeout_s,
-                           s.startup_timeout_s)
-        channel = fleet.ApiEnd.from_env(table)
+        table = self._table = LocalTable(self.repository, self.local, self.remote,
+                                         s.drain_timeout_s, s.startup_timeout_s)
+        channel = fleet.ApiEnd.from_env(table, self.attach)
         if channel is not None:
             await channel.start()
             self._channel, self.control = channel, channel.link
@@ -159,6 +190,12 @@ def _back(entry: ModelEntry, state: Any) -> None:
     entry.reason = "the restarted engine " + (
         f"did not load it: {state.reason}" if state is not None else "does not serve it")
     log.error("model %s version %d: %s", entry.name, entry.version, entry.reason)
+
+
+def engine_client(settings: Settings, address: str) -> EngineClient:
+    """An API process's client of the engine process at `address`."""
+    return EngineClient(address, settings.retry_after_s,
+                        hang_timeout_s=settings.engine_hang_timeout_s)
 
 
 def resolved(settings: Settings) -> Settings:

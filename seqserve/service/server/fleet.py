@@ -14,11 +14,25 @@ supervisor the `Controller` (engine/control.py) runs there, in a thread of its o
 3. unload: every API process takes the version out of its table and drains it (or waits for
    its requests pending in the engine), then the engine process unloads its copy.
 
+Every process loads a version from the copy the supervisor took of it (`snapshots.py`), never
+from the repository: the same bytes everywhere, a restarted process's too, whatever happens
+to the repository's files after the copy. A version whose files changed in place is loaded
+again from a new copy; while that fails, the copy verified before serves on in every process.
+Files that changed but hold the bytes that serve (touched, or put back) give the same copy:
+nothing is loaded again.
+
+The engine on demand: a hybrid server with several API processes starts without an engine
+process when no bundle keeps sessions. When one is loaded later, the supervisor's watch starts
+the engine (`SupervisorControl.engine_wanted`), this thread's client waits for its answer,
+every API process connects to it (`ApiEnd`: op "engine"), and then the version loads there as
+any other: no restart.
+
 The control channel is one Unix socket per API process (`ApiEnd`, in the supervisor's
 private folder) and one for the supervisor (`SupervisorLink`: what an API process's
 routes ask, `POST /v2/repository/models/m/load` and the rest, goes to the owner, so a load
 through any API process reaches them all): one JSON line each way per call. After every
-change the supervisor writes the table (`TABLE_ENV`) that a restarted API process loads.
+change the supervisor writes the table (`TABLE_ENV`: the copies that serve, the defaults and
+the engine process's address) that a restarted API process (and engine) loads.
 """
 
 from __future__ import annotations
@@ -37,8 +51,9 @@ from seqserve.service.core.errors import ShuttingDown
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.control import READY, UNAVAILABLE, Controller, Refused
-from seqserve.service.engine.loading import keeps_sessions
-from seqserve.service.engine.scan import startup_bundles
+from seqserve.service.engine.loading import failure_reason, keeps_sessions
+from seqserve.service.engine.scan import fingerprint, startup_bundles
+from seqserve.service.server.snapshots import Snapshots
 from seqserve.service.web.control import LocalTable
 from seqserve.service.web.settings import Settings
 
@@ -97,24 +112,45 @@ async def listen(path: str, handler: Handler) -> asyncio.Server:
 
 # -- an API process's end ---------------------------------------------------------------------
 
-def startup_table(settings: Settings) -> list[tuple[str, int, Path]]:
-    """The bundles this process loads at start: the supervisor's table, or what each model's
-    policy serves (`scan.startup_bundles`)."""
+def _table() -> dict[str, Any]:
+    """The supervisor's table (TABLE_ENV; empty without one, or when it cannot be read)."""
     path = os.environ.get(TABLE_ENV)
     if path:
         with contextlib.suppress(OSError, ValueError):
             data = json.loads(Path(path).read_text())
-            return [(n, int(v), Path(p)) for n, v, p in data["bundles"]]
+            if isinstance(data, dict):
+                return data
+    return {}
+
+
+def startup_table(settings: Settings) -> list[tuple[str, int, Path]]:
+    """The bundles this process loads at start: the supervisor's table, or what each model's
+    policy serves (`scan.startup_bundles`)."""
+    table = _table()
+    if "bundles" in table:
+        return [(n, int(v), Path(p)) for n, v, p in table["bundles"]]
     return startup_bundles(settings.repo, settings.model_control, settings.load_model)
 
 
 def table_defaults() -> dict[str, int]:
     """The defaults of the supervisor's table (none without one)."""
-    path = os.environ.get(TABLE_ENV)
-    if path:
-        with contextlib.suppress(OSError, ValueError):
-            return {n: int(v) for n, v in json.loads(Path(path).read_text())["defaults"].items()}
-    return {}
+    return {n: int(v) for n, v in _table().get("defaults", {}).items()}
+
+
+def table_engine() -> str | None:
+    """The engine process's address in the supervisor's table (None: no engine process)."""
+    address = _table().get("engine")
+    return str(address) if address else None
+
+
+def write_table(path: Path, bundles: list[tuple[str, int, str]], defaults: dict[str, int],
+                engine: str | None) -> None:
+    """The table a restarted process loads (written whole, then renamed)."""
+    data = {"bundles": [[n, v, p] for n, v, p in bundles], "defaults": defaults,
+            "engine": engine}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
 
 
 class SupervisorLink:
@@ -150,24 +186,30 @@ class SupervisorLink:
 
 class ApiEnd:
     """An API process's end of the channel: it carries out the supervisor's changes on its
-    `LocalTable`, and links its routes to the supervisor (`link`)."""
+    `LocalTable`, connects to the engine process once the supervisor started one on demand
+    (`attach`: at the supervisor's word, or when the table names one as the channel opens),
+    and links its routes to the supervisor (`link`)."""
 
-    def __init__(self, table: LocalTable, own: str, owner: str, mode: str,
-                 timeout: float) -> None:
-        self.table, self.own = table, own
+    def __init__(self, table: LocalTable, attach: Callable[[str], Awaitable[None]], own: str,
+                 owner: str, mode: str, timeout: float) -> None:
+        self.table, self.attach, self.own = table, attach, own
         self.link = SupervisorLink(owner, mode, timeout)
         self.server: asyncio.Server | None = None
 
     @classmethod
-    def from_env(cls, table: LocalTable) -> ApiEnd | None:
+    def from_env(cls, table: LocalTable, attach: Callable[[str], Awaitable[None]]
+                 ) -> ApiEnd | None:
         own, owner = os.environ.get(CONTROL_ENV), os.environ.get(OWNER_ENV)
         if not own or not owner:
             return None
         s = table.repository.settings
-        return cls(table, own, owner, s.model_control, s.startup_timeout_s)
+        return cls(table, attach, own, owner, s.model_control, s.startup_timeout_s)
 
     async def start(self) -> None:
         self.server = await listen(self.own, self.handle)
+        address = table_engine()  # started while this process loaded: no word reached it
+        if address is not None and self.table.remote is None:
+            await self.attach(address)
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -184,6 +226,8 @@ class ApiEnd:
             await self.table.switch(msg["name"], msg["default"])
         elif op == "unload":
             await self.table.unload(msg["name"], msg["version"], bool(msg.get("keep_failed")))
+        elif op == "engine":
+            await self.attach(msg["address"])
         elif op == "rows":
             return {"ok": True, "rows": self.table.rows()}
         return {"ok": True}
@@ -195,17 +239,26 @@ class Fleet:
     """The `Executor` over every process (module doc)."""
 
     def __init__(self, settings: Settings, sockets: list[str], engine: EngineClient | None,
-                 table_file: Path) -> None:
+                 table_file: Path, copies: Snapshots,
+                 on_demand: Callable[[], Awaitable[str | None]] | None = None) -> None:
         self.settings, self.sockets, self.engine = settings, sockets, engine
-        self.table_file = table_file
+        self.table_file, self.copies = table_file, copies
+        self.on_demand = on_demand
+        """Starts the engine process for a bundle that keeps sessions (hybrid, several API
+        processes, none at start): None once every process reaches it, else why not."""
         self.loaded: dict[tuple[str, int], str] = {}
-        """What serves: (name, version) -> path (the table file's bundles)."""
+        """What serves: (name, version) -> its copy (the table file's bundles)."""
         self.defaults: dict[str, int] = {}
 
     def in_engine(self, path: Path) -> bool:
         if self.engine is None:
             return False
         return self.settings.layout == "engine" or keeps_sessions(path)
+
+    def needs_engine(self, path: Path) -> bool:
+        """Whether `path` runs in an engine process this server has not started yet."""
+        return self.on_demand is not None and self.settings.sessions_in_engine() \
+            and keeps_sessions(path)
 
     async def _all(self, message: dict[str, Any]) -> list[dict[str, Any]]:
         """`message` to every API process at once; one that is not up (it restarts: it loads
@@ -218,8 +271,26 @@ class Fleet:
         return list(await asyncio.gather(*(one(p) for p in self.sockets)))
 
     async def load(self, name: str, version: int, path: Path) -> str | None:
+        """Load the version's copy everywhere (module doc); the copy stays only if it serves."""
+        try:
+            copy = await asyncio.to_thread(self.copies.copy, name, version, path)
+        except OSError as exc:
+            return f"its files could not be copied for serving: {failure_reason(exc, path)}"
+        if self.loaded.get((name, version)) == str(copy):
+            return None  # the bytes that serve (files touched, or put back): nothing to do
+        try:
+            return await self._load(name, version, copy)
+        finally:
+            self.copies.collect(self.loaded.values())
+
+    async def _load(self, name: str, version: int, path: Path) -> str | None:
         timeout = self.settings.startup_timeout_s
         again = (name, version) in self.loaded
+        if self.needs_engine(path):
+            assert self.on_demand is not None
+            reason = await self.on_demand()
+            if reason is not None:
+                return reason
         engine = self.in_engine(path)
         if engine:
             assert self.engine is not None
@@ -250,6 +321,7 @@ class Fleet:
         self.loaded.pop((name, version), None)
         self._write()
         await self._unload_everywhere(name, version, self.engine is not None)
+        self.copies.collect(self.loaded.values())
 
     async def _unload_everywhere(self, name: str, version: int, engine: bool,
                                  keep_failed: bool = False) -> None:
@@ -276,14 +348,11 @@ class Fleet:
                 self.loaded[name, version] = path
         self.defaults = {n: d for n, d in defaults.items() if d is not None}
         self._write()
+        self.copies.collect(self.loaded.values())
 
     def _write(self) -> None:
-        """The table a restarted API process loads (written whole, then renamed)."""
-        data = {"bundles": [[n, v, p] for (n, v), p in sorted(self.loaded.items())],
-                "defaults": self.defaults}
-        tmp = self.table_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.table_file)
+        write_table(self.table_file, [(n, v, p) for (n, v), p in sorted(self.loaded.items())],
+                    self.defaults, None if self.engine is None else self.engine.address)
 
 
 class SupervisorControl:
@@ -291,30 +360,53 @@ class SupervisorControl:
     a thread of its own (the supervisor's own loop watches the processes), and the socket the
     API processes' requests arrive on."""
 
-    def __init__(self, settings: Settings, workdir: Path, api: int, engine: str | None
-                 ) -> None:
+    def __init__(self, settings: Settings, workdir: Path, api: int, address: str,
+                 engine: bool) -> None:
         self.settings = settings
         self.metrics: Metrics | None = None
         self.own = str(workdir / "control.sock")
         self.sockets = [api_socket(workdir, i) for i in range(api)]
-        self.address = engine
+        self.address = address
+        """The engine process's address (whether or not it runs)."""
+        self.with_engine = engine
+        """Whether the engine process runs from the start (else it starts on demand)."""
+        self.engine_wanted = threading.Event()
+        """Set when a bundle that keeps sessions needs the engine process this server started
+        without: the supervisor's watch starts it."""
         self.table_file = workdir / "models.json"
+        self.copies = Snapshots(workdir / "bundles")
+        self.prints: dict[tuple[str, int], str] = {}
+        """The fingerprints of the versions copied at start, taken before the copy: the
+        model control's starting point (a change after them reloads)."""
         self.controller: Controller | None = None
         self.adopted = threading.Event()
         self.engine_down: str | None = None
         """Why the engine process last ended (the supervisor's words, its restart's backoff
         included): the reason the index gives its versions while it is down."""
         self._fleet: Fleet | None = None
+        self._demand: EngineClient | None = None
+        """This thread's client of the engine started on demand, until every process has it."""
         self.hung = threading.Event()
         """Set when the engine answered nothing for `engine_hang_timeout_s` (this thread's
         `EngineClient` pings it): the supervisor's watch kills it and starts another."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="model-control", daemon=True)
-        bundles = startup_bundles(settings.repo, settings.model_control, settings.load_model)
-        self.table_file.write_text(json.dumps({"bundles": [[n, v, str(p)]
-                                                           for n, v, p in bundles],
-                                               "defaults": {}}))
+        write_table(self.table_file, self._startup_copies(), {}, address if engine else None)
+
+    def _startup_copies(self) -> list[tuple[str, int, str]]:
+        """The copies of what the processes load at start (a version whose files cannot be
+        copied is left out, with why in the log: the model control tries it again)."""
+        s = self.settings
+        out = []
+        for name, version, path in startup_bundles(s.repo, s.model_control, s.load_model):
+            self.prints[name, version] = fingerprint(path)  # before the copy reads them
+            try:
+                out.append((name, version, str(self.copies.copy(name, version, path))))
+            except OSError as exc:
+                log.error("model %s version %d not served: its files could not be copied "
+                          "for serving: %s", name, version, failure_reason(exc, path))
+        return out
 
     def env(self, slot: int) -> dict[str, str]:
         """What API process `slot` needs of the channel (its environment)."""
@@ -343,13 +435,9 @@ class SupervisorControl:
     async def _main(self) -> None:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         s = self.settings
-        engine = None
-        if self.address is not None:
-            engine = EngineClient(self.address, s.retry_after_s,
-                                  hang_timeout_s=s.engine_hang_timeout_s)
-            engine.hang_listeners.append(self.hung.set)
-            await engine.start()
-        fleet = self._fleet = Fleet(s, self.sockets, engine, self.table_file)
+        engine = await self._client() if self.with_engine else None
+        fleet = self._fleet = Fleet(s, self.sockets, engine, self.table_file, self.copies,
+                                    None if self.with_engine else self._engine_on_demand)
         assert self.metrics is not None
         self.controller = Controller(s.repo, s.model_control, fleet, self.metrics,
                                      s.load_model, s.repository_poll_s)
@@ -358,7 +446,7 @@ class SupervisorControl:
             rows = await self._rows()
             if rows is None:
                 return
-            self.controller.adopt(rows)
+            self.controller.adopt(rows, self.prints)
             fleet.adopt(rows, self.controller.defaults)
             self.adopted.set()
             self.controller.start()
@@ -366,11 +454,51 @@ class SupervisorControl:
         finally:
             server.close()
             await self.controller.stop()
-            if engine is not None:
-                await engine.close()
+            for client in (fleet.engine, self._demand):
+                if client is not None:
+                    await client.close()
 
-    def _engine_rows(self, controller: Controller, rows: list[dict[str, Any]]
-                     ) -> list[dict[str, Any]]:
+    async def _client(self) -> EngineClient:
+        """This thread's client of the engine process (its heartbeat tells the supervisor's
+        watch of a hang: `hung`)."""
+        s = self.settings
+        engine = EngineClient(self.address, s.retry_after_s,
+                              hang_timeout_s=s.engine_hang_timeout_s)
+        engine.hang_listeners.append(self.hung.set)
+        await engine.start()
+        return engine
+
+    async def _engine_on_demand(self) -> str | None:
+        """The engine process for a bundle that keeps sessions (module doc): None once it
+        answered and every API process connected to it, else why not (the load fails with
+        it; the next load of such a bundle tries again)."""
+        fleet = self._fleet
+        assert fleet is not None
+        if fleet.engine is not None:
+            return None
+        if self._demand is None:
+            log.info("a bundle that keeps sessions is loaded: starting the engine process")
+            self.engine_wanted.set()
+            self._demand = await self._client()
+        timeout = self.settings.startup_timeout_s
+        try:
+            await self._demand.hello(timeout)
+        except Exception as exc:
+            return f"the engine process started for it did not answer within {timeout:g} s " \
+                   f"({type(exc).__name__}: {exc})"
+        fleet.engine = self._demand
+        fleet._write()  # a process that starts from now on connects to it
+        answers = await fleet._all({"op": "engine", "address": self.address})
+        failed = [a for a in answers if not a.get("ok")]
+        if failed:
+            fleet.engine = None
+            fleet._write()
+            return f"an API process did not connect to the engine process started for it: " \
+                   f"{failed[0].get('error') or failed[0]}"
+        self._demand = None
+        return None
+
+    def _engine_rows(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The index's rows, those of versions the engine serves UNAVAILABLE with the reason
         while the engine is down (dead, restarting after its backoff, or hung)."""
         fleet = self._fleet
@@ -379,9 +507,9 @@ class SupervisorControl:
             return rows
         why = self.engine_down or engine.down
         for row in rows:
-            found = controller.table.get(row["name"], {}).get(int(row["version"] or 0))
-            if row["state"] == READY and found is not None \
-                    and fleet.in_engine(Path(found.path)):
+            key = (row["name"], int(row["version"] or 0))
+            copy = fleet.loaded.get(key)  # what serves (not the repository's files)
+            if row["state"] == READY and copy is not None and fleet.in_engine(Path(copy)):
                 row["state"], row["reason"] = UNAVAILABLE, why
         return rows
 
@@ -412,7 +540,7 @@ class SupervisorControl:
         assert controller is not None
         op = msg["op"]
         if op == "index":
-            rows = self._engine_rows(controller, await controller.index())
+            rows = self._engine_rows(await controller.index())
             if msg.get("ready"):
                 rows = [r for r in rows if r["state"] == READY]
             return {"ok": True, "rows": rows}

@@ -4,8 +4,10 @@ With `layout = "replicated"` there is no engine process: each API process loads 
 copy of every model (the one-process server, N times over the one port); everything below
 holds without the engine's part. With `layout = "hybrid"` (what `auto` picks on a CPU) the
 same, except that the bundles that keep sessions run in one engine process, started only
-when the repository has such bundles and there is more than one API process
-(`needs_engine`).
+when there is more than one API process and the repository has such bundles at start
+(`needs_engine`) or the model control loads one later (on demand: the model control sets
+`SupervisorControl.engine_wanted`, this watch starts the engine, which is restarted from
+then on like one there from the start).
 
 It binds the listening socket once (every API process inherits it and accepts on it, the
 least loaded process taking each new connection: accept.py's shared counters), starts
@@ -42,7 +44,9 @@ control's events).
 
 The supervisor owns the model table (server/fleet.py): its model control polls the
 repository or takes the API processes' load and unload requests, and changes every process's
-table in two phases (load everywhere, then switch the default).
+table in two phases (load everywhere, then switch the default); every process loads the
+supervisor's copy of each version (server/snapshots.py, in its private folder), so all serve
+the same verified bytes whatever happens to the repository's files.
 """
 
 from __future__ import annotations
@@ -142,13 +146,12 @@ def engine_backoff_s(deaths: int, first_s: float) -> float:
 
 
 def needs_engine(settings: Settings) -> bool:
-    """Whether the server runs an engine process: always in the engine layout; in the hybrid
-    one when several API processes serve a repository with bundles that keep sessions."""
+    """Whether the server starts with an engine process: always in the engine layout; in the
+    hybrid one when several API processes serve a repository with bundles that keep sessions
+    (else the model control starts it on demand, once such a bundle is loaded)."""
     if settings.layout == "engine":
         return True
-    if settings.layout != "hybrid" or int(settings.api_workers) <= 1:
-        return False
-    return bool(engine_bundles(settings.engine_options()))
+    return settings.sessions_in_engine() and bool(engine_bundles(settings.engine_options()))
 
 
 @dataclass
@@ -189,9 +192,8 @@ class Supervisor:
         """Each API process's open connections (accept.py), with more than one."""
         if int(settings.api_workers) > 1:
             self.slots = Slots(Slots.create(self.slots_path, int(settings.api_workers)))
-        self.control = SupervisorControl(
-            settings, self.workdir, int(settings.api_workers),
-            self.address if self.with_engine else None)
+        self.control = SupervisorControl(settings, self.workdir, int(settings.api_workers),
+                                         self.address, self.with_engine)
         """The owner of the model table (server/fleet.py): its changes reach every process."""
 
     def _key_file(self, settings: Settings) -> Path | None:
@@ -214,15 +216,14 @@ class Supervisor:
         if self.key_file is not None:
             env["SEQSERVE_API_KEY_FILE"] = str(self.key_file)
         env[MULTIPROC_ENV] = str(self.metrics_dir)
-        env.pop(ADDRESS_ENV, None)
-        if self.with_engine:  # an API process uses the engine iff it gets its address
-            env[ADDRESS_ENV] = self.address
+        env.pop(ADDRESS_ENV, None)  # an API process reads it in the model table, if any
         env[SUPERVISOR_ENV] = str(os.getpid())  # children stop when this process dies
         return env
 
     def _start_engine(self) -> Child:
         self.control.hung.clear()  # of an engine before this one
         env = self._env()
+        env[ADDRESS_ENV] = self.address
         env[OPTIONS_ENV] = self.settings.engine_options().to_json()
         env[ENGINE_TABLE_ENV] = str(self.control.table_file)  # a restart loads what serves
         proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.engine"], env=env)
@@ -295,6 +296,9 @@ class Supervisor:
                 self._kill_hung(engine)
             if engine is not None and engine.proc.poll() is not None:
                 self._engine_died(engine)
+            if not self.with_engine and self.control.engine_wanted.is_set():
+                self.with_engine = True  # from now on restarted like one there from the start
+                self.engine = self._start_engine()
             if self.engine_due is not None and time.monotonic() >= self.engine_due:
                 self.engine_due = None
                 self.engine = self._start_engine()

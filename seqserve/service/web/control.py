@@ -5,10 +5,12 @@ what the routes ask of the control.
 (loaded off the event loop), or in the engine process (loaded there first; here its state is
 read again from the engine's `Hello` answer), and the repository gets its worker; a switch
 moves the model's default; an unload takes the version out of the repository, then drains it
-here (or waits until this process has nothing pending for it in the engine process). A
-bundle with sessions published while a hybrid server runs without an engine process (none
-had sessions at start) is not served: it is listed failed with the reason (`NO_ENGINE`), as
-in the repository index. It is the `Executor` of the one-process server's `Controller`, and
+here (or waits until this process has nothing pending for it in the engine process). In the
+hybrid layout with several API processes a bundle that keeps sessions runs in the engine
+process: when none ran at start, the supervisor starts it and this process connects to it
+(`remote` set) before the bundle's load reaches it; a load that reaches a process without
+one is refused (`NO_ENGINE`: each API process would hold its own sessions). With one process
+it runs here. It is the `Executor` of the one-process server's `Controller`, and
 what an API process does when the supervisor, the table's owner, sends it a change
 (server/fleet.py).
 
@@ -38,11 +40,9 @@ log = logging.getLogger("seqserve.control")
 __all__ = ["NO_ENGINE", "LocalTable", "ModelControl", "Refused"]
 
 NO_ENGINE = ("it keeps sessions, which the hybrid layout serves in the engine process, and this "
-             "server started without one (no bundle with sessions at start): restart the "
-             "server to serve it (the engine process then starts), or serve with --layout "
-             "engine")
-"""Why a bundle with sessions published while a hybrid server runs without its engine
-process is not served (each API process would hold its own sessions)."""
+             "API process is not connected to one")
+"""Why an API process of several does not load a bundle with sessions without the engine
+process (each would hold its own sessions)."""
 
 
 class ModelControl(Protocol):
@@ -80,7 +80,7 @@ class LocalTable:
         """Serve the version here (module doc): None when it is ready, else why not (a
         version that cannot be served is listed failed with the reason: `/v1/models`)."""
         state: ModelState | None
-        if self.remote is None and self.repository.settings.layout == "hybrid" \
+        if self.remote is None and self.repository.settings.sessions_in_engine() \
                 and keeps_sessions(path):
             failed = ModelState(name, version, str(path), "failed", NO_ENGINE, None, {})
             await self.repository.add(failed, self.local)  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ class ModelRepository:
         try:
             worker = await asyncio.to_thread(self._worker, entry, state, engine)
         except Exception as exc:  # any failure skips this version only
-            entry.state, entry.reason = "failed", failure_reason(exc, self.settings.repo)
+            entry.state, entry.reason = "failed", failure_reason(exc, entry.path)
             log.error("model %s version %d not served: %s", entry.name, entry.version,
                       entry.reason)
             return

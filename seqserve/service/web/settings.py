@@ -351,6 +351,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    def sessions_in_engine(self) -> bool:
+        """Whether a bundle that keeps sessions runs in the engine process, not in an API
+        process: in the engine layout, and in the hybrid one with several API processes
+        (with one, that process holds them; in the one-process server, that process; in the
+        replicated layout every process has its own copy, sessions refused with several)."""
+        if self.api_workers == 0:
+            return False
+        several = isinstance(self.api_workers, int) and self.api_workers > 1
+        return self.layout == "engine" or (self.layout == "hybrid" and several)
+
     def engine_options(self) -> EngineOptions:
         """What the engine (a process of its own, or this one) loads and schedules with: these
         settings' values, nothing else (`EngineOptions` has no defaults of its own). The

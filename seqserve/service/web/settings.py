@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     itself after a GOAWAY, at a TCP and HTTP/2 handshake's cost), so 30 s keeps a client
     that calls every few seconds on one connection while an idle flood holds each socket
     for 30 s at most (before: for ever)."""
+    stream_idle_timeout_s: float = Field(default=30.0, gt=0)
+    """A gRPC ModelStreamInfer stream with no request for this long while none of its
+    requests is in flight is ended (UNAVAILABLE, saying so: open a new stream), as an idle
+    connection is (`grpc_idle_timeout_s`): an open stream keeps its connection from being
+    idle, so a client that opened one and went quiet held it until the connection's age
+    (`grpc_max_connection_age_s`) ran out."""
     grpc_max_connection_age_s: float = Field(default=600.0, gt=0)
     """A gRPC connection is asked to close (GOAWAY) after this long, busy or not, and its
     RPCs in flight then get drain_timeout_s to finish (grpc's max_connection_age and its

@@ -84,3 +84,37 @@ def test_without_a_short_timeout_an_idle_connection_stays_open(tiny_repo: Path) 
     with serve_with_grpc(app) as running:
         took, _ = _until_closed(running.grpc, 2.0)
     assert took is None
+
+
+def test_an_idle_model_stream_infer_stream_is_ended_a_busy_one_is_not(tiny_repo: Path) -> None:
+    """`stream_idle_timeout_s`: a ModelStreamInfer stream whose client sends a request more
+    often than the bound stays open; once it sends none (and none is in flight) for that
+    long, the server ends it UNAVAILABLE, saying why."""
+    import queue
+
+    import numpy as np
+    import pytest
+
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    app = create_app(settings(tiny_repo, grpc_port=0, stream_idle_timeout_s=0.6))
+    got: queue.Queue[tuple[object, object]] = queue.Queue()
+    with serve_with_grpc(app) as running:
+        client = grpcclient.InferenceServerClient(url=running.grpc)
+        client.start_stream(lambda result, error: got.put((result, error)))
+        try:
+            for i in range(6):  # busy: a request every 0.25 s for 1.5 s
+                text = grpcclient.InferInput("text", [1], "BYTES")
+                text.set_data_from_numpy(np.array([b"one two"], dtype=object))
+                client.async_stream_infer("tiny-clf", [text], request_id=f"r{i}")
+                result, error = got.get(timeout=30)
+                answered = time.monotonic()
+                assert error is None and result is not None, error
+                time.sleep(0.25)
+            _, error = got.get(timeout=30)  # idle now: the server ends the stream
+            took = time.monotonic() - answered
+        finally:
+            client.stop_stream()
+            client.close()
+    assert error is not None and "idle" in str(error), error
+    assert "UNAVAILABLE" in str(error) or "Unavailable" in str(error), error
+    assert took >= 0.5, took  # not before the bound (its end: the wait's 30 s above)

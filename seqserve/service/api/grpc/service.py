@@ -12,7 +12,9 @@ count, deadline, metrics, access log, status codes) and the one request lifecycl
   `sequence_start` and `sequence_end` as sessions);
 - ModelStreamInfer: each request on the stream is answered on it, concurrently, each its own
   request for the lifecycle, the metrics and the log; a failed one is a response with its
-  `error_message` (the stream goes on). A language model's request streams its generation as
+  `error_message` (the stream goes on). A stream with no request for
+  `stream_idle_timeout_s` while none of its requests is in flight ends UNAVAILABLE (as an
+  idle connection closes). A language model's request streams its generation as
   the HTTP generate_stream does: input `text_input` BYTES [1] (an optional `stream` BOOL
   input, as vLLM's examples send, must be true), the generate extension's parameters as
   request parameters (`max_tokens`, `temperature`, `top_k`, `top_p`, `seed`, `stop`), one
@@ -224,14 +226,23 @@ class InferenceService:
         running: set[asyncio.Future[None]] = set()
         incoming = aiter(requests)
         closing = asyncio.ensure_future(self.closing.wait())
+        idle_s = self.state.settings.stream_idle_timeout_s
+        idle = False
+        nxt: asyncio.Future[Any] | None = None
         try:
             while True:
-                nxt = asyncio.ensure_future(anext(incoming, None))
-                await asyncio.wait({nxt, closing}, return_when=asyncio.FIRST_COMPLETED)
-                if not nxt.done():  # the server stops listening: no new request
-                    nxt.cancel()
+                if nxt is None:
+                    nxt = asyncio.ensure_future(anext(incoming, None))
+                done, _ = await asyncio.wait({nxt, closing, *running},
+                                             timeout=None if running else idle_s,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done() and (closing.done() or not done):
+                    nxt.cancel()  # the server stops listening, or the stream sat idle
+                    idle = not done
                     break
-                request = nxt.result()
+                if not nxt.done():  # one of its requests finished: wait on
+                    continue
+                request, nxt = nxt.result(), None
                 if request is None:
                     break
                 task = asyncio.ensure_future(self._stream_request(
@@ -244,6 +255,10 @@ class InferenceService:
             closing.cancel()
             for left in running:
                 left.cancel()
+        if idle:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"ModelStreamInfer stream idle for {idle_s:g} s (no request, "
+                                "none in flight: stream_idle_timeout_s): open a new stream")
 
     async def _stream_request(self, request: Any, context: Any, metadata: dict[str, str],
                               gone: asyncio.Future[Any],

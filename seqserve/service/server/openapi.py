@@ -6,7 +6,8 @@ it always was (default and pinned version), built here for the document only (th
 serves them); this adds what only the running server knows, so that the document declares
 every constraint the server enforces:
 
-- the live limits: texts per request (`max_texts`) and characters per text (`max_chars`);
+- the live limits: texts per request (`max_texts`; a language model's prompts times
+  sequences per prompt) and characters per text (`max_chars`);
 - one OIP infer operation per served model and version, with that model's exact body
   (`seqserve.service.api.oip.docs`), instead of the generic `/v2/models/{name}/infer`; the same for
   the v1 routes (`/v1/models/{name}/classify`, `translate`, `tag`): each model's texts must
@@ -149,6 +150,10 @@ def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> 
         one = schema.get("properties", {}).get("text_input")
         if one is not None:
             one["maxLength"] = s.max_chars
+    for name, prompts, counts in (("GenerateRequest", "prompts", ("n",)),
+                                  ("CompletionRequest", "prompt", ("n", "best_of"))):
+        if name in schemas:
+            _sequence_limit(schemas[name], prompts, counts, s.max_texts)
     _errors_as_served(doc)
     if models:
         _v1_operations(doc, state)
@@ -174,6 +179,26 @@ def _unique_operation_ids(doc: dict[str, Any]) -> None:
             if unique != given:
                 item[method] = {**op, "operationId": unique}
             seen.add(unique)
+
+
+def _sequence_limit(schema: dict[str, Any], prompts: str, counts: tuple[str, ...],
+                    max_texts: int) -> None:
+    """A language model generates at most `max_texts` sequences per request: prompts times
+    sequences per prompt (each of `counts`, when given). `prompts` is a list of prompts, or
+    one prompt (a string or a list of token ids: one sequence per count)."""
+    one = [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]
+    rules = []
+    for count in counts:
+        prop = schema["properties"][count]
+        for node in [prop, *prop.get("anyOf", [])]:
+            if node.get("type") == "integer":
+                node["maximum"] = min(node.get("maximum", max_texts), max_texts)
+        rules += [{"if": {"required": [count] if k > 1 else [],  # absent: its default, 1
+                          "properties": {count: {"const": k}}},
+                   "then": {"properties": {prompts: {"anyOf": [
+                       *one, {"type": "null"}, {"maxItems": max_texts // k}]}}}}
+                  for k in range(1, max_texts + 1)]
+    schema["allOf"] = [*schema.get("allOf", []), *rules]
 
 
 def _errors_as_served(doc: dict[str, Any]) -> None:

@@ -56,12 +56,19 @@ _BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "ex
 def standard_bounds(schema: dict[str, Any]) -> None:
     """pydantic writes the bounds of a union field (`int | None`, `float | int`) as `ge`/`le`/
     `gt`/`lt`, which JSON Schema ignores; rename them to `minimum`/`maximum`/`exclusive...`
-    (a model's `json_schema_extra`)."""
+    (a model's `json_schema_extra`), in every property's schema and the schemas inside it
+    (a union's members, a dict's values, a list's items)."""
     for prop in schema.get("properties", {}).values():
-        for node in [prop, *prop.get("anyOf", [])]:
-            for short, name in _BOUNDS.items():
-                if short in node:
-                    node[name] = node.pop(short)
+        _rename_bounds(prop)
+
+
+def _rename_bounds(node: dict[str, Any]) -> None:
+    for short, name in _BOUNDS.items():
+        if short in node:
+            node[name] = node.pop(short)
+    for inner in [*node.get("anyOf", []), node.get("additionalProperties"), node.get("items")]:
+        if isinstance(inner, dict):
+            _rename_bounds(inner)
 
 
 TEXT_RULES = ("Each text: 1 to max_chars characters, at least one of them kept by the model's "

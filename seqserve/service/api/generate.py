@@ -191,9 +191,16 @@ class ScoreResponse(BaseModel):
     results: list[ScoredText]
 
 
+SSE_EVENT: dict[str, Any] = {
+    "type": "object", "required": ["data"],
+    "description": "One server-sent event (an `event: error` carries the error JSON).",
+    "properties": {"event": {"type": "string"}, "data": {"type": "string"},
+                   "id": {"type": "string"}, "retry": {"type": "integer"}}}
+"""The schema of each event of a `text/event-stream` answer: in OpenAPI 3.1 a stream's
+`schema` describes one event, as its fields (`event`, `data`, ...)."""
 SSE_DOC: dict[int | str, dict[str, Any]] = {200: {
     "description": "JSON, or with `stream: true` server-sent events",
-    "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+    "content": {"text/event-stream": {"schema": SSE_EVENT}}}}
 
 
 def token_timer(state: AppState, name: str) -> Callable[[float, bool], None]:

@@ -82,14 +82,16 @@ async def health(request: Request) -> Response:
 
 
 @_also_head("/health/live", "health_live")
-@router.get("/health/live", name="health_live", tags=["health"], include_in_schema=False)
+@router.get("/health/live", name="health_live", tags=["health"])
 async def live_alias() -> dict[str, bool]:
+    """/v2/health/live without the protocol's prefix."""
     return {"live": True}
 
 
 @_also_head("/health/ready", "health_ready")
-@router.get("/health/ready", name="health_ready", tags=["health"], include_in_schema=False)
+@router.get("/health/ready", name="health_ready", tags=["health"], responses=READINESS)
 async def ready_alias(request: Request) -> Response:
+    """/v2/health/ready without the protocol's prefix."""
     return _readiness(request)
 
 

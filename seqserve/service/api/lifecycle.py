@@ -147,7 +147,6 @@ class Route:
     """OpenAPI tags (none: the prefix's, `v1` or `v2`)."""
     events: bool = False
     """Answers only as server-sent events (its 200 is not JSON)."""
-    openapi_extra: dict[str, Any] | None = None
     documented: bool = True
     """In the OpenAPI document (OIP infer is documented per model instead)."""
 

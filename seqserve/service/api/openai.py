@@ -444,9 +444,7 @@ class OpenAIErrorResponse(BaseModel):
 ROUTES = [Route(
     "/v1", "completions", "completions", CompletionRequest, answer=complete, by_model=False,
     reads="any", refused=refused, model_of=lambda body: body.model,
-    tags=("openai",), openapi_extra={"requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}}}},
+    tags=("openai",),
     responses={200: {"description": "OpenAI text_completion (JSON, or server-sent events "
                                     "with stream: true)"},
                **{code: {"model": OpenAIErrorResponse,

@@ -6,11 +6,15 @@ it always was (default and pinned version), built here for the document only (th
 serves them); this adds what only the running server knows, so that the document declares
 every constraint the server enforces:
 
-- the live limits: texts per request (`max_texts`) and characters per text (`max_chars`);
+- the live limits: texts per request (`max_texts`; a language model's prompts times
+  sequences per prompt) and characters per text (`max_chars`);
 - one OIP infer operation per served model and version, with that model's exact body
   (`seqserve.service.api.oip.docs`), instead of the generic `/v2/models/{name}/infer`; the same for
   the v1 routes (`/v1/models/{name}/classify`, `translate`, `tag`): each model's texts must
   hold a character its own tokenizer keeps (the number models drop punctuation);
+- each per-model operation's id names its model (and version, on the pinned path:
+  `v1_classify_<model>`, `v1_classify_<model>_v<version>`, `v2_infer_<model>...`), unique
+  across the document, as code generators need;
 - errors as the server writes them (`{"error": message}`, also for 422);
 - with API keys, the bearer scheme and the 401 answer on every protected operation.
 
@@ -107,8 +111,7 @@ def operation(route: lifecycle.Route, pinned: bool) -> APIRoute:
     endpoint's signature, its description the endpoint's docstring."""
     params = [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
               for p in (("name", "version") if pinned else ("name",)) if route.by_model]
-    extra = route.openapi_extra or {}
-    if route.body is not None and "requestBody" not in extra:  # else documented as given
+    if route.body is not None:
         params.append(inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                         annotation=route.body))
 
@@ -120,8 +123,7 @@ def operation(route: lifecycle.Route, pinned: bool) -> APIRoute:
     return APIRoute(route.path(pinned), endpoint, methods=["POST"], name=route.name,
                     response_model=route.response_model, responses=dict(route.responses),
                     tags=list(route.tags or (route.prefix.strip("/"),)),
-                    response_class=Response if route.events else JsonResponse,
-                    openapi_extra=route.openapi_extra)
+                    response_class=Response if route.events else JsonResponse)
 
 
 def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> None:
@@ -139,24 +141,64 @@ def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> 
             series["maxItems"] = s.max_texts
     for name, field in (("GenerateRequest", "max_new_tokens"),
                         ("GenerateParameters", "max_tokens"),
-                        ("StreamParameters", "max_tokens")):  # the language models' limit
+                        ("StreamParameters", "max_tokens"),
+                        ("CompletionRequest", "max_tokens")):  # the language models' limit
         prop = schemas.get(name, {}).get("properties", {}).get(field)
         if prop is not None:
             prop["maximum"] = min(prop.get("maximum", s.max_new_tokens), s.max_new_tokens)
-    completion = doc.get("paths", {}).get("/v1/completions", {}).get("post", {}).get(
-        "requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {})
-    if "max_tokens" in completion.get("properties", {}):  # OpenAI's name of the same limit
-        completion["properties"]["max_tokens"]["maximum"] = s.max_new_tokens
     for schema in schemas.values():
         one = schema.get("properties", {}).get("text_input")
         if one is not None:
             one["maxLength"] = s.max_chars
+    for name, prompts, counts in (("GenerateRequest", "prompts", ("n",)),
+                                  ("CompletionRequest", "prompt", ("n", "best_of"))):
+        if name in schemas:
+            _sequence_limit(schemas[name], prompts, counts, s.max_texts)
     _errors_as_served(doc)
     if models:
         _v1_operations(doc, state)
         _infer_operations(doc, state)
+        _unique_operation_ids(doc)
     if s.keys_on:
         _bearer(doc, s.auth_health, s.auth_metrics)
+
+
+def _unique_operation_ids(doc: dict[str, Any]) -> None:
+    """Two model names that differ only in characters an operation id leaves out ("a-b",
+    "a_b") would share an id: the later operation's gets a number."""
+    seen: set[str] = set()
+    for item in doc["paths"].values():
+        for method, op in item.items():
+            given = op.get("operationId")
+            if given is None:
+                continue
+            unique, n = given, 1
+            while unique in seen:
+                n += 1
+                unique = f"{given}_{n}"
+            if unique != given:
+                item[method] = {**op, "operationId": unique}
+            seen.add(unique)
+
+
+def _sequence_limit(schema: dict[str, Any], prompts: str, counts: tuple[str, ...],
+                    max_texts: int) -> None:
+    """A language model generates at most `max_texts` sequences per request: prompts times
+    sequences per prompt (each of `counts`, when given). `prompts` is a list of prompts, or
+    one prompt (a string or a list of token ids: one sequence per count)."""
+    one = [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]
+    rules = []
+    for count in counts:
+        prop = schema["properties"][count]
+        for node in [prop, *prop.get("anyOf", [])]:
+            if node.get("type") == "integer":
+                node["maximum"] = min(node.get("maximum", max_texts), max_texts)
+        rules += [{"if": {"required": [count] if k > 1 else [],  # absent: its default, 1
+                          "properties": {count: {"const": k}}},
+                   "then": {"properties": {prompts: {"anyOf": [
+                       *one, {"type": "null"}, {"maxItems": max_texts // k}]}}}}
+                  for k in range(1, max_texts + 1)]
+    schema["allOf"] = [*schema.get("allOf", []), *rules]
 
 
 def _errors_as_served(doc: dict[str, Any]) -> None:
@@ -183,7 +225,7 @@ def _infer_operations(doc: dict[str, Any], state: AppState) -> None:
         for version, entry in sorted(repo.versions(name).items()):
             if entry.state != "ready" or entry.worker is None:
                 continue
-            outputs = [o["name"] for o in tasks.signature(entry.worker)[1]]
+            outputs = tasks.output_names(entry.worker)
             pinned = (f"/v2/models/{name}/versions/{version}/infer", version)
             targets = [pinned, (f"/v2/models/{name}/infer", None)] if version == default \
                 else [pinned]
@@ -191,12 +233,14 @@ def _infer_operations(doc: dict[str, Any], state: AppState) -> None:
                 for path, which in targets:
                     doc["paths"][path] = {"post": docs.series_infer_operation(
                         name, which, entry.task or "", outputs, entry.worker.features,
-                        errors)}
+                        entry.worker.stateful, errors)}
                 continue
             text = _text_schema(entry, s.max_chars)
+            (given,) = tasks.signature(entry.worker)[0]  # a text model's one input
             for path, which in targets:
                 doc["paths"][path] = {"post": docs.infer_operation(
-                    name, which, entry.task or "", outputs, s.max_texts, text, errors)}
+                    name, which, entry.task or "", outputs, s.max_texts, text, given["name"],
+                    errors)}
 
 
 V1_VERBS = {"classifier": "classify", "translator": "translate", "tagger": "tag",
@@ -226,21 +270,24 @@ def _v1_operations(doc: dict[str, Any], state: AppState) -> None:
             if entry.state != "ready" or entry.worker is None or template is None:
                 continue
             if isinstance(entry.worker, SeriesWorker):
-                op = _series_operation(template["post"], schemas, name, version, entry.worker)
+                op = _series_operation(template["post"], schemas, entry.worker)
             else:
-                op = _model_operation(template["post"], schemas, name, version,
+                op = _model_operation(template["post"], schemas,
                                       _text_schema(entry, state.settings.max_chars))
             verb = V1_VERBS[entry.task or ""]
-            paths[f"/v1/models/{name}/versions/{version}/{verb}"] = {"post": op}
+            targets: list[tuple[str, int | None]] = [
+                (f"/v1/models/{name}/versions/{version}/{verb}", version)]
             if version == default:
-                paths[f"/v1/models/{name}/{verb}"] = {"post": op}
+                targets.append((f"/v1/models/{name}/{verb}", None))
+            for path, which in targets:
+                paths[path] = {"post": {**op, "operationId": docs.operation_id(
+                    f"v1_{verb}", name, which)}}
 
 
-def _model_operation(template: dict[str, Any], schemas: dict[str, Any], name: str,
-                     version: int, text: dict[str, Any]) -> dict[str, Any]:
+def _model_operation(template: dict[str, Any], schemas: dict[str, Any],
+                     text: dict[str, Any]) -> dict[str, Any]:
     op = copy.deepcopy(template)
     op.pop("parameters", None)  # no path parameters left
-    op["operationId"] = f"{op.get('operationId', 'post')}_{name}_v{version}"
     content = op["requestBody"]["content"]["application/json"]
     ref = content["schema"].get("$ref", "")
     body = copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]]) if ref else content["schema"]
@@ -249,14 +296,13 @@ def _model_operation(template: dict[str, Any], schemas: dict[str, Any], name: st
     return op
 
 
-def _series_operation(template: dict[str, Any], schemas: dict[str, Any], name: str,
-                      version: int, worker: SeriesWorker) -> dict[str, Any]:
+def _series_operation(template: dict[str, Any], schemas: dict[str, Any],
+                      worker: SeriesWorker) -> dict[str, Any]:
     """A feature-sequence model's predict operation: its steps exactly `features` wide, its
     series at most its step limit long; a stateful model's session fields (one series with
     a session), none for a model without state."""
     op = copy.deepcopy(template)
     op.pop("parameters", None)
-    op["operationId"] = f"{op.get('operationId', 'post')}_{name}_v{version}"
     content = op["requestBody"]["content"]["application/json"]
     ref = content["schema"].get("$ref", "")
     body = copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]]) if ref else content["schema"]

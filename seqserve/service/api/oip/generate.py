@@ -135,7 +135,7 @@ STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"description": "Server-sent events: `data: {\"model_name\", \"model_version\", "
                          "\"text_output\"}` per token, a last one with `finish_reason` and "
                          "`usage`",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+          "content": {"text/event-stream": {"schema": v1.SSE_EVENT}}}}
 
 ROUTES = [
     Route("/v2", "generate", "v2_generate", V2GenerateRequest, answer=generate_answer,

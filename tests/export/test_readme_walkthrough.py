@@ -1,11 +1,11 @@
 """The "Serve your own model" walkthrough (docs/own-model/index.md, which the README links),
-run as written: its fenced `bash` blocks, line by line, in a fresh folder (`examples/` linked in): the examples' training scripts (which
-also pack with the Python API), `seqserve pack` from their ONNX files, `seqserve serve` (on a
-free port) and the curl requests (sent with httpx). The served answers are compared with the
-eager modules the scripts trained (loaded from their weights.pt): labels equal, probabilities
-within 1e-4, translations equal at beam 1 and beam 5 to a plainly written beam search, the
-language model's greedy generations equal the module's own greedy decode and its scored
-log-probs the module's within 1e-4."""
+run as written: its fenced `bash` blocks, line by line, in a fresh folder (`examples/` linked
+in): the examples' training scripts (which also pack with the Python API), `seqserve pack`
+from their ONNX files, `seqserve serve` (on a free port) and the curl requests (sent with
+httpx). The served answers are compared with the eager modules the scripts trained (loaded
+from their weights.pt): labels equal, probabilities within 1e-4, translations equal at beam 1
+and beam 5 to a plainly written beam search, the language model's greedy generations equal
+the module's own greedy decode and its scored log-probs the module's within 1e-4."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ out ("2024" -> "two zero two four"), trained in a few seconds on generated numbe
 The decoder step is exported as it is: (previous token, hidden, encoder outputs, mask) ->
 (logits over the target vocabulary, new hidden, attention weights). `seqserve pack translator`
 adds what the server's batched beam search needs (log-softmax + top-k, memory rows gathered
-per hypothesis, the state flattened); see the README's "Serve your own model".
+per hypothesis, the state flattened); see docs/own-model/index.md ("Serve your own model").
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ name's last character, trained in a few seconds on the small list of surnames be
     python examples/names_classifier.py --out work/names --repo model_repository --name names-py
         also packs the trained module with seqserve's Python API (seqserve.pack.classifier)
 
-The files are packed with the CLI as the README's "Serve your own model" shows:
+The files are packed with the CLI as docs/own-model/index.md ("Serve your own model") shows:
     seqserve pack classifier --onnx work/names/names.onnx --tokenizer work/names/tokenizer.json ...
 """
 

@@ -27,8 +27,8 @@ examples:
 The graphs' contract (inputs, outputs, padding rules) is docs/bundle-format.md. pack checks
 the signature, parity with the TorchScript twin when given and batch invariance on random
 padded batches, and refuses (naming what to change) a model that fails; nothing is written
-then. Versions are never overwritten. Worked examples: examples/ and the README's
-"Serve your own model".
+then. Versions are never overwritten. Worked examples: examples/ and docs/own-model/
+(a page per task).
 """
 
 

@@ -258,10 +258,10 @@ def test_api_keys_come_from_an_optional_secret(rendered: Docs, overlay: str) -> 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_readme_shutdown_text_matches_the_manifests(rendered: Docs, overlay: str) -> None:
-    """deploy/README.md's shutdown paragraph quotes what the rendered pods do."""
+    """docs/deployment.md's shutdown paragraph quotes what the rendered pods do."""
     import re
 
-    readme = (REPO / "deploy" / "README.md").read_text()
+    readme = (REPO / "docs" / "deployment.md").read_text()
     text = " ".join(re.search(r"^Shutdown: (.*?)\n\n", readme, re.M | re.S)
                     .group(1).split())  # type: ignore[union-attr]
     docs = rendered[overlay]

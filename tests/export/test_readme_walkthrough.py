@@ -1,11 +1,11 @@
-"""The README's "Serve your own model" walkthrough, run as written: its fenced `bash` blocks,
-line by line, in a fresh folder (`examples/` linked in): the examples' training scripts (which
-also pack with the Python API), `seqserve pack` from their ONNX files, `seqserve serve` (on a
-free port) and the curl requests (sent with httpx). The served answers are compared with the
-eager modules the scripts trained (loaded from their weights.pt): labels equal, probabilities
-within 1e-4, translations equal at beam 1 and beam 5 to a plainly written beam search, the
-language model's greedy generations equal the module's own greedy decode and its scored
-log-probs the module's within 1e-4."""
+"""The "Serve your own model" walkthrough (docs/own-model/index.md, which the README links),
+run as written: its fenced `bash` blocks, line by line, in a fresh folder (`examples/` linked
+in): the examples' training scripts (which also pack with the Python API), `seqserve pack`
+from their ONNX files, `seqserve serve` (on a free port) and the curl requests (sent with
+httpx). The served answers are compared with the eager modules the scripts trained (loaded
+from their weights.pt): labels equal, probabilities within 1e-4, translations equal at beam 1
+and beam 5 to a plainly written beam search, the language model's greedy generations equal
+the module's own greedy decode and its scored log-probs the module's within 1e-4."""
 
 from __future__ import annotations
 
@@ -34,13 +34,14 @@ from service_fakes import free_port
 from seqserve.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "## Serve your own model"
+PAGE = ROOT / "docs" / "own-model" / "index.md"
+SECTION = "## Walkthrough: the examples"
 
 
 def readme_commands() -> list[list[str]]:
     """The section's shell commands (continuations joined, comments dropped), as argv."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert SECTION in text, "README lost its walkthrough section"
+    text = PAGE.read_text(encoding="utf-8")
+    assert SECTION in text, f"{PAGE} lost its walkthrough section"
     section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", section, flags=re.S):
@@ -81,7 +82,7 @@ def _serving(argv: list[str], cwd: Path, env: dict[str, str]) -> Iterator[Server
 
 
 def _curl(argv: list[str]) -> tuple[str, dict[str, Any] | None]:
-    """(path, JSON body) of a README curl line."""
+    """(path, JSON body) of a walkthrough curl line."""
     url = next(a for a in argv[1:] if a.startswith(("localhost", "http")))
     body = argv[argv.index("-d") + 1] if "-d" in argv else None
     path = "/" + url.split("://")[-1].split("/", 1)[1]
@@ -90,7 +91,7 @@ def _curl(argv: list[str]) -> tuple[str, dict[str, Any] | None]:
 
 @pytest.fixture(scope="module")
 def walkthrough(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """Runs the README's commands; yields the folder and the curl answers."""
+    """Runs the walkthrough's commands; yields the folder and the curl answers."""
     work = tmp_path_factory.mktemp("walkthrough")
     (work / "examples").symlink_to(ROOT / "examples")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
@@ -233,7 +234,7 @@ def test_walkthrough_translators_answer_as_the_eager_model(walkthrough: dict[str
                 assert got == expected, (name, beam)
                 compared += len(texts)
     assert compared == 24
-    # the model learned its task: the README's own example reads as it should
+    # the model learned its task: the walkthrough's own example reads as it should
     assert tgt.decode(want("2024", 5)) == "two zero two four"
 
 
@@ -258,7 +259,7 @@ def test_walkthrough_language_models_answer_as_the_eager_model(walkthrough: dict
         want, _, finish = lm_greedy(model, [eos, *tok.encode(prompt)], model.init_hidden(1),
                                     eos, body["max_new_tokens"], True)
         assert (res["text"], res["finish_reason"]) == (tok.decode(want), finish), prompt
-    # the model learned its text: the README's prompt goes on as the Zen of Python does
+    # the model learned its text: the walkthrough's prompt goes on as the Zen of Python does
     assert answer["results"][0]["text"] == " better than ugly."
     body, answer = asked["zen-py"]
     for text, res in zip(body["texts"], answer["results"], strict=True):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -63,3 +64,41 @@ def test_a_stopped_engine_is_answered_503_then_killed_and_restarted(tiny_repo: P
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(old, signal.SIGKILL)
+
+
+def _timing(value: str) -> dict[str, float]:
+    """Server-Timing's durations in seconds by name."""
+    out = {}
+    for part in value.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        out[name] = float(dur) / 1000
+    return out
+
+
+def test_a_stall_shorter_than_the_hang_timeout_shows_in_the_queue_time(tiny_repo: Path) -> None:
+    """An engine stopped for less than --engine-hang-timeout-s: the request it held is
+    answered once the engine goes on, and its Server-Timing queue (and the queue metric)
+    tell the wait the client saw, not the engine's own report of its queue."""
+    stall_s = 1.5
+    with serve(tiny_repo, "--layout", "engine", "--api-workers", "1",
+               "--engine-hang-timeout-s", "30") as server:
+        url = f"{server.url}/v1/models/tiny-clf/classify"
+        body = {"texts": ["one two"]}
+        assert httpx.post(url, json=body, timeout=30).status_code == 200
+        engine = engine_of(server)
+        assert engine is not None
+        os.kill(engine, signal.SIGSTOP)
+        try:
+            with httpx.Client(timeout=60) as client:
+                began = time.monotonic()
+                pending = client.build_request("POST", url, json=body)
+                threading.Timer(stall_s, os.kill, (engine, signal.SIGCONT)).start()
+                answer = client.send(pending)
+                waited = time.monotonic() - began
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine, signal.SIGCONT)
+    assert answer.status_code == 200, answer.text
+    timing = _timing(answer.headers["server-timing"])
+    assert waited >= stall_s and timing["queue"] >= stall_s * 0.8, (waited, timing)
+    assert timing["queue"] + timing["compute"] <= timing["total"] + 0.01, timing

@@ -228,6 +228,8 @@ class RequestContext:
         self.disconnected.set()
 
     def record(self, timing: Timing) -> None:
+        """Keep a result's queue and compute time (the longest of the request's rows);
+        `wait` then raises the queue time to the wait the client saw, less the compute."""
         self.queue_s = max(self.queue_s, timing.queue_s)
         self.compute_s = max(self.compute_s, timing.compute_s)
         self.computed = True
@@ -242,6 +244,7 @@ class RequestContext:
         + `asyncio.wait` + a task on the disconnect event were a tenth of the API process's
         time per request)."""
         loop = asyncio.get_running_loop()
+        began = time.monotonic()
         waiter: asyncio.Future[None] = loop.create_future()
         state: dict[str, Any] = {"left": len(futures), "failed": None}
 
@@ -277,6 +280,9 @@ class RequestContext:
                 results: list[T] = [f.result() for f in futures]
                 for r in results:
                     self.record(r.timing)
+                # the wait the client saw: all but the compute (an engine process that
+                # stalled or a slow hand-back counts, where its own queue report did not)
+                self.queue_s = max(self.queue_s, time.monotonic() - began - self.compute_s)
                 return results
             if gone.done():
                 raise ClientGone("client disconnected")

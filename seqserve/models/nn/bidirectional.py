@@ -20,7 +20,8 @@ unrolled over the example's length, which fixes the time axis to it and breaks t
 reverse-within-length gathers at every other length; there the wrapper runs
 `masked_rnn.run_within_lengths` instead, the same recurrence as a `scan` whose length is the
 input's. Both forms give the same outputs and h_n to float rounding. That form runs tanh
-cells only: an nn.RNN(nonlinearity='relu') raises under dynamo, naming `dynamo=False`.
+cells only: an nn.RNN(nonlinearity='relu') raises under torch.export, naming `dynamo=False`
+(under torch.compile alone it keeps the native form).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ class LengthAwareBidirectional(nn.Module):
         if lengths is None:  # every row full; built from x to follow its batch and device
             lengths = torch.ones_like(x[:, :, 0], dtype=torch.int64).sum(1)
         lengths = lengths.to(device=x.device, dtype=torch.int64)
-        if exporting():
+        # torch.compile alone (not exporting) re-traces per length: a relu layer stays native
+        if exporting() and (supported(self.rnn) is None or torch.compiler.is_exporting()):
             return self._scanned(x, lengths, lengths_given)
         mask = length_mask(lengths, max_len).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
         last = (lengths - 1).clamp(min=0).view(-1, 1, 1)  # (B, 1, 1)

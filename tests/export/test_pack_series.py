@@ -105,6 +105,9 @@ def test_manifests_record_what_the_server_applies(packed: dict[str, Any]) -> Non
         "invariance_max_diff"]["onnx"]
     clf = json.loads((packed["repo"] / "activity-api" / "1" / "manifest.json").read_text())
     assert clf["labels"] == LABELS and clf["state_dim"] == 2 * 2 * 10
+    api = json.loads((packed["repo"] / "forecast-api" / "1" / "manifest.json").read_text())
+    for manifest in (api, clf):  # seqserve.pack.length_aware through the default exporter
+        assert manifest["source"]["exporter"] == "dynamo"
     assert main(["verify", str(packed["repo"] / "activity-api" / "1")]) == 0
 
 

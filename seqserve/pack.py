@@ -74,7 +74,8 @@ def sequence_tagger(module: Any, **kwargs: Any) -> Any:
 def length_aware(rnn: Any) -> Any:
     """A drop-in wrapper around a unidirectional nn.LSTM / nn.GRU / nn.RNN that keeps its
     weights and returns each row's state after its own last valid step: `rnn(x, lengths,
-    hx=None)` -> (output, h_n) (an LSTM: (output, (h_n, c_n))), exportable."""
+    hx=None)` -> (output, h_n) (an LSTM: (output, (h_n, c_n))), exportable by either of
+    PyTorch's ONNX exporters with a dynamic batch and time axis."""
     from seqserve.models.nn.length_aware import LengthAwareRNN
 
     return LengthAwareRNN(rnn)
@@ -82,7 +83,8 @@ def length_aware(rnn: Any) -> Any:
 
 def bidirectional(rnn: Any) -> Any:
     """A drop-in wrapper around a bidirectional nn.LSTM / nn.GRU that keeps its weights and
-    runs the backward direction within each row's length: call it as `rnn(x, lengths)`."""
+    runs the backward direction within each row's length: call it as `rnn(x, lengths)`;
+    exportable by either of PyTorch's ONNX exporters with a dynamic batch and time axis."""
     from seqserve.models.nn.bidirectional import LengthAwareBidirectional
 
     return LengthAwareBidirectional(rnn)

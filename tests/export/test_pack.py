@@ -132,13 +132,9 @@ def _cli_translator(mt: Seq2Seq, d: Path, src: Path, tgt: Path, repo: Path) -> N
 
 @pytest.fixture(scope="module")
 def server(packed: dict[str, object]) -> Iterator[str]:
-    from service_fakes import serve_in_thread
+    from service_fakes import serve_repo
 
-    from seqserve.service.server.app import create_app
-    from seqserve.service.web.settings import Settings
-
-    settings = Settings(repo=packed["repo"], max_wait_ms=5, intra_op_threads=1, max_tokens=32)
-    with serve_in_thread(create_app(settings)) as url:
+    with serve_repo(packed["repo"], max_wait_ms=5, max_tokens=32) as url:
         yield url
 
 

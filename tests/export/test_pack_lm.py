@@ -106,13 +106,9 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(packed: dict[str, Any]) -> Iterator[str]:
-    from service_fakes import serve_in_thread
+    from service_fakes import serve_repo
 
-    from seqserve.service.server.app import create_app
-    from seqserve.service.web.settings import Settings
-
-    settings = Settings(repo=packed["repo"], max_wait_ms=5, intra_op_threads=1, max_tokens=32)
-    with serve_in_thread(create_app(settings)) as url:
+    with serve_repo(packed["repo"], max_wait_ms=5, max_tokens=32) as url:
         yield url
 
 

@@ -85,13 +85,9 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(packed: dict[str, Any]) -> Iterator[str]:
-    from service_fakes import serve_in_thread
+    from service_fakes import serve_repo
 
-    from seqserve.service.server.app import create_app
-    from seqserve.service.web.settings import Settings
-
-    settings = Settings(repo=packed["repo"], max_wait_ms=20, intra_op_threads=1, max_texts=8)
-    with serve_in_thread(create_app(settings)) as url:
+    with serve_repo(packed["repo"], max_wait_ms=20, max_texts=8) as url:
         yield url
 
 
@@ -105,6 +101,9 @@ def test_manifests_record_what_the_server_applies(packed: dict[str, Any]) -> Non
         "invariance_max_diff"]["onnx"]
     clf = json.loads((packed["repo"] / "activity-api" / "1" / "manifest.json").read_text())
     assert clf["labels"] == LABELS and clf["state_dim"] == 2 * 2 * 10
+    api = json.loads((packed["repo"] / "forecast-api" / "1" / "manifest.json").read_text())
+    for manifest in (api, clf):  # seqserve.pack.length_aware through the default exporter
+        assert manifest["source"]["exporter"] == "dynamo"
     assert main(["verify", str(packed["repo"] / "activity-api" / "1")]) == 0
 
 

@@ -112,6 +112,14 @@ def serve_in_thread(app: Any, timeout: float = 60.0,
     return serve_app(app, timeout_s=timeout, **config)
 
 
+def serve_repo(repo: Path, **overrides: Any) -> contextlib.AbstractContextManager[str]:
+    """seqserve's own app over the bundles of `repo` (one runtime thread; `overrides`: more
+    settings) under a real uvicorn in a thread; yields the base URL."""
+    from seqserve.service.server.app import create_app
+
+    return serve_in_thread(create_app(Settings(repo=repo, intra_op_threads=1, **overrides)))
+
+
 def copy_repo(src: Path, dst: Path) -> Path:
     """A private copy of a model repository (tests that tamper must not touch the shared one)."""
     import shutil

@@ -11,6 +11,17 @@ length (as `pad_packed_sequence` gives), and h_n (layers x 2, B, H) taken at eac
 valid token (forward) and first token (backward). An LSTM's c_n is returned only when called
 without lengths (None otherwise: nn.LSTM keeps no per-step cell state to read it from); start
 a decoder from h_n or the outputs.
+
+Two forms of the same computation. Eagerly, under `torch.jit.trace` and under the
+TorchScript-based ONNX exporter, each direction is the user's own native layer (one layer of
+it), exported as an ONNX LSTM / GRU / RNN node whose time axis follows the input. Under
+torch.export (PyTorch's default ONNX exporter, dynamo) a native layer is decomposed into a loop
+unrolled over the example's length, which fixes the time axis to it and breaks the
+reverse-within-length gathers at every other length; there the wrapper runs
+`masked_rnn.run_within_lengths` instead, the same recurrence as a `scan` whose length is the
+input's. Both forms give the same outputs and h_n to float rounding. That form runs tanh
+cells only: an nn.RNN(nonlinearity='relu') raises under torch.export, naming `dynamo=False`
+(under torch.compile alone it keeps the native form).
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from seqserve.models.nn.masked_rnn import exporting, run_within_lengths, supported
 from seqserve.models.nn.rnn import gather_time, length_mask, reverse_index
 
 
@@ -60,17 +72,32 @@ class LengthAwareBidirectional(nn.Module):
         h0 = h0.contiguous()
         return (h0, h0) if self.is_lstm else h0
 
+    def _scanned(self, x: Tensor, lengths: Tensor, lengths_given: bool) -> tuple[Tensor, Any]:
+        """The form under torch.export (module doc): x (B, T, I), lengths (B,) int64."""
+        why = supported(self.rnn)
+        if why is not None:  # the native form would fix the time axis: refuse, not that
+            raise ValueError(f"seqserve.pack.bidirectional under PyTorch's default ONNX "
+                             f"exporter (dynamo): {why}; export with dynamo=False")
+        output, h_n, c_n = run_within_lengths(self.rnn, x, lengths, batch_first=True)
+        output = output if self.batch_first else output.transpose(0, 1)
+        if self.is_lstm:
+            return output, (h_n, None if lengths_given else c_n)
+        return output, h_n
+
     def forward(self, x: Tensor, lengths: Tensor | None = None,
                 hx: Any = None) -> tuple[Tensor, Any]:
         if hx is not None:
             raise ValueError("an initial state is not supported by the wrapper (zeros)")
         if not self.batch_first:
             x = x.transpose(0, 1)  # (B, T, I)
-        batch, max_len = x.shape[0], x.shape[1]
+        max_len = x.shape[1]
         lengths_given = lengths is not None
-        if lengths is None:
-            lengths = torch.full((batch,), max_len, dtype=torch.int64)
-        lengths = lengths.to(torch.int64)
+        if lengths is None:  # every row full; built from x to follow its batch and device
+            lengths = torch.ones_like(x[:, :, 0], dtype=torch.int64).sum(1)
+        lengths = lengths.to(device=x.device, dtype=torch.int64)
+        # torch.compile alone (not exporting) re-traces per length: a relu layer stays native
+        if exporting() and (supported(self.rnn) is None or torch.compiler.is_exporting()):
+            return self._scanned(x, lengths, lengths_given)
         mask = length_mask(lengths, max_len).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
         last = (lengths - 1).clamp(min=0).view(-1, 1, 1)  # (B, 1, 1)
         rev = reverse_index(lengths, max_len)  # (B, T)

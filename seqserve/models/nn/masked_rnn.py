@@ -44,7 +44,7 @@ def supported(rnn: nn.Module) -> str | None:
     return None
 
 
-def _exporting() -> bool:
+def exporting() -> bool:
     """Whether torch.export / dynamo is tracing (then the loop is a `scan`)."""
     return bool(torch.compiler.is_compiling() or torch.compiler.is_exporting())
 
@@ -92,7 +92,7 @@ def _direction(rnn: nn.RNNBase, kind: str, layer: int, suffix: str, seq: Tensor,
         b_hh = getattr(rnn, f"bias_hh_l{layer}{suffix}")
     else:
         b_ih = b_hh = torch.zeros(w_hh.shape[0], dtype=seq.dtype, device=seq.device)
-    scanning = _exporting()
+    scanning = exporting()
     if kind == "lstm":
         assert c is not None
         proj = getattr(rnn, "proj_size", 0)

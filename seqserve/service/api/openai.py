@@ -126,6 +126,10 @@ class CompletionRequest(BaseModel):
     logit_bias: dict[StrictStr, Bias] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     ignore_eos: StrictBool = False
     user: StrictStr | None = Field(None, description="Accepted, unused.")
+    split_special_tokens: StrictBool = Field(
+        False, description="Read special-token strings in a text prompt (`<s>`, `</s>`, ...) "
+        "as ordinary text; by default they are those tokens (Hugging Face's convention, as "
+        "/tokenize reads them).")
     return_state: StrictBool = Field(False, description=RETURN_STATE_DOC)
     state: StateText | None = Field(None, description=STATE_DOC)
 
@@ -311,7 +315,8 @@ def _prepare(state: AppState, name: str, body: CompletionRequest, worker: LMWork
         resumed: Generation = worker.start([str(text)], params, context, token_timer(state, name),
                                   **extra)
         return prompts, [], resumed
-    prompts = worker.prompts(body.prompts(), starts=body.scores(), single=body.single())
+    prompts = worker.prompts(body.prompts(), starts=body.scores(), single=body.single(),
+                             split_special_tokens=body.split_special_tokens)
     futures = worker.submit_scores(prompts, body.logprobs or 0, context.deadline) \
         if body.scores() else []
     try:

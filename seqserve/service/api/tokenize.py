@@ -44,6 +44,9 @@ class TokenizeRequest(BaseModel):
     model: StrictStr | None = Field(None, description="Model name (optional with one "
                                                       "language model served).")
     return_token_strs: StrictBool = Field(False, description="Also each token's piece.")
+    split_special_tokens: StrictBool = Field(
+        False, description="Read special-token strings in the prompt (`<s>`, `</s>`, ...) "
+        "as ordinary text; by default they are those tokens (Hugging Face's convention).")
 
 
 class TokenizeResponse(BaseModel):
@@ -94,7 +97,7 @@ async def tokenizer_info(request: Request, model: str | None = None) -> dict[str
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """A text's token ids (special tokens by their strings)."""
     worker = language_model(app_state(request), body.model)
-    ids = worker.tokenize(body.prompt, body.add_special_tokens)
+    ids = worker.tokenize(body.prompt, body.add_special_tokens, body.split_special_tokens)
     return TokenizeResponse(model=worker.ctx.name, tokens=ids, count=len(ids),
                             max_model_len=worker.ctx.limits.max_tokens,
                             token_strs=[worker.ctx.tokenizer.id_to_piece(i) for i in ids]

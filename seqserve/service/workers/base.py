@@ -15,6 +15,7 @@ import functools
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -119,24 +120,34 @@ def check_text(text: str, i: int, tok: TextTokenizer, max_chars: int) -> None:
                          "tokens)")
 
 
+Encode = Callable[[str, bool], tuple[list[int], list[Piece] | None]]
+"""A text's ids, and with offsets (True) its pieces: a tokenizer's reading other than its
+plain `encode` (a language model's special-token strings: `lm_text.encode`)."""
+
+
 def encode_texts(tok: TextTokenizer, texts: list[str], limits: TextLimits,
-                 offsets: bool = False) -> list[Encoded]:
+                 offsets: bool = False, encode: Encode | None = None) -> list[Encoded]:
     """The one input contract: texts -> token rows under `limits`, or BadRequest naming the
-    text and the limit (count, type, Unicode, NUL, characters, empty, tokens)."""
+    text and the limit (count, type, Unicode, NUL, characters, empty, tokens); `encode`: how
+    a text becomes ids (default: the tokenizer's own)."""
     if not texts:
         raise BadRequest("no texts: send at least one")
     if len(texts) > limits.max_texts:
         raise BadRequest(f"too many texts: {len(texts)} > max_texts {limits.max_texts}")
-    return [_encode(tok, text, i, limits, offsets) for i, text in enumerate(texts)]
+    return [_encode(tok, text, i, limits, offsets, encode) for i, text in enumerate(texts)]
 
 
-def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: bool) -> Encoded:
+def _encode(tok: TextTokenizer, text: str, i: int, limits: TextLimits, offsets: bool,
+            encode: Encode | None) -> Encoded:
     if not isinstance(text, str):
         raise BadRequest(f"texts[{i}] must be a string, got {type(text).__name__}")
     check_text(text, i, tok, limits.max_chars)
     try:
-        pieces = tok.encode_with_offsets(text) if offsets else None
-        ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
+        if encode is not None:
+            ids, pieces = encode(text, offsets)
+        else:
+            pieces = tok.encode_with_offsets(text) if offsets else None
+            ids = [p.id for p in pieces] if pieces is not None else tok.encode(text)
     except TokenizerFailed as exc:  # e.g. a regex of a tokenizer.json over its limit
         log.warning("the tokenizer failed on texts[%d] (%d characters): %s", i, len(text), exc)
         raise TextNotTokenizable(f"texts[{i}]: this model's tokenizer could not process the "

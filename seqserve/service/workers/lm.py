@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -176,16 +177,19 @@ class LMWorker:
         return self._eos
 
     def prompts(self, prompts: Sequence[str] | Sequence[list[int]], starts: bool = False,
-                single: bool = False) -> list[Prompt]:
-        """Texts (the one input contract) or token-id lists (each id in the vocabulary, the
-        same count and token limits) as prompts; `starts`: where each token starts in its
-        text too; `single`: the request gave one prompt (a 400 names `prompt`, not
-        `prompt[i]`)."""
+                single: bool = False, split_special_tokens: bool = False) -> list[Prompt]:
+        """Texts (the one input contract; special-token strings read as those tokens unless
+        `split_special_tokens`: `lm_text.encode`) or token-id lists (each id in the
+        vocabulary, the same count and token limits) as prompts; `starts`: where each token
+        starts in its text too; `single`: the request gave one prompt (a 400 names `prompt`,
+        not `prompt[i]`). A prompt that starts with bos gets no second one."""
         tok, limits = self.ctx.tokenizer, self.ctx.limits
         if not prompts or isinstance(prompts[0], str):
             texts = [str(p) for p in prompts]
-            encoded = encode_texts(tok, texts, limits, offsets=starts)
-            return [Prompt(e.ids, [self._bos, *e.ids], t,
+            specials = None if split_special_tokens or self.specials.pattern is None else \
+                functools.partial(lm_text.encode, tok, self.specials)
+            encoded = encode_texts(tok, texts, limits, offsets=starts, encode=specials)
+            return [Prompt(e.ids, self._row(e.ids), t,
                            [p.start for p in e.pieces] if e.pieces is not None else None,
                            e.truncated) for t, e in zip(texts, encoded, strict=True)]
         if len(prompts) > limits.max_texts:
@@ -205,10 +209,14 @@ class LMWorker:
                                  "truncate)", param="prompt")
             ids = ids[: limits.max_tokens]
             text = self.detokenize(ids)
-            out.append(Prompt(ids, ids if ids[0] == self._bos else [self._bos, *ids], text,
+            out.append(Prompt(ids, self._row(ids), text,
                               lm_text.offsets(tok, self.specials, ids, text) if starts
                               else None, truncated))
         return out
+
+    def _row(self, ids: list[int]) -> list[int]:
+        """What the model reads of a prompt's ids: bos first (once)."""
+        return ids if ids and ids[0] == self._bos else [self._bos, *ids]
 
     def resumed(self, value: StateValue, text: str, params: GenerateParams
                 ) -> tuple[Prompt, GenerateParams, int]:
@@ -353,13 +361,17 @@ class LMWorker:
             out.append(item)
         return out
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The ids of `text`, special tokens by their strings (`lm_text.tokenize`), once
-        `check_characters` passed (an empty text is bos alone)."""
+    def tokenize(self, text: str, add_special_tokens: bool = True,
+                 split_special_tokens: bool = False) -> list[int]:
+        """The ids of `text`, special tokens by their strings (`lm_text.tokenize`; with
+        `split_special_tokens` such strings are ordinary text), once `check_characters`
+        passed (an empty text is bos alone)."""
         check_characters(text, "prompt", self.ctx.limits.max_chars, param="prompt")
+        tok = self.ctx.tokenizer
         try:
-            return lm_text.tokenize(self.ctx.tokenizer, self.specials, text,
-                                    add_special_tokens)
+            if split_special_tokens:
+                return [tok.bos_id] * add_special_tokens + tok.encode(text)
+            return lm_text.tokenize(tok, self.specials, text, add_special_tokens)
         except TokenizerFailed as exc:
             raise TextNotTokenizable(f"this model's tokenizer could not process the text "
                                      f"({exc})") from exc

@@ -6,6 +6,9 @@ reads).
 Special tokens (pad, unk, bos, eos) are written by their strings (SentencePiece's `<s>`,
 `</s>`, ...): `tokenize` reads those strings in a text as the special ids, `detokenize` and
 `text_of` write them back, so `tokenize(detokenize(ids)) == ids` for the ids a text can give.
+A text prompt is read the same way everywhere (completions with their echo, /score, generate,
+OIP: `encode`, Hugging Face's convention, which lm-eval's text requests assume) unless the
+request asks `split_special_tokens` (then such a string is ordinary text).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from seqserve.models.text.tokenizer import Piece
 from seqserve.models.text.tokenizer_files import TextTokenizer
 from seqserve.service.core.errors import BadRequest
 
@@ -46,17 +50,36 @@ def tokenize(tok: TextTokenizer, specials: Specials, text: str,
              add_special_tokens: bool = True) -> list[int]:
     """The ids of `text`, special strings read as their ids (module doc); with
     `add_special_tokens` bos first (what the server puts before every prompt)."""
-    out = [tok.bos_id] if add_special_tokens else []
-    at = 0
+    return ([tok.bos_id] if add_special_tokens else []) + encode(tok, specials, text)[0]
+
+
+def encode(tok: TextTokenizer, specials: Specials, text: str, offsets: bool = False
+           ) -> tuple[list[int], list[Piece] | None]:
+    """`text`'s ids, special strings read as their ids and the text between them encoded
+    on its own (module doc), and with `offsets` its pieces (a special's span: its string)."""
+    ids: list[int] = []
+    pieces: list[Piece] | None = [] if offsets else None
     named = specials.ids()
+
+    def run(start: int, end: int) -> None:
+        if pieces is None:
+            ids.extend(tok.encode(text[start:end]))
+            return
+        for p in tok.encode_with_offsets(text[start:end]):
+            ids.append(p.id)
+            pieces.append(Piece(p.id, p.piece, p.start + start, p.end + start))
+
+    at = 0
     for m in specials.pattern.finditer(text) if specials.pattern is not None else ():
         if m.start() > at:
-            out += tok.encode(text[at : m.start()])
-        out.append(named[m.group()])
+            run(at, m.start())
+        ids.append(named[m.group()])
+        if pieces is not None:
+            pieces.append(Piece(ids[-1], m.group(), m.start(), m.end()))
         at = m.end()
     if at < len(text):
-        out += tok.encode(text[at:])
-    return out
+        run(at, len(text))
+    return ids, pieces
 
 
 def detokenize(tok: TextTokenizer, specials: Specials, ids: Sequence[int]) -> str:

@@ -145,6 +145,45 @@ def test_harness_loglikelihood_requests(url: str) -> None:
         score["logprobs"][1:], abs=1e-6)
 
 
+def test_special_token_strings_read_one_way_everywhere(url: str) -> None:
+    """`<s>` / `</s>` in a text prompt are those tokens in /tokenize, completions (echo) and
+    /score alike (Hugging Face's convention, which lm-eval's text requests assume): lm-eval's
+    rolling request sent as text (`tokenized_requests=False`: bos string + document) scores
+    as its token-id request does; `split_special_tokens` reads them as ordinary text."""
+    info = httpx.get(f"{url}/tokenizer_info", params={"model": "tiny-lm"}, timeout=30).json()
+    bos, eos = info["bos_token"], info["eos_token"]
+    text = f"one two{eos} three {bos}four"
+    ids = tokens(url, text)
+    assert info["eos_token_id"] in ids and info["bos_token_id"] in ids
+    body = {"model": "tiny-lm", "temperature": 0, "max_tokens": 0, "logprobs": 0,
+            "echo": True}
+    as_text = post(url, "/v1/completions", {**body, "prompt": text}).json()
+    as_ids = post(url, "/v1/completions", {**body, "prompt": ids}).json()
+    lp_text, lp_ids = (r["choices"][0]["logprobs"] for r in (as_text, as_ids))
+    assert lp_text["tokens"] == lp_ids["tokens"] and bos in lp_text["tokens"]
+    assert lp_text["token_logprobs"][1:] == pytest.approx(lp_ids["token_logprobs"][1:],
+                                                          abs=1e-6)
+    assert lp_text["text_offset"][lp_text["tokens"].index(eos)] == text.index(eos)
+    score = scored(url, text)
+    assert score["logprobs"][1:] == pytest.approx(lp_ids["token_logprobs"][1:], abs=1e-6)
+    assert len(score["logprobs"]) == len(ids)
+    # lm-eval's rolling window as text: the bos string, then the document
+    doc = "one two three four five"
+    rolling_text = post(url, "/v1/completions", {**body, "prompt": bos + doc}).json()
+    rolling_ids = post(url, "/v1/completions",
+                       {**body, "prompt": [info["bos_token_id"], *tokens(url, doc)]}).json()
+    assert rolling_text["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+        rolling_ids["choices"][0]["logprobs"]["token_logprobs"], abs=1e-6)
+    # asked otherwise: the strings are text (more tokens, none of them special)
+    split = post(url, "/tokenize", {"model": "tiny-lm", "prompt": text,
+                                    "add_special_tokens": False,
+                                    "split_special_tokens": True}).json()["tokens"]
+    assert len(split) > len(ids) and info["eos_token_id"] not in split
+    plain = post(url, "/v1/completions", {**body, "prompt": text,
+                                          "split_special_tokens": True}).json()
+    assert len(plain["choices"][0]["logprobs"]["tokens"]) == len(split)  # (echo: no bos)
+
+
 def test_token_id_prompts(url: str, client: openai.OpenAI) -> None:
     ids = tokens(url, "one two three")
     by_text = client.completions.create(model="tiny-lm", prompt="one two three",

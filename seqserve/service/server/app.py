@@ -11,6 +11,7 @@ every success body is encoded by the one encoder (`JsonResponse`, the default re
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -59,6 +60,8 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     composition = Composition(settings, metrics, runtime_factory, engine)
     state = AppState(composition.settings, metrics, composition.repository)
 
+    lifecycle: HttpLifecycle | None = None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         metrics.watch_process("api" if os.environ.get(SUPERVISOR_ENV) else "server")
@@ -74,6 +77,9 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
         state.begin_drain()
         drained = await composition.stop(state.drain_left())
         metrics.stop_watching()
+        spans = lifecycle.spans if lifecycle is not None else None
+        if spans is not None:  # the last spans exported
+            await asyncio.to_thread(spans.shutdown)
         log.info("stopped (%s)", "all work drained" if drained else "drain timeout passed")
 
     app = SeqserveApp(
@@ -95,7 +101,7 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
     # the one request lifecycle (request id, access log, CORS, the head's decision, API
     # keys, body, timing, metrics), then the hot path or FastAPI's own stack
     inner = HotPath(state, routes.TABLE, functools.partial(FastAPI.__call__, app))
-    app.entry = HttpLifecycle(inner, state, Keys.of(settings))
+    app.entry = lifecycle = HttpLifecycle(inner, state, Keys.of(settings))
     return app
 
 

@@ -63,15 +63,17 @@ class Trace:
     """One request's place in a W3C trace: the trace it belongs to and this server's span
     (module doc)."""
 
-    __slots__ = ("trace_id", "span_id", "flags")
+    __slots__ = ("trace_id", "parent_id", "span_id", "flags")
 
-    def __init__(self, value: bytes | str | None) -> None:
+    def __init__(self, value: bytes | str | None, sampled: bool = False) -> None:
         raw = value.encode("latin-1") if isinstance(value, str) else value
         found = TRACEPARENT.fullmatch(raw.strip()) if raw else None
         if found is not None and found[1] != b"0" * 32 and found[2] != b"0" * 16:
             self.trace_id, self.flags = found[1].decode(), found[3].decode()
-        else:  # none, or not one we can continue: a new trace, not sampled
-            self.trace_id, self.flags = f"{random.getrandbits(128) or 1:032x}", "00"
+            self.parent_id = found[2].decode()
+        else:  # none, or not one we can continue: a new trace, sampled when spans are on
+            self.trace_id = f"{random.getrandbits(128) or 1:032x}"
+            self.flags, self.parent_id = ("01" if sampled else "00"), ""
         self.span_id = f"{random.getrandbits(64) or 1:016x}"
 
     @property
@@ -80,9 +82,9 @@ class Trace:
         return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
 
 
-def trace_of(scope: Scope) -> Trace:
-    """The request's trace (its `traceparent` header, else a new one), made once per
-    request and kept in the scope's state."""
+def trace_of(scope: Scope, sampled: bool = False) -> Trace:
+    """The request's trace (its `traceparent` header, else a new one: `sampled` when spans
+    are recorded), made once per request and kept in the scope's state."""
     state = scope.setdefault("state", {})
     trace = state.get("trace")
     if trace is None:
@@ -91,7 +93,7 @@ def trace_of(scope: Scope) -> Trace:
             if name == b"traceparent":
                 value = header
                 break
-        trace = state["trace"] = Trace(value)
+        trace = state["trace"] = Trace(value, sampled)
     return trace  # type: ignore[no-any-return]
 
 
@@ -212,15 +214,21 @@ class AccessLog:
             setattr(exc, LOGGED, True)
 
 
+def route_of(scope: Scope) -> str:
+    """The request's route as a path template (the hot path's or FastAPI's), "unmatched"
+    when no route took it."""
+    route = scope.get("route")
+    return str(scope.get("route_path") or getattr(route, "path", None) or "unmatched")
+
+
 def access_fields(scope: Scope, rid: str, status: int, seconds: float) -> dict[str, Any]:
     """The access-log fields of one finished request."""
-    route = scope.get("route")
     params = scope.get("path_params") or {}
     call = (scope.get("state") or {}).get("call")
     client = scope.get("client")
     return {
         "method": scope.get("method", ""),
-        "route": scope.get("route_path") or getattr(route, "path", None) or "unmatched",
+        "route": route_of(scope),
         "model": str(params.get("name", ""))[:128],
         "version": str(params.get("version", ""))[:32],
         "status": status,

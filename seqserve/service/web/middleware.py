@@ -54,11 +54,18 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seqserve.service.core.answers import Answer, Headers, bug_message
-from seqserve.service.web.access_log import AccessLog, request_id, trace_of, with_retry_after
+from seqserve.service.web.access_log import (
+    AccessLog,
+    request_id,
+    route_of,
+    trace_of,
+    with_retry_after,
+)
 from seqserve.service.web.auth import Keys
 from seqserve.service.web.cors import Cors
 from seqserve.service.web.http_protocol import RECEIVED
 from seqserve.service.web.responses import error_for, request_id_of, send_answer
+from seqserve.service.web.tracing import Spans
 
 if TYPE_CHECKING:
     from seqserve.service.web.state import AppState
@@ -187,6 +194,7 @@ class HttpLifecycle:
             if s.cors_origins else None
         self.keys = keys
         self.log = AccessLog(enabled=s.access_log)
+        self.spans = Spans.of(s)
         self.inner_head: Callable[[Scope], Answer | None] | None = getattr(app, "head", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -219,6 +227,8 @@ class HttpLifecycle:
         finally:
             if not status[1]:  # no response went out
                 self._observe(scope, status[0] or 500, time.monotonic() - start)
+            if self.spans is not None:
+                self._end_span(scope, status[0] or 500)
         self.log.line(scope, rid, status[0], start)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send,
@@ -295,7 +305,10 @@ class HttpLifecycle:
         status, headers, body = answer
         self._observe(scope, status, time.monotonic() - start)
         self.log.line(scope, rid, status, start)  # (a refusal left out: counted, not logged)
-        return status, self._finish(scope, rid, status, headers, start, None), body
+        headers = self._finish(scope, rid, status, headers, start, None)
+        if self.spans is not None:
+            self._end_span(scope, status)
+        return status, headers, body
 
     def _finish(self, scope: Scope, rid: str, status: int, headers: Headers, start: float,
                 origin: bytes | None) -> list[tuple[bytes, bytes]]:
@@ -312,8 +325,24 @@ class HttpLifecycle:
             out = [*(h for h in out if h[0] not in names), *extra]
         out = with_retry_after(status, out, self.state.settings.retry_after_s)
         out.append((REQUEST_ID, rid.encode()))
-        out.append((TRACEPARENT, trace_of(scope).traceparent.encode()))
+        trace = trace_of(scope, self.spans is not None)
+        if self.spans is not None:  # (the span's sampling decides the flags written)
+            scope["state"]["span"] = self.spans.start(
+                trace, f"{scope.get('method', '')} {route_of(scope)}", start)
+        out.append((TRACEPARENT, trace.traceparent.encode()))
         return out
+
+    def _end_span(self, scope: Scope, status: int) -> None:
+        """End the request's span (`web.tracing`), if it has one."""
+        state = scope.get("state") or {}
+        span = state.pop("span", None)
+        if span is not None and self.spans is not None:
+            params = scope.get("path_params") or {}
+            self.spans.end(span, status, {
+                "http.request.method": scope.get("method", ""), "http.route": route_of(scope),
+                "seqserve.model": str(params.get("name", "")),
+                "seqserve.version": str(params.get("version", "")),
+                "seqserve.request_id": state.get("request_id", "")}, state.get("call"))
 
     @property
     def admitted(self) -> int:

@@ -282,6 +282,12 @@ class Settings(BaseSettings):
     cors_expose_headers: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """With cors_origins: more answer headers a page's script may read (comma-separated),
     besides the request id, Server-Timing, Retry-After, WWW-Authenticate and traceparent."""
+    otel_endpoint: str | None = None
+    """Export each request's OpenTelemetry span (with its queue and compute) over OTLP/HTTP
+    to this traces endpoint (e.g. `http://collector:4318/v1/traces`; the `otel` extra);
+    unset: no spans (the `traceparent` answers and the access log's trace ids stay)."""
+    otel_service_name: str = "seqserve"
+    """The `service.name` of the exported spans."""
     switch_interval_ms: float = Field(default=0.5, gt=0)
     """Python's GIL switch interval of every `seqserve serve` process, API and engine (Python's
     default 5 ms makes the batch thread wait behind the busy event loop after every runtime

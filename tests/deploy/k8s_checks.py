@@ -108,7 +108,7 @@ def route_checker() -> Callable[[str, str], bool]:
     from seqserve.service.web.settings import Settings
 
     app = create_app(Settings(repo=Path("unused")))
-    table = HotPath(app.state.seqserve, routes.TABLE)
+    table = HotPath(app.state.seqserve, routes.TABLE, app.router)
 
     def exists(path: str, method: str = "GET") -> bool:
         if method == "POST" and table.match(path) is not None:

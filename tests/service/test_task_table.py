@@ -13,6 +13,7 @@ from seqserve.export.contract import (
     TASKS,
     task_spec,
 )
+from seqserve.service.api.kserve import INSTEAD, V1_FACES
 from seqserve.service.api.oip.tasks import FACES
 from seqserve.service.api.routes import TABLE
 from seqserve.service.engine.interface import HANDLES
@@ -25,6 +26,8 @@ def test_every_layer_covers_the_table() -> None:
     assert set(HANDLES) == set(FAMILIES)
     assert set(WORKERS) == set(TASKS)
     assert set(FACES) == set(TASKS)
+    # KServe V1: a face per task, or what to use instead (a language model)
+    assert set(V1_FACES) | set(INSTEAD) == set(TASKS) and not set(V1_FACES) & set(INSTEAD)
     assert set(ROW_TASKS) == {t for t, s in TASK_SPECS.items() if s.family == "rows"}
     assert {s.family for s in TASK_SPECS.values()} == set(FAMILIES)
 

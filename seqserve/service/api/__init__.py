@@ -7,7 +7,8 @@ in-flight accounting, disconnects, for plain and streamed answers); errors are r
 Modules: `routes` (every route in order: the inference table and FastAPI's routers),
 `hot_path` (the HTTP front of the table), `lifecycle`, `common` (shared schema pieces and the
 formatter of validation errors), `health`, `models` (listing), `classify`, `translate`,
-`tag`, `predict`, `generate` (v1 generate and score, server-sent events), `openai`
-(completions), `oip/` (Open Inference Protocol v2: routes, tensor codec, schemas, per-task
-adapters, the generate extension), `admin` (the effective settings of both processes).
+`tag`, `predict`, `kserve` (KServe V1 predict over those four), `generate` (v1 generate and
+score, server-sent events), `openai` (completions), `oip/` (Open Inference Protocol v2:
+routes, tensor codec, schemas, per-task adapters, the generate extension), `admin` (the
+effective settings of both processes).
 """

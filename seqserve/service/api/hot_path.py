@@ -4,9 +4,9 @@ dispatched directly on the ASGI messages, without FastAPI's per-request machiner
 Measured on the 2-core box (py-spy of an API process under 64 connections): FastAPI's
 middleware stack, routing, dependency solving and Response objects took about 40% of the
 process's time, the route itself (tokenization, the engine round trip, result building)
-35%. So every inference route (v1 classify, translate, tag, predict, generate, score, OpenAI
-completions, OIP v2 infer, generate and generate_stream, default and pinned versions) is
-answered here, and only here; FastAPI serves the others:
+35%. So every inference route (v1 classify, translate, tag, predict, KServe V1 `:predict`,
+generate, score, OpenAI completions, OIP v2 infer, generate and generate_stream, default and
+pinned versions) is answered here, and only here; FastAPI serves the others:
 
 - the body (read once, by the request lifecycle `web.middleware.HttpLifecycle`) is
   validated by the route's pydantic model as the route `reads` it: `model_validate_json`
@@ -46,7 +46,9 @@ from seqserve.service.web.middleware import BODY
 from seqserve.service.web.responses import error_for, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 
-BY_MODEL = re.compile(r"^(/v1|/v2)/models/([^/]+)(?:/versions/([^/]+))?/([^/]+)$")
+BY_MODEL = re.compile(r"^(/v1|/v2)/models/([^/]+?)(?:/versions/([^/]+?))?(/|:)([^/:]+)$")
+"""A by-model route's path: prefix, model, version (optional), the join ("/", or ":" for
+KServe V1's `{name}:predict`; a name may hold ":" itself, the verb may not), verb."""
 JSON = (b"content-type", JSON_TYPE)
 NOT_JSON = "request body is not valid JSON text (malformed or not UTF-8)"
 ALLOW = [(b"allow", b"POST")]
@@ -69,11 +71,12 @@ class HotPath:
     def __init__(self, state: AppState, table: Iterable[Route], fallback: ASGIApp) -> None:
         self.state = state
         self.fallback = fallback
-        self.by_verb: dict[tuple[str, str], tuple[Route, str, str]] = {}
+        self.by_verb: dict[tuple[str, str, str], tuple[Route, str, str]] = {}
         self.fixed: dict[str, Found] = {}
         for route in table:
             if route.by_model:
-                self.by_verb[route.prefix, route.verb] = route, route.path(), route.path(True)
+                self.by_verb[route.prefix, route.joined, route.verb] = \
+                    route, route.path(), route.path(True)
             else:
                 self.fixed[route.path()] = route, None, None, route.path()
 
@@ -85,8 +88,8 @@ class HotPath:
         parts = BY_MODEL.match(path)
         if parts is None:
             return None
-        prefix, name, version, verb = parts.groups()
-        entry = self.by_verb.get((prefix, verb))
+        prefix, name, version, joined, verb = parts.groups()
+        entry = self.by_verb.get((prefix, joined, verb))
         if entry is None:
             return None
         route, default, pinned = entry

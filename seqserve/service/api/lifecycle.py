@@ -111,11 +111,12 @@ body: `core.answers`), or a streamed answer (`api/generate.py` `EventStream`).""
 @dataclass(frozen=True, slots=True)
 class Route:
     """One inference route, declared once (module doc). Its path is
-    `{prefix}/models/{name}[/versions/{version}]/{verb}`, or `{prefix}/{verb}` when not
-    `by_model`. Its answer: `run(worker, body, context)` on the ready worker of `kind`, in
-    the v1 shape `{"model", "version", "results"}`; or `answer(state, call, body)`, a route's
-    own flow (through `answer` / `RequestCall` too). `body` is the request model (None: the
-    answer takes the body's bytes); the rest documents the route (OpenAPI)."""
+    `{prefix}/models/{name}[/versions/{version}]/{verb}` (`:{verb}` when `joined` is ":",
+    KServe V1's `:predict`), or `{prefix}/{verb}` when not `by_model`. Its answer:
+    `run(worker, body, context)` on the ready worker of `kind`, in the v1 shape `{"model",
+    "version", "results"}`; or `answer(state, call, body)`, a route's own flow (through
+    `answer` / `RequestCall` too). `body` is the request model (None: the answer takes the
+    body's bytes); the rest documents the route (OpenAPI)."""
 
     prefix: str
     verb: str
@@ -126,6 +127,9 @@ class Route:
     run: Callable[[Any, Any, RequestContext], Awaitable[Any]] | None = None
     answer: Callable[[AppState, Call, Any], Awaitable[Reply]] | None = None
     by_model: bool = True
+    joined: str = "/"
+    """What joins the model (or its version) to the verb in the path: "/", or ":" (KServe
+    V1's `/v1/models/{name}:predict`)."""
     reads: str = "json"
     """How the body becomes `body`: "json", pydantic's JSON parser (`model_validate_json`) for
     an application/json body and FastAPI's reading for another type; "fastapi", FastAPI's
@@ -155,7 +159,7 @@ class Route:
         if not self.by_model:
             return f"{self.prefix}/{self.verb}"
         return (f"{self.prefix}/models/{{name}}{'/versions/{version}' if pinned else ''}"
-                f"/{self.verb}")
+                f"{self.joined}{self.verb}")
 
 
 async def serve(state: AppState, route: Route, call: Call, body: Any) -> Reply:

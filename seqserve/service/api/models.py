@@ -3,7 +3,8 @@
 Both are supersets of OpenAI's: the listing has `object: "list"` and `data` (OpenAI's Model
 objects) beside `models`; one model has OpenAI's Model fields (`id`, `object: "model"`,
 `created`: when its default version was exported, `owned_by`) beside its own, so OpenAI's
-clients list and retrieve models as they do at OpenAI."""
+clients list and retrieve models as they do at OpenAI. Each model also has KServe V1's model
+status, `ready` (its default version is ready), which KServe's SDK reads (`is_model_ready`)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ class ModelInfo(OpenAIModel):
     """One model: OpenAI's Model object (`id` is the name) and its versions."""
 
     name: str
+    ready: bool = Field(description="KServe V1's model status: a request without a version "
+                        "would be served now (the default version is ready).")
     default_version: int | None
     versions: list[ModelVersionInfo]
 
@@ -81,8 +84,10 @@ def created(repo: ModelRepository, name: str) -> int:
 
 def model_info(repo: ModelRepository, name: str) -> ModelInfo:
     default = repo.default_version(name)
-    versions = [version_info(e, default) for _, e in sorted(repo.versions(name).items())]
-    return ModelInfo(id=name, created=created(repo, name), name=name,
+    entries = repo.versions(name)
+    versions = [version_info(e, default) for _, e in sorted(entries.items())]
+    ready = default is not None and entries[default].worker is not None
+    return ModelInfo(id=name, created=created(repo, name), name=name, ready=ready,
                      default_version=default, versions=versions)
 
 

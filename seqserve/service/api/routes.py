@@ -16,6 +16,7 @@ from seqserve.service.api import (
     classify,
     generate,
     health,
+    kserve,
     models,
     openai,
     predict,
@@ -30,8 +31,9 @@ from seqserve.service.api.oip import routes as oip
 
 FRONTS: tuple[APIRouter | Route, ...] = (
     health.router, models.router, *classify.ROUTES, *translate.ROUTES, *tag.ROUTES,
-    *predict.ROUTES, *generate.ROUTES, *openai.ROUTES, tokenize.router, repository.router,
-    oip.router, *oip.ROUTES, *oip_generate.ROUTES, admin.router, repository.admin)
+    *predict.ROUTES, *kserve.ROUTES, *generate.ROUTES, *openai.ROUTES, tokenize.router,
+    repository.router, oip.router, *oip.ROUTES, *oip_generate.ROUTES, admin.router,
+    repository.admin)
 """The API's routes in order (the OpenAPI document lists its paths in this order)."""
 TABLE: tuple[Route, ...] = tuple(r for r in FRONTS if isinstance(r, Route))
 """The inference routes."""

@@ -136,9 +136,10 @@ def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> 
         if texts is not None:
             texts["maxItems"] = s.max_texts
             texts["items"]["maxLength"] = s.max_chars
-        series = schema.get("properties", {}).get("series")
-        if series is not None:
-            series["maxItems"] = s.max_texts
+        for listed in ("series", "instances"):  # a predict body's, KServe V1's
+            items = schema.get("properties", {}).get(listed)
+            if items is not None:
+                items["maxItems"] = s.max_texts
     for name, field in (("GenerateRequest", "max_new_tokens"),
                         ("GenerateParameters", "max_tokens"),
                         ("StreamParameters", "max_tokens"),
@@ -255,13 +256,16 @@ def _text_schema(entry: Any, max_chars: int) -> dict[str, Any]:
 
 
 def _v1_operations(doc: dict[str, Any], state: AppState) -> None:
-    """Replace the generic v1 inference paths by one operation per served model (and per
-    version), whose body schema carries that model's text rule."""
+    """Replace the generic v1 inference paths, KServe V1's `:predict` too, by one operation
+    per served model (and per version), whose body schema carries that model's text rule
+    (or its series' width and length)."""
     paths, schemas = doc["paths"], doc["components"]["schemas"]
     generic = {verb: paths.pop(f"/v1/models/{{name}}/{verb}", None) for verb in
                set(V1_VERBS.values())}
     for verb in set(V1_VERBS.values()):
         paths.pop(f"/v1/models/{{name}}/versions/{{version}}/{verb}", None)
+    kserve = paths.pop("/v1/models/{name}:predict", None)
+    paths.pop("/v1/models/{name}/versions/{version}:predict", None)
     repo = state.repository
     for name in sorted(repo.entries):
         default = repo.default_version(name)
@@ -271,17 +275,53 @@ def _v1_operations(doc: dict[str, Any], state: AppState) -> None:
                 continue
             if isinstance(entry.worker, SeriesWorker):
                 op = _series_operation(template["post"], schemas, entry.worker)
+                instance = _series_schema(_body_schema(template["post"], schemas)
+                                          ["properties"]["series"]["items"], entry.worker)
             else:
-                op = _model_operation(template["post"], schemas,
-                                      _text_schema(entry, state.settings.max_chars))
+                text = _text_schema(entry, state.settings.max_chars)
+                op = _model_operation(template["post"], schemas, text)
+                instance = {"anyOf": [text, {"type": "object", "properties": {"text": text},
+                                             "required": ["text"],
+                                             "additionalProperties": False}]}
             verb = V1_VERBS[entry.task or ""]
-            targets: list[tuple[str, int | None]] = [
-                (f"/v1/models/{name}/versions/{version}/{verb}", version)]
-            if version == default:
-                targets.append((f"/v1/models/{name}/{verb}", None))
-            for path, which in targets:
-                paths[path] = {"post": {**op, "operationId": docs.operation_id(
-                    f"v1_{verb}", name, which)}}
+            operations = [(f"/{verb}", f"v1_{verb}", op)]
+            if kserve is not None:
+                operations.append((":predict", "v1_kserve_predict",
+                                   _kserve_operation(kserve["post"], schemas, instance)))
+            for tail, prefix, one in operations:
+                targets: list[tuple[str, int | None]] = [
+                    (f"/v1/models/{name}/versions/{version}{tail}", version)]
+                if version == default:
+                    targets.append((f"/v1/models/{name}{tail}", None))
+                for path, which in targets:
+                    paths[path] = {"post": {**one, "operationId": docs.operation_id(
+                        prefix, name, which)}}
+
+
+def _body_schema(template: dict[str, Any], schemas: dict[str, Any]) -> dict[str, Any]:
+    """A copy of an operation's body schema (its reference resolved)."""
+    schema = template["requestBody"]["content"]["application/json"]["schema"]
+    ref = schema.get("$ref", "")
+    return copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]] if ref else schema)
+
+
+def _kserve_operation(template: dict[str, Any], schemas: dict[str, Any],
+                      instance: dict[str, Any]) -> dict[str, Any]:
+    """A model's KServe V1 predict operation: each instance as that model takes one."""
+    op = copy.deepcopy(template)
+    op.pop("parameters", None)
+    body = _body_schema(template, schemas)
+    body["properties"]["instances"]["items"] = instance
+    op["requestBody"]["content"]["application/json"]["schema"] = body
+    return op
+
+
+def _series_schema(series: dict[str, Any], worker: SeriesWorker) -> dict[str, Any]:
+    """One series' schema as a model takes it: at most its step limit long, its steps
+    exactly `features` wide."""
+    series["maxItems"] = worker.ctx.limits.max_steps
+    series["items"]["minItems"] = series["items"]["maxItems"] = worker.features
+    return series
 
 
 def _model_operation(template: dict[str, Any], schemas: dict[str, Any],
@@ -306,9 +346,7 @@ def _series_operation(template: dict[str, Any], schemas: dict[str, Any],
     content = op["requestBody"]["content"]["application/json"]
     ref = content["schema"].get("$ref", "")
     body = copy.deepcopy(schemas[ref.rsplit("/", 1)[-1]]) if ref else content["schema"]
-    series = body["properties"]["series"]["items"]
-    series["maxItems"] = worker.ctx.limits.max_steps
-    series["items"]["minItems"] = series["items"]["maxItems"] = worker.features
+    _series_schema(body["properties"]["series"]["items"], worker)
     if worker.stateful:  # a session's chunk is one series; start and end need a session
         body["anyOf"] = [
             {"properties": {"session": {"type": "null"}, "start": {"const": False},

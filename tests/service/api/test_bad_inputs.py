@@ -1,13 +1,15 @@
-"""One table of bad inputs, sent to every POST route (v1 and OIP v2, default and pinned version,
-classifier, translator and tagger; a language model's generate and score, the OIP generate
-extension's generate and generate_stream, and vLLM's /tokenize; a feature-sequence model's
-predict and OIP infer) of a real server over one keep-alive connection per route.
+"""One table of bad inputs, sent to every POST route (v1, KServe V1 `:predict` and OIP v2,
+default and pinned version, classifier, translator and tagger; a language model's generate and
+score, the OIP generate extension's generate and generate_stream, and vLLM's /tokenize; a
+feature-sequence model's predict, KServe V1 predict and OIP infer) of a real server over one
+keep-alive connection per route.
 
 For every case and route: a 4xx with a JSON `{"error": ...}` body, no 5xx, no reset and no
 hang (the next, good request on the same connection gets its 200), and the server stays
 ready. A case is written once: texts and options become a v1 body or an OIP body by the
-route's protocol, series become a predict body or an OIP `features` tensor (and a bad body for
-every text route); raw bodies are sent as they are, with the case's headers (content types
+route's protocol (KServe V1: texts as `instances`, options as unknown fields), series become a
+predict body, KServe V1 `instances` or an OIP `features` tensor (and a bad body for every text
+route); raw bodies are sent as they are, with the case's headers (content types
 and codings). A case may name the one status it must get.
 """
 
@@ -37,8 +39,8 @@ LM_VERBS = ("generate", "score")
 OIP_LM_VERBS = ("v2generate", "v2generate_stream")
 """The OIP generate extension: one text as `text_input`, options as `parameters`."""
 ROUTES = [(task, protocol, pinned) for task in MODELS if task not in ("lm", "series")
-          for protocol in ("v1", "v2") for pinned in (False, True)]
-ROUTES += [("series", protocol, pinned) for protocol in ("predict", "v2")
+          for protocol in ("v1", "kserve", "v2") for pinned in (False, True)]
+ROUTES += [("series", protocol, pinned) for protocol in ("predict", "kserve", "v2")
            for pinned in (False, True)]
 ROUTES += [("lm", verb, pinned) for verb in LM_VERBS + OIP_LM_VERBS
            for pinned in (False, True)]
@@ -77,7 +79,11 @@ class Bad:
                 return json.dumps({"inputs": [{"name": "features", "datatype": "FP32",
                                                "shape": _shape(self.series),
                                                "data": self.series}]}).encode()
+            if protocol == "kserve":
+                return json.dumps({"instances": self.series}).encode()
             return json.dumps({"series": self.series}).encode()
+        if protocol == "kserve":  # KServe V1: the texts are instances; options unknown fields
+            return json.dumps({"instances": self.texts, **self.options}).encode()
         if protocol == "predict":
             return json.dumps({"texts": self.texts, **self.options}).encode()
         if protocol == "generate":
@@ -156,7 +162,8 @@ CASES = [
     Bad("text is a number", texts=[5]),
     Bad("text is null", texts=[None]),
     Bad("text is a list", texts=[["one"]]),
-    Bad("text is an object", texts=[{"text": "one"}]),
+    Bad("text is an object", texts=[{"text": "one"}], valid_for=("kserve",)),  # {"text": ...}
+    Bad("text is an object with more", texts=[{"text": "one", "top_k": 2}]),
     Bad("text is a bool", texts=[True]),
     Bad("texts is a string", texts="one two", valid_for=OIP_LM_VERBS + TOKENIZE),  # one text
     # -- the body
@@ -263,7 +270,7 @@ CASES = [
     Bad("series bare numbers for steps", series=[[1.0, 2.0, 3.0]]),
     Bad("series ragged steps", series=[[STEP, [1.0, 2.0], STEP]]),
     Bad("series ragged series", series=[[STEP, STEP], [STEP]],
-        valid_for=("predict",)),  # series of different lengths: a ragged OIP tensor
+        valid_for=("predict", "kserve")),  # series of different lengths: a ragged OIP tensor
     Bad("series empty", series=[[]]),
     Bad("series no series", series=[]),
     Bad("series over-long", series=[[STEP] * 17]),
@@ -329,11 +336,14 @@ CASES = [
           "parameters": {"binary_data_size": 0}}])),
 ]
 GOOD = {"v1": json.dumps({"texts": ["one two"], "beam_size": 1}).encode(),
+        "kserve": json.dumps({"instances": ["one two"]}).encode(),
         "v2": json.dumps(oip(["one two"], parameters={"beam_size": 1})).encode()}
 GOOD_SERIES = {"predict": json.dumps({"series": [[STEP, STEP]]}).encode(),
+               "kserve": json.dumps({"instances": [[STEP, STEP]]}).encode(),
                "v2": json.dumps(oip([[STEP, STEP]], shape=[1, 2, 3], datatype="FP32",
                                     name="features")).encode()}
 GOOD_NO_OPTIONS = {"v1": json.dumps({"texts": ["one two"]}).encode(),
+                   "kserve": json.dumps({"instances": ["one two"]}).encode(),
                    "v2": json.dumps(oip(["one two"])).encode(),
                    "generate": json.dumps({"prompts": ["one two"], "max_new_tokens": 2}).encode(),
                    "v2generate": json.dumps({"text_input": "one two",
@@ -371,8 +381,10 @@ def server(request: pytest.FixtureRequest, tiny_full_repo: Path, tiny_lm_repo: P
 def route(task: str, protocol: str, pinned: bool) -> str:
     if protocol in TOKENIZE:
         return "/tokenize"
-    prefix = "v1" if protocol in (*LM_VERBS, "predict") else protocol[:2]
+    prefix = "v1" if protocol in (*LM_VERBS, "predict", "kserve") else protocol[:2]
     base = f"/{prefix}/models/{MODELS[task]}" + ("/versions/1" if pinned else "")
+    if protocol == "kserve":
+        return f"{base}:predict"
     if protocol in LM_VERBS:
         return f"{base}/{protocol}"
     if protocol in OIP_LM_VERBS:
@@ -419,7 +431,7 @@ def test_unknown_model_version_or_task_is_404(server: str, task: str, protocol: 
     wrong = [path.replace(MODELS[task], "no-such-model"),
              path.replace(f"models/{MODELS[task]}", f"models/{MODELS[task]}/versions/9"),
              path.replace(f"models/{MODELS[task]}", f"models/{MODELS[task]}/versions/x")]
-    if protocol != "v2":  # a model of another task behind this task's verb
+    if protocol not in ("v2", "kserve"):  # a model of another task behind this task's verb
         wrong.append(path.replace(MODELS[task], other))
     good = (GOOD_SERIES if task == "series" else GOOD_NO_OPTIONS)[protocol]
     conn = RawConnection(server, timeout=30)

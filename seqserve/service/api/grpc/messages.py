@@ -23,9 +23,18 @@ INFERENCE = "inference.GRPCInferenceService"
 """The inference service's full name (the method paths' prefix)."""
 HEALTH = "grpc.health.v1.Health"
 
-POOL = descriptor_pool.DescriptorPool()
-for _file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS).file:
-    POOL.Add(_file)
+
+
+def new_pool(*extra: descriptor_pb2.FileDescriptorProto) -> descriptor_pool.DescriptorPool:
+    """A private descriptor pool of the .proto files (`DESCRIPTORS`) and the `extra` files
+    (server reflection's own: `server.py`)."""
+    pool = descriptor_pool.DescriptorPool()
+    for file in (*descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTORS).file, *extra):
+        pool.Add(file)
+    return pool
+
+
+POOL = new_pool()
 
 
 def message(name: str) -> Any:

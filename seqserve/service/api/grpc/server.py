@@ -15,6 +15,11 @@ the one drain budget (`AppState.drain_left`) before the models drain. A message 
 Idle connections close after `grpc_idle_timeout_s` (HTTP's keep-alive bound), and every
 connection is asked to go after `grpc_max_connection_age_s`, its RPCs in flight given
 `drain_timeout_s` (grpc's max_connection_idle, max_connection_age and its grace).
+
+Server reflection (grpcio-reflection, `grpc.reflection.v1alpha.ServerReflection`, which
+grpcurl and Postman fall back to) lists the served services (inference, health, reflection)
+and serves their files from a private descriptor pool (`messages.new_pool`: the messages are
+not in protobuf's default pool, `messages.py` says why), so a client needs no .proto file.
 """
 
 from __future__ import annotations
@@ -24,7 +29,10 @@ import logging
 import socket
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
+from seqserve.service.api.grpc import messages as pb
 from seqserve.service.api.grpc.service import InferenceService
 from seqserve.service.web.state import AppState
 
@@ -50,6 +58,18 @@ def check_free(host: str, port: int) -> None:
         except OSError as exc:
             raise RuntimeError(f"gRPC: cannot bind {address(host, port)} ({exc.strerror}): "
                                "choose another --grpc-port, or --no-grpc") from exc
+
+
+REFLECTED = (pb.INFERENCE, pb.HEALTH, reflection.SERVICE_NAME)
+"""The services server reflection lists."""
+
+
+def reflection_pool() -> descriptor_pool.DescriptorPool:
+    """The descriptor pool reflection serves: the front's .proto files and reflection's own
+    (`reflection.proto`, which imports nothing)."""
+    own = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(own)
+    return pb.new_pool(own)
 
 
 def _ms(seconds: float) -> int:
@@ -81,6 +101,7 @@ class GrpcServer:
             ("grpc.max_connection_age_grace_ms", _ms(s.drain_timeout_s)),
         ])
         server.add_generic_rpc_handlers(self.service.handlers())
+        reflection.enable_server_reflection(REFLECTED, server, pool=reflection_pool())
         where = address(s.host, s.grpc_port)
         try:
             port = server.add_insecure_port(where)

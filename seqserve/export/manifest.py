@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from seqserve.export.contract import (
@@ -221,6 +221,16 @@ class Manifest:
             for key in ("normalization", "output_scale", "state_dim"):
                 if getattr(self, key) is not None:
                     d[key] = getattr(self, key)
+        return d
+
+    def served_dict(self) -> dict[str, Any]:
+        """`to_dict()` as the server shows it to clients: the build machine's paths in
+        `source_run` (the run's folder, its training config's data files) and `source` (what
+        `pack` was given) are relative, each its last part (the manifest file keeps them)."""
+        d = self.to_dict()
+        for key in ("source_run", "source"):
+            if key in d:
+                d[key] = _relative_paths(d[key])
         return d
 
     @classmethod
@@ -598,3 +608,16 @@ def _check_specials(manifest: Manifest, where: str) -> None:
         raise BundleError(f"{where}: a language model's tokenizer needs bos_id and eos_id "
                           "(every prompt is read after bos; generation stops at eos); pack "
                           "with --bos-token and --eos-token")
+
+
+def _relative_paths(value: Any) -> Any:
+    """`value` with every absolute path in it (a string, POSIX or Windows) replaced by its
+    last part, through nested dicts and lists."""
+    if isinstance(value, dict):
+        return {k: _relative_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relative_paths(v) for v in value]
+    if isinstance(value, str) and (PurePosixPath(value).is_absolute()
+                                   or PureWindowsPath(value).is_absolute()):
+        return PureWindowsPath(value).name or value
+    return value

@@ -11,8 +11,10 @@ configuration extensions, and the same for the v1 API under /v1/admin/models.
   (`engine.control.Controller.load` / `unload`);
 - `GET /v2/models[/{m}[/versions/{v}]]/stats`: Triton's statistics, per version, summed over
   every process (`seqserve_model_inferences_total` and `..._seconds_total`);
-- `GET /v2/models/{m}[/versions/{v}]/config`: what the bundle declares, in Triton's shape
-  (with the manifest and the effective scheduling under `seqserve`).
+- `GET /v2/models/{m}[/versions/{v}]/config`: Triton's model configuration, each field what
+  the server does with the model (`api/oip/config.py`: dims infer takes, sequence or dynamic
+  batching, decoupled streaming, instance group), with the manifest as served (no
+  build-machine paths) and the effective scheduling under `seqserve`.
 
 All behind the API key when keys are on (`web/auth.py`: every path but health and metrics).
 The gRPC front's RepositoryIndex, RepositoryModelLoad / Unload, ModelStatistics and ModelConfig
@@ -28,7 +30,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from seqserve.service.api.common import ERRORS, ErrorResponse, app_state
-from seqserve.service.api.oip import tasks
+from seqserve.service.api.oip.config import model_config
 from seqserve.service.core.errors import ShuttingDown
 from seqserve.service.web.control import ModelControl, Refused
 from seqserve.service.web.repository import ModelEntry
@@ -37,10 +39,6 @@ from seqserve.service.web.state import AppState
 
 router = APIRouter(tags=["v2"], responses=ERRORS)
 admin = APIRouter(prefix="/v1/admin", tags=["admin"], responses=ERRORS)
-
-TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",
-                "BOOL": "TYPE_BOOL", "INT32": "TYPE_INT32"}
-
 
 class IndexRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -196,26 +194,6 @@ async def model_version_stats(name: str, version: str, request: Request) -> dict
 
 
 # -- configuration -----------------------------------------------------------------------
-
-def model_config(entry: ModelEntry) -> dict[str, Any]:
-    """What a ready version's bundle declares, in Triton's model configuration shape."""
-    manifest = entry.manifest
-    assert manifest is not None and entry.worker is not None
-    inputs, outputs = tasks.signature(entry.worker)
-    batcher = (entry.scheduling or {}).get("batcher") or {}
-    runtime = entry.worker.describe().get("runtime", "")
-
-    def tensors(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{"name": t["name"], "data_type": TRITON_TYPES.get(t["datatype"], t["datatype"]),
-                 "dims": t["shape"][1:] or [1]} for t in items]
-
-    return {"name": entry.name, "version": str(entry.version),
-            "platform": f"seqserve_{manifest.task}",
-            "backend": "onnxruntime" if runtime == "onnx" else runtime,
-            "max_batch_size": int(batcher.get("max_batch_size", 0)),
-            "input": tensors(inputs), "output": tensors(outputs),
-            "seqserve": {"manifest": manifest.to_dict(), "scheduling": entry.scheduling}}
-
 
 def config_of(state: AppState, name: str, version: str | None) -> dict[str, Any]:
     """The configuration of a ready version (the default one when `version` is None)."""

@@ -12,8 +12,8 @@ load that failed (with the reason), a configuration or files in the request (Tri
 and `file:...` parameters: publish the bundle in the repository instead) or a repository name,
 INVALID_ARGUMENT; what `--model-control` does not allow (HTTP's 409), FAILED_PRECONDITION; the
 control not answering (the server stops), UNAVAILABLE. The configuration is model_config.proto's
-part of Triton's: HTTP's `version` and `seqserve` sections travel as the string parameters
-`version` and `seqserve` (JSON).
+part of Triton's, every other field of HTTP's answer in it: HTTP's `version` and `seqserve`
+sections travel as the string parameters `version` and `seqserve` (JSON).
 """
 
 from __future__ import annotations
@@ -107,13 +107,11 @@ class RepositoryRpcs:
     async def config(self, request: Any, context: Any) -> Any:
         async def work(call: Call) -> Any:
             found = config_of(self.state, request.name, request.version or None)
-            extra = {"version": found["version"], "seqserve": json.dumps(found["seqserve"])}
-            config = pb.ModelConfig(
-                name=found["name"], platform=found["platform"], backend=found["backend"],
-                max_batch_size=found["max_batch_size"],
-                input=[pb.ModelInput(**t) for t in found["input"]],
-                output=[pb.ModelOutput(**t) for t in found["output"]],
-                parameters={k: pb.ModelParameter(string_value=v) for k, v in extra.items()})
+            extra = {"version": found.pop("version"),
+                     "seqserve": json.dumps(found.pop("seqserve"))}
+            config = json_format.ParseDict(found, pb.ModelConfig())
+            for key, value in extra.items():
+                config.parameters[key].string_value = value
             return pb.ModelConfigResponse(config=config)
 
         return await self.front.unary(CONFIG, context, request.name, request.version or None,

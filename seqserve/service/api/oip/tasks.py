@@ -4,9 +4,10 @@ Every task takes one input `text` (BYTES [n]). Outputs: classifier `label` BYTES
 `probabilities` FP32 [n, C]; tagger `tags` BYTES [n] (each the JSON string of that text's
 token list, the v1 `tokens`); translator `translation` BYTES [n] and `score` FP32 [n], with
 the v1 search options as request `parameters`. Feature-sequence models take `features` FP32
-[n, T, dim] (right-padded) and an optional `lengths` INT64 [n] (default: every row T steps)
-and answer `outputs` FP32 [n, k] or [n, T, k] (zeros past each row's length) and, with labels,
-`probabilities` alike (and a sequence classifier's `label` BYTES [n]). A stateful one also
+[n, T, dim] (right-padded) and an optional `lengths` INT64 [n] or [n, 1] (default: every row
+T steps) and answer `outputs` FP32 [n, k] or [n, T, k] (zeros past each row's length)
+and, with labels, `probabilities` alike (and a sequence classifier's `label` BYTES [n]). A
+stateful one also
 takes a session as the request parameters `sequence_id` (string or uint64), `sequence_start`
 and `sequence_end` (Triton's spelling; one series per request), answered with the parameters
 `sequence_id` and `sequence_steps` (the session's steps so far). Or its state travels as a
@@ -257,7 +258,8 @@ def _one_text(inputs: dict[str, V2Tensor]) -> list[str]:
 
 def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]
                   ) -> tuple[np.ndarray, np.ndarray]:
-    """`features` FP32 [n, T, dim] and optional `lengths` INT64 [n] (each 1..T) as arrays."""
+    """`features` FP32 [n, T, dim] and optional `lengths` INT64 [n] or [n, 1] (Triton's
+    shape of a batched scalar; each 1..T) as arrays."""
     extra = sorted(set(inputs) - {"features", "lengths"})
     if "features" not in inputs or extra:
         raise BadRequest(f"expected inputs 'features' (FP32 [n, steps, {worker.features}]) and "
@@ -278,9 +280,9 @@ def series_inputs(worker: SeriesWorker, inputs: dict[str, V2Tensor]
     given = inputs.get("lengths")
     if given is None:
         return x, np.full(n, steps, np.int64)
-    if given.datatype not in ("INT64", "INT32") or given.shape != [n]:
-        raise BadRequest(f"input 'lengths' must be INT64 with shape [{n}] (one per series), got "
-                         f"{given.datatype} {given.shape}")
+    if given.datatype not in ("INT64", "INT32") or given.shape not in ([n], [n, 1]):
+        raise BadRequest(f"input 'lengths' must be INT64 with shape [{n}] or [{n}, 1] (one per "
+                         f"series), got {given.datatype} {given.shape}")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in given.data):
         raise BadRequest("input 'lengths' must hold integers")
     lengths = np.asarray(given.data, np.int64)

@@ -7,8 +7,6 @@ import argparse
 import csv
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,24 +93,37 @@ def test_cli_user_errors(texts_file: Path) -> None:
         _main(["--report-md", "-"])
 
 
+NO_SEQSERVE = "import sys; sys.modules['seqserve'] = None; "
+"""Python code that makes `import seqserve` fail (the venv has it installed, editable)."""
+
+
 @pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust not installed")
-def test_locustfile_drives_the_server(stub_server: Any, texts_file: Path, tmp_path: Path) -> None:
-    locust = shutil.which("locust", path=str(Path(sys.executable).parent)) or "locust"
-    env = os.environ | {
-        "SEQSERVE_LOADTEST_TEXTS": str(texts_file),
-        "SEQSERVE_LOADTEST_MODEL": "locust-clf",
-        "SEQSERVE_LOADTEST_TRANSLATE_MODEL": "locust-mt",
-        "SEQSERVE_LOADTEST_WAIT": "0.05",
-    }
-    prefix = tmp_path / "locust"
-    cmd = [locust, "-f", str(REPO / "deploy/loadtest/locustfile.py"), "--headless",
-           "--host", stub_server.url, "-u", "4", "-r", "4", "-t", "2s", "--only-summary",
-           "--csv", str(prefix), "--loglevel", "WARNING"]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=50)
+def test_locustfile_agrees_with_the_load_tool(tmp_path: Path) -> None:
+    """The locustfile's own copy of the protocol facts (bodies, shed statuses, texts files)
+    gives what seqserve.loadtest gives, read in an interpreter that cannot import seqserve."""
+    from seqserve.loadtest.protocol import SHED_STATUSES, build_payload
+    from seqserve.loadtest.texts import TEXT_KEYS, load_text_file
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("  one two \n\nthree\n{not json at line 3\n", encoding="utf-8")
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text('{"source": "un"}\n"deux"\n{"id": 3, "text": "trois", "src": "x"}\n',
+                     encoding="utf-8")
+    cases = [("classify", ["a b", "c"], 1), ("translate", ["x"], 5), ("translate", [], 2)]
+    probe = NO_SEQSERVE + (
+        "import importlib.util, json; "
+        "spec = importlib.util.spec_from_file_location('lf', sys.argv[1]); "
+        "lf = importlib.util.module_from_spec(spec); spec.loader.exec_module(lf); "
+        "cases = json.loads(sys.argv[2]); "
+        "print(json.dumps({'bodies': [lf.request_body(*c) for c in cases], "
+        "'shed': sorted(lf.SHED_STATUSES), 'keys': list(lf.TEXT_KEYS), "
+        "'texts': [list(lf.load_texts(p)) for p in sys.argv[3:]]}))"
+    )
+    cmd = [sys.executable, "-I", "-c", probe, str(REPO / "deploy/loadtest/locustfile.py"),
+           json.dumps(cases), str(plain), str(jsonl)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert stub_server.calls["locust-clf"] > 0 and stub_server.calls["locust-mt"] > 0
-    with Path(f"{prefix}_stats.csv").open() as f:
-        stats = {row["Name"]: row for row in csv.DictReader(f)}
-    assert int(stats["classify"]["Request Count"]) > 0
-    assert int(stats["translate"]["Request Count"]) > 0
-    assert int(stats["Aggregated"]["Failure Count"]) == 0
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["bodies"] == [build_payload(*c) for c in cases]
+    assert got["shed"] == sorted(SHED_STATUSES) and got["keys"] == list(TEXT_KEYS)
+    assert got["texts"] == [load_text_file(plain), load_text_file(jsonl)]

@@ -1,4 +1,8 @@
-"""Files of a load test: results.json, results.csv and PNG plots."""
+"""Files of a load test: results.json, results.csv and PNG plots.
+
+results.json (schema 2) carries the saturation verdict of its steps (`stats.saturation_verdict`:
+None for closed loop) and `saturation_rps`, the peak ok throughput, only when a step saturated;
+schema 1 files gave that peak for every run."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ from typing import Any
 from seqserve.loadtest.plots import write_plots
 from seqserve.loadtest.records import CSV_FIELDS
 from seqserve.loadtest.runner import RunResult
+from seqserve.loadtest.stats import saturation_verdict
 
-RESULTS_SCHEMA = 1
+RESULTS_SCHEMA = 2
 
 
 def results_payload(
@@ -22,13 +27,14 @@ def results_payload(
     slo_p99_ms: float | None = None,
     best_rate: float | None = None,
     passed: list[bool] | None = None,
+    max_error_rate: float = 0.01,
     command: str | None = None,
     label: str | None = None,
 ) -> dict[str, Any]:
     """The results.json document: configuration, per-step summaries and the verdict."""
     if not steps:
         raise ValueError("no steps to report")
-    throughputs = [s.summary["throughput_rps"] for s in steps]
+    verdict = saturation_verdict([s.summary for s in steps], max_error_rate)
     return {
         "tool": "seqserve loadtest",
         "schema_version": RESULTS_SCHEMA,
@@ -41,7 +47,8 @@ def results_payload(
         "slo_p99_ms": slo_p99_ms,
         "best_rate": best_rate,
         "passed": passed,
-        "saturation_rps": max(throughputs),
+        "saturation": verdict,
+        "saturation_rps": verdict["peak_ok_rps"] if verdict and verdict["saturated"] else None,
         "steps": [s.summary for s in steps],
     }
 

@@ -43,6 +43,7 @@ def test_cli_single_run_writes_results_and_plots(
     printed = capsys.readouterr()
     assert "generated tokens" in printed.out and "server queue ms" in printed.out
     assert "SLO p99 <= 5000 ms: met" in printed.out
+    assert "no saturation: highest rate reached 40 req/s offered" in printed.out
     assert "] sent " in printed.err  # the per-second progress line
     res = json.loads((out / "results.json").read_text())
     step = res["steps"][0]
@@ -62,6 +63,7 @@ def test_cli_single_run_writes_results_and_plots(
     assert _main(["--report-md", str(md), "--from", str(out)]) == 0
     text = md.read_text()
     assert "### stub translate" in text and "| 40/s | 40 | 40 | 0 |" in text
+    assert "no saturation: highest rate reached 40 req/s" in text
     assert res["command"] in text
 
 
@@ -75,6 +77,8 @@ def test_cli_sweep_reports_shed_load_and_slo_failure(
     assert _main(argv) == 1  # no step met the SLO: every request was shed
     printed = capsys.readouterr().out
     assert "highest rate with p99 <= 100 ms: none" in printed
+    assert "saturated at 20 req/s offered" in printed  # every request refused
+    assert "highest rate without saturating: none" in printed
     res = json.loads((out / "results.json").read_text())
     assert res["best_rate"] is None and res["passed"] == [False]  # stopped after the failure
     step = res["steps"][0]

@@ -6,7 +6,8 @@ send time, so a slow server cannot hide its queue (no coordinated omission). Clo
 raises the rate step by step and, with `--slo-p99`, reports the highest rate within the SLO.
 Open-loop runs say "saturated at R req/s" only when a step saturated the server (refusals,
 errors or drops past `--max-error-rate`, or ok answers slower than the arrivals), else the
-highest rate reached without saturating.
+highest rate reached without saturating. Plots: latency over time (every run); latency and
+throughput against rate only for two or more rates (a single rate would be one dot).
 `--report-md OUT --from results.json...` turns result files into markdown tables.
 `--task generate` loads a language model's /generate (prompts from the pydoc-topics corpus by
 default) and reports generated tokens/s; with `--stream` it reads the server-sent events and

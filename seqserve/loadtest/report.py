@@ -66,16 +66,22 @@ def write_csv(path: Path, steps: list[RunResult]) -> None:
 def write_results(
     out_dir: str | Path, steps: list[RunResult], plots: bool = True, **payload_args: Any
 ) -> dict[str, Path]:
-    """Write results.json, results.csv and (by default) the plots; return their paths."""
+    """Write results.csv, the plots (by default) and results.json, which names the plots
+    written (`plots`); return their paths. A single-rate run gets no plots against rate: it
+    says so, and points at its latency over time."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     payload = results_payload(steps, **payload_args)
     paths = {"json": out / "results.json", "csv": out / "results.csv"}
-    paths["json"].write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     write_csv(paths["csv"], steps)
     if plots:
         if importlib.util.find_spec("matplotlib") is None:
             print("plots skipped: matplotlib is not installed (pip install matplotlib)")
         else:
-            paths |= write_plots(out, steps, payload.get("slo_p99_ms"))
+            drawn = write_plots(out, steps, payload.get("slo_p99_ms"))
+            paths |= drawn
+            payload["plots"] = {key: path.name for key, path in drawn.items()}
+            if "latency_plot" not in drawn:
+                print("plots against rate skipped: one rate (see latency_over_time.png)")
+    paths["json"].write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return paths

@@ -44,6 +44,7 @@ def test_cli_single_run_writes_results_and_plots(
     assert "generated tokens" in printed.out and "server queue ms" in printed.out
     assert "SLO p99 <= 5000 ms: met" in printed.out
     assert "no saturation: highest rate reached 40 req/s offered" in printed.out
+    assert "plots against rate skipped: one rate" in printed.out
     assert "] sent " in printed.err  # the per-second progress line
     res = json.loads((out / "results.json").read_text())
     step = res["steps"][0]
@@ -56,8 +57,11 @@ def test_cli_single_run_writes_results_and_plots(
     assert len(rows) == 40 and {r["outcome"] for r in rows} == {"ok"}
     assert all(float(r["latency_ms"]) >= float(r["service_ms"]) > 0 for r in rows)
     assert all(float(r["server_compute_ms"]) > 0 for r in rows)
-    for name in ("latency_vs_rate.png", "throughput_vs_rate.png", "latency_hist.png"):
+    for name in ("latency_over_time.png", "latency_hist.png"):
         _assert_png(out / name)
+    # One rate: no plots against rate (a dot each).
+    assert not (out / "latency_vs_rate.png").exists()
+    assert not (out / "throughput_vs_rate.png").exists()
 
     md = tmp_path / "perf.md"
     assert _main(["--report-md", str(md), "--from", str(out)]) == 0
@@ -84,6 +88,7 @@ def test_cli_sweep_reports_shed_load_and_slo_failure(
     step = res["steps"][0]
     assert step["shed"] == step["sent"] > 0 and set(step["errors_by_status"]) == {"429"}
     _assert_png(out / "latency_hist.png")  # plots still drawn without a successful request
+    _assert_png(out / "latency_over_time.png")
 
 
 def test_cli_user_errors(texts_file: Path) -> None:

@@ -1,15 +1,20 @@
-"""Saturation verdicts from synthetic runs (records built here, no server)."""
+"""Saturation verdicts and plots from synthetic runs (records built here, no server)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
 from seqserve.loadtest.config import LoadConfig
 from seqserve.loadtest.records import RequestRecord
-from seqserve.loadtest.report import results_payload
+from seqserve.loadtest.report import results_payload, write_results
 from seqserve.loadtest.runner import RunResult
 from seqserve.loadtest.stats import saturation_verdict, summarize
 from seqserve.loadtest.tables import results_markdown, saturation_text
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _step(rate: float, capacity: float, n: int = 60, refused: int = 0) -> RunResult:
@@ -80,3 +85,33 @@ def test_closed_loop_and_schema_1_results_have_no_verdict() -> None:
     assert results_payload([closed])["saturation_rps"] is None
     old = {"label": "old", "saturation_rps": 12.34, "steps": [closed.summary]}
     assert "peak 12.3 ok req/s" in results_markdown([old])
+
+
+def _assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 5000
+
+
+def test_single_rate_run_gets_latency_over_time_and_no_rate_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = write_results(tmp_path, [_step(20.0, 25.0, refused=5)], slo_p99_ms=100.0)
+    _assert_png(paths["timeline_plot"])
+    assert paths["timeline_plot"].name == "latency_over_time.png"
+    _assert_png(tmp_path / "latency_hist.png")
+    assert not (tmp_path / "latency_vs_rate.png").exists()
+    assert not (tmp_path / "throughput_vs_rate.png").exists()
+    assert "plots against rate skipped: one rate" in capsys.readouterr().out
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["plots"] == {"timeline_plot": "latency_over_time.png",
+                            "histogram": "latency_hist.png"}
+
+
+def test_sweep_gets_every_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    steps = [_step(rate, capacity=25.0) for rate in (10.0, 20.0, 40.0)]
+    paths = write_results(tmp_path, steps)
+    for key in ("timeline_plot", "histogram", "latency_plot", "throughput_plot"):
+        _assert_png(paths[key])
+    assert "skipped" not in capsys.readouterr().out
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res["plots"]) == {"timeline_plot", "histogram", "latency_plot",
+                                 "throughput_plot"}

@@ -4,6 +4,10 @@ Open loop (`--rate`) sends Poisson arrivals and measures latency from each reque
 send time, so a slow server cannot hide its queue (no coordinated omission). Closed loop
 (`--concurrency`) keeps C requests in flight and honours Retry-After. `--sweep START:STOP:STEP`
 raises the rate step by step and, with `--slo-p99`, reports the highest rate within the SLO.
+Open-loop runs say "saturated at R req/s" only when a step saturated the server (refusals,
+errors or drops past `--max-error-rate`, or ok answers slower than the arrivals), else the
+highest rate reached without saturating. Plots: latency over time (every run); latency and
+throughput against rate only for two or more rates (a single rate would be one dot).
 `--report-md OUT --from results.json...` turns result files into markdown tables.
 `--task generate` loads a language model's /generate (prompts from the pydoc-topics corpus by
 default) and reports generated tokens/s; with `--stream` it reads the server-sent events and
@@ -162,7 +166,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
 def _run_single(args: argparse.Namespace, cfg: Any, texts: list[str], progress: Any) -> int:
     from seqserve.loadtest.report import write_results
     from seqserve.loadtest.runner import run_load
-    from seqserve.loadtest.stats import meets_slo
+    from seqserve.loadtest.stats import meets_slo, saturation_verdict
     from seqserve.loadtest.tables import summary_text
     from seqserve.loadtest.texts import TextSampler
 
@@ -178,10 +182,12 @@ def _run_single(args: argparse.Namespace, cfg: Any, texts: list[str], progress: 
         slo_p99_ms=args.slo_p99,
         best_rate=cfg.rate if passed and passed[0] else None,
         passed=passed,
+        max_error_rate=args.max_error_rate,
         command=_command_line(args),
         label=args.label,
     )
     _print_verdict(args.slo_p99, passed)
+    _print_saturation(saturation_verdict([result.summary], args.max_error_rate))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 1 if passed is not None and not any(passed) else 0
 
@@ -208,10 +214,11 @@ def _run_sweep(args: argparse.Namespace, cfg: Any, texts: list[str], progress: A
         slo_p99_ms=args.slo_p99,
         best_rate=sweep.best_rate,
         passed=sweep.passed if args.slo_p99 is not None else None,
+        max_error_rate=args.max_error_rate,
         command=_command_line(args),
         label=args.label,
     )
-    print(f"saturation: {sweep.saturation_rps:.1f} ok req/s")
+    _print_saturation(sweep.saturation)
     if args.slo_p99 is not None:
         best = "none" if sweep.best_rate is None else f"{sweep.best_rate:g} req/s"
         print(f"highest rate with p99 <= {args.slo_p99:g} ms: {best}")
@@ -222,6 +229,15 @@ def _run_sweep(args: argparse.Namespace, cfg: Any, texts: list[str], progress: A
 def _print_verdict(slo: float | None, passed: list[bool] | None) -> None:
     if slo is not None and passed is not None:
         print(f"SLO p99 <= {slo:g} ms: {'met' if passed[0] else 'NOT met'}")
+
+
+def _print_saturation(verdict: dict[str, Any] | None) -> None:
+    """`stats.saturation_verdict` in words (open loop only)."""
+    from seqserve.loadtest.tables import saturation_text
+
+    text = saturation_text(verdict)
+    if text is not None:
+        print(text)
 
 
 def _command_line(args: argparse.Namespace) -> str:

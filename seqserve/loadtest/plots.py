@@ -1,4 +1,10 @@
-"""PNG plots (matplotlib, Agg backend): latency and throughput against offered rate, histogram."""
+"""PNG plots (matplotlib, Agg backend): latency over time, latency and throughput against
+offered rate, histogram (and token latency for streamed generate).
+
+Latency over time puts every request at its scheduled time since the run started (a sweep's
+steps one after the other, each from its own start, gaps between steps left out), with rolling
+p50/p90/p99 per time bin and each step's rate marked. The plots against rate need two or more
+rates: a single-rate run gets none (one dot each), its latency over time says more."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ if TYPE_CHECKING:
     from seqserve.loadtest.runner import RunResult
 
 MAX_HIST_STEPS = 6
+TIME_BINS = 40
+"""Bins of the rolling percentiles over a run's whole span."""
 
 
 def _plain_log_ticks(axis: Any) -> None:
@@ -50,6 +58,64 @@ def _latency_plot(plt: Any, path: Path, steps: list[RunResult], slo: float | Non
     _plain_log_ticks(ax.yaxis)
     ax.grid(True, alpha=0.3)
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _step_name(step: RunResult) -> str:
+    rate = step.config.rate
+    return f"{rate:g}/s" if rate is not None else f"c={step.config.concurrency}"
+
+
+def _timeline_plot(plt: Any, np: Any, path: Path, steps: list[RunResult],
+                   slo: float | None) -> None:
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
+    t_ok: list[float] = []
+    lat_ok: list[float] = []
+    t_bad: list[float] = []
+    lat_bad: list[float] = []
+    offset = 0.0
+    for i, step in enumerate(steps):
+        if len(steps) > 1:
+            if i:
+                ax.axvline(offset, color="gray", linestyle=":", linewidth=1)
+            ax.text(offset, 1.0, f" {_step_name(step)}", transform=ax.get_xaxis_transform(),
+                    va="bottom", fontsize="small")
+        for r in step.records:
+            lat = r.latency_s
+            if lat is None:
+                continue
+            ts, ls = (t_ok, lat_ok) if r.outcome == "ok" else (t_bad, lat_bad)
+            ts.append(offset + r.scheduled_s)
+            ls.append(lat * 1e3)
+        offset += step.wall_s
+    ax.scatter(t_ok, lat_ok, s=4, color="lightgray", label="ok request")
+    if t_bad:
+        ax.scatter(t_bad, lat_bad, s=10, marker="x", color="red", label="failed or shed")
+    if t_ok:
+        times, lats = np.array(t_ok), np.array(lat_ok)
+        edges = np.linspace(0.0, max(offset, float(times.max())) + 1e-9, TIME_BINS + 1)
+        which = np.digitize(times, edges) - 1
+        mids = (edges[:-1] + edges[1:]) / 2
+        for q in (50, 90, 99):
+            ys = [np.percentile(lats[which == b], q) if np.any(which == b) else np.nan
+                  for b in range(TIME_BINS)]
+            ax.plot(mids, ys, marker=".", label=f"p{q}")
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+    else:
+        ax.text(0.5, 0.5, "no successful requests", ha="center", transform=ax.transAxes)
+    if slo is not None:
+        ax.axhline(slo, color="red", linestyle="--", label=f"SLO p99 {slo:g} ms")
+    title = f"{steps[0].config.model} {steps[0].config.task}: latency over time"
+    if len(steps) == 1:
+        title += f" at {_step_name(steps[0])}"
+    ax.set(xlabel="time since start, by scheduled send (s)",
+           ylabel="latency from scheduled send (ms)")
+    ax.set_title(title, pad=14 if len(steps) > 1 else 6)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -160,22 +226,23 @@ def _token_plot(plt: Any, np: Any, path: Path, steps: list[RunResult]) -> None:
 
 
 def write_plots(out: Path, steps: list[RunResult], slo_p99_ms: float | None) -> dict[str, Path]:
-    """latency_vs_rate.png, throughput_vs_rate.png and latency_hist.png in `out` (and
-    token_latency.png for a streamed generate run)."""
+    """latency_over_time.png and latency_hist.png in `out`, latency_vs_rate.png and
+    throughput_vs_rate.png when the steps ran at two or more rates, and token_latency.png for
+    a streamed generate run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    paths = {
-        "latency_plot": out / "latency_vs_rate.png",
-        "throughput_plot": out / "throughput_vs_rate.png",
-        "histogram": out / "latency_hist.png",
-    }
-    _latency_plot(plt, paths["latency_plot"], steps, slo_p99_ms)
-    _throughput_plot(plt, paths["throughput_plot"], steps)
+    paths = {"timeline_plot": out / "latency_over_time.png", "histogram": out / "latency_hist.png"}
+    _timeline_plot(plt, np, paths["timeline_plot"], steps, slo_p99_ms)
     _histogram_plot(plt, np, paths["histogram"], steps)
+    if len({_x_of(s) for s in steps}) > 1:
+        paths["latency_plot"] = out / "latency_vs_rate.png"
+        paths["throughput_plot"] = out / "throughput_vs_rate.png"
+        _latency_plot(plt, paths["latency_plot"], steps, slo_p99_ms)
+        _throughput_plot(plt, paths["throughput_plot"], steps)
     if steps[0].config.stream:
         paths["token_plot"] = out / "token_latency.png"
         _token_plot(plt, np, paths["token_plot"], steps)

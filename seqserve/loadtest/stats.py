@@ -74,6 +74,7 @@ def summarize(result: Run) -> dict[str, Any]:
         "duration_s": round(wall, 4),
         "scheduled_rate": _span_rate([r.scheduled_s for r in records]),
         "send_rate": _span_rate(sent_times),
+        "completion_rate": _span_rate(sorted(r.done_s for r in ok if r.done_s is not None)),
         "sent_rps": counts["sent"] / wall,
         "throughput_rps": len(ok) / wall,
         "texts_per_s": texts / wall,
@@ -115,3 +116,43 @@ def meets_slo(summary: dict[str, Any], slo_p99_ms: float, max_error_rate: float)
         return False
     bad = summary["errors"] + summary["dropped"]
     return latency["p99"] <= slo_p99_ms and bad <= max_error_rate * summary["scheduled"]
+
+
+KEEP_UP = 0.9
+"""An open-loop step kept up while its ok answers came at >= this fraction of its arrival rate."""
+
+
+def saturated(summary: dict[str, Any], max_error_rate: float) -> bool:
+    """True when an open-loop step offered more than the server could take: it refused, failed
+    or (client side) dropped more than `max_error_rate` of the scheduled requests, or its ok
+    answers came back slower than the requests arrived (`completion_rate` below KEEP_UP of
+    `scheduled_rate`, both counted over their own span: an unsaturated server answers at the
+    pace of the arrivals, a saturated one at its capacity while its queue grows). A slow but
+    keeping-up server is not saturated (that is the SLO's business); closed-loop steps never
+    are (the client sets their pace)."""
+    scheduled = summary["scheduled"]
+    if summary.get("offered_rate") is None or scheduled == 0:
+        return False
+    if summary["errors"] + summary["dropped"] > max_error_rate * scheduled:
+        return True
+    arrivals, answers = summary.get("scheduled_rate"), summary.get("completion_rate")
+    return arrivals is not None and answers is not None and answers < KEEP_UP * arrivals
+
+
+def saturation_verdict(
+    summaries: Sequence[dict[str, Any]], max_error_rate: float
+) -> dict[str, Any] | None:
+    """Where a series of open-loop steps at rising rates saturated the server (None for
+    closed-loop runs): `saturated`, `saturated_at_rate` (the first saturated step's offered
+    rate), `highest_unsaturated_rate` (the highest offered rate before it, or of all steps
+    when none saturated) and `peak_ok_rps` (the best ok throughput of any step)."""
+    if not summaries or any(s.get("offered_rate") is None for s in summaries):
+        return None
+    first = next((i for i, s in enumerate(summaries) if saturated(s, max_error_rate)), None)
+    before = summaries if first is None else summaries[:first]
+    return {
+        "saturated": first is not None,
+        "saturated_at_rate": None if first is None else summaries[first]["offered_rate"],
+        "highest_unsaturated_rate": max((s["offered_rate"] for s in before), default=None),
+        "peak_ok_rps": max(s["throughput_rps"] for s in summaries),
+    }

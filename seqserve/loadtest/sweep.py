@@ -1,13 +1,16 @@
-"""Sweep: open-loop runs at rising rates, and the highest rate whose p99 meets the SLO."""
+"""Sweep: open-loop runs at rising rates, the highest rate whose p99 meets the SLO, and where
+the server saturated (`stats.saturated`: load refused or dropped past the error budget, or ok
+answers slower than the arrivals) if it did."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from seqserve.loadtest.config import LoadConfig
 from seqserve.loadtest.live import ProgressFn
 from seqserve.loadtest.runner import RunResult, run_load
-from seqserve.loadtest.stats import meets_slo
+from seqserve.loadtest.stats import meets_slo, saturation_verdict
 from seqserve.loadtest.texts import TextSampler
 
 
@@ -21,12 +24,15 @@ class SweepResult:
     """Highest offered rate that met the SLO (None: no SLO given, or no step met it)."""
     passed: list[bool]
     """Per step: met the SLO (all False without an SLO)."""
+    saturation: dict[str, Any] | None = None
+    """`stats.saturation_verdict` of the steps."""
 
     @property
     def saturation_rps(self) -> float | None:
-        """Highest successful throughput seen at any step."""
-        rates = [step.summary["throughput_rps"] for step in self.steps]
-        return max(rates) if rates else None
+        """Best ok throughput of any step when the sweep saturated the server, else None."""
+        if not self.saturation or not self.saturation["saturated"]:
+            return None
+        return float(self.saturation["peak_ok_rps"])
 
 
 def run_sweep(
@@ -67,4 +73,5 @@ def run_sweep(
     best = max(
         (s.config.rate or 0.0 for s, ok in zip(steps, passed, strict=True) if ok), default=None
     )
-    return SweepResult(steps, slo_p99_ms, best, passed)
+    verdict = saturation_verdict([s.summary for s in steps], max_error_rate)
+    return SweepResult(steps, slo_p99_ms, best, passed, verdict)

@@ -132,6 +132,20 @@ def steps_text(steps: Sequence[dict[str, Any]]) -> str:
     return table
 
 
+def saturation_text(verdict: dict[str, Any] | None) -> str | None:
+    """`stats.saturation_verdict` in words: "saturated at R req/s offered ..." only when a step
+    saturated, else the highest rate reached without saturating (None for closed loop)."""
+    if not verdict:
+        return None
+    peak = f"peak {verdict['peak_ok_rps']:.1f} ok req/s"
+    highest = verdict["highest_unsaturated_rate"]
+    if verdict["saturated"]:
+        below = "none" if highest is None else f"{highest:g} req/s"
+        return (f"saturated at {verdict['saturated_at_rate']:g} req/s offered ({peak}); "
+                f"highest rate without saturating: {below}")
+    return f"no saturation: highest rate reached {highest:g} req/s offered ({peak})"
+
+
 def _md_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
@@ -150,8 +164,11 @@ def results_markdown(results: Sequence[dict[str, Any]]) -> str:
                 f"p99 SLO {res['slo_p99_ms']:g} ms: highest passing rate "
                 f"{'none' if best is None else f'{best:g} req/s'}"
             )
-        if res.get("saturation_rps") is not None:
-            facts.append(f"saturation {res['saturation_rps']:.1f} ok req/s")
+        verdict = saturation_text(res.get("saturation"))
+        if verdict is None and res.get("saturation_rps") is not None and "saturation" not in res:
+            verdict = f"peak {res['saturation_rps']:.1f} ok req/s"  # schema 1: no verdict
+        if verdict is not None:
+            facts.append(verdict)
         out += ["; ".join(facts) + ".", ""]
         columns = columns_of(res.get("steps", []))
         out += [_md_row(columns), _md_row(["---:"] * len(columns))]

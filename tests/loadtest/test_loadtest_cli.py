@@ -7,8 +7,6 @@ import argparse
 import csv
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +43,8 @@ def test_cli_single_run_writes_results_and_plots(
     printed = capsys.readouterr()
     assert "generated tokens" in printed.out and "server queue ms" in printed.out
     assert "SLO p99 <= 5000 ms: met" in printed.out
+    assert "no saturation: highest rate reached 40 req/s offered" in printed.out
+    assert "plots against rate skipped: one rate" in printed.out
     assert "] sent " in printed.err  # the per-second progress line
     res = json.loads((out / "results.json").read_text())
     step = res["steps"][0]
@@ -57,13 +57,17 @@ def test_cli_single_run_writes_results_and_plots(
     assert len(rows) == 40 and {r["outcome"] for r in rows} == {"ok"}
     assert all(float(r["latency_ms"]) >= float(r["service_ms"]) > 0 for r in rows)
     assert all(float(r["server_compute_ms"]) > 0 for r in rows)
-    for name in ("latency_vs_rate.png", "throughput_vs_rate.png", "latency_hist.png"):
+    for name in ("latency_over_time.png", "latency_hist.png"):
         _assert_png(out / name)
+    # One rate: no plots against rate (a dot each).
+    assert not (out / "latency_vs_rate.png").exists()
+    assert not (out / "throughput_vs_rate.png").exists()
 
     md = tmp_path / "perf.md"
     assert _main(["--report-md", str(md), "--from", str(out)]) == 0
     text = md.read_text()
     assert "### stub translate" in text and "| 40/s | 40 | 40 | 0 |" in text
+    assert "no saturation: highest rate reached 40 req/s" in text
     assert res["command"] in text
 
 
@@ -77,11 +81,14 @@ def test_cli_sweep_reports_shed_load_and_slo_failure(
     assert _main(argv) == 1  # no step met the SLO: every request was shed
     printed = capsys.readouterr().out
     assert "highest rate with p99 <= 100 ms: none" in printed
+    assert "saturated at 20 req/s offered" in printed  # every request refused
+    assert "highest rate without saturating: none" in printed
     res = json.loads((out / "results.json").read_text())
     assert res["best_rate"] is None and res["passed"] == [False]  # stopped after the failure
     step = res["steps"][0]
     assert step["shed"] == step["sent"] > 0 and set(step["errors_by_status"]) == {"429"}
     _assert_png(out / "latency_hist.png")  # plots still drawn without a successful request
+    _assert_png(out / "latency_over_time.png")
 
 
 def test_cli_user_errors(texts_file: Path) -> None:
@@ -95,24 +102,37 @@ def test_cli_user_errors(texts_file: Path) -> None:
         _main(["--report-md", "-"])
 
 
+NO_SEQSERVE = "import sys; sys.modules['seqserve'] = None; "
+"""Python code that makes `import seqserve` fail (the venv has it installed, editable)."""
+
+
 @pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust not installed")
-def test_locustfile_drives_the_server(stub_server: Any, texts_file: Path, tmp_path: Path) -> None:
-    locust = shutil.which("locust", path=str(Path(sys.executable).parent)) or "locust"
-    env = os.environ | {
-        "SEQSERVE_LOADTEST_TEXTS": str(texts_file),
-        "SEQSERVE_LOADTEST_MODEL": "locust-clf",
-        "SEQSERVE_LOADTEST_TRANSLATE_MODEL": "locust-mt",
-        "SEQSERVE_LOADTEST_WAIT": "0.05",
-    }
-    prefix = tmp_path / "locust"
-    cmd = [locust, "-f", str(REPO / "deploy/loadtest/locustfile.py"), "--headless",
-           "--host", stub_server.url, "-u", "4", "-r", "4", "-t", "2s", "--only-summary",
-           "--csv", str(prefix), "--loglevel", "WARNING"]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=50)
+def test_locustfile_agrees_with_the_load_tool(tmp_path: Path) -> None:
+    """The locustfile's own copy of the protocol facts (bodies, shed statuses, texts files)
+    gives what seqserve.loadtest gives, read in an interpreter that cannot import seqserve."""
+    from seqserve.loadtest.protocol import SHED_STATUSES, build_payload
+    from seqserve.loadtest.texts import TEXT_KEYS, load_text_file
+
+    plain = tmp_path / "plain.txt"
+    plain.write_text("  one two \n\nthree\n{not json at line 3\n", encoding="utf-8")
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text('{"source": "un"}\n"deux"\n{"id": 3, "text": "trois", "src": "x"}\n',
+                     encoding="utf-8")
+    cases = [("classify", ["a b", "c"], 1), ("translate", ["x"], 5), ("translate", [], 2)]
+    probe = NO_SEQSERVE + (
+        "import importlib.util, json; "
+        "spec = importlib.util.spec_from_file_location('lf', sys.argv[1]); "
+        "lf = importlib.util.module_from_spec(spec); spec.loader.exec_module(lf); "
+        "cases = json.loads(sys.argv[2]); "
+        "print(json.dumps({'bodies': [lf.request_body(*c) for c in cases], "
+        "'shed': sorted(lf.SHED_STATUSES), 'keys': list(lf.TEXT_KEYS), "
+        "'texts': [list(lf.load_texts(p)) for p in sys.argv[3:]]}))"
+    )
+    cmd = [sys.executable, "-I", "-c", probe, str(REPO / "deploy/loadtest/locustfile.py"),
+           json.dumps(cases), str(plain), str(jsonl)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=50, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert stub_server.calls["locust-clf"] > 0 and stub_server.calls["locust-mt"] > 0
-    with Path(f"{prefix}_stats.csv").open() as f:
-        stats = {row["Name"]: row for row in csv.DictReader(f)}
-    assert int(stats["classify"]["Request Count"]) > 0
-    assert int(stats["translate"]["Request Count"]) > 0
-    assert int(stats["Aggregated"]["Failure Count"]) == 0
+    got = json.loads(proc.stdout.splitlines()[-1])
+    assert got["bodies"] == [build_payload(*c) for c in cases]
+    assert got["shed"] == sorted(SHED_STATUSES) and got["keys"] == list(TEXT_KEYS)
+    assert got["texts"] == [load_text_file(plain), load_text_file(jsonl)]

@@ -137,5 +137,7 @@ def test_sweep_finds_the_highest_rate_within_the_slo(stub_server: Any, texts_fil
     # stops there and never runs the 80/s step.
     assert [s.config.rate for s in sweep.steps] == [5.0, 60.0]
     assert sweep.passed == [True, False] and sweep.best_rate == 5.0
+    assert sweep.saturation is not None and sweep.saturation["saturated_at_rate"] == 60.0
+    assert sweep.saturation["highest_unsaturated_rate"] == 5.0
     assert sweep.saturation_rps is not None and sweep.saturation_rps <= 1 / 0.05 * 1.1
     assert any("sent" in line and "p99" in line for line in lines)  # live progress lines

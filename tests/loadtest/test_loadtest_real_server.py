@@ -1,7 +1,13 @@
-"""The load tool against the real seqserve app (tiny bundles of tests/conftest.py `tiny_repo`)."""
+"""The load tool and the Locust file against the real seqserve app (tiny bundles of
+tests/conftest.py `tiny_repo`)."""
 
 from __future__ import annotations
 
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +20,7 @@ from seqserve.models.errors import UserError
 
 pytestmark = pytest.mark.timeout(120)
 
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "deploy/loadtest/locustfile.py"
 TEXTS = ["one two three", "twenty", "forty five thousand and six", "un deux", "cent et dix"]
 
 
@@ -164,3 +171,33 @@ def test_predict_session_chunks_against_the_real_server(series_server: str) -> N
     assert ended >= 1 and live <= 4 and 4 * ended <= 32 <= 4 * ended + 3 * live, (ended, live)
     with pytest.raises(UserError):
         LoadConfig(series_server, "tiny-series", "predict", rate=5.0, session_chunks=2)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="locust not installed")
+def test_locustfile_runs_without_seqserve(real_server: str, tmp_path: Path) -> None:
+    """deploy/loadtest/locustfile.py, headless for 2 s against the real server, from an
+    isolated interpreter (-I, a temporary cwd) in which `import seqserve` fails: a plain
+    locust install is all it needs."""
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+        "SEQSERVE_LOADTEST_TEXTS": str(texts),
+        "SEQSERVE_LOADTEST_MODEL": "tiny-clf",
+        "SEQSERVE_LOADTEST_TRANSLATE_MODEL": "tiny-mt",
+        "SEQSERVE_LOADTEST_BEAM_SIZE": "2",
+        "SEQSERVE_LOADTEST_WAIT": "0.05",
+    }
+    launch = ("import sys; sys.modules['seqserve'] = None; from locust.main import main; "
+              "sys.argv[0] = 'locust'; sys.exit(main())")
+    prefix = tmp_path / "locust"
+    cmd = [sys.executable, "-I", "-c", launch, "-f", str(LOCUSTFILE), "--headless",
+           "--host", real_server, "-u", "4", "-r", "4", "-t", "2s", "--only-summary",
+           "--csv", str(prefix), "--loglevel", "WARNING"]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with Path(f"{prefix}_stats.csv").open() as f:
+        stats = {row["Name"]: row for row in csv.DictReader(f)}
+    assert int(stats["classify"]["Request Count"]) > 0
+    assert int(stats["translate"]["Request Count"]) > 0
+    assert int(stats["Aggregated"]["Failure Count"]) == 0, proc.stderr[-2000:]

@@ -208,7 +208,8 @@ def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, A
     import numpy as np
     import onnxruntime as ort
 
-    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.export.manifest import load_bundle
+    from seqserve.export.versions import list_bundles
 
     path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
     manifest = load_bundle(path)
@@ -239,7 +240,8 @@ def compute_phase(args: argparse.Namespace, ids: list[list[int]]) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> None:
-    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.export.manifest import load_bundle
+    from seqserve.export.versions import list_bundles
     from seqserve.models.text.tokenizer import Tokenizer
 
     path = max((p for n, _, p in list_bundles(args.repo) if n == args.model), key=str)
@@ -337,7 +339,8 @@ def gpu_check(args: argparse.Namespace) -> None:
     rows), then the server (--runtime torchscript) under the same 64-connection load."""
     import numpy as np
 
-    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.export.manifest import load_bundle
+    from seqserve.export.versions import list_bundles
     from seqserve.models.text.tokenizer import Tokenizer
     from seqserve.service.runtimes import graph_files
     from seqserve.service.runtimes.torchscript import TorchScriptRuntime

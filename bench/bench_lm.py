@@ -44,7 +44,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
+from seqserve.export.manifest import Manifest, load_bundle  # noqa: E402
+from seqserve.export.versions import list_bundles  # noqa: E402
 from seqserve.loadtest.texts import load_corpus_prompts  # noqa: E402
 from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.runtimes.onnx import OnnxRuntime  # noqa: E402

@@ -26,7 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from seqserve.export.manifest import list_bundles, load_bundle  # noqa: E402
+from seqserve.export.manifest import load_bundle  # noqa: E402
+from seqserve.export.versions import list_bundles  # noqa: E402
 from seqserve.service.runtimes.onnx import OnnxRuntime  # noqa: E402
 from seqserve.service.scheduling.batcher import BatcherConfig  # noqa: E402
 from seqserve.service.scheduling.config import ModelConfig  # noqa: E402

@@ -45,7 +45,8 @@ def _tree() -> str:
 
 sys.path.insert(0, _tree())
 
-from seqserve.export.manifest import Manifest, list_bundles, load_bundle  # noqa: E402
+from seqserve.export.manifest import Manifest, load_bundle  # noqa: E402
+from seqserve.export.versions import list_bundles  # noqa: E402
 from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop, StepStats  # noqa: E402
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions  # noqa: E402

@@ -62,7 +62,8 @@ def hyp(h: Any) -> dict[str, Any]:
 
 
 async def decode_all(args: argparse.Namespace) -> dict[str, Any]:
-    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.export.manifest import load_bundle
+    from seqserve.export.versions import list_bundles
     from seqserve.models.text.tokenizer import Tokenizer
     from seqserve.service.runtimes.onnx import OnnxRuntime
     from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop

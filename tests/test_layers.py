@@ -49,6 +49,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                 S + "scheduling.generation", S + "core"),
     S + "server": (S + "server", S + "api", S + "web", S + "engine", S + "workers",
                    S + "scheduling", S + "runtimes", S + "core", "seqserve.export.manifest",
+                   "seqserve.export.versions",
                    "seqserve.models.errors"),
     # composition roots: the command line and the package's public API (lazy imports)
     "seqserve.cli": ANYTHING,

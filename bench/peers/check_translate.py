@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from seqserve.export.manifest import list_bundles, load_bundle  # noqa: E402
+from seqserve.export.manifest import load_bundle  # noqa: E402
+from seqserve.export.versions import list_bundles  # noqa: E402
 from seqserve.models.text.tokenizer import Tokenizer  # noqa: E402
 from seqserve.service.runtimes.onnx import OnnxRuntime  # noqa: E402
 from seqserve.service.scheduling.decoding import DecodeConfig, DecodeLoop  # noqa: E402

@@ -339,7 +339,8 @@ def _train_forecast(work: Path, retrain: bool, model_overrides: dict[str, Any] |
 
 def _export(run_dir: Path, repo: Path, name: str) -> Path:
     from seqserve.export.bundle import export_run
-    from seqserve.export.manifest import list_bundles, load_bundle
+    from seqserve.export.manifest import load_bundle
+    from seqserve.export.versions import list_bundles
     from seqserve.models.errors import BundleError
 
     run_path = str(run_dir.resolve())

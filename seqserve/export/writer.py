@@ -29,9 +29,9 @@ from seqserve.export.manifest import (
     Manifest,
     hash_files,
     load_bundle,
-    next_version,
     write_manifest,
 )
+from seqserve.export.versions import next_version
 from seqserve.models.errors import BundleError, UserError
 
 FORMATS = ("onnx", "torchscript")

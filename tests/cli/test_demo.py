@@ -19,7 +19,7 @@ import torch
 
 from seqserve.cli import demo
 from seqserve.export.bundle import export_run
-from seqserve.export.manifest import list_bundles
+from seqserve.export.versions import list_bundles
 from seqserve.models.errors import UserError
 
 TINY = {"model": {"hidden_size": 8},

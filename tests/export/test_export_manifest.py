@@ -13,14 +13,13 @@ from seqserve.export.contract import GraphSpec, TensorSpec
 from seqserve.export.manifest import (
     Manifest,
     hash_files,
-    list_bundles,
     load_bundle,
     manifest_checksum,
-    next_version,
     read_manifest,
     sha256_file,
     write_manifest,
 )
+from seqserve.export.versions import list_bundles, next_version
 from seqserve.models.errors import BundleError
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from seqserve.export.manifest import list_bundles
+from seqserve.export.versions import list_bundles
 from seqserve.service.web.settings import Settings
 
 

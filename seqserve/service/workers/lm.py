@@ -487,7 +487,7 @@ class Generation:
             checked = len(seq.text)  # text before this piece held no stop string
             seq.text = self._decode(seq)
             stops = self.params.stop
-            cut = _find_stop(seq.text, stops, checked) if stops else None
+            cut = lm_text.find_stop(seq.text, stops, checked) if stops else None
             if cut is not None:
                 seq.text = seq.text[:cut]
                 seq.finish = FINISH_STOP
@@ -495,7 +495,7 @@ class Generation:
                     self.stream.stop(ev.index)
             else:
                 seq.finish = ev.finish
-            end = len(seq.text) if seq.finish or not stops else len(seq.text) - _held(
+            end = len(seq.text) if seq.finish or not stops else len(seq.text) - lm_text.held(
                 seq.text, stops)
             if end > seq.sent:
                 out.append(self._told(seq, {**where, "text": seq.text[seq.sent : end]}))
@@ -592,21 +592,3 @@ class Generation:
                                          for s in self.seqs),
                 "cached_tokens": sum(cached.values())}
 
-
-def _find_stop(text: str, stops: tuple[str, ...], checked: int = 0) -> int | None:
-    """Where the earliest stop string starts in `text`, or None; `text[:checked]` is known to
-    hold none (only a stop string that ends after it is looked for)."""
-    found = [i for i in (text.find(s, max(checked - len(s) + 1, 0)) for s in stops if s)
-             if i >= 0]
-    return min(found) if found else None
-
-
-def _held(text: str, stops: tuple[str, ...]) -> int:
-    """Characters at the end of `text` that could begin a stop string (not sent yet)."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best

@@ -8,7 +8,8 @@ Special tokens (pad, unk, bos, eos) are written by their strings (SentencePiece'
 `text_of` write them back, so `tokenize(detokenize(ids)) == ids` for the ids a text can give.
 A text prompt is read the same way everywhere (completions with their echo, /score, generate,
 OIP: `encode`, Hugging Face's convention, which lm-eval's text requests assume) unless the
-request asks `split_special_tokens` (then such a string is ordinary text).
+request asks `split_special_tokens` (then such a string is ordinary text). Stop strings are
+found in generated text here too (`find_stop`, and `held`: what may begin one, not sent yet).
 """
 
 from __future__ import annotations
@@ -147,3 +148,22 @@ def info(tok: TextTokenizer, specials: Specials, name: str, max_tokens: int) -> 
             "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
             "pad_token_id": tok.pad_id, "unk_token_id": tok.unk_id,
             "model_max_length": max_tokens, "add_bos_token": True, "chat_template": None}
+
+
+def find_stop(text: str, stops: tuple[str, ...], checked: int = 0) -> int | None:
+    """Where the earliest stop string starts in `text`, or None; `text[:checked]` is known to
+    hold none (only a stop string that ends after it is looked for)."""
+    found = [i for i in (text.find(s, max(checked - len(s) + 1, 0)) for s in stops if s)
+             if i >= 0]
+    return min(found) if found else None
+
+
+def held(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of `text` that could begin a stop string (not sent yet)."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best

@@ -29,7 +29,9 @@ test: $(STAMP)
 	bash deploy/install-test-tools.sh
 	$(BIN)/ruff check seqserve bench deploy tests examples native
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -ra --durations=30 tests
+	# two workers, each test file on one (its module fixtures: one server), client venvs made
+	# in the background meanwhile (tests/client_venvs.py)
+	$(BIN)/python -m pytest -q -ra --durations=30 -n 2 --dist loadfile tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check seqserve bench deploy tests examples native

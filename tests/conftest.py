@@ -82,6 +82,28 @@ def write_tiny_run(out: Path, task: str, seed: int = 0, gain: float = 3.0,
     return out
 
 
+_WARMING: list[Any] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The client virtualenvs the collected tests use (their module's `VENV_NAME`) that are
+    missing start being made now, in the background (`client_venvs.warm`): once per run (the
+    first xdist worker), while the other tests run."""
+    worker = getattr(config, "workerinput", {}).get("workerid", "gw0")
+    names = {getattr(getattr(item, "module", None), "VENV_NAME", None) for item in items}
+    names.discard(None)
+    if worker == "gw0" and names:
+        from client_venvs import warm
+
+        _WARMING.append(warm(sorted(names)))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for process in _WARMING:
+        if process is not None:
+            process.wait()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_torch_thread() -> None:
     try:

@@ -132,13 +132,22 @@ def answer_bytes(answer: Answer, first: Sequence[tuple[bytes, bytes]] = ()) -> b
     return b"".join(lines)
 
 
-def timeout_answer(message: str) -> bytes:
-    """The 408 to request headers that did not arrive in time (`closing_answer`)."""
-    return closing_answer(408, message)
-
-
 def _default(name: str) -> Any:
     return Settings.model_fields[name].default
+
+
+def head_refusals(header_timeout_s: float, max_headers: int, max_header_bytes: int,
+                  max_url_bytes: int) -> dict[str, tuple[int, str]]:
+    """Each refusal of a request head over a limit, as (status, message), by what it refuses:
+    the one list of both fronts (this protocol, and the native front's: server/native.py)."""
+    return {
+        "fields": (431, f"more than max_headers ({max_headers}) header fields"),
+        "head": (431, "request head (request line and header fields) exceeds "
+                      f"max_header_bytes ({max_header_bytes})"),
+        "url": (414, f"request target exceeds max_url_bytes ({max_url_bytes})"),
+        "timeout": (408, f"request headers did not arrive within {header_timeout_s:g} s"),
+        "invalid": (400, "Invalid HTTP request received."),
+    }
 
 
 class _Refused(Exception):
@@ -231,6 +240,7 @@ def guarded_protocol(header_timeout_s: float, *,
     drain has begun, `answer_head`, the app's answer from a request's head, and `pace_s`,
     how long a connection's next refusal waits after its last (see the module doc)."""
     is_draining = draining
+    refusals = head_refusals(header_timeout_s, max_headers, max_header_bytes, max_url_bytes)
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         draining = staticmethod(is_draining) if is_draining is not None else None
@@ -289,7 +299,7 @@ def guarded_protocol(header_timeout_s: float, *,
             except httptools.HttpParserError:
                 if self._refused:
                     return
-                msg = "Invalid HTTP request received."
+                msg = refusals["invalid"][1]
                 self.logger.warning(msg)
                 self.send_400_response(msg)
             except httptools.HttpParserUpgrade:
@@ -320,8 +330,7 @@ def guarded_protocol(header_timeout_s: float, *,
                 if room:
                     feed(data[:room])
                 if self._room == 0:  # the head goes on past the limit
-                    self._refuse(431, "request head (request line and header fields) exceeds "
-                                 f"max_header_bytes ({max_header_bytes})")
+                    self._refuse(*refusals["head"])
                     return
                 data = data[room:]
 
@@ -332,7 +341,7 @@ def guarded_protocol(header_timeout_s: float, *,
         def on_url(self, url: bytes) -> None:
             super().on_url(url)
             if len(self.url) > max_url_bytes:
-                self._refuse(414, f"request target exceeds max_url_bytes ({max_url_bytes})")
+                self._refuse(*refusals["url"])
                 raise _Refused
 
         def on_header(self, name: bytes, value: bytes) -> None:
@@ -341,7 +350,7 @@ def guarded_protocol(header_timeout_s: float, *,
                     self._refused = True
                     self.transport.close()
                 else:
-                    self._refuse(431, f"more than max_headers ({max_headers}) header fields")
+                    self._refuse(*refusals["fields"])
                 raise _Refused
             super().on_header(name, value)
 
@@ -545,8 +554,7 @@ def guarded_protocol(header_timeout_s: float, *,
             self._header_timer = None
             if self.cycle is None or self.cycle.response_complete:  # no request in progress
                 if self._room is not None and not self.transport.is_closing():
-                    self.transport.write(timeout_answer(
-                        f"request headers did not arrive within {header_timeout_s:g} s"))
+                    self.transport.write(closing_answer(*refusals["timeout"]))
                 self.transport.close()
 
     return GuardedHttpToolsProtocol

@@ -25,14 +25,13 @@ from seqserve.service.api.grpc import messages as pb
 from seqserve.service.server.app import create_app
 
 VENV_NAME = "tritonclient-grpc"
-REQUIREMENT = "tritonclient[grpc]==2.73.*"
 KEY = "s3cret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
 def triton_python() -> Path:
-    return client_python(VENV_NAME, REQUIREMENT)
+    return client_python(VENV_NAME)
 
 
 @pytest.fixture

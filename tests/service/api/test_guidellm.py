@@ -32,9 +32,6 @@ from service_fakes import serve_in_thread, settings
 from seqserve.service.server.app import create_app
 
 VENV_NAME = "guidellm"
-# guidellm requires torch (any release): pinned to the CPU wheel that lies on this machine's
-# disk, or pip takes a CUDA build (5.5 GB in the venv, enough to fill a CI machine's disk).
-REQUIREMENT = "guidellm==0.8.1 torch==2.13.0"
 MODEL = "tiny-lm"
 MAX_TOKENS = 12
 CANDIDATES = ["one two three", "four five six", "seven eight", "nine ten eleven twelve",
@@ -45,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def guidellm_bin() -> Path:
-    return client_python(VENV_NAME, REQUIREMENT).parent / "guidellm"
+    return client_python(VENV_NAME).parent / "guidellm"
 
 
 @pytest.fixture(scope="module")

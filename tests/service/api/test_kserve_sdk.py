@@ -22,13 +22,12 @@ from seqserve.service.server.app import create_app
 from seqserve.service.web.settings import Settings
 
 VENV_NAME = "kserve"
-REQUIREMENT = "kserve==0.21.*"
 MODEL = "tiny-clf"
 
 
 @pytest.fixture(scope="module")
 def kserve_python() -> Path:
-    return client_python(VENV_NAME, REQUIREMENT)
+    return client_python(VENV_NAME)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from client_venvs import client_python
 from service_fakes import serve_in_thread, settings
-from test_kserve_sdk import REQUIREMENT, VENV_NAME
+from test_kserve_sdk import VENV_NAME
 
 from seqserve.service.server.app import create_app
 
@@ -113,7 +113,7 @@ def test_the_route_is_in_the_openapi_document_per_model(url: str) -> None:
 
 
 def test_the_kserve_sdk_v1_client(url: str) -> None:
-    python = client_python(VENV_NAME, REQUIREMENT)
+    python = client_python(VENV_NAME)
     script = Path(__file__).with_name("kserve_v1_client.py")
     done = subprocess.run([str(python), str(script), url, "tiny-clf", BROKEN, *TEXTS],
                           capture_output=True, text=True, timeout=120)

@@ -26,7 +26,6 @@ from service_fakes import serve_in_thread, settings
 from seqserve.service.server.app import create_app
 
 VENV_NAME = "lm-eval"
-REQUIREMENT = "lm-eval[api]==0.4.13"
 PAIRS = [("one two", " three four"), ("six seven", " eight"), ("one two", " ten")]
 DOCS = ["one two three four five", "ten eleven twelve"]
 TASKS = {
@@ -46,7 +45,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def lm_eval_python() -> Path:
-    return client_python(VENV_NAME, REQUIREMENT)
+    return client_python(VENV_NAME)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from triton_requests import request_arrays
 from seqserve.service.server.app import create_app
 
 httpclient = pytest.importorskip("tritonclient.http")
-REQUIREMENT = "tritonclient[grpc]==2.73.*"
+VENV_NAME = "tritonclient-grpc"
 SESSION_IDLE_S = 123.0
 MAX_WAIT_MS = 3.0
 CONTROLS = {"START": "CONTROL_SEQUENCE_START", "END": "CONTROL_SEQUENCE_END",
@@ -78,7 +78,7 @@ def test_a_request_built_from_the_config_is_accepted(
         fixture: str, request: pytest.FixtureRequest,
         tmp_path_factory: pytest.TempPathFactory) -> None:
     repo: Path = request.getfixturevalue(fixture)
-    python = client_python("tritonclient-grpc", REQUIREMENT)
+    python = client_python(VENV_NAME)
     names = sorted(p.name for p in repo.iterdir() if p.is_dir())
     app = create_app(settings(repo, grpc_port=0, session_idle_timeout_s=SESSION_IDLE_S,
                               max_wait_ms=MAX_WAIT_MS))

@@ -83,8 +83,8 @@ def warm(names: list[str]) -> subprocess.Popen[bytes] | None:
         return None
     (ROOT / ".client-venvs").mkdir(exist_ok=True)
     log = open(ROOT / ".client-venvs" / "warm.log", "wb")  # noqa: SIM115 (the child's)
-    return subprocess.Popen([sys.executable, __file__, *names], stdout=log, stderr=subprocess.STDOUT,
-                            cwd=ROOT)
+    return subprocess.Popen([sys.executable, __file__, *names], stdout=log,
+                            stderr=subprocess.STDOUT, cwd=ROOT)
 
 
 def main(names: list[str]) -> int:

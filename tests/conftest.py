@@ -254,3 +254,14 @@ def endless_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path)
     export_run(run, repo, "endless-lm", version=1, progress=False,
                grid={"batch_sizes": (1, 3), "lengths": (1, 7)})
     return repo
+
+
+@pytest.fixture(params=["uvicorn", "native"])
+def http_front(request: pytest.FixtureRequest) -> str:
+    """Each HTTP front in turn (`--front`); the native one only where it is built."""
+    if request.param == "native":
+        from seqserve.service.server.native import native_front
+
+        if native_front()[0] is None:
+            pytest.skip("the native front is not built (native/build.sh)")
+    return str(request.param)

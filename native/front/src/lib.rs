@@ -44,6 +44,8 @@ struct Cfg {
     head_timeout: Duration,
     keep_alive: Duration,
     body_timeout: Duration,
+    /// A connection's 429 due less than this after its last one waits until then.
+    pace: Duration,
 }
 
 struct Item {
@@ -54,6 +56,8 @@ struct Item {
     body: Bytes,
     client: SocketAddr,
     received: f64,
+    /// False: the body did not arrive within the body timeout (the app answers its 408).
+    complete: bool,
 }
 
 type Hdrs = Vec<(HeaderName, HeaderValue)>;
@@ -80,6 +84,24 @@ struct Shared {
     accepted: AtomicU64,
     requests: AtomicU64,
     shutdown_rx: watch::Receiver<bool>,
+    /// The server's own answers to refused heads, by what they refuse ("fields", "head",
+    /// "url", "timeout", "invalid"): given by Python (the one error answer), else built in.
+    refusals: HashMap<String, (StatusCode, Hdrs, Bytes)>,
+    /// Paths whose POSTs count while their bodies arrive (`arriving`): inference work.
+    counted: Vec<String>,
+    /// Counted requests whose heads were read and whose bodies still arrive.
+    arriving: AtomicUsize,
+}
+
+/// A counted request's place in `Shared::arriving` while its body arrives.
+struct Arriving(Option<Arc<Shared>>);
+
+impl Drop for Arriving {
+    fn drop(&mut self) {
+        if let Some(sh) = self.0.take() {
+            sh.arriving.fetch_sub(1, SeqCst);
+        }
+    }
 }
 
 impl Shared {
@@ -112,6 +134,34 @@ impl Shared {
     fn report_gone(&self, rid: u64) {
         self.gone.lock().unwrap().push(rid);
         self.signal();
+    }
+
+    /// The answer to a head refused for `what` (status and message: the built-in fallback).
+    fn refusal(&self, what: &str, status: u16, msg: &str) -> Answer {
+        match self.refusals.get(what) {
+            Some((s, h, b)) => Answer::Full(*s, h.clone(), b.clone()),
+            None => error_answer(status, msg),
+        }
+    }
+
+    /// The same answer as bytes on the wire (written on the socket directly).
+    fn raw_refusal(&self, what: &str, status: u16, msg: &str) -> Vec<u8> {
+        match self.refusals.get(what) {
+            Some((s, h, b)) => {
+                let mut out = format!("HTTP/1.1 {} {}\r\n", s.as_u16(),
+                                      s.canonical_reason().unwrap_or("Error")).into_bytes();
+                for (n, v) in h {
+                    out.extend_from_slice(n.as_str().as_bytes());
+                    out.extend_from_slice(b": ");
+                    out.extend_from_slice(v.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                }
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(b);
+                out
+            }
+            None => raw_error(status, msg),
+        }
     }
 }
 
@@ -165,11 +215,30 @@ struct CS {
     busy: u32,
     expected_heads: u64,
     seen_heads: u64,
+    /// The head being read has its request line whole (a head cut off before: a 414).
+    line_done: bool,
+    /// When this connection's last 429 was written (the pace of the next).
+    refused_at: Option<Instant>,
+    /// Ends of request heads ("\r\n\r\n") read from the socket, and the last 3 bytes read
+    /// (an end split across reads) ...
+    ends_read: u64,
+    tail: [u8; 3],
+    /// ... and requests handed to the app: more read than handled means pipelined requests
+    /// wait behind the one answered now.
+    handled: u64,
 }
 
 struct ConnState {
     m: Mutex<CS>,
     notify: Notify,
+    sh: Arc<Shared>,
+    /// Bytes read from the socket in all.
+    read: AtomicU64,
+    /// While a body is read: `read` when it began (u64::MAX: no body is being read) ...
+    body_from: AtomicU64,
+    /// ... and the body's bytes so far: what was read beyond them is framing (chunk sizes,
+    /// trailers), bounded like a head.
+    body_got: AtomicU64,
 }
 
 enum Expired {
@@ -179,29 +248,99 @@ enum Expired {
 }
 
 impl ConnState {
-    fn new() -> Self {
+    fn new(sh: Arc<Shared>) -> Self {
         ConnState {
             m: Mutex::new(CS {
                 phase: Phase::Idle { since: Instant::now(), first: true },
                 busy: 0,
                 expected_heads: 0,
                 seen_heads: 0,
+                line_done: false,
+                refused_at: None,
+                ends_read: 0,
+                tail: [0; 3],
+                handled: 0,
             }),
             notify: Notify::new(),
+            sh,
+            read: AtomicU64::new(0),
+            body_from: AtomicU64::new(u64::MAX),
+            body_got: AtomicU64::new(0),
         }
     }
 
-    fn on_read(&self) {
+    /// `data` was read; false when a body's framing has gone past its bound.
+    fn on_read(&self, data: &[u8]) -> bool {
+        let read = self.read.fetch_add(data.len() as u64, SeqCst) + data.len() as u64;
         let mut s = self.m.lock().unwrap();
-        if let Phase::Idle { .. } = s.phase {
+        if let Phase::Idle { first, .. } = s.phase {
             s.phase = Phase::Head { since: Instant::now() };
+            s.line_done = false;
+            if first {
+                self.notify.notify_one();  // (a connection given a grace at shutdown)
+            }
         }
+        if !s.line_done && data.contains(&b'\n') {
+            s.line_done = true;
+        }
+        // count the ends of heads (a body holding "\r\n\r\n" counts too: then a drain's
+        // close waits for the connection's idle close instead)
+        let mut window = [0u8; 3];
+        window.copy_from_slice(&s.tail);
+        let mut ends = 0u64;
+        let joined: Vec<u8> = window.iter().chain(data.iter().take(3)).copied().collect();
+        ends += joined.windows(4).filter(|w| *w == b"\r\n\r\n").count() as u64;
+        ends += data.windows(4).filter(|w| *w == b"\r\n\r\n").count() as u64;
+        if data.len() >= 3 {
+            s.tail.copy_from_slice(&data[data.len() - 3..]);
+        } else {
+            let keep = 3 - data.len();
+            let mut t = [0u8; 3];
+            t[..keep].copy_from_slice(&window[3 - keep..]);
+            t[keep..].copy_from_slice(data);
+            s.tail = t;
+        }
+        s.ends_read += ends;
+        drop(s);
+        let from = self.body_from.load(SeqCst);
+        if from == u64::MAX {
+            return true;
+        }
+        let got = self.body_got.load(SeqCst);
+        let framing = read.saturating_sub(from).saturating_sub(got);
+        let bound = 2 * head_buf(&self.sh.cfg) as u64 + 8 * got;
+        framing <= bound
+    }
+
+    /// The pause before a 429 is written: none for a connection's first, else up to the
+    /// pace after its last.
+    fn pace(&self, cfg: &Cfg) -> Duration {
+        let now = Instant::now();
+        let mut s = self.m.lock().unwrap();
+        let due = match s.refused_at {
+            Some(last) if now < last + cfg.pace => last + cfg.pace,
+            _ => now,
+        };
+        s.refused_at = Some(due);
+        due - now
     }
 
     fn enter(&self) {
         let mut s = self.m.lock().unwrap();
         s.busy += 1;
+        s.handled += 1;
         s.phase = Phase::Busy;
+    }
+
+    /// Whether requests already read wait behind those handed to the app (pipelined).
+    fn pipelined(&self) -> bool {
+        let s = self.m.lock().unwrap();
+        s.ends_read > s.handled
+    }
+
+    /// A connection that has not sent a byte yet.
+    fn fresh(&self) -> bool {
+        matches!(self.m.lock().unwrap().phase, Phase::Idle { first: true, .. })
     }
 
     fn leave(&self) {
@@ -232,9 +371,16 @@ impl ConnState {
         let now = Instant::now();
         let s = self.m.lock().unwrap();
         match s.phase {
-            Phase::Idle { since, first } => {
-                let lim = if first { cfg.head_timeout } else { cfg.keep_alive };
-                if now >= since + lim {
+            Phase::Idle { since, first: true } => {
+                // a new connection whose first request never came: its 408, as a head's
+                if now >= since + cfg.head_timeout {
+                    Expired::Head
+                } else {
+                    Expired::No
+                }
+            }
+            Phase::Idle { since, first: false } => {
+                if now >= since + cfg.keep_alive {
                     Expired::Idle
                 } else {
                     Expired::No
@@ -266,18 +412,33 @@ impl ConnState {
         if s.busy != 0 {
             return None;
         }
-        let (status, msg) = if first.starts_with(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") {
-            (431u16, "request header fields too large")
+        let (what, status, msg) = if first.starts_with(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") {
+            if s.line_done {
+                ("head", 431u16, "request header fields too large")
+            } else {  // the request line never ended: its target is what is too long
+                ("url", 414, "request URI too long")
+            }
         } else if first.starts_with(b"HTTP/1.1 414 URI Too Long\r\n") {
-            (414, "request URI too long")
+            ("url", 414, "request URI too long")
         } else if first.starts_with(b"HTTP/1.1 400 Bad Request\r\n") {
-            (400, "bad request")
+            ("invalid", 400, "bad request")
         } else {
             return None;
         };
-        Some(raw_error(status, msg))
+        drop(s);
+        Some(self.sh.raw_refusal(what, status, msg))
     }
 }
+
+/// hyper's read buffer: a head within the limit always fits (what is over it is answered
+/// by the checks of `handle_inner`, or hyper's own 431 once the buffer is full).
+fn head_buf(cfg: &Cfg) -> usize {
+    std::cmp::max(8192, cfg.max_head_bytes + 4096)
+}
+
+/// At shutdown, how long a connection that has sent nothing yet is given for its first
+/// request (web/http_protocol.py FIRST_REQUEST_GRACE_S).
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 fn error_json(status: u16, msg: &str) -> String {
     format!("{{\"error\": \"{}\", \"status\": {}}}", msg, status)
@@ -328,8 +489,9 @@ impl AsyncRead for Io {
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
-            if buf.filled().len() > before {
-                this.st.on_read();
+            if buf.filled().len() > before && !this.st.on_read(&buf.filled()[before..]) {
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData, "body framing or trailers over the limit")));
             }
         }
         r
@@ -510,13 +672,14 @@ enum BodyErr {
     Io,
 }
 
-async fn read_body(mut body: hyper::Body, max: usize) -> Result<Bytes, BodyErr> {
+async fn read_body(mut body: hyper::Body, max: usize, st: &ConnState) -> Result<Bytes, BodyErr> {
     let mut first: Option<Bytes> = None;
     let mut rest: Option<BytesMut> = None;
     let mut total = 0usize;
     while let Some(chunk) = body.data().await {
         let mut c = chunk.map_err(|_| BodyErr::Io)?;
         total += c.len();
+        st.body_got.store(total as u64, SeqCst);
         let over = total > max;
         if over {
             c.truncate(c.len() - (total - max - 1));  // keep max + 1 bytes in all
@@ -545,15 +708,16 @@ async fn read_body(mut body: hyper::Body, max: usize) -> Result<Bytes, BodyErr> 
     })
 }
 
-async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, peer: SocketAddr) -> Answer {
+async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, st: &Arc<ConnState>,
+                      peer: SocketAddr) -> Answer {
     let received = monotonic();
     let cfg = sh.cfg;
     let url_len = req.uri().path_and_query().map(|p| p.as_str().len()).unwrap_or(1);
     if url_len > cfg.max_url_bytes {
-        return error_answer(414, "request URI too long");
+        return sh.refusal("url", 414, "request URI too long");
     }
     if req.headers().len() > cfg.max_headers {
-        return error_answer(431, "too many header fields");
+        return sh.refusal("fields", 431, "too many header fields");
     }
     let head_len: usize = req.method().as_str().len()
         + url_len
@@ -561,7 +725,7 @@ async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, peer: SocketA
         + req.headers().iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum::<usize>()
         + 2;
     if head_len > cfg.max_head_bytes {
-        return error_answer(431, "request header fields too large");
+        return sh.refusal("head", 431, "request header fields too large");
     }
     let announced_over = req
         .headers()
@@ -569,27 +733,48 @@ async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, peer: SocketA
         .and_then(|cl| cl.to_str().ok())
         .and_then(|s| s.trim().parse::<u64>().ok())
         .map_or(false, |n| n > cfg.max_body_bytes as u64);
+    let counted = req.method() == hyper::Method::POST
+        && sh.counted.iter().any(|p| req.uri().path().starts_with(p.as_str()));
+    let arriving = if counted {
+        sh.arriving.fetch_add(1, SeqCst);
+        Arriving(Some(sh.clone()))
+    } else {
+        Arriving(None)
+    };
     let (parts, body) = req.into_parts();
     if announced_over {
-        // The app answers it (its 413 by the announced length, its error shape, request id,
-        // metrics and access log: as on the uvicorn front), with the body read and dropped
-        // here so that the connection stays usable; a body too large even to drop: closed.
+        // The app answers it at once (its 413 by the announced length, its error shape,
+        // request id, metrics and access log: as on the uvicorn front) while the body is
+        // read and dropped here, so that the connection stays usable; the rest of a body
+        // answered early must come within the head timeout, else the connection closes.
         let most = (cfg.max_body_bytes.saturating_mul(16)).max(16 << 20);
-        match tokio::time::timeout(cfg.body_timeout, drop_body(body, most)).await {
-            Ok(true) => {}
-            _ => return error_answer(413, "request body too large"),
-        }
-        return hand_over(sh, parts, Bytes::new(), peer, received).await;
+        let head_timeout = cfg.head_timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(head_timeout, drop_body(body, most)).await;
+        });
+        drop(arriving);  // (counted by the app from now on)
+        return hand_over(sh, parts, Bytes::new(), peer, received, true).await;
     }
-    let body = match tokio::time::timeout(cfg.body_timeout, read_body(body, cfg.max_body_bytes)).await {
-        Err(_) => return error_answer(408, "request body timeout"),
+    let st = st.clone();
+    st.body_got.store(0, SeqCst);
+    st.body_from.store(st.read.load(SeqCst), SeqCst);
+    let read = tokio::time::timeout(cfg.body_timeout, read_body(body, cfg.max_body_bytes, &st)).await;
+    st.body_from.store(u64::MAX, SeqCst);
+    let body = match read {
+        // the app answers its 408 (its shape, request id, metrics, access log); the rest of
+        // the body is never read: the connection closes after it
+        Err(_) => {
+            drop(arriving);
+            return hand_over(sh, parts, Bytes::new(), peer, received, false).await;
+        }
         // a body over the limit without a length announced: the app answers its 413 from
         // the first max + 1 bytes; the rest is never read, so the connection then closes
         Ok(Err(BodyErr::TooLarge(kept))) => kept,
         Ok(Err(BodyErr::Io)) => return error_answer(400, "bad request body"),
         Ok(Ok(b)) => b,
     };
-    hand_over(sh, parts, body, peer, received).await
+    drop(arriving);
+    hand_over(sh, parts, body, peer, received, true).await
 }
 
 /// Read a body to its end without keeping it; false past `most` bytes or on an error.
@@ -616,6 +801,7 @@ async fn hand_over(
     body: Bytes,
     peer: SocketAddr,
     received: f64,
+    complete: bool,
 ) -> Answer {
     let rid = sh.next_rid.fetch_add(1, SeqCst);
     let (tx, rx) = oneshot::channel();
@@ -629,6 +815,7 @@ async fn hand_over(
         body,
         client: peer,
         received,
+        complete,
     });
     sh.requests.fetch_add(1, SeqCst);
     sh.signal();
@@ -649,11 +836,31 @@ async fn handle(
 ) -> Result<Response<OutBody>, Infallible> {
     st.enter();
     let busy = BusyGuard(st.clone());
-    let answer = handle_inner(req, &sh, peer).await;
-    let (status, hdrs, kind) = match answer {
+    let answer = handle_inner(req, &sh, &st, peer).await;
+    let status = match &answer {
+        Answer::Full(s, _, _) | Answer::Stream(s, _, _, _) => *s,
+    };
+    if status == StatusCode::TOO_MANY_REQUESTS && !sh.cfg.pace.is_zero() {
+        // resent at once after a refusal: answered at the pace, or at once when the server
+        // stops (what else the client sends waits behind it, as pipelined requests do)
+        let wait = st.pace(&sh.cfg);
+        let mut stop = sh.shutdown_rx.clone();
+        if !wait.is_zero() && !*stop.borrow() {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => {}
+            }
+        }
+    }
+    let (status, mut hdrs, kind) = match answer {
         Answer::Full(s, h, b) => (s, h, Kind::Full(Some(b))),
         Answer::Stream(s, h, r, rid) => (s, h, Kind::Stream(r, StreamGuard { rid, sh: sh.clone() })),
     };
+    if *sh.shutdown_rx.borrow() == false && st.pipelined() && status.as_u16() < 400 {
+        // a drain's close (the app's `Connection: close` while draining) waits for the
+        // requests the client has already sent on this connection: the last one closes it
+        hdrs.retain(|(n, v)| !(n == CONNECTION && v.as_bytes().eq_ignore_ascii_case(b"close")));
+    }
     let mut resp = Response::new(OutBody { kind, _busy: busy });
     *resp.status_mut() = status;
     let hm = resp.headers_mut();
@@ -687,28 +894,49 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>) {
     let _count = ConnCount(sh.clone());
     let _ = stream.set_nodelay(true);
     let fd = stream.as_raw_fd();
-    let st = Arc::new(ConnState::new());
+    let st = Arc::new(ConnState::new(sh.clone()));
     let io = Io { inner: stream, st: st.clone(), repl: None };
     let mut http = Http::new();
     http.http1_only(true);
     http.http1_keep_alive(true);
-    http.max_buf_size(std::cmp::max(8192, sh.cfg.max_head_bytes));
+    http.max_buf_size(head_buf(&sh.cfg));
     let (sh2, st2) = (sh.clone(), st.clone());
     let svc = service_fn(move |req| handle(req, sh2.clone(), st2.clone(), peer));
     let conn = http.serve_connection(io, svc);
     tokio::pin!(conn);
     let mut shut_rx = sh.shutdown_rx.clone();
     let mut shutting = *shut_rx.borrow();
+    // a connection that has sent nothing yet when the server stops gets FIRST_REQUEST_GRACE
+    // for its first request (its client connected to send one), then closes
+    let mut grace: Option<Instant> = None;
     if shutting {
-        conn.as_mut().graceful_shutdown();
+        grace = Some(Instant::now() + FIRST_REQUEST_GRACE);
     }
     loop {
-        let dl = tokio::time::Instant::from_std(st.deadline(&sh.cfg));
+        if let Some(until) = grace {
+            let fresh = st.fresh();
+            if fresh && Instant::now() >= until {
+                break;  // nothing came: closed (hyper would wait for a first request)
+            }
+            if !fresh {
+                grace = None;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+        let mut dl = st.deadline(&sh.cfg);
+        if let Some(until) = grace {
+            dl = dl.min(until);
+        }
+        let dl = tokio::time::Instant::from_std(dl);
         tokio::select! {
             _ = &mut conn => break,
             _ = shut_rx.changed(), if !shutting => {
                 shutting = true;
-                conn.as_mut().graceful_shutdown();
+                if st.fresh() {
+                    grace = Some(Instant::now() + FIRST_REQUEST_GRACE);
+                } else {
+                    conn.as_mut().graceful_shutdown();
+                }
             }
             _ = st.notify.notified() => {}
             _ = tokio::time::sleep_until(dl) => {
@@ -716,7 +944,7 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>) {
                     Expired::No => {}
                     Expired::Idle => break,
                     Expired::Head => {
-                        send_raw(fd, &raw_error(408, "request head timeout"));
+                        send_raw(fd, &sh.raw_refusal("timeout", 408, "request head timeout"));
                         break;
                     }
                 }
@@ -820,7 +1048,10 @@ impl Front {
         max_body_bytes = "8 << 20",
         head_timeout_s = "10.0",
         keep_alive_s = "5.0",
-        body_timeout_s = "30.0"
+        body_timeout_s = "30.0",
+        pace_s = "0.0",
+        refusals = "None",
+        counted = "Vec::new()"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -833,6 +1064,9 @@ impl Front {
         head_timeout_s: f64,
         keep_alive_s: f64,
         body_timeout_s: f64,
+        pace_s: f64,
+        refusals: Option<HashMap<String, (u16, Vec<(&[u8], &[u8])>, &[u8])>>,
+        counted: Vec<String>,
     ) -> PyResult<Self> {
         let secs = |v: f64, name: &str| -> PyResult<Duration> {
             if !(v > 0.0) || !v.is_finite() {
@@ -848,7 +1082,17 @@ impl Front {
             head_timeout: secs(head_timeout_s, "head_timeout_s")?,
             keep_alive: secs(keep_alive_s, "keep_alive_s")?,
             body_timeout: secs(body_timeout_s, "body_timeout_s")?,
+            pace: if pace_s > 0.0 && pace_s.is_finite() {
+                Duration::from_secs_f64(pace_s)
+            } else {
+                Duration::ZERO
+            },
         };
+        let mut answers = HashMap::new();
+        for (what, (status, headers, body)) in refusals.unwrap_or_default() {
+            answers.insert(what, (to_status(status)?, to_headers(headers)?,
+                                  Bytes::copy_from_slice(body)));
+        }
         let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if efd < 0 {
             return Err(PyOSError::new_err(format!("eventfd: {}", io::Error::last_os_error())));
@@ -897,6 +1141,9 @@ impl Front {
             accepted: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             shutdown_rx,
+            refusals: answers,
+            counted,
+            arriving: AtomicUsize::new(0),
         });
         if let Some(listener) = listener {
             rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
@@ -913,7 +1160,7 @@ impl Front {
     }
 
     /// Up to `max` waiting requests, as
-    /// (rid, method, path, query, headers, body, (host, port), received).
+    /// (rid, method, path, query, headers, body, (host, port), received, complete).
     fn take(&self, py: Python<'_>, max: usize) -> PyResult<PyObject> {
         self.sh.rearm();
         let items: Vec<Item> = {
@@ -944,6 +1191,7 @@ impl Front {
                 PyBytes::new(py, &it.body),
                 client,
                 it.received,
+                it.complete,
             )
                 .into_py(py);
             list.append(t)?;
@@ -1067,6 +1315,12 @@ impl Front {
         Ok(())
     }
 
+    /// Requests to the `counted` paths whose heads were read and whose bodies still
+    /// arrive (not yet taken): they count against the server's max in flight.
+    fn arriving(&self) -> usize {
+        self.sh.arriving.load(SeqCst)
+    }
+
     /// Connections open now.
     fn connections(&self) -> usize {
         self.sh.connections.load(SeqCst)
@@ -1074,6 +1328,14 @@ impl Front {
 
     fn pause(&self) {
         self.stop_accept.send_replace(true);
+    }
+
+    /// Stop accepting and close connections as they finish (idle ones at once, those with
+    /// a request under way after its answer, fresh ones after their grace), while Python
+    /// still takes and answers requests; `close` then stops the runtime.
+    fn shutdown(&self) {
+        self.stop_accept.send_replace(true);
+        self.shutdown.send_replace(true);
     }
 
     /// Stop accepting, close idle keep-alive connections, let the others finish for up to

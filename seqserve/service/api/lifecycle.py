@@ -203,7 +203,8 @@ def shed_early(state: AppState, model: Any, timeout_s: float,
     waited = 0.0 if received is None else time.monotonic() - received
     if waited > budget or wait is not None and waited + wait > budget:
         ahead = wait or 0.0
-        front = f" after {waited:.3f} s read and waiting" if waited >= 0.001 else ""
+        front = f" after {waited:.3f} s read and waiting" \
+            if waited >= 0.001 and ahead <= budget else ""  # (only where it is the reason)
         raise QueueFull(f"overloaded: expected queue wait {ahead:.3f} s{front} > "
                         f"{budget:.3f} s allowed",
                         retry_after=max(state.settings.retry_after_s, ahead))

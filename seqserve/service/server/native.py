@@ -3,7 +3,11 @@ interpreter (`_front`, a Rust extension over hyper and tokio: native/front/), th
 app run per request on the event loop as uvicorn runs it.
 
 The front accepts on the listening socket in its own threads, reads each request whole (head
-limits, body limit, head and keep-alive deadlines are its own) and queues it; an eventfd
+limits, body limit, head and keep-alive deadlines are its own; a head over a limit gets the
+uvicorn protocol's answer, `head_refusals`, and a chunked body's framing and trailers are
+bounded like a head) and queues it; a body that does not arrive within `body_timeout_s` is
+handed over without it, for the app's own 408; a connection's 429 written less than
+`refusal_pace_s` after its last waits until then (or the server stops); an eventfd
 tells the event loop that requests wait, and one `take` per loop turn hands it every waiting
 request at once. Each becomes the ASGI scope uvicorn would have built, with the same
 disconnect future (`web.http_protocol.DISCONNECT`), and runs the same app (`create_app`'s
@@ -13,9 +17,12 @@ without a task, as the uvicorn protocol does. The answers of one loop turn leave
 `respond_many` call; a streamed answer (SSE) goes chunk by chunk.
 
 Draining: `close()` stops accepting (connections already open keep being served, and every
-answer carries `Connection: close` while the server drains: the middleware's), uvicorn then
-waits for the requests in flight (`server_state.tasks`), and `wait_closed()` stops the front
-within the drain's bound.
+answer carries `Connection: close` while the server drains: the middleware's; the front
+leaves it out while requests the client already sent on that connection wait behind the
+answer, so that the last of them closes it), uvicorn then waits for the requests in flight
+(`server_state.tasks`), and `wait_closed()` closes the connections as they finish, still
+serving them (a connection that has sent nothing yet gets FIRST_REQUEST_GRACE_S for its
+first request), and stops the front within the drain's bound.
 
 The choice is `--front`: `native` where `_front` imports (built by
 native/build.sh), `uvicorn` otherwise or when asked; `serve` logs which and why.
@@ -29,8 +36,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+from seqserve.service.core.answers import error_answer
 from seqserve.service.server.accept import take_waiting
-from seqserve.service.web.http_protocol import DISCONNECT, RECEIVED
+from seqserve.service.web.http_protocol import BODY_LATE, DISCONNECT, RECEIVED, head_refusals
+from seqserve.service.web.middleware import INFERENCE
 
 TAKE = 512
 """Most requests taken from the front in one loop turn (the rest on the next turn)."""
@@ -65,11 +74,16 @@ class NativeListener:
         self.tasks = tasks
         self.stop_bound_s = stop_bound_s
         s = settings
+        refusals = {what: error_answer(status, message, headers=[(b"connection", b"close")])
+                    for what, (status, message) in head_refusals(
+                        s.header_timeout_s, s.max_headers, s.max_header_bytes,
+                        s.max_url_bytes).items()}
         self.front = front_class(
             -1 if sock is None else sock.fileno(), threads=1, max_head_bytes=s.max_header_bytes,
             max_headers=s.max_headers, max_url_bytes=s.max_url_bytes,
             max_body_bytes=s.max_body_bytes, head_timeout_s=s.header_timeout_s,
-            keep_alive_s=s.keepalive_timeout_s, body_timeout_s=s.body_timeout_s)
+            keep_alive_s=s.keepalive_timeout_s, body_timeout_s=s.body_timeout_s,
+            pace_s=s.refusal_pace_s, refusals=refusals, counted=list(INFERENCE))
         host, port = (settings.host, settings.port) if sock is None else sock.getsockname()[:2]
         self.server = (str(host), int(port))
         self.gone: dict[int, asyncio.Future[None]] = {}
@@ -86,7 +100,7 @@ class NativeListener:
             future = self.gone.pop(rid, None)
             if future is not None and not future.done():
                 future.set_result(None)
-        for rid, method, path, query, headers, body, client, received in front.take(TAKE):
+        for rid, method, path, query, headers, body, client, received, whole in front.take(TAKE):
             gone: asyncio.Future[None] = self.loop.create_future()
             scope = {
                 "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -96,13 +110,18 @@ class NativeListener:
                 "query_string": query, "headers": headers, "state": self.app_state.copy(),
                 "extensions": {DISCONNECT: gone, RECEIVED: received},
             }
-            if self.answer_head is not None:
-                answer = self.answer_head(scope)
+            if not whole:
+                scope["extensions"][BODY_LATE] = True
+            elif self.answer_head is not None:
+                try:
+                    answer = self.answer_head(scope)
+                except Exception:  # a server bug: the full path meets it too, and answers
+                    answer = None  # its 500 (logged once, with the request)
                 if answer is not None:
                     self._write(rid, *answer)
                     continue
             self.gone[rid] = gone
-            task = self.loop.create_task(self._run(rid, scope, body, gone))
+            task = self.loop.create_task(self._run(rid, scope, body if whole else None, gone))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -119,10 +138,13 @@ class NativeListener:
         if answers:
             self.front.respond_many(answers)
 
-    async def _run(self, rid: int, scope: dict[str, Any], body: bytes,
+    async def _run(self, rid: int, scope: dict[str, Any], body: bytes | None,
                    gone: asyncio.Future[None]) -> None:
+        """One request through the app; `body` None: it did not arrive within the body
+        timeout (the front read it from the head on: the app's 408 is due at once)."""
         front = self.front
-        pending: Message = {"type": "http.request", "body": body, "more_body": False}
+        pending: Message = {} if body is None else {
+            "type": "http.request", "body": body, "more_body": False}
         start: Message | None = None
         streaming = False
 
@@ -188,10 +210,16 @@ class NativeListener:
                     self.front.adopt(conn.detach())
 
     async def wait_closed(self) -> None:
-        """Flush what is left and stop the front (its open connections closed)."""
+        """Close the connections as they finish, still serving what they send (requests
+        pipelined behind those in flight, a fresh connection's first request within its
+        grace), within the drain's bound; then stop the front."""
+        self.front.shutdown()
+        deadline = self.loop.time() + self.stop_bound_s
+        while self.front.connections() and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
         self._flush()
         self.loop.remove_reader(self.front.fileno())
-        await asyncio.to_thread(self.front.close, self.stop_bound_s)
+        await asyncio.to_thread(self.front.close, 0.2)
         if self.sock is not None:
             self.sock.close()
 

@@ -144,8 +144,10 @@ class DrainingServer(uvicorn.Server):
         if sock is not None:
             sock.listen(self.config.backlog)  # (as asyncio's create_server does)
         head = getattr(self.config.app, "answer_head", None)
-        return NativeListener(sock, self.config.loaded_app, head, s, self.lifespan.state,
-                              self.server_state.tasks, s.drain_timeout_s + 5.0)
+        listener = NativeListener(sock, self.config.loaded_app, head, s, self.lifespan.state,
+                                  self.server_state.tasks, s.drain_timeout_s + 5.0)
+        self.state.arriving.append(listener.front.arriving)
+        return listener
 
     def _native(self) -> bool:
         """Whether this server runs the native front (`--front native` and built); logs

@@ -97,14 +97,17 @@ DISCONNECT = "seqserve.disconnect"
 """The scope extension: a future done when the request's client is gone (see module doc)."""
 RECEIVED = "seqserve.received"
 """The scope extension a front that reads requests off the event loop sets (the native
-front, server/native.py): the `time.monotonic()` at which the request was read whole. The
-request's deadline, its allowed queue wait and its Server-Timing count from it (absent: from
-when the app saw the request)."""
+front, server/native.py): the `time.monotonic()` at which the request's head was read. The
+request's deadline, its allowed queue wait, its body's deadline and its Server-Timing count
+from it (absent: from when the app saw the request)."""
 LINGER_S = 1.0
 """After the answer to a refused request head: how long the connection goes on reading (and
 dropping) what the client still sends before it closes (see the module doc)."""
 LINGER_BYTES = 1 << 20
 """... and how much of it at most."""
+BODY_LATE = "seqserve.body_late"
+"""The scope extension a front that reads bodies itself sets on a request whose body did not
+arrive within `body_timeout_s` (handed over without it): the app answers its 408 at once."""
 FIRST_REQUEST_GRACE_S = 1.0
 """At shutdown, how long a connection that has not sent a byte yet (accepted just before, or
 taken from the listen queue at close) is given for its first request before it closes: its

@@ -15,9 +15,10 @@ of every route: what every request passes, in this order, whatever route answers
   before the body is read (`text/plain`, forms and `multipart/form-data` too: what a browser
   sends cross-site without a CORS preflight), and so is a content coding other than `gzip`,
   `deflate` and identity; new inference work while this process already holds
-  `max_in_flight` requests (HTTP and gRPC together: `AppState.admitted`, each counted from
-  its headers on, while its body still arrives: the engine's admission cannot see a backlog
-  that waits for the API process's own CPU) gets 429 + Retry-After at once; a body announced
+  `max_in_flight` requests (HTTP and gRPC together: `AppState.in_flight`, each counted from
+  its headers on, while its body still arrives, at the native front too: the engine's
+  admission cannot see a backlog that waits for the API process's own CPU) gets 429 +
+  Retry-After at once; a body announced
   over `max_body_bytes` a 413; a protected path without a valid API key a 401
   (`web.auth.Keys`); then the route's own decision from the head (the app's `head`: an
   overloaded model's 429, `api/hot_path.py`);
@@ -63,7 +64,7 @@ from seqserve.service.web.access_log import (
 )
 from seqserve.service.web.auth import Keys
 from seqserve.service.web.cors import Cors
-from seqserve.service.web.http_protocol import RECEIVED
+from seqserve.service.web.http_protocol import BODY_LATE, RECEIVED
 from seqserve.service.web.responses import error_for, request_id_of, send_answer
 from seqserve.service.web.tracing import Spans
 
@@ -80,6 +81,8 @@ Refusal = tuple[int, str, list[tuple[bytes, bytes]]]
 HEAD = "seqserve.head"
 """The scope key of the head's decision (`HttpLifecycle._head`) when `answer_head` made it and
 left the answer to the full path."""
+COUNTED = "seqserve.counted"
+"""The scope key saying that `answer_head` admitted the request and counted it in flight."""
 REQUEST_ID = b"x-request-id"
 TRACEPARENT = b"traceparent"
 OWN = frozenset({b"server-timing", REQUEST_ID, TRACEPARENT})
@@ -240,9 +243,12 @@ class HttpLifecycle:
         post = scope["method"] == "POST"
         inference = post and scope["path"].startswith(INFERENCE)
         kind = _body_kind(scope) if post else (JSON, b"")
-        answer = scope.pop(HEAD) if HEAD in scope else self._head(scope, kind, inference)
+        late = BODY_LATE in scope["extensions"] if "extensions" in scope else False
+        answer = scope.pop(HEAD) if HEAD in scope else \
+            None if late else self._head(scope, kind, inference)  # (late: its 408 is due)
         counted = inference and answer is None
-        self.state.admitted += counted  # before the body is read: slow bodies count too
+        if not scope.pop(COUNTED, False):  # (else counted by `answer_head` already)
+            self.state.admitted += counted  # before the body is read: slow bodies count too
         try:
             if answer is not None or isinstance(kind, str):
                 await send_answer(send, answer or error_for(scope, 415, str(kind)))
@@ -269,7 +275,7 @@ class HttpLifecycle:
         s = self.state.settings
         if isinstance(kind, str):
             return error_for(scope, 415, kind)
-        if inference and self.state.admitted >= s.max_in_flight:
+        if inference and self.state.in_flight() >= s.max_in_flight:
             return error_for(scope, 429, "server overloaded: this process already works on "
                              f"max_in_flight ({s.max_in_flight}) requests",
                              retry_after=s.retry_after_s)
@@ -299,7 +305,11 @@ class HttpLifecycle:
         rid = request_id(scope)
         scope.setdefault("state", {})["request_id"] = rid
         answer = scope[HEAD] = self._head(scope, _body_kind(scope), True)
-        if answer is None or answer[0] != 429:
+        if answer is None:  # admitted: counted from now on, as a front may decide on the
+            self.state.admitted += 1  # heads of several requests before it runs any
+            scope[COUNTED] = True
+            return None
+        if answer[0] != 429:
             return None
         del scope[HEAD]
         status, headers, body = answer
@@ -346,16 +356,22 @@ class HttpLifecycle:
 
     @property
     def admitted(self) -> int:
-        """Inference requests this process works on (`AppState.admitted`: HTTP and gRPC)."""
-        return self.state.admitted
+        """Inference requests this process counts against `max_in_flight` (HTTP and gRPC:
+        `AppState.in_flight`, bodies still arriving at a native front included)."""
+        return self.state.in_flight()
 
     async def _body_or_refusal(self, scope: Scope, receive: Receive,
                                coding: bytes) -> bytes | Refusal:
         """The whole body (decompressed: `coding`), or the answer to a body too slow (408),
         too large (413) or not of its coding (400)."""
         s = self.state.settings
+        extensions = scope.get("extensions", {})
+        read = extensions.get(RECEIVED)  # (a front that reads bodies itself)
+        left = s.body_timeout_s - (0.0 if read is None else time.monotonic() - read)
         try:
-            async with asyncio.timeout(s.body_timeout_s):
+            if BODY_LATE in extensions:
+                raise TimeoutError
+            async with asyncio.timeout(left):
                 body = await self._read_body(receive)
         except TimeoutError:
             return (408, f"request body did not arrive within {s.body_timeout_s:g} s "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.state_token import StateCodec
@@ -34,6 +35,14 @@ class AppState:
     admitted: int = 0
     """Inference requests this process works on (admitted, not yet answered), HTTP and gRPC
     alike: `max_in_flight` bounds them together (`web.middleware`, `api/grpc/front.py`)."""
+    arriving: list[Callable[[], int]] = field(default_factory=list)
+    """How many inference requests a front that reads bodies itself (the native front) holds
+    whose heads came and whose bodies still arrive: `max_in_flight` counts them too."""
+
+    def in_flight(self) -> int:
+        """Inference requests against `max_in_flight`: admitted, and still arriving."""
+        return self.admitted + sum(count() for count in self.arriving) if self.arriving \
+            else self.admitted
 
     _states: StateCodec | None = None
 

@@ -194,7 +194,7 @@ class Front:
             if check_key:
                 self.authenticate(rpc, metadata)
             if rpc.inference:
-                if self.state.admitted >= s.max_in_flight:
+                if self.state.in_flight() >= s.max_in_flight:
                     raise QueueFull("server overloaded: this process already works on "
                                     f"max_in_flight ({s.max_in_flight}) requests",
                                     retry_after=s.retry_after_s)

@@ -172,7 +172,14 @@ async def chat(state: AppState, call: Call, body: ChatRequest) -> Any:
 
 
 def refused(exc: ValidationError) -> BadRequest:
-    """A body that fails validation: OpenAI's 400, naming the field."""
+    """A body that fails validation: OpenAI's 400, naming the field (a message's content
+    that is neither a string nor text parts: saying so)."""
+    for error in exc.errors():
+        loc = error["loc"]
+        if loc[:1] == ("messages",) and len(loc) > 2 and loc[2] == "content":
+            return BadRequest(f"messages[{loc[1]}].content: a string or a list of text parts "
+                              '({"type": "text", "text": ...}); other content parts (images, '
+                              "audio, files) are not served", param="messages")
     return openai.refused(exc, SERVED)
 
 

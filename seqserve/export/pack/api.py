@@ -258,8 +258,9 @@ def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_reposi
     `batch_first`: whether `input` is (batch, seq) (default: the layers' batch_first).
     `specials` name bos (read before every prompt) and eos (ends generation): {"bos":
     "<eos>"}. `chat_template`: a file or the Jinja itself, as `pack lm --chat-template`
-    takes it (/v1/chat/completions). No TorchScript twin: a length-aware scripted loop is not batch-invariant to
-    1e-5 in fp32 once the model is trained (GEMMs blocked by batch size), ONNX Runtime is."""
+    takes it (/v1/chat/completions). No TorchScript twin: a length-aware scripted loop is
+    not batch-invariant to 1e-5 in fp32 once the model is trained (GEMMs blocked by batch
+    size), ONNX Runtime is."""
     from seqserve.export.pack.onnx_compose import with_sequence_lens
 
     vocab = special_ids(tokenizer, specials).vocab_size

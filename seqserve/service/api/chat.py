@@ -11,7 +11,8 @@ sampling and stop strings; its `Face` writes the answers in the chat shape). The
 `max_completion_tokens` (or the older `max_tokens`; default: the server's
 max_new_tokens), `temperature`, `top_p`, `n`, `stop`, `seed`, `stream` and
 `stream_options` (`include_usage`, vLLM's `continuous_usage_stats`), `logprobs` (true:
-each generated token's log-prob) with `top_logprobs` (that many alternatives),
+each generated token's log-prob) with `top_logprobs` (that many alternatives; without
+logprobs it is ignored),
 `presence_penalty`, `frequency_penalty`, `logit_bias`, `ignore_eos` (vLLM's), `user`
 (accepted, unused). Any other field is a 400 naming it.
 
@@ -63,9 +64,9 @@ class Message(BaseModel):
 
     role: Role
     content: StrictStr | Annotated[list[TextPart], Field(max_length=HARD_MAX_TEXTS)] | None \
-        = Field(description="The text, or a list of text parts (joined by newlines).")
+        = Field(description="The text, or a list of text parts (joined by newlines); null "
+                "(an assistant's message that only called tools, in OpenAI's): empty.")
     name: StrictStr | None = Field(None, description="The author's name (to the template).")
-
     def as_template_reads(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
@@ -100,18 +101,22 @@ class ChatRequest(BaseModel):
     logprobs: StrictBool = Field(False, description="Each generated token's log-prob.")
     top_logprobs: WholeInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS,
                                           description="Alternatives per token (with "
-                                                      "logprobs).")
+                                                      "logprobs; else ignored).")
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
-    logit_bias: dict[StrictStr, Bias] | None = Field(None, max_length=openai.MAX_LOGIT_BIAS)
+    logit_bias: dict[StrictStr, Bias] | None = Field(
+        None, max_length=openai.MAX_LOGIT_BIAS, description="Token id (as a string) -> -100 to "
+        "100, added to its logit before each draw.")
     ignore_eos: StrictBool = False
     user: StrictStr | None = Field(None, description="Accepted, unused.")
 
     def completion(self, prompt: str, limit: int) -> CompletionRequest:
         """The completion of `prompt` this request asks for (`limit`: the server's
         max_new_tokens, the default length)."""
-        if self.top_logprobs is not None and not self.logprobs:
-            raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        for name in ("max_completion_tokens", "max_tokens"):  # each within the limit
+            given = getattr(self, name)
+            if given is not None and given > limit:
+                raise BadRequest(f"{name} {given} > the server's limit {limit}", param=name)
         wanted = self.max_completion_tokens or self.max_tokens
         return CompletionRequest(
             model=self.model, prompt=prompt, max_tokens=wanted or limit,
@@ -176,7 +181,7 @@ def refused(exc: ValidationError) -> BadRequest:
     that is neither a string nor text parts: saying so)."""
     for error in exc.errors():
         loc = error["loc"]
-        if loc[:1] == ("messages",) and len(loc) > 2 and loc[2] == "content":
+        if loc[:1] == ("messages",) and len(loc) > 3 and loc[2] == "content":
             return BadRequest(f"messages[{loc[1]}].content: a string or a list of text parts "
                               '({"type": "text", "text": ...}); other content parts (images, '
                               "audio, files) are not served", param="messages")

@@ -171,7 +171,8 @@ def test_guidellm_eos_first(guidellm_bin: Path, url: str, tmp_path: Path) -> Non
     """eos drawn first (a logit bias): the server answers text "" with completion_tokens 1
     (the eos drawn counts, as vLLM counts it; guidellm 0.8.1 takes a completion with no text
     and 0 tokens for an error)."""
-    eos = httpx.get(f"{url}/tokenizer_info", timeout=30).json()["eos_token_id"]
+    eos = httpx.get(f"{url}/tokenizer_info", params={"model": MODEL}, timeout=30).json()[
+        "eos_token_id"]
     body = {"model": MODEL, "prompt": "one two three\n", "max_tokens": MAX_TOKENS,
             "temperature": 0, "logit_bias": {str(eos): 100}}
     answer = complete(url, body)

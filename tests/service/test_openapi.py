@@ -13,7 +13,8 @@ with a state token or `return_state` are filtered out (st_hooks.py: a signed tok
 its MAC, which no schema says; their own tests cover them): the operations that take one run
 without the coverage phase, which hooks do not filter (chat completions too: its
 `logit_bias` keys are token ids, which the schema cannot bound per model, as completions').
-The language model's generic paths (`/v1/models/{name}/generate`, ...) are fuzzed with the served model's name and version.
+The language model's generic paths (`/v1/models/{name}/generate`, ...) are fuzzed with
+the served model's name and version.
 
 Every check runs: no 5xx, documented status codes, content types, headers and bodies, every
 schema-valid request accepted and every schema-violating one refused, 405 with Allow for

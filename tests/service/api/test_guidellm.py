@@ -67,8 +67,8 @@ def url(tiny_lm_repo: Path, tiny_chat_repo: Path, tmp_path_factory: pytest.TempP
         yield base
 
 
-def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+def complete(url: str, body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:
+    r = httpx.post(url + path, json=body, timeout=30)
     assert r.status_code == 200, r.text
     got: dict[str, Any] = r.json()
     return got
@@ -188,10 +188,7 @@ def test_guidellm_eos_first(guidellm_bin: Path, url: str, tmp_path: Path) -> Non
 
 
 def chat(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
-    assert r.status_code == 200, r.text
-    got: dict[str, Any] = r.json()
-    return got
+    return complete(url, body, "/v1/chat/completions")
 
 
 @pytest.fixture(scope="module")

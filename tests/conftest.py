@@ -228,6 +228,26 @@ def tiny_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path) ->
 
 
 @pytest.fixture(scope="session")
+def tiny_chat_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_repo: Path) -> Path:
+    """model_repository with "tiny-chat" v1: tiny-lm's bundle with the demo LM's chat
+    template (`chat_template.DEFAULT_CHAT_TEMPLATE`, as `seqserve demo` exports it), the
+    manifest rewritten (do not modify: shared)."""
+    import dataclasses
+    import shutil
+
+    from seqserve.export.manifest import read_manifest, write_manifest
+    from seqserve.models.text.chat_template import DEFAULT_CHAT_TEMPLATE
+
+    repo = tmp_path_factory.mktemp("chat_repository")
+    bundle = repo / "tiny-chat" / "1"
+    shutil.copytree(tiny_lm_repo / "tiny-lm" / "1", bundle)
+    manifest = read_manifest(bundle)
+    write_manifest(bundle, dataclasses.replace(manifest, name="tiny-chat",
+                                               chat_template=DEFAULT_CHAT_TEMPLATE))
+    return repo
+
+
+@pytest.fixture(scope="session")
 def endless_lm_repo(tmp_path_factory: pytest.TempPathFactory, tiny_lm_run: Path) -> Path:
     """model_repository with "endless-lm" v1: tiny_lm_run's tokenizer and shape, random
     weights, and an output bias that makes eos (and bos, pad, unk) all but impossible, so a

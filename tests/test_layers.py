@@ -41,7 +41,9 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                    "seqserve.export.signing"),
     S + "workers": (S + "workers", S + "scheduling", S + "core", "seqserve.export.manifest",
                     "seqserve.models.text.tokenizer", "seqserve.models.text.tokenizer_files",
-                    "seqserve.models.text.word_align"),
+                    "seqserve.models.text.word_align",
+                    # torch-free: a tokenizer in Hugging Face's files, a chat template rendered
+                    "seqserve.models.text.hf_files", "seqserve.models.text.chat_template"),
     S + "web": (S + "web", S + "core", S + "engine", S + "workers", S + "scheduling",
                 S + "runtimes.base", "seqserve.export.manifest", "seqserve.models.text.tokenizer",
                 "seqserve.models.text.tokenizer_files", "seqserve.models.errors"),

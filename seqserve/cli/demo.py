@@ -338,10 +338,16 @@ def _train_forecast(work: Path, retrain: bool, model_overrides: dict[str, Any] |
 
 
 def _export(run_dir: Path, repo: Path, name: str) -> Path:
+    """The run's bundle: a verified one of the same run (and chat template) found in `repo`,
+    else a new version; the language model with the default chat template, so the demo
+    serves /v1/chat/completions."""
     from seqserve.export.bundle import export_run
     from seqserve.export.manifest import load_bundle
     from seqserve.export.versions import list_bundles
     from seqserve.models.errors import BundleError
+    from seqserve.models.text.chat_template import DEFAULT_CHAT_TEMPLATE
+
+    template = DEFAULT_CHAT_TEMPLATE if name == LM[1] else None
 
     run_path = str(run_dir.resolve())
     for bundle_name, _version, path in list_bundles(repo):
@@ -352,11 +358,12 @@ def _export(run_dir: Path, repo: Path, name: str) -> Path:
         except BundleError as exc:  # a broken bundle is reported, not reused
             print(f"== ignoring {path}: {exc}")
             continue
-        if manifest.source_run.get("path") == run_path:
+        if manifest.source_run.get("path") == run_path and \
+                manifest.chat_template == template:
             print(f"== {name}: verified bundle {path} already holds run {run_dir}")
             return Path(path)
     print(f"== exporting {run_dir} -> {repo}/{name}")
-    return Path(export_run(run_dir, repo, name, progress=True))
+    return Path(export_run(run_dir, repo, name, progress=True, chat_template=template))
 
 
 def _serve(repo: Path, host: str, port: int, started: float | None = None) -> int:

@@ -177,6 +177,11 @@ def _lm(p: argparse.ArgumentParser, task: str) -> None:
                    help="whether the graphs' 2-D token ids are (batch, seq) or (seq, batch) "
                    "(nn.LSTM's default); auto: the axis they share with the state tensors' "
                    "batch dim")
+    p.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                   help="a chat template (Jinja, as Hugging Face tokenizer configs carry "
+                   "one): a file (a tokenizer_config.json: its chat_template) or the template "
+                   "itself; /v1/chat/completions renders conversations with it (default: "
+                   "none, no chat)")
     _common(p, "the tokenizer (bos starts every prompt, eos ends generation)")
 
 
@@ -248,7 +253,8 @@ def run(args: argparse.Namespace) -> int:
                       prefill_output_names=args.prefill_output_names,
                       step_input_names=args.step_input_names,
                       step_output_names=args.step_output_names, layout=args.layout,
-                      version=args.version, specials=specials, max_tokens=args.max_tokens)
+                      version=args.version, specials=specials, max_tokens=args.max_tokens,
+                      chat_template=args.chat_template)
         return 0
     common = {"repo": args.repo, "name": args.name, "version": args.version,
               "specials": specials, "max_tokens": args.max_tokens}

@@ -13,6 +13,7 @@ test metrics in the manifest (`source_run`), longest series `FORECAST_MAX_STEPS`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -38,7 +39,7 @@ def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], na
                version: int | None = None, formats: tuple[str, ...] | list[str] = FORMATS,
                progress: bool = True, opset: int = DEFAULT_OPSET,
                grid: dict[str, Any] | None = None, threads: int = 1,
-               attention_keys: bool = True) -> Path:
+               attention_keys: bool = True, chat_template: str | None = None) -> Path:
     """Export a finished training run as bundle `repo/name/version` and return its path.
 
     version: None = next free integer. formats: any of "onnx", "torchscript". grid: optional
@@ -47,20 +48,25 @@ def export_run(run_dir: str | os.PathLike[str], repo: str | os.PathLike[str], na
     is fastest for them, several times faster than two on a busy machine. attention_keys:
     a translator whose attention projects the memory returns the projected keys from its
     encoder and its decoder step takes them (schema 3), unless False (graphs as schema 2
-    wrote them: the step projects the memory at every call). Raises UserError
+    wrote them: the step projects the memory at every call). chat_template: a language
+    model's (Jinja, `models.text.chat_template`; checked here). Raises UserError
     for bad arguments or an existing version, BundleError when a graph check or parity fails.
     """
     formats = check_args(name, version, formats)
+    if chat_template is not None:
+        from seqserve.models.text.chat_template import read_template
+
+        chat_template = read_template(chat_template, "chat_template")
     if threads < 1:
         raise UserError(f"threads={threads} must be >= 1")
     with torch_threads(threads):
         return _export(Path(run_dir), Path(repo), name, version, formats, progress, opset,
-                       grid or {}, attention_keys)
+                       grid or {}, attention_keys, chat_template)
 
 
 def _export(run: Path, repo: Path, name: str, version: int | None, formats: tuple[str, ...],
             progress: bool, opset: int, grid: dict[str, Any],
-            attention_keys: bool = True) -> Path:
+            attention_keys: bool = True, chat_template: str | None = None) -> Path:
     from seqserve.models.checkpoint import load_run
 
     if not run.is_dir():
@@ -72,6 +78,8 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
     started = time.perf_counter()
     model, config, tokenizer = load_run(run)
     task = str(config["task"])
+    if chat_template is not None and task != "lm":
+        raise UserError(f"a chat template is a language model's, not a {task}'s")
     defs: list[GraphDef] = []
 
     def build(tmp: Path, version: int, target: Path) -> Manifest:
@@ -81,8 +89,9 @@ def _export(run: Path, repo: Path, name: str, version: int | None, formats: tupl
                                attention_keys))
         graphs = _write_graphs(defs, tmp, formats, opset, progress)
         state_dim = getattr(model.config, "state_dim", None) if task == "lm" else None
-        return _manifest(task, name, version, run, config, tokenizer, graphs,
-                         opset if "onnx" in formats else None, state_dim)
+        manifest = _manifest(task, name, version, run, config, tokenizer, graphs,
+                             opset if "onnx" in formats else None, state_dim)
+        return dataclasses.replace(manifest, chat_template=chat_template)
 
     def check(tmp: Path, manifest: Manifest) -> dict[str, Any]:
         return _parity(task, defs, manifest, tmp, config, progress, grid)

@@ -47,13 +47,17 @@ class TaskSpec:
     crf: bool = False
     """A bundle may carry a CRF over its per-token scores (the manifest's `crf`): its rows
     are then decoded with Viterbi (export/crf.py), not label by label."""
+    chat: bool = False
+    """A bundle may carry a chat template (the manifest's `chat_template`, Jinja as Hugging
+    Face tokenizer configs carry one): /v1/chat/completions renders conversations with it."""
 
 
 TASK_SPECS: dict[str, TaskSpec] = {spec.task: spec for spec in (
     TaskSpec("classifier", "rows", ("classifier",)),
     TaskSpec("translator", "decode", ("encoder", "decoder_step"), shared_instance=True),
     TaskSpec("tagger", "rows", ("tagger",), crf=True),
-    TaskSpec("lm", "lm", ("prefill", "lm_step"), shared_instance=True, streams=True),
+    TaskSpec("lm", "lm", ("prefill", "lm_step"), shared_instance=True, streams=True,
+             chat=True),
     TaskSpec("sequence-classifier", "series", ("sequence_classifier",), features=True),
     TaskSpec("sequence-tagger", "series", ("sequence_tagger",), features=True),
 )}
@@ -436,6 +440,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "words": {"enum": ["whitespace", "tokenizer"]},
         "crf": {"type": "object", "required": ["file", "unit"],
                 "properties": {"file": {"type": "string"}, "unit": {"enum": list(CRF_UNITS)}}},
+        "chat_template": {"type": "string", "minLength": 1},
         "manifest_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
     },
 }

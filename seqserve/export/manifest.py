@@ -9,8 +9,9 @@ Torch-free on purpose: the server imports this module (stdlib, numpy-free even, 
 
 Schema version 2 adds the tokenizer's `kind`, a translator's optional `target_tokenizer`,
 each graph's `tensor_names` and the optional `attention` flag; version 3 optional graph inputs
-and `state_dim`; version 4 (this module writes it) a tagger's optional `crf`. Older manifests
-keep loading (their absent fields mean what they always meant).
+and `state_dim`; version 4 (this module writes it) a tagger's optional `crf` and a language
+model's optional `chat_template`. Older manifests keep loading (their absent fields mean
+what they always meant).
 """
 
 from __future__ import annotations
@@ -135,6 +136,9 @@ class Manifest:
     whitespace."""
     crf: CrfSpec | None = None
     """Taggers with a CRF layer (schema 4); None: each token's best label on its own."""
+    chat_template: str | None = None
+    """Language models (schema 4): Jinja rendering a conversation as a prompt
+    (models/text/chat_template.py); None: no /v1/chat/completions."""
 
     @property
     def spec(self) -> TaskSpec:
@@ -212,6 +216,8 @@ class Manifest:
             d["words"] = self.words
         if self.crf is not None:
             d["crf"] = asdict(self.crf)
+        if self.chat_template is not None:
+            d["chat_template"] = self.chat_template
         if self.task == "lm" and self.state_dim is not None:
             d["state_dim"] = self.state_dim
         if not self.has_tokenizer:
@@ -270,6 +276,7 @@ class Manifest:
                 state_dim=None if d.get("state_dim") is None else int(d["state_dim"]),
                 words=None if d.get("words") is None else str(d["words"]),
                 crf=None if d.get("crf") is None else CrfSpec(**d["crf"]),
+                chat_template=None if (c := d.get("chat_template")) is None else str(c),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise BundleError(f"manifest: malformed field ({type(exc).__name__}: {exc})") from exc
@@ -467,6 +474,9 @@ def check_declared(manifest: Manifest, where: str = "manifest.json") -> None:
         raise BundleError(f"{where}: words is a tagger's field, not a {manifest.task}'s")
     if manifest.crf is not None and not manifest.spec.crf:
         raise BundleError(f"{where}: crf is a tagger's field, not a {manifest.task}'s")
+    if manifest.chat_template is not None and not manifest.spec.chat:
+        raise BundleError(f"{where}: chat_template is a language model's field, not a "
+                          f"{manifest.task}'s")
     if manifest.words == "tokenizer" and manifest.tokenizer.kind != "tokenizers":
         raise BundleError(f"{where}: words \"tokenizer\" labels the words of a tokenizer.json's "
                           f"pre-tokenizer; {manifest.tokenizer.file} is a "

@@ -27,6 +27,8 @@ from seqserve.models.text.tokenizer_files import load_tokenizer
 SPECIALS = ("<pad>", "<unk>", "<eos>")  # the tutorial's corpus marks line ends with <eos>
 VOCAB = len(SPECIALS) + 28
 PROMPTS = ["the cat", "o'brien sat on", "z"]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}assistant {% endif %}")
 TEXTS = ["anna and zoe", "x", "it's a long way to the top"]
 MAX_NEW = 12
 
@@ -96,8 +98,11 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                      name="lstm-api", max_tokens=32, progress=False)
     gru = _init(CharGRULM(VOCAB))
     pre, step = _gru_onnx(gru, d)
+    config = d / "tokenizer_config.json"  # a chat template as Hugging Face configs carry one
+    config.write_text(json.dumps({"chat_template": CHAT_TEMPLATE, "bos_token": "<eos>"}))
     assert main(["pack", "lm", "--prefill", str(pre), "--step", str(step), "--tokenizer",
                  str(tok), "--bos-token", "2", "--repo", str(repo), "--name", "gru-cli",
+                 "--chat-template", str(config),
                  "--prefill-input-names", "tokens,h", "--prefill-output-names", "scores,h_out",
                  "--step-input-names", "tok,state_in", "--step-output-names",
                  "next_scores,state_out", "--max-tokens", "32"]) == 0
@@ -173,6 +178,7 @@ def test_packed_lm_bundles_verify_and_record_their_source(packed: dict[str, Any]
     assert cli["source"]["prefill_names"]["time_major"] is True
     gru = json.loads((repo / "gru-cli" / "1" / "manifest.json").read_text())
     assert gru["source"]["step_names"]["time_major"] is False
+    assert gru["chat_template"] == CHAT_TEMPLATE and "chat_template" not in cli
     api = json.loads((repo / "lstm-api" / "1" / "manifest.json").read_text())
     assert api["parity"]["reference"] == "eager"  # each prompt run alone in torch
     assert set(api["parity"]["parity_max_abs"]) == {"onnx"}
@@ -261,3 +267,29 @@ def test_packed_graphs_with_initial_states_continue_cached_prefixes(packed: dict
             assert (again["usage"]["cached_tokens"] > 0) == takes, (name, again["usage"])
             described = c.get(f"/v1/models/{name}").json()
             assert "prefix_cache" in json.dumps(described)
+
+
+def test_pack_lm_chat_template_served_and_checked(packed: dict[str, Any], server: str,
+                                                  tmp_path: Path) -> None:
+    """--chat-template from a tokenizer_config.json: the packed model serves chat, its
+    answer the completion of the rendered conversation; a template that does not compile or
+    render is refused when packing, naming the option."""
+    messages = [{"role": "user", "content": "the cat"}]
+    body = {"model": "gru-cli", "max_tokens": 5, "temperature": 0}
+    chat = httpx.post(f"{server}/v1/chat/completions", json={**body, "messages": messages},
+                      timeout=60)
+    text = httpx.post(f"{server}/v1/completions", json={**body, "prompt": "user the cat "
+                                                        "assistant "}, timeout=60)
+    assert chat.status_code == text.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"] == text.json()["choices"][0]["text"]
+    served = httpx.get(f"{server}/v1/models/gru-cli/tokenizer.json", timeout=60)
+    from tokenizers import Tokenizer as HFTokenizer  # the bundle's own tokenizer.json
+
+    assert json.loads(served.content) == json.loads(
+        HFTokenizer.from_file(str(packed["tok"])).to_str())
+    for bad in ("{% for m in messages %}", "{{ messages[5]['content'] }}"):
+        assert main(["pack", "lm", "--prefill", str(packed["onnx"]), "--step",
+                     str(packed["onnx"]), "--tokenizer", str(packed["tok"]), "--bos-token",
+                     "<eos>", "--repo", str(tmp_path), "--name", "bad",
+                     "--chat-template", bad]) != 0
+        assert not (tmp_path / "bad").exists()

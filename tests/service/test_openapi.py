@@ -11,8 +11,10 @@ which JSON Schema cannot say for a variable n and steps (the text models' infer 
 n, 1 to max_texts); the bad-input table and tests/export/test_pack_series.py cover it. Bodies
 with a state token or `return_state` are filtered out (st_hooks.py: a signed token is valid by
 its MAC, which no schema says; their own tests cover them): the operations that take one run
-without the coverage phase, which hooks do not filter. The language model's generic paths
-(`/v1/models/{name}/generate`, ...) are fuzzed with the served model's name and version.
+without the coverage phase, which hooks do not filter (chat completions too: its
+`logit_bias` keys are token ids, which the schema cannot bound per model, as completions').
+The language model's generic paths (`/v1/models/{name}/generate`, ...) are fuzzed with
+the served model's name and version.
 
 Every check runs: no 5xx, documented status codes, content types, headers and bodies, every
 schema-valid request accepted and every schema-violating one refused, 405 with Allow for
@@ -23,6 +25,7 @@ every time; `SEQSERVE_SCHEMATHESIS_SEED` and `SEQSERVE_SCHEMATHESIS_EXAMPLES` ex
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -37,6 +40,8 @@ import httpx
 from server_support import serve_app
 from service_fakes import settings
 
+from seqserve.export.manifest import read_manifest, write_manifest
+from seqserve.models.text.chat_template import DEFAULT_CHAT_TEMPLATE
 from seqserve.service.server.app import create_app
 
 KEY = "schemathesis-test-key"
@@ -49,7 +54,7 @@ phases.coverage.enabled = false
 parameters = { "path.name" = "tiny-lm", "path.version" = "1" }
 
 [[operations]]
-include-path-regex = "(/predict|/infer|^/v1/completions)$"
+include-path-regex = "(/predict|/infer|^/v1/completions|^/v1/chat/completions)$"
 phases.coverage.enabled = false
 """
 """The operations that take state tokens run without the coverage phase (module doc); the
@@ -57,11 +62,15 @@ language model's generic paths name it."""
 
 
 def _repo(tmp_path: Path, full: Path, series: Path, lm: Path) -> Path:
-    """A repository with one model of every task."""
+    """A repository with one model of every task, the language model with a chat template
+    (/v1/chat/completions takes it, the other models are not in its `model` enum)."""
     repo = tmp_path / "repo"
     shutil.copytree(full, repo)
     shutil.copytree(series / "tiny-series", repo / "tiny-series")
     shutil.copytree(lm / "tiny-lm", repo / "tiny-lm")
+    bundle = repo / "tiny-lm" / "1"
+    write_manifest(bundle, dataclasses.replace(read_manifest(bundle),
+                                               chat_template=DEFAULT_CHAT_TEMPLATE))
     return repo
 
 
@@ -87,6 +96,9 @@ def test_the_live_document_is_valid(tiny_full_repo: Path, tiny_series_repo: Path
         "application/json"]["schema"]
     assert lm["properties"]["inputs"]["items"]["properties"]["name"] == {"const": "text_input"}
     assert "max_tokens" in lm["properties"]["parameters"]["anyOf"][0]["properties"]
+    chat = doc["components"]["schemas"]["ChatRequest"]["properties"]
+    assert chat["model"]["enum"] == ["tiny-lm"]  # the one with a chat template
+    assert "enum" not in public["components"]["schemas"]["ChatRequest"]["properties"]["model"]
 
 
 def _st() -> str:

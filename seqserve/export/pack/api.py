@@ -244,7 +244,8 @@ def translator(module: nn.Module | None = None, *, encoder: Callable[..., Any] |
 def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_repository",
        name: str = "", version: int | None = None, max_tokens: int = 128,
        specials: dict[str, Any] | None = None, batch_first: bool | None = None,
-       opset: int = DEFAULT_OPSET, progress: bool = True) -> Path:
+       opset: int = DEFAULT_OPSET, progress: bool = True,
+       chat_template: str | None = None) -> Path:
     """Pack a language model `module(input, hidden)` -> (logits or log-probs, new hidden)
     (the PyTorch word_language_model's RNNModel: input (seq, batch), logits (seq, batch, V)
     or flattened (seq*batch, V), hidden an LSTM's (h, c) or a GRU's h, each (layers, batch,
@@ -256,11 +257,17 @@ def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_reposi
     runs it on one token per row. Parity reference: the eager module, each prompt run alone.
     `batch_first`: whether `input` is (batch, seq) (default: the layers' batch_first).
     `specials` name bos (read before every prompt) and eos (ends generation): {"bos":
-    "<eos>"}. No TorchScript twin: a length-aware scripted loop is not batch-invariant to
-    1e-5 in fp32 once the model is trained (GEMMs blocked by batch size), ONNX Runtime is."""
+    "<eos>"}. `chat_template`: a file or the Jinja itself, as `pack lm --chat-template`
+    takes it (/v1/chat/completions). No TorchScript twin: a length-aware scripted loop is
+    not batch-invariant to 1e-5 in fp32 once the model is trained (GEMMs blocked by batch
+    size), ONNX Runtime is."""
     from seqserve.export.pack.onnx_compose import with_sequence_lens
 
     vocab = special_ids(tokenizer, specials).vocab_size
+    if chat_template is not None:
+        from seqserve.models.text.chat_template import read_template
+
+        chat_template = read_template(chat_template, "chat_template")
     module.eval()
     time_major = lm_time_major(module) if batch_first is None else not batch_first
     ids, lengths = example_ids(vocab, batch=3, seq=11)
@@ -296,7 +303,7 @@ def lm(module: nn.Module, *, tokenizer: PathLike, repo: PathLike = "model_reposi
         max_tokens=max_tokens, progress=progress, opset=opset,
         source={"packed_by": "seqserve.pack", "task": "lm", "module": type(module).__name__,
                 "state": [lay.to_dict() for lay in tree.layouts], "time_major": time_major,
-                "sequence_lens": True})
+                "sequence_lens": True}, chat_template=chat_template)
 
 
 def _input_shape(ids: Tensor, time_major: bool) -> tuple[int, ...]:

@@ -68,12 +68,14 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                 source: dict[str, Any] | None = None, opset: int | None = None,
                 progress: bool = True, grid: dict[str, Any] | None = None,
                 attention: bool | None = None, words: str | None = None,
-                state_dim: int | None = None, crf: CRF | None = None) -> Path:
+                state_dim: int | None = None, crf: CRF | None = None,
+                chat_template: str | None = None) -> Path:
     """Write `repo/name/version` from packed graphs and return its path (see module doc).
     `attention` False: a translator whose step has no attention (its graph returns zeros).
     `words` (taggers): "whitespace" (None: the same) or "tokenizer" (`Manifest.words`).
     `crf` (taggers): its scores, kept as `crf.npy`; the tagger graph then gives emission
-    scores, decoded with Viterbi (`Manifest.crf`)."""
+    scores, decoded with Viterbi (`Manifest.crf`). `chat_template` (language models):
+    `Manifest.chat_template`, checked by the caller."""
 
     check_args(name, version, ["onnx"])
     missing = [g for g in GRAPHS_BY_TASK[task] if g not in graphs]
@@ -115,7 +117,8 @@ def pack_bundle(task: str, graphs: dict[str, PackedGraph], tokenizer: str | os.P
                         attention=attention, source=_source(source, graphs),
                         words=words if task == "tagger" else None,
                         state_dim=state_dim if task == "lm" else None,
-                        crf=None if crf is None else CrfSpec(CRF_FILE))
+                        crf=None if crf is None else CrfSpec(CRF_FILE),
+                        chat_template=chat_template if task == "lm" else None)
 
     return _write(repo, name, version, graphs, build, grid or {}, progress,
                   UserNames.from_source(task, source))

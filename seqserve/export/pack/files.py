@@ -36,6 +36,7 @@ from seqserve.export.pack.onnx_compose import (
     value_layouts,
 )
 from seqserve.models.errors import BundleError, UserError
+from seqserve.models.text.chat_template import read_template
 
 PathLike = str | os.PathLike[str]
 
@@ -366,15 +367,18 @@ def pack_lm_files(*, repo: PathLike, name: str, prefill: PathLike | None,
                   step_input_names: str | None = None, step_output_names: str | None = None,
                   layout: str = "auto", version: int | None = None,
                   specials: dict[str, Any] | None = None, max_tokens: int = 128,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, chat_template: str | None = None) -> Path:
     """`seqserve pack lm`: the user's prefill graph (ids[, lengths][, initial state...]) ->
     (logits, state...) and step graph (ids, state...) -> (logits, new state...) (the same
     file twice for a tutorial-style forward(input, hidden)) composed into the contract's
-    `prefill` and `lm_step` (`onnx_compose.compose_prefill / compose_lm_step`)."""
+    `prefill` and `lm_step` (`onnx_compose.compose_prefill / compose_lm_step`).
+    `chat_template`: a file or the Jinja itself (`chat_template.read_template`)."""
     if tokenizer is None:
         raise UserError("--tokenizer is required (tokenizer.json or a SentencePiece .model)")
     if layout not in LAYOUTS:
         raise UserError(f"--layout {layout!r}: one of {', '.join(LAYOUTS)}")
+    if chat_template is not None:
+        chat_template = read_template(chat_template)
     pre_model, step_model = _load(prefill, "--prefill"), _load(step, "--step")
     step_names = _lm_names(step_model, str(step), "step", step_input_names, step_output_names,
                            None, layout)
@@ -401,7 +405,8 @@ def pack_lm_files(*, repo: PathLike, name: str, prefill: PathLike | None,
               "sequence_lens": pre_names.lengths is None}
     return pack_bundle("lm", graphs, tokenizer, repo, name, version=version, specials=specials,
                        max_tokens=max_tokens, progress=progress, source=source,
-                       state_dim=sum(x.width for x in layouts) if takes else None)
+                       state_dim=sum(x.width for x in layouts) if takes else None,
+                       chat_template=chat_template)
 
 
 def _names_dict(names: LMGraphNames) -> dict[str, Any]:

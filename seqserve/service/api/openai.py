@@ -33,7 +33,8 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import (
@@ -196,12 +197,13 @@ class CompletionRequest(BaseModel):
                               return_state=self.return_state)
 
 
-def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+def _validation_message(exc: ValidationError, served: tuple[str, ...] = SERVED
+                        ) -> tuple[str, str | None]:
     errors = exc.errors()
     extra = [".".join(str(x) for x in e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
     if extra:
         return (f"unsupported field(s): {', '.join(extra)} (seqserve serves "
-                f"{', '.join(SERVED)})", extra[0])
+                f"{', '.join(served)})", extra[0])
     if not errors:
         return "invalid request", None
     loc = ".".join(str(x) for x in errors[0]["loc"])
@@ -215,8 +217,35 @@ def _finish(reason: str | None) -> str | None:
     return None if reason is None else "length" if reason == "length" else "stop"
 
 
-def _head(name: str) -> dict[str, Any]:
-    return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
+def _same(choice: dict[str, Any]) -> dict[str, Any]:
+    return choice
+
+
+@dataclass(frozen=True)
+class Face:
+    """How an answer is written: OpenAI's text completion (`TEXT`), or another OpenAI shape
+    over the same generation (api/chat.py: chat completions)."""
+
+    prefix: str
+    """Its ids' prefix ("cmpl": "cmpl-...")."""
+    whole: str
+    """The `object` of a whole answer."""
+    chunk: str
+    """The `object` of a streamed chunk."""
+    choice: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    """A text completion's choice in this shape (a whole answer's)."""
+    delta: Callable[[dict[str, Any]], dict[str, Any]] = _same
+    """A streamed chunk's choice in this shape."""
+    opening: Callable[[int], dict[str, Any]] | None = None
+    """Each streamed choice's first chunk (by its index), before any text, if any."""
+
+
+TEXT = Face("cmpl", "text_completion", "text_completion")
+
+
+def _head(name: str, face: Face = TEXT, streamed: bool = False) -> dict[str, Any]:
+    return {"id": f"{face.prefix}-{uuid.uuid4().hex[:24]}",
+            "object": face.chunk if streamed else face.whole,
             "created": int(time.time()), "model": name}
 
 
@@ -329,13 +358,13 @@ def _prepare(state: AppState, name: str, body: CompletionRequest, worker: LMWork
     return prompts, futures, generation
 
 
-async def complete(state: AppState, call: Call, body: CompletionRequest
+async def complete(state: AppState, call: Call, body: CompletionRequest, face: Face = TEXT
                    ) -> dict[str, Any] | EventStream:
-    """The completion of one body, as JSON or streamed."""
+    """The completion of one body, as JSON or streamed, written as `face` says."""
     name = call.model = body.model
     body.check()
     if body.stream:
-        return _streamed(state, call, body)
+        return _streamed(state, call, body, face)
 
     async def work(worker: LMWorker, context: RequestContext) -> dict[str, Any]:
         prompts, futures, generation = _prepare(state, name, body, worker, context,
@@ -350,25 +379,27 @@ async def complete(state: AppState, call: Call, body: CompletionRequest
         finally:
             for f in futures:
                 f.cancel()
-        choices = [_choice(p * body.n + j, body, worker, prompt, scored[p] if scored else None,
-                           seq)
+        choices = [face.choice(_choice(p * body.n + j, body, worker, prompt,
+                                       scored[p] if scored else None, seq))
                    for p, prompt in enumerate(prompts)
                    for j, seq in enumerate(_picked(body, generation, p))]
-        return {**_head(name), "choices": choices, "usage": _usage(prompts, generation)}
+        return {**_head(name, face), "choices": choices, "usage": _usage(prompts, generation)}
 
     return (await answer(state, call, LMWorker, work))[1]
 
 
-def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStream:
+def _streamed(state: AppState, call: Call, body: CompletionRequest, face: Face = TEXT
+              ) -> EventStream:
     """The chunks of a streamed completion: with echo first each choice's prompt (its
-    log-probs once scored), then the generated text as it comes (with its log-probs when
-    asked), with include_usage a last chunk of usage, then [DONE]. Refusals before the
-    first chunk are statuses (`lifecycle.admit`, the worker's checks)."""
+    log-probs once scored), then the face's opening chunks (chat: the role), then the
+    generated text as it comes (with its log-probs when asked), with include_usage a last
+    chunk of usage, then [DONE]. Refusals before the first chunk are statuses
+    (`lifecycle.admit`, the worker's checks)."""
     name = call.model
     _, worker, timeout = admit(state, call, LMWorker)
     context = RequestContext(deadline=time.monotonic() + timeout)
     prompts, futures, generation = _prepare(state, name, body, worker, context, call.scope)
-    head = _head(name)
+    head = _head(name, face, streamed=True)
     options = body.stream_options
     usage_too = options is not None and options.include_usage
     running = usage_too and options is not None and options.continuous_usage_stats
@@ -376,7 +407,8 @@ def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStre
     n = body.n
     at: dict[int, int] = {}  # each choice's text offset so far
 
-    def chunk(choice: dict[str, Any]) -> bytes:
+    def chunk(choice: dict[str, Any], shaped: bool = False) -> bytes:
+        choice = choice if shaped else face.delta(choice)
         if running:  # the usage so far on every chunk
             return sse({**head, "choices": [choice], "usage": _usage(prompts, generation)})
         return sse({**head, "choices": [choice], **extra})
@@ -408,6 +440,9 @@ def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStre
                             choice["finish_reason"] = None
                         parts.append(chunk(choice))
                 yield b"".join(parts)
+            if face.opening is not None:
+                yield b"".join(chunk(face.opening(i), shaped=True)
+                               for i in range(len(prompts) * n))
             if generation is not None:
                 async for batch in generation.batches():  # one write per group
                     yield b"".join(chunk(told(ev)) for ev in batch)
@@ -424,9 +459,10 @@ def _streamed(state: AppState, call: Call, body: CompletionRequest) -> EventStre
     return EventStream(state, call, context, events())
 
 
-def refused(exc: ValidationError) -> BadRequest:
-    """A body that fails validation: OpenAI's 400, naming the field."""
-    message, param = _validation_message(exc)
+def refused(exc: ValidationError, served: tuple[str, ...] = SERVED) -> BadRequest:
+    """A body that fails validation: OpenAI's 400, naming the field (`served`: the fields
+    the route serves, named when the body has another)."""
+    message, param = _validation_message(exc, served)
     return BadRequest(message, param=param)
 
 
@@ -446,15 +482,18 @@ class OpenAIErrorResponse(BaseModel):
     request_id: str | None = Field(None, description="This request's X-Request-Id.")
 
 
+def responses(what: str) -> dict[int | str, dict[str, Any]]:
+    """An OpenAI route's documented answers: `what` (200), its errors in OpenAI's shape."""
+    return {200: {"description": f"{what} (JSON, or server-sent events with stream: true)"},
+            **{code: {"model": OpenAIErrorResponse,
+                      "description": "OpenAI error: {error: {message, type, param, code}}"}
+               for code in (400, 404, 413, 429, 500, 503, 504)}}
+
+
 ROUTES = [Route(
     "/v1", "completions", "completions", CompletionRequest, answer=complete, by_model=False,
     reads="any", refused=refused, model_of=lambda body: body.model,
-    tags=("openai",),
-    responses={200: {"description": "OpenAI text_completion (JSON, or server-sent events "
-                                    "with stream: true)"},
-               **{code: {"model": OpenAIErrorResponse,
-                         "description": "OpenAI error: {error: {message, type, param, code}}"}
-                  for code in (400, 404, 413, 429, 500, 503, 504)}},
+    tags=("openai",), responses=responses("OpenAI text_completion"),
     doc="OpenAI-compatible text completion with a language model (see the module doc).")]
 """POST /v1/completions (`lifecycle.Route`): its errors are OpenAI's shape (every error of
 this path is: `web.responses.shape_of`)."""

@@ -13,6 +13,7 @@ from fastapi import APIRouter
 
 from seqserve.service.api import (
     admin,
+    chat,
     classify,
     generate,
     health,
@@ -31,7 +32,8 @@ from seqserve.service.api.oip import routes as oip
 
 FRONTS: tuple[APIRouter | Route, ...] = (
     health.router, models.router, *classify.ROUTES, *translate.ROUTES, *tag.ROUTES,
-    *predict.ROUTES, *kserve.ROUTES, *generate.ROUTES, *openai.ROUTES, tokenize.router,
+    *predict.ROUTES, *kserve.ROUTES, *generate.ROUTES, *openai.ROUTES, *chat.ROUTES,
+    tokenize.router,
     repository.router, oip.router, *oip.ROUTES, *oip_generate.ROUTES, admin.router,
     repository.admin)
 """The API's routes in order (the OpenAPI document lists its paths in this order)."""

@@ -14,18 +14,26 @@ these at the root, with no model named).
 
 `model` is optional where the server serves exactly one language model (what lm-eval
 needs: it names none); with several, a 400 asks for it.
+
+Every text model's tokenizer in Hugging Face's format, so HF-based tools (transformers'
+`AutoTokenizer`, guidellm, lm-eval's HF tokenizer) count tokens as the server does, offline:
+`GET /v1/models/{name}[/versions/{version}]/tokenizer.json` (the `tokenizers` format,
+converted from SentencePiece where the bundle has a .model: `models.text.hf_files`) and
+`tokenizer_config.json` beside it (special tokens, `model_max_length`, the bundle's
+`chat_template`). Save both in one folder and load it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from seqserve.service.api.common import ERRORS, WholeInt, app_state
 from seqserve.service.core.errors import BadRequest, ModelNotFound
 from seqserve.service.web.state import AppState
+from seqserve.service.workers.hf_files import tokenizer_file
 from seqserve.service.workers.lm import LMWorker
 
 router = APIRouter(tags=["tokenizer"], responses={**ERRORS})
@@ -109,3 +117,31 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     """The text of token ids (special tokens by their strings)."""
     worker = language_model(app_state(request), body.model)
     return DetokenizeResponse(model=worker.ctx.name, prompt=worker.detokenize(body.tokens))
+
+
+def _hf_file(which: str, what: str) -> None:
+    """GET `which` of a text model, default and pinned version."""
+    def answer(request: Request, name: str, version: str | None) -> Response:
+        _, worker = app_state(request).repository.ready(name, version)
+        return Response(tokenizer_file(worker.ctx, name, which), media_type="application/json")
+
+    async def default(request: Request, name: str) -> Response:
+        return answer(request, name, None)
+
+    async def pinned(request: Request, name: str, version: str) -> Response:
+        return answer(request, name, version)
+
+    for path, endpoint, suffix in ((f"/v1/models/{{name}}/{which}", default, ""),
+                                   (f"/v1/models/{{name}}/versions/{{version}}/{which}", pinned,
+                                    "_version")):
+        router.add_api_route(
+            path, endpoint, methods=["GET"], name=f"{which.split('.')[0]}{suffix}",
+            summary=f"A text model's {which}", response_class=Response,
+            responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                             "description": f"{which} ({what})"}},
+            description=f"The model's tokenizer as Hugging Face tools load it: {which} "
+                        f"({what}); save it with the other file in one folder.")
+
+
+_hf_file("tokenizer.json", "Hugging Face tokenizers format")
+_hf_file("tokenizer_config.json", "special tokens, model_max_length, chat_template")

@@ -37,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 from seqserve.service.api import lifecycle
 from seqserve.service.api.oip import docs, tasks
 from seqserve.service.api.oip.schemas import V2InferResponse
+from seqserve.service.core.errors import ServiceError
 from seqserve.service.web.auth import AUTHORIZED, is_open
 from seqserve.service.web.responses import OPENAI_PATHS, JsonResponse
 from seqserve.service.web.state import AppState
@@ -143,7 +144,8 @@ def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> 
     for name, field in (("GenerateRequest", "max_new_tokens"),
                         ("GenerateParameters", "max_tokens"),
                         ("StreamParameters", "max_tokens"),
-                        ("CompletionRequest", "max_tokens")):  # the language models' limit
+                        ("CompletionRequest", "max_tokens"), ("ChatRequest", "max_tokens"),
+                        ("ChatRequest", "max_completion_tokens")):  # the LMs' limit
         prop = schemas.get(name, {}).get("properties", {}).get(field)
         if prop is not None:
             prop["maximum"] = min(prop.get("maximum", s.max_new_tokens), s.max_new_tokens)
@@ -155,13 +157,34 @@ def live_document(doc: dict[str, Any], state: AppState, models: bool = True) -> 
                                   ("CompletionRequest", "prompt", ("n", "best_of"))):
         if name in schemas:
             _sequence_limit(schemas[name], prompts, counts, s.max_texts)
+    chat = schemas.get("ChatRequest", {}).get("properties", {})
+    if "n" in chat:  # one prompt: n sequences at most max_texts
+        chat["n"]["maximum"] = min(chat["n"].get("maximum", s.max_texts), s.max_texts)
     _errors_as_served(doc)
     if models:
+        if "model" in chat:
+            chat["model"]["enum"] = _chat_models(state)
         _v1_operations(doc, state)
         _infer_operations(doc, state)
         _unique_operation_ids(doc)
     if s.keys_on:
         _bearer(doc, s.auth_health, s.auth_metrics)
+
+
+def _chat_models(state: AppState) -> list[str]:
+    """The served models /v1/chat/completions takes: language models whose default version
+    is loaded with a chat template (another model: a 400 or 404)."""
+    names = []
+    for name in sorted(state.repository.entries):
+        try:
+            entry = state.repository.entry(name)
+        except ServiceError:
+            continue
+        ctx = getattr(entry.worker, "ctx", None)
+        manifest = getattr(ctx, "manifest", None)
+        if manifest is not None and getattr(manifest, "chat_template", None) is not None:
+            names.append(name)
+    return names
 
 
 def _unique_operation_ids(doc: dict[str, Any]) -> None:

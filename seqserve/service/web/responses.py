@@ -26,14 +26,14 @@ from seqserve.service.core.answers import (
 from seqserve.service.core.errors import ServiceError
 
 OIP_PREFIX = "/v2"
-OPENAI_PATHS = frozenset({"/v1/completions"})
+OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 """The OpenAI-compatible routes: their errors (refusals and API keys included) are OpenAI's."""
 NATIVE_V1 = ("/v1/models", "/v1/admin")
 """Our own routes under /v1 (their errors keep our shape); any other /v1 path is OpenAI's
 namespace (`/v1/chat/completions`, `/v1/embeddings`): its 404 is in OpenAI's shape."""
-NOT_SERVED = {
-    "/v1/chat/completions": "chat completions are not served: seqserve serves text "
-                            "completions (POST /v1/completions) with its language models",
+NOT_SERVED: dict[str, str] = {
+    "/v1/embeddings": "embeddings are not served: seqserve's language models serve text and "
+                      "chat completions (POST /v1/completions, POST /v1/chat/completions)",
 }
 """Why an OpenAI path clients try is not served."""
 
@@ -64,7 +64,7 @@ def not_found(scope: Scope, message: str) -> Answer:
         return error_for(scope, 404, message)
     why = NOT_SERVED.get(path.rstrip("/")) or (
         f"{path} is not served: the OpenAI-compatible routes here are POST /v1/completions, "
-        "GET /v1/models and GET /v1/models/{model}")
+        "POST /v1/chat/completions, GET /v1/models and GET /v1/models/{model}")
     return error_answer(404, why, request_id=request_id_of(scope), shape=ErrorShape.OPENAI,
                         code="unknown_url")
 

@@ -1,6 +1,7 @@
 """One table of bad inputs, sent to every POST route (v1, KServe V1 `:predict` and OIP v2,
 default and pinned version, classifier, translator and tagger; a language model's generate and
-score, the OIP generate extension's generate and generate_stream, and vLLM's /tokenize; a
+score, the OIP generate extension's generate and generate_stream, vLLM's /tokenize and OpenAI's
+chat completions (each text a user message, to a model with a chat template); a
 feature-sequence model's predict, KServe V1 predict and OIP infer) of a real server over one
 keep-alive connection per route.
 
@@ -47,7 +48,11 @@ ROUTES += [("lm", verb, pinned) for verb in LM_VERBS + OIP_LM_VERBS
 TOKENIZE = ("tokenize",)
 """vLLM's /tokenize: one text as `prompt`, the model named in the body (no version); any
 other text is valid there, empty included (bos alone), and no token limit applies."""
-TABLE_ROUTES = ROUTES + [("lm", "tokenize", False)]
+CHAT = ("chat",)
+"""OpenAI's /v1/chat/completions: each text a user message, options as fields, errors in
+OpenAI's shape (`{"error": {"message", ...}}`)."""
+CHAT_MODEL = "tiny-chat"
+TABLE_ROUTES = ROUTES + [("lm", "tokenize", False), ("lm", "chat", False)]
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,11 @@ class Bad:
             else self.texts  # one text; several (or none) stay a list: refused
         if protocol in TOKENIZE:
             return json.dumps({"model": MODELS["lm"], "prompt": one, **self.options}).encode()
+        if protocol in CHAT:
+            messages = [{"role": "user", "content": t} for t in self.texts] \
+                if isinstance(self.texts, list) else self.texts
+            return json.dumps({"model": CHAT_MODEL, "messages": messages,
+                               **self.options}).encode()
         if protocol in OIP_LM_VERBS:
             oip_body: dict[str, Any] = {"text_input": one}
             if self.options:
@@ -150,17 +160,17 @@ CASES = [
     Bad("invalid utf-8", raw=b'{"texts": ["\xff\xfe one"]}'),
     Bad("utf-8 encoded surrogate", raw=b'{"texts": ["\xed\xa0\x80"]}'),
     Bad("nul character", texts=["one\u0000two"]),
-    Bad("empty text", texts=[""], valid_for=TOKENIZE),
-    Bad("whitespace only", texts=["  \t\n "], valid_for=TOKENIZE),
+    Bad("empty text", texts=[""], valid_for=TOKENIZE + CHAT),  # chat: the template's text
+    Bad("whitespace only", texts=["  \t\n "], valid_for=TOKENIZE + CHAT),
     # -- texts: sizes
     Bad("more characters than max_chars", texts=["x" * 501]),
     Bad("more tokens than max_tokens", texts=["one " * 120], valid_for=TOKENIZE),
-    Bad("more texts than max_texts", texts=["one"] * 5),
+    Bad("more texts than max_texts", texts=["one"] * 5, valid_for=CHAT),  # 5 messages, 1 prompt
     Bad("no texts", texts=[]),
     Bad("body over max_body_bytes", raw=b'{"texts": ["' + b"x" * 200_001 + b'"]}'),
     # -- texts: types
     Bad("text is a number", texts=[5]),
-    Bad("text is null", texts=[None]),
+    Bad("text is null", texts=[None], valid_for=CHAT),  # a message's null content: empty
     Bad("text is a list", texts=[["one"]]),
     Bad("text is an object", texts=[{"text": "one"}], valid_for=("kserve",)),  # {"text": ...}
     Bad("text is an object with more", texts=[{"text": "one", "top_k": 2}]),
@@ -222,7 +232,7 @@ CASES = [
     Bad("negative coverage_penalty", options={"coverage_penalty": -1}),
     Bad("top_p over 1", options={"top_p": 1.5}),
     Bad("temperature zero", options={"temperature": 0},
-        valid_for=("generate", *OIP_LM_VERBS)),  # greedy
+        valid_for=("generate", *OIP_LM_VERBS, *CHAT)),  # greedy
     Bad("negative no_repeat_ngram_size", options={"no_repeat_ngram_size": -1}),
     Bad("max_length_ratio zero", options={"max_length_ratio": 0}),
     # -- OIP shapes, dtypes and fields (to a v1 route these are bodies without texts)
@@ -351,7 +361,9 @@ GOOD_NO_OPTIONS = {"v1": json.dumps({"texts": ["one two"]}).encode(),
                    "v2generate_stream": json.dumps({"text_input": "one two",
                                                     "parameters": {"max_tokens": 2}}).encode(),
                    "score": json.dumps({"texts": ["one two"]}).encode(),
-                   "tokenize": json.dumps({"model": MODELS["lm"], "prompt": "one two"}).encode()}
+                   "tokenize": json.dumps({"model": MODELS["lm"], "prompt": "one two"}).encode(),
+                   "chat": json.dumps({"model": CHAT_MODEL, "max_tokens": 2, "messages": [
+                       {"role": "user", "content": "one two"}]}).encode()}
 
 
 def test_the_table_is_big_enough() -> None:
@@ -360,7 +372,8 @@ def test_the_table_is_big_enough() -> None:
 
 @pytest.fixture(scope="module", params=["uvicorn", "native"])
 def server(request: pytest.FixtureRequest, tiny_full_repo: Path, tiny_lm_repo: Path,
-           tiny_series_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+           tiny_series_repo: Path, tiny_chat_repo: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real server on each HTTP front (`--front`: uvicorn's protocol, the native one)."""
     import shutil
 
@@ -371,6 +384,7 @@ def server(request: pytest.FixtureRequest, tiny_full_repo: Path, tiny_lm_repo: P
     repo = tmp_path_factory.mktemp("bad-inputs") / "repo"
     shutil.copytree(tiny_full_repo, repo)
     shutil.copytree(tiny_lm_repo / "tiny-lm", repo / "tiny-lm")
+    shutil.copytree(tiny_chat_repo / CHAT_MODEL, repo / CHAT_MODEL)
     shutil.copytree(tiny_series_repo / "tiny-series", repo / "tiny-series")
     settings = Settings(repo=repo, intra_op_threads=1, warmup=False, front=request.param,
                         **LIMITS)
@@ -381,6 +395,8 @@ def server(request: pytest.FixtureRequest, tiny_full_repo: Path, tiny_lm_repo: P
 def route(task: str, protocol: str, pinned: bool) -> str:
     if protocol in TOKENIZE:
         return "/tokenize"
+    if protocol in CHAT:
+        return "/v1/chat/completions"
     prefix = "v1" if protocol in (*LM_VERBS, "predict", "kserve") else protocol[:2]
     base = f"/{prefix}/models/{MODELS[task]}" + ("/versions/1" if pinned else "")
     if protocol == "kserve":
@@ -411,6 +427,8 @@ def test_every_bad_input_is_a_4xx_and_the_connection_stays_usable(
             assert 400 <= status < 500, (case.name, path, status, body[:300])
             assert case.status in (None, status), (case.name, path, status, body[:300])
             error = json.loads(body)["error"]
+            if protocol in CHAT:  # OpenAI's shape
+                error = error["message"]
             assert isinstance(error, str) and error, (case.name, path)
             assert head.get("connection") != "close", (case.name, path, head)
             status, _, body = conn.request("POST", path, good,

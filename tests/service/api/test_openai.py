@@ -341,15 +341,16 @@ def test_best_of_returns_the_most_likely_samples(url: str, client: openai.OpenAI
 
 
 def test_openai_error_shapes(url: str, client: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError) as gone:
+    with pytest.raises(openai.BadRequestError) as refused:  # no chat template (test_chat.py)
         client.chat.completions.create(model="tiny-lm",
                                        messages=[{"role": "user", "content": "hi"}])
-    assert "chat completions are not served" in gone.value.message
+    assert "has no chat_template" in refused.value.message
     r = post(url, "/v1/chat/completions", {"model": "tiny-lm"})
     error = r.json()["error"]
-    assert r.status_code == 404 and set(error) == {"message", "type", "param", "code"}
-    assert httpx.get(f"{url}/v1/embeddings", timeout=10).json()["error"]["type"] == \
-        "invalid_request_error"
+    assert r.status_code == 400 and set(error) == {"message", "type", "param", "code"}
+    r = httpx.get(f"{url}/v1/embeddings", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "embeddings are not served" in r.json()["error"]["message"]
     r = post(url, "/v1/completions", {"model": "tiny-lm", "prompt": "one", "suffix": "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
     assert "unsupported field(s): suffix" in r.json()["error"]["message"]

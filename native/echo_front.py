@@ -56,7 +56,7 @@ class EchoDriver:
             for req in batch:
                 if self.keep:
                     self.taken.append(req)
-                rid, method, path, query, headers, body, client, received = req
+                rid, method, path, query, headers, body, client, received, _whole = req
                 if path == "/echo":
                     answers.append((rid, 200, _JSON, self.echo(req)))
                 elif path == "/slow":
@@ -78,7 +78,7 @@ class EchoDriver:
 
     @staticmethod
     def echo(req: tuple[Any, ...]) -> bytes:
-        rid, method, path, query, headers, body, client, received = req
+        rid, method, path, query, headers, body, client, received, _whole = req
         return json.dumps(
             {
                 "method": method,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,12 @@ def live_server(live_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         wait_for(f"{base}/v2/health/ready", READY_DEADLINE_S, server.proc, log)
         seen = send_traffic(base, n=5)
         assert seen.get("200", 0) > 0, f"no request succeeded: {seen}"
+        # the supervisor's model control adopts the table the API processes report once they
+        # are ready: its series (seqserve_model_loads_total, ...) exist from then on
+        deadline = time.monotonic() + 30
+        while b"seqserve_model_loads_total" not in http(f"{base}/metrics")[1]:
+            assert time.monotonic() < deadline, "the model control never adopted the models"
+            time.sleep(0.2)
         yield base
 
 

@@ -92,7 +92,8 @@ def test_take_tuple_shape(server):
     before = time.monotonic()
     c.request("GET", "/echo?x=%20y")
     assert c.getresponse().status == 200
-    rid, method, path, query, headers, body, client, received = server.driver.taken[-1]
+    rid, method, path, query, headers, body, client, received, whole = server.driver.taken[-1]
+    assert whole is True
     assert isinstance(rid, int) and method == "GET" and path == "/echo" and query == b"x=%20y"
     assert all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in headers)
     assert body == b"" and client[0] == "127.0.0.1" and isinstance(client[1], int)

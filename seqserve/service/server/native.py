@@ -201,13 +201,16 @@ class NativeListener:
 
     def close(self) -> None:
         """Stop accepting (connections already open are still served), after taking the
-        connections waiting in the listen queue of a socket it accepts on itself."""
+        connections waiting in the listen queue of a socket it accepts on itself, and close
+        that socket: a client connecting now is refused, as by uvicorn's closed server (not
+        left in a listen queue nobody takes from, then reset)."""
         if not self._closed:
             self._closed = True
             self.front.pause()
             if self.sock is not None:
                 for conn in take_waiting(self.sock):
                     self.front.adopt(conn.detach())
+                self.sock.close()
 
     async def wait_closed(self) -> None:
         """Close the connections as they finish, still serving what they send (requests

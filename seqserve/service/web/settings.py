@@ -46,10 +46,11 @@ class Settings(BaseSettings):
     """Address to bind."""
     port: int = Field(default=8000, ge=0, le=65535)
     """Port to bind (0 picks a free one)."""
-    front: Literal["native", "uvicorn"] = "uvicorn"
-    """The HTTP front. native: requests parsed, bodies read and answers written outside the
-    interpreter (`service/server/_front`, built by native/build.sh; server/native.py), uvicorn's
-    protocol where it is not built; uvicorn: uvicorn with httptools. The choice and its
+    front: Literal["native", "uvicorn"] = "native"
+    """The HTTP front. native (the default): requests parsed, bodies read and answers
+    written outside the interpreter (`service/server/_front`, built by native/build.sh, which
+    the README's commands run; server/native.py), uvicorn's protocol where it is not built;
+    uvicorn: uvicorn with httptools (our protocol, web/http_protocol.py). The choice and its
     reason are logged at start."""
     grpc: bool = True
     """Also serve the KServe v2 gRPC protocol as Triton does (inference.GRPCInferenceService,

@@ -59,7 +59,8 @@ def _attrs(span: Any) -> dict[str, Any]:
     out = {}
     for kv in span.attributes:
         value = kv.value
-        out[kv.key] = value.string_value if value.HasField("string_value") else value.int_value
+        out[kv.key] = value.string_value if value.HasField("string_value") else \
+            value.double_value if value.HasField("double_value") else value.int_value
     return out
 
 
@@ -75,6 +76,8 @@ def test_request_spans_are_exported_with_the_answered_ids(
         unsampled = client.post(URL, json={"texts": ["one"]},
                                 headers={"traceparent": f"00-{'1' * 32}-{PARENT}-00"})
         missing = client.post("/v1/models/nope/classify", json={"texts": ["one"]})
+        translated = client.post("/v1/models/tiny-mt/translate",
+                                 json={"texts": ["twenty one"]})
     # (the server stopped: its last spans were exported)
     assert continued.status_code == fresh.status_code == unsampled.status_code == 200
     _, trace, span_id, flags = continued.headers["traceparent"].split("-")
@@ -92,6 +95,14 @@ def test_request_spans_are_exported_with_the_answered_ids(
     assert set(children) == {"queue", "compute"}
     assert request.start_time_unix_nano <= children["queue"].start_time_unix_nano \
         <= children["compute"].start_time_unix_nano <= request.end_time_unix_nano
+    assert _attrs(children["compute"])["seqserve.batch_rows"] >= 1  # its batch's summary
+    assert translated.status_code == 200  # a translation's compute: its decode steps
+    translation = translated.headers["traceparent"].split("-")[2]
+    decode = next(s for s in spans if s.parent_span_id.hex() == translation
+                  and s.name == "compute")
+    summary = _attrs(decode)
+    assert summary["seqserve.decode_steps"] >= 1 and summary["seqserve.decode_step_ms"] > 0
+    assert "seqserve.batch_rows" not in summary
     fresh_span = by_id[fresh.headers["traceparent"].split("-")[2]]
     assert fresh_span.trace_id.hex() == fresh.headers["traceparent"].split("-")[1]
     assert not fresh_span.parent_span_id

@@ -14,7 +14,10 @@ span of that trace and exports it (batched, off the request path, by OpenTelemet
 - two children for a request that computed: `queue` (waiting for its batch, or for its
   admission to decoding) and `compute` (the runtime's time; a translation's or generation's
   whole decode), placed back from the answer by their durations (the request context knows
-  how long, not when: the time after compute is the answer's own work).
+  how long, not when: the time after compute is the answer's own work); `compute` carries
+  its summary: `seqserve.batch_rows` (the rows of the batch the request's rows ran in), and
+  for a translation the decode steps, `seqserve.decode_steps`, and their mean,
+  `seqserve.decode_step_ms` (one span per step would be one per 0.1 ms).
 
 A new trace the server starts is sampled when spans are on (`traceparent` flags 01); a
 client's decision (its flags) is kept: a parent not sampled records nothing.
@@ -96,9 +99,16 @@ class Spans:
         if call is not None and call.computed:
             context = self._otel.set_span_in_context(span)
             compute_start = now - int(call.compute_s * 1e9)
-            for name, start, stop in (("queue", compute_start - int(call.queue_s * 1e9),
-                                       compute_start), ("compute", compute_start, now)):
-                self.tracer.start_span(name, context=context, start_time=start).end(stop)
+            self.tracer.start_span("queue", context=context, start_time=compute_start - int(
+                call.queue_s * 1e9)).end(compute_start)
+            summary: dict[str, Any] = {}
+            if call.batch_rows:
+                summary["seqserve.batch_rows"] = call.batch_rows
+            if call.decode_steps:
+                summary["seqserve.decode_steps"] = call.decode_steps
+                summary["seqserve.decode_step_ms"] = call.compute_s * 1000 / call.decode_steps
+            self.tracer.start_span("compute", context=context, start_time=compute_start,
+                                   attributes=summary).end(now)
         span.end(now)
 
     def shutdown(self) -> None:

@@ -208,6 +208,10 @@ class RequestContext:
     compute_s: float = 0.0
     computed: bool = False
     """True once a result arrived (its queue and compute time are then known)."""
+    batch_rows: int = 0
+    """Rows in the largest batch its rows ran in (0: none, or a translation)."""
+    decode_steps: int = 0
+    """Decoder steps its longest source took part in (translations; else 0)."""
     gone: asyncio.Future[Any] | None = None
     """Done when the client went away (the request's disconnect watcher, which also sets
     `disconnected`); None: `wait` watches `disconnected` itself."""
@@ -243,6 +247,8 @@ class RequestContext:
         `wait` then raises the queue time to the wait the client saw, less the compute."""
         self.queue_s = max(self.queue_s, timing.queue_s)
         self.compute_s = max(self.compute_s, timing.compute_s)
+        self.batch_rows = max(self.batch_rows, timing.batch_rows)
+        self.decode_steps = max(self.decode_steps, timing.decoder_steps)
         self.computed = True
 
     async def wait(self, futures: list[asyncio.Future[T]]) -> list[T]:

@@ -219,10 +219,10 @@ struct CS {
     line_done: bool,
     /// When this connection's last 429 was written (the pace of the next).
     refused_at: Option<Instant>,
-    /// Ends of request heads ("\r\n\r\n") read from the socket, and the last 3 bytes read
-    /// (an end split across reads) ...
+    /// Ends of request heads ("\r\n\r\n") read from the socket, and how much of one the
+    /// bytes read last matched (an end split across reads) ...
     ends_read: u64,
-    tail: [u8; 3],
+    matched: usize,
     /// ... and requests handed to the app: more read than handled means pipelined requests
     /// wait behind the one answered now.
     handled: u64,
@@ -258,7 +258,7 @@ impl ConnState {
                 line_done: false,
                 refused_at: None,
                 ends_read: 0,
-                tail: [0; 3],
+                matched: 0,
                 handled: 0,
             }),
             notify: Notify::new(),
@@ -285,22 +285,22 @@ impl ConnState {
         }
         // count the ends of heads (a body holding "\r\n\r\n" counts too: then a drain's
         // close waits for the connection's idle close instead)
-        let mut window = [0u8; 3];
-        window.copy_from_slice(&s.tail);
-        let mut ends = 0u64;
-        let joined: Vec<u8> = window.iter().chain(data.iter().take(3)).copied().collect();
-        ends += joined.windows(4).filter(|w| *w == b"\r\n\r\n").count() as u64;
-        ends += data.windows(4).filter(|w| *w == b"\r\n\r\n").count() as u64;
-        if data.len() >= 3 {
-            s.tail.copy_from_slice(&data[data.len() - 3..]);
-        } else {
-            let keep = 3 - data.len();
-            let mut t = [0u8; 3];
-            t[..keep].copy_from_slice(&window[3 - keep..]);
-            t[keep..].copy_from_slice(data);
-            s.tail = t;
+        const END: &[u8; 4] = b"\r\n\r\n";
+        let mut matched = s.matched;
+        for &byte in data {
+            matched = if byte == END[matched] {
+                matched + 1
+            } else if byte == b'\r' {
+                1
+            } else {
+                0
+            };
+            if matched == END.len() {
+                s.ends_read += 1;
+                matched = 0;
+            }
         }
-        s.ends_read += ends;
+        s.matched = matched;
         drop(s);
         let from = self.body_from.load(SeqCst);
         if from == u64::MAX {

@@ -243,7 +243,7 @@ class HttpLifecycle:
         post = scope["method"] == "POST"
         inference = post and scope["path"].startswith(INFERENCE)
         kind = _body_kind(scope) if post else (JSON, b"")
-        late = BODY_LATE in scope["extensions"] if "extensions" in scope else False
+        late = BODY_LATE in scope.get("extensions", ())
         answer = scope.pop(HEAD) if HEAD in scope else \
             None if late else self._head(scope, kind, inference)  # (late: its 408 is due)
         counted = inference and answer is None

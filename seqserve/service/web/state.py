@@ -41,8 +41,7 @@ class AppState:
 
     def in_flight(self) -> int:
         """Inference requests against `max_in_flight`: admitted, and still arriving."""
-        return self.admitted + sum(count() for count in self.arriving) if self.arriving \
-            else self.admitted
+        return self.admitted + sum(count() for count in self.arriving)
 
     _states: StateCodec | None = None
 

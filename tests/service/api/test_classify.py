@@ -35,8 +35,9 @@ def labels_of(repo: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def server(tiny_repo: Path) -> Iterator[str]:
     settings = Settings(repo=tiny_repo, max_wait_ms=20, max_batch_size=16, intra_op_threads=1,
-                        max_texts=8, max_chars=500, max_tokens=64, max_body_bytes=20_000)
-    with serve_in_thread(create_app(settings)) as url:
+                        max_texts=8, max_chars=500, max_tokens=64, max_body_bytes=20_000,
+                        max_queue_wait_s=30)  # (answers compared here, not admission: 64
+    with serve_in_thread(create_app(settings)) as url:  # at once on a busy box may wait 0.5 s)
         yield url
 
 

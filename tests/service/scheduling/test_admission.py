@@ -369,7 +369,7 @@ def test_the_batcher_widens_its_estimate_by_the_waits_it_saw() -> None:
     async def scenario() -> None:
         b = make_batcher(lambda rows: list(rows), max_batch_size=4, max_wait_s=0.0,
                          max_queue_wait_s=10.0)
-        b.cost.observe(10, 0.05)
+        b.cost.observe(10, 0.5)  # (waits of a second: a busy box's ms do not move the factor)
         far = time.monotonic() + 60
         b.submit([(0, 10)], far)
         b.submit([(1, 10)], far)  # behind the first: it expects a wait

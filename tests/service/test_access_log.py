@@ -81,10 +81,10 @@ def test_trace_context_is_continued_answered_and_logged(
 
 def test_a_server_bug_logs_one_short_traceback(tiny_repo: Path, caplog: pytest.LogCaptureFixture,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("a bug in the worker")
 
-    monkeypatch.setattr(ClassifierWorker, "classify", broken)
+    monkeypatch.setattr(ClassifierWorker, "begin_classify", broken)
     uvicorn_records: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):

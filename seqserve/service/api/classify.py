@@ -51,7 +51,8 @@ class ClassifyResponse(BaseModel):
 
 ROUTES = [Route(
     "/v1", "classify", "classify", ClassifyRequest, ClassifierWorker,
-    run=lambda w, body, ctx: w.classify(body.texts, body.top_k, body.return_attention, ctx),
+    begin=lambda w, body, ctx: w.begin_classify(body.texts, body.top_k, body.return_attention,
+                                               ctx),
     response_model=ClassifyResponse,
     doc="Classify texts with the default (highest ready) version.",
     version_doc="Classify texts with one version.")]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import email.message
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -39,9 +39,9 @@ from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.service.api.common import describe_errors, header
-from seqserve.service.api.lifecycle import Route, asgi_call, serve, shed_unread
+from seqserve.service.api.lifecycle import Route, asgi_call, begin, serve, shed_unread
 from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
-from seqserve.service.core.errors import BadRequest, ServiceError
+from seqserve.service.core.errors import BadRequest, ClientGone, ServiceError
 from seqserve.service.web.middleware import BODY
 from seqserve.service.web.responses import error_for, send_answer, service_error_for
 from seqserve.service.web.state import AppState
@@ -152,30 +152,74 @@ class HotPath:
             if route.model_of is not None:  # the model the body names: metrics, access log
                 scope["path_params"] = {"name": route.model_of(parsed)}
             reply = await serve(self.state, route, call, parsed)
-            if type(reply) is dict:
-                payload = encode_json(reply)
-                answer: Answer = 200, [JSON, (b"content-length", str(len(payload)).encode())], \
-                    payload
-            elif type(reply) is tuple:
-                answer = reply
-            else:  # a streamed answer sends itself
+            if type(reply) is tuple:
+                answer: Answer = reply
+            elif type(reply) is not dict:  # a streamed answer sends itself
                 await reply(scope, receive, sending)
                 return
-        except ServiceError as exc:
-            answer = service_error_for(scope, exc)
-        except ValidationError as exc:
-            errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
-            answer = error_for(scope, 422, describe_errors(errors))
-        except Unprocessable as exc:
-            answer = error_for(scope, 422, describe_errors(exc.errors))
-        except Exception as exc:  # a server bug: a JSON 500 now, its traceback logged above
-            if started:
-                raise
-            bug = exc
-            answer = error_for(scope, 500, bug_message(exc))
+            else:
+                answer = _ok(reply)
+        except Exception as exc:
+            refused = _refusal(scope, exc)
+            if refused is None:  # a server bug: a JSON 500 now, its traceback logged above
+                if started:
+                    raise
+                bug = exc
+                refused = error_for(scope, 500, bug_message(exc))
+            answer = refused
         await send_answer(send, answer)
         if bug is not None:
             raise bug
+
+    def direct(self, scope: Scope) -> Found | None:
+        """The route of a request that `begin` can answer (a POST to a route with
+        `Route.begin`: its work answered from callbacks, without a task), else None."""
+        found = self.match(scope["path"])
+        if found is None or found[0].begin is None or scope["method"] != "POST":
+            return None
+        return found
+
+    def begin(self, scope: Scope, body: bytes, found: Found,
+              answered: Callable[[Answer | Exception], None]) -> None:
+        """`answer` for a route that `direct` found, without a task: `answered` gets the
+        route's answer (or a server bug's exception), now or from the callback that sees the
+        work done (`lifecycle.begin`)."""
+        route, name, version, _ = found
+        _name_route(scope, found)
+
+        def replied(reply: Any, error: BaseException | None) -> None:
+            if error is None:
+                answered(_ok(reply))
+            elif isinstance(error, Exception):
+                answered(_refusal(scope, error) or error)
+            else:  # (a cancellation: the work was dropped)
+                answered(_refusal(scope, ClientGone("request cancelled")) or
+                         RuntimeError("cancelled"))
+
+        try:
+            call = asgi_call(scope, _unused, name or "", version)
+            begin(self.state, route, call, _parse(route, body, scope), replied)
+        except Exception as exc:
+            answered(_refusal(scope, exc) or exc)
+
+
+def _ok(reply: dict[str, Any]) -> Answer:
+    """A route's success: its JSON body, by the one encoder."""
+    payload = encode_json(reply)
+    return 200, [JSON, (b"content-length", str(len(payload)).encode())], payload
+
+
+def _refusal(scope: Scope, exc: Exception) -> Answer | None:
+    """The one error answer to what a route raised (a service error, a body that does not
+    validate), or None: a server bug."""
+    if isinstance(exc, ServiceError):
+        return service_error_for(scope, exc)
+    if isinstance(exc, ValidationError):
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        return error_for(scope, 422, describe_errors(errors))
+    if isinstance(exc, Unprocessable):
+        return error_for(scope, 422, describe_errors(exc.errors))
+    return None
 
 
 def _name_route(scope: Scope, found: Found) -> None:

@@ -41,7 +41,7 @@ from seqserve.service.core.errors import BadRequest, QueueFull, ServiceError
 from seqserve.service.web.http_protocol import DISCONNECT, RECEIVED
 from seqserve.service.web.repository import ModelEntry
 from seqserve.service.web.state import AppState
-from seqserve.service.workers.base import RequestContext
+from seqserve.service.workers.base import Begun, RequestContext, settle
 
 W = TypeVar("W")
 T = TypeVar("T")
@@ -126,6 +126,7 @@ class Route:
     kind: type[Any] | None = None
     run: Callable[[Any, Any, RequestContext], Awaitable[Any]] | None = None
     answer: Callable[[AppState, Call, Any], Awaitable[Reply]] | None = None
+    begin: Callable[[Any, Any, RequestContext], Begun] | None = None
     by_model: bool = True
     joined: str = "/"
     """What joins the model (or its version) to the verb in the path: "/", or ":" (KServe
@@ -166,10 +167,41 @@ async def serve(state: AppState, route: Route, call: Call, body: Any) -> Reply:
     """One route's answer to one validated body (module doc), for any front."""
     if route.answer is not None:
         return await route.answer(state, call, body)
-    run = route.run
-    assert run is not None
-    entry, results = await answer(state, call, route.kind, lambda w, ctx: run(w, body, ctx))
+    run, begun = route.run, route.begin
+    entry, results = await answer(
+        state, call, route.kind, (lambda w, ctx: run(w, body, ctx)) if run is not None
+        else lambda w, ctx: settle(begun(w, body, ctx), ctx))  # type: ignore[misc]
     return {"model": call.model, "version": entry.version, "results": results}
+
+
+def begin(state: AppState, route: Route, call: Call, body: Any,
+          answered: Callable[[Reply | None, BaseException | None], None]) -> None:
+    """`serve` for a route with `begin`, without a task: the same lifecycle (`admit`, then
+    the work inside `RequestCall`), its reply (or error) given to `answered` from the
+    callback that sees the work done (`RequestContext.watch`). An error before any work is
+    raised here."""
+    entry, worker, timeout = admit(state, call, route.kind)
+    assert route.begin is not None
+    request = RequestCall(state, call, timeout)
+    context = request.open()
+    try:
+        futures, finish = route.begin(worker, body, context)
+    except BaseException as exc:
+        request.close(exc)
+        raise
+
+    def settled(rows: list[Any] | None, error: BaseException | None) -> None:
+        reply: Reply | None = None
+        if error is None:
+            try:
+                reply = {"model": call.model, "version": entry.version,
+                         "results": finish(rows or [])}
+            except Exception as exc:
+                error = exc
+        request.close(error)
+        answered(reply, error)
+
+    context.watch(futures, settled)
 
 
 async def http_disconnect(receive: Receive) -> None:
@@ -281,6 +313,13 @@ class RequestCall:
         self.started = 0.0
 
     async def __aenter__(self) -> RequestContext:
+        return self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close(exc[1])  # type: ignore[arg-type]
+
+    def open(self) -> RequestContext:
+        """The request's context, counted in flight from now (`__aenter__`)."""
         state, call = self.state, self.call
         self.started = time.monotonic()
         context = self.context
@@ -305,7 +344,8 @@ class RequestCall:
             watcher.add_done_callback(_quiet)
         return context
 
-    async def __aexit__(self, *exc: object) -> None:
+    def close(self, error: BaseException | object | None) -> None:
+        """The request's end (`__aexit__`), `error` what ended it, if anything did."""
         context = self.context
         assert context is not None
         if self.gone is not None:
@@ -317,7 +357,7 @@ class RequestCall:
             self.gauge.dec()
         entry = self.call.entry
         if entry is not None:
-            self.state.metrics.on_inference(entry.name, entry.version, exc[0] is None,
+            self.state.metrics.on_inference(entry.name, entry.version, error is None,
                                             time.monotonic() - self.started, context)
 
 

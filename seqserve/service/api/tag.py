@@ -51,7 +51,7 @@ class TagResponse(BaseModel):
 
 ROUTES = [Route(
     "/v1", "tag", "tag", TagRequest, TaggerWorker,
-    run=lambda w, body, ctx: w.tag(body.texts, ctx, body.return_score),
+    begin=lambda w, body, ctx: w.begin_tag(body.texts, ctx, body.return_score),
     response_model=TagResponse,
     doc="Tag every whitespace word of each text with the default (highest ready) version.",
     version_doc="Tag texts with one version.")]

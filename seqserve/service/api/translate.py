@@ -206,7 +206,7 @@ class TranslateResponse(BaseModel):
 
 ROUTES = [Route(
     "/v1", "translate", "translate", TranslateRequest, TranslatorWorker,
-    run=lambda w, body, ctx: w.translate(body.texts, body.search_options(), ctx),
+    begin=lambda w, body, ctx: w.begin_translate(body.texts, body.search_options(), ctx),
     response_model=TranslateResponse,
     doc="Translate texts with the default (highest ready) version: beam search or sampling,\n"
         "n-best hypotheses with scores and, on request, the attention matrix.",

@@ -31,6 +31,7 @@ native/build.sh), `uvicorn` otherwise or when asked; `serve` logs which and why.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,8 @@ class NativeListener:
     server (`close`, `wait_closed`) in `DrainingServer.servers`."""
 
     def __init__(self, sock: socket.socket | None, app: Any,
-                 answer_head: Callable[[dict[str, Any]], Any] | None, settings: Any,
+                 answer_head: Callable[[dict[str, Any]], Any] | None,
+                 answer_now: Callable[..., bool] | None, settings: Any,
                  app_state: dict[str, Any], tasks: set[asyncio.Task[None]],
                  stop_bound_s: float) -> None:
         front_class, why = native_front()
@@ -70,6 +72,12 @@ class NativeListener:
         self.sock = sock
         self.app = app
         self.answer_head = answer_head
+        self.answer_now = answer_now
+        self.now = 0
+        """Requests answered without a task (`answer_now`) whose answers are not written."""
+        self.held: asyncio.Future[None] | None = None
+        """Done when `now` drops to 0: a task on it stands for them in `tasks` (the drain
+        waits for those)."""
         self.app_state = app_state
         self.tasks = tasks
         self.stop_bound_s = stop_bound_s
@@ -121,9 +129,35 @@ class NativeListener:
                     self._write(rid, *answer)
                     continue
             self.gone[rid] = gone
+            if whole and self.answer_now is not None and not _proxied(headers):
+                self._hold()
+                if self.answer_now(scope, body, functools.partial(self._answer, rid)):
+                    continue
+                self._release()
             task = self.loop.create_task(self._run(rid, scope, body if whole else None, gone))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+    def _hold(self) -> None:
+        self.now += 1
+        if self.held is None:
+            held = self.held = self.loop.create_future()
+            task = self.loop.create_task(_until(held))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def _release(self) -> None:
+        self.now -= 1
+        if not self.now and self.held is not None:
+            self.held.set_result(None)
+            self.held = None
+
+    def _answer(self, rid: int, status: int, headers: list[tuple[bytes, bytes]],
+                body: bytes) -> None:
+        """The answer of a request answered without a task (`answer_now`)."""
+        self.gone.pop(rid, None)
+        self._write(rid, status, headers, body)
+        self._release()
 
     def _write(self, rid: int, status: int, headers: list[tuple[bytes, bytes]],
                body: bytes) -> None:
@@ -228,6 +262,16 @@ class NativeListener:
 
     def stats(self) -> dict[str, Any]:
         return dict(self.front.stats())
+
+
+async def _until(held: asyncio.Future[None]) -> None:
+    await held
+
+
+def _proxied(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether a request carries proxy headers (uvicorn's proxy middleware, run by the app's
+    full path, may then change its client and scheme)."""
+    return any(k == b"x-forwarded-for" or k == b"x-forwarded-proto" for k, _ in headers)
 
 
 def _leave(gone: asyncio.Future[None]) -> None:

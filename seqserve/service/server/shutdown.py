@@ -143,8 +143,11 @@ class DrainingServer(uvicorn.Server):
         s = self.state.settings
         if sock is not None:
             sock.listen(self.config.backlog)  # (as asyncio's create_server does)
+        entry = getattr(self.config.app, "entry", None)  # (the app's lifecycle)
         head = getattr(self.config.app, "answer_head", None)
-        listener = NativeListener(sock, self.config.loaded_app, head, s, self.lifespan.state,
+        now = getattr(entry, "answer_now", None)
+        listener = NativeListener(sock, self.config.loaded_app, head, now, s,
+                                  self.lifespan.state,
                                   self.server_state.tasks, s.drain_timeout_s + 5.0)
         self.state.arriving.append(listener.front.arriving)
         return listener

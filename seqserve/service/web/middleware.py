@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 import zlib
@@ -199,6 +200,8 @@ class HttpLifecycle:
         self.log = AccessLog(enabled=s.access_log)
         self.spans = Spans.of(s)
         self.inner_head: Callable[[Scope], Answer | None] | None = getattr(app, "head", None)
+        self.inner_direct: Callable[[Scope], Any] | None = getattr(app, "direct", None)
+        self.inner_begin: Callable[..., None] | None = getattr(app, "begin", None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -265,6 +268,69 @@ class HttpLifecycle:
             await self.app(scope, _replay(got, receive), send)
         finally:
             self.state.admitted -= counted
+
+    def answer_now(self, scope: Scope, body: bytes,
+                   write: Callable[[int, list[tuple[bytes, bytes]], bytes], None]) -> bool:
+        """The lifecycle of a request whose whole body a front read (the native front), run
+        without a task where its route answers from callbacks (the app's `direct` and
+        `begin`: `api/hot_path.py`): the same steps as `__call__` (the head's decision, the
+        body's coding and limit, the route, the answer's headers, metrics, access line and
+        span) with the answer given to `write` when it is known. False, and nothing done:
+        the front runs the app (another route, a CORS request)."""
+        if self.inner_direct is None or self.inner_begin is None:
+            return False
+        found = self.inner_direct(scope)
+        if found is None or self.cors is not None and self.cors.origin(scope) is not None:
+            return False
+        start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
+        rid = request_id_of(scope) or request_id(scope)
+        scope.setdefault("state", {})["request_id"] = rid
+        kind = _body_kind(scope)
+        answer = scope.pop(HEAD) if HEAD in scope else self._head(scope, kind, True)
+        counted = answer is None
+        if not scope.pop(COUNTED, False):
+            self.state.admitted += counted
+        done = functools.partial(self._answered, scope, rid, start, counted, write)
+        if isinstance(kind, str) or answer is not None:
+            done(answer or error_for(scope, 415, str(kind)))
+            return True
+        media, coding = kind
+        s = self.state.settings
+        got: bytes | Refusal = body
+        if len(body) > s.max_body_bytes:
+            got = 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", []
+        elif coding:
+            got = _decoded(body, coding, s.max_body_bytes)
+        if isinstance(got, tuple):
+            code, message, extra = got
+            done(error_for(scope, code, message, headers=extra))
+            return True
+        if not media or coding:
+            _as_read(scope, media, coding, len(got))
+        scope[BODY] = got
+        try:
+            self.inner_begin(scope, got, found, done)
+        except Exception as exc:  # a bug outside the route's own handling
+            done(exc)
+        return True
+
+    def _answered(self, scope: Scope, rid: str, start: float, counted: bool,
+                  write: Callable[[int, list[tuple[bytes, bytes]], bytes], None],
+                  answer: Answer | Exception) -> None:
+        """`answer_now`'s end: as `__call__` ends a request (a bug's traceback logged, its
+        JSON 500 answered)."""
+        self.state.admitted -= counted
+        bug = isinstance(answer, Exception)
+        if isinstance(answer, Exception):
+            self.log.bug(scope, rid, start, answer)
+            answer = error_for(scope, 500, bug_message(answer))
+        status, headers, payload = answer
+        self._observe(scope, status, time.monotonic() - start)
+        write(status, self._finish(scope, rid, status, headers, start, None), payload)
+        if self.spans is not None:
+            self._end_span(scope, status)
+        if not bug:  # (a bug's line is its traceback's)
+            self.log.line(scope, rid, status, start)
 
     def _head(self, scope: Scope, kind: tuple[bytes, bytes] | str,
               inference: bool) -> Answer | None:

@@ -251,66 +251,125 @@ class RequestContext:
         self.decode_steps = max(self.decode_steps, timing.decoder_steps)
         self.computed = True
 
-    async def wait(self, futures: list[asyncio.Future[T]]) -> list[T]:
-        """Await every future; on deadline or disconnect cancel the rest (the schedulers drop
-        cancelled work before it costs compute) and raise DeadlineExceeded / ClientGone.
-        The first future to fail (in the order they finish) fails the request with its
-        exception, as `asyncio.gather` would: the rest are cancelled.
+    def watch(self, futures: list[asyncio.Future[T]],
+              settled: Callable[[list[T] | None, BaseException | None], None]) -> Watch:
+        """Call `settled(results, None)` once every future is done, or `settled(None, error)`
+        on the first failure, the deadline (DeadlineExceeded) or the client's leaving
+        (ClientGone); the rest are then cancelled (the schedulers drop cancelled work before it
+        costs compute). The first future to fail (in the order they finish) fails the request
+        with its exception, as `asyncio.gather` would. A request whose front answers from
+        callbacks (`api.lifecycle.begin`) is watched so, without a task; `wait` is the same
+        watch, awaited.
 
-        One waiter future, one timer and a callback per future (measured: `asyncio.gather`
-        + `asyncio.wait` + a task on the disconnect event were a tenth of the API process's
+        One watch, one timer and a callback per future (measured: `asyncio.gather` +
+        `asyncio.wait` + a task on the disconnect event were a tenth of the API process's
         time per request)."""
-        loop = asyncio.get_running_loop()
-        began = time.monotonic()
-        waiter: asyncio.Future[None] = loop.create_future()
-        state: dict[str, Any] = {"left": len(futures), "failed": None}
+        return Watch(self, futures, settled)
 
-        def wake(_: object = None) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
+    async def wait(self, futures: list[asyncio.Future[T]]) -> list[T]:
+        """Await every future (`watch`): their results, or the watch's error raised."""
+        waiter: asyncio.Future[list[T]] = asyncio.get_running_loop().create_future()
 
-        def row_done(f: asyncio.Future[Any]) -> None:
-            state["left"] -= 1
-            if state["failed"] is None and (f.cancelled() or f.exception() is not None):
-                state["failed"] = f
-            elif not f.cancelled():
-                f.exception()  # retrieved: a late failure is never reported as unseen
-            if state["left"] <= 0 or state["failed"] is not None:
-                wake()
+        def settled(results: list[T] | None, error: BaseException | None) -> None:
+            if waiter.done():
+                return
+            if isinstance(error, asyncio.CancelledError):
+                waiter.cancel()
+            elif error is not None:
+                waiter.set_exception(error)
+            else:
+                waiter.set_result(results or [])
 
-        for f in futures:
-            f.add_done_callback(row_done)
-        gone = self.gone
-        own_gone = gone is None
-        if gone is None:
-            gone = asyncio.ensure_future(self.disconnected.wait())
-        gone.add_done_callback(wake)
-        timer = loop.call_later(max(self.remaining(), 0.0), wake)
+        watch = self.watch(futures, settled)
         try:
-            if futures:
-                await waiter
-            failed: asyncio.Future[Any] | None = state["failed"]
-            if failed is not None:
-                error = None if failed.cancelled() else failed.exception()
-                raise error if error is not None else asyncio.CancelledError()
-            if state["left"] <= 0:
-                results: list[T] = [f.result() for f in futures]
-                for r in results:
-                    self.record(r.timing)
-                # the wait the client saw: all but the compute (an engine process that
-                # stalled or a slow hand-back counts, where its own queue report did not)
-                self.queue_s = max(self.queue_s, time.monotonic() - began - self.compute_s)
-                return results
-            if gone.done():
-                raise ClientGone("client disconnected")
-            raise DeadlineExceeded("request deadline passed; its work was dropped")
+            return await waiter
         finally:
-            timer.cancel()
-            gone.remove_done_callback(wake)
-            if own_gone:
-                gone.cancel()
-            for f in futures:
-                f.cancel()  # no-op when done; queued rows are dropped, live ones freed
+            watch.cancel()  # (a no-op once settled; else the awaiting task was cancelled)
+
+
+class Watch(Generic[T]):
+    """`RequestContext.watch`: one request's futures against its deadline and its client."""
+
+    __slots__ = ("context", "futures", "settled", "left", "failed", "timer", "gone", "own_gone",
+                 "began", "over")
+
+    def __init__(self, context: RequestContext, futures: list[asyncio.Future[T]],
+                 settled: Callable[[list[T] | None, BaseException | None], None]) -> None:
+        loop = asyncio.get_running_loop()
+        self.context, self.futures, self.settled = context, futures, settled
+        self.began = time.monotonic()
+        self.left = len(futures)
+        self.failed: asyncio.Future[Any] | None = None
+        self.over = False
+        for f in futures:
+            f.add_done_callback(self._row_done)
+        gone = context.gone
+        self.own_gone = gone is None
+        if gone is None:
+            gone = asyncio.ensure_future(context.disconnected.wait())
+        self.gone: asyncio.Future[Any] = gone
+        gone.add_done_callback(self._wake)
+        self.timer = loop.call_later(max(context.remaining(), 0.0), self._wake)
+        if not futures:
+            loop.call_soon(self._wake)
+
+    def _row_done(self, f: asyncio.Future[Any]) -> None:
+        self.left -= 1
+        if self.failed is None and (f.cancelled() or f.exception() is not None):
+            self.failed = f
+        elif not f.cancelled():
+            f.exception()  # retrieved: a late failure is never reported as unseen
+        if self.left <= 0 or self.failed is not None:
+            self._wake()
+
+    def _wake(self, _: object = None) -> None:
+        if self.over:
+            return
+        results: list[T] | None = None
+        error: BaseException | None = None
+        failed = self.failed
+        if failed is not None:
+            error = None if failed.cancelled() else failed.exception()
+            error = error if error is not None else asyncio.CancelledError()
+        elif self.left <= 0:
+            context = self.context
+            results = [f.result() for f in self.futures]
+            for r in results:
+                context.record(r.timing)
+            # the wait the client saw: all but the compute (an engine process that stalled
+            # or a slow hand-back counts, where its own queue report did not)
+            context.queue_s = max(context.queue_s,
+                                  time.monotonic() - self.began - context.compute_s)
+        elif self.gone.done():
+            error = ClientGone("client disconnected")
+        else:
+            error = DeadlineExceeded("request deadline passed; its work was dropped")
+        self.cancel()
+        self.settled(results, error)
+
+    def cancel(self) -> None:
+        """Stop watching (once): the timer, the disconnect callback, and the futures not
+        done (queued rows are dropped, live ones freed)."""
+        if self.over:
+            return
+        self.over = True
+        self.timer.cancel()
+        self.gone.remove_done_callback(self._wake)
+        if self.own_gone:
+            self.gone.cancel()
+        for f in self.futures:
+            f.cancel()  # no-op when done
+
+
+Begun = tuple[list[asyncio.Future[Any]], Callable[[list[Any]], list[dict[str, Any]]]]
+"""A request's work once submitted (`begin_*` of a worker): its futures, and what makes its
+results of theirs (`settle` awaits them; `api.lifecycle.begin` watches them)."""
+
+
+async def settle(begun: Begun, call: RequestContext) -> list[dict[str, Any]]:
+    """The results of work begun (`Begun`), awaited with the request's deadline and client."""
+    futures, finish = begun
+    return finish(await call.wait(futures))
 
 
 M = TypeVar("M", RowModel, DecodeModel)

@@ -11,11 +11,13 @@ from seqserve.service.core.errors import BadRequest
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import RowModel
 from seqserve.service.workers.base import (
+    Begun,
     Encoded,
     RequestContext,
     WorkerContext,
     describe_common,
     encode_texts,
+    settle,
 )
 
 Row = tuple[np.ndarray, np.ndarray]
@@ -66,18 +68,28 @@ class ClassifierWorker:
         done: list[Timed[Row]] = await call.wait(futures)
         return [d.value for d in done]
 
-    async def classify(self, texts: list[str], top_k: int, return_attention: bool,
-                       call: RequestContext) -> list[dict[str, Any]]:
-        """One classification per text: label, score, top-k, token count (and attention)."""
+    def begin_classify(self, texts: list[str], top_k: int, return_attention: bool,
+                       call: RequestContext) -> Begun:
+        """One classification per text (label, score, top-k, token count, and attention),
+        submitted: its futures and what makes the results of them (`settle`)."""
         if return_attention and not self.ctx.manifest.has_attention:
             raise BadRequest(f"model {self.ctx.name!r} v{self.ctx.version} has no attention "
                              "output (its classifier graph returns logits only): drop "
                              "return_attention")
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
                                offsets=return_attention)
-        rows = await self.rows(encoded, call)
-        return [self._result(e, logits, att, top_k, return_attention)
-                for e, (logits, att) in zip(encoded, rows, strict=True)]
+        futures = self.ctx.model.submit([e.ids for e in encoded], call.deadline)
+
+        def finish(done: list[Timed[Row]]) -> list[dict[str, Any]]:
+            return [self._result(e, d.value[0], d.value[1], top_k, return_attention)
+                    for e, d in zip(encoded, done, strict=True)]
+
+        return futures, finish
+
+    async def classify(self, texts: list[str], top_k: int, return_attention: bool,
+                       call: RequestContext) -> list[dict[str, Any]]:
+        """`begin_classify`, awaited."""
+        return await settle(self.begin_classify(texts, top_k, return_attention, call), call)
 
     async def probabilities(self, texts: list[str], call: RequestContext) -> np.ndarray:
         """(n, C) float32 label probabilities of each text (the OIP output)."""

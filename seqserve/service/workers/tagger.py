@@ -20,11 +20,13 @@ from seqserve.models.text.word_align import Word, align
 from seqserve.service.scheduling.base import Timed
 from seqserve.service.scheduling.models import RowModel
 from seqserve.service.workers.base import (
+    Begun,
     Encoded,
     RequestContext,
     WorkerContext,
     describe_common,
     encode_texts,
+    settle,
 )
 
 TagRow = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -43,19 +45,28 @@ class TaggerWorker:
         self.words = ctx.manifest.words or "whitespace"
         self.crf = ctx.manifest.crf
 
-    async def tag(self, texts: list[str], call: RequestContext,
-                  return_score: bool = False) -> list[dict[str, Any]]:
-        """One tagging per text: its words with label, probability and [start, end) (and,
-        with `return_score`, its labelling's score)."""
+    def begin_tag(self, texts: list[str], call: RequestContext,
+                  return_score: bool = False) -> Begun:
+        """One tagging per text (its words with label, probability and [start, end), and,
+        with `return_score`, its labelling's score), submitted: its futures and what makes
+        the results of them (`settle`)."""
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits, offsets=True)
         futures = self.ctx.model.submit([e.ids for e in encoded], call.deadline)
-        done: list[Timed[TagRow]] = await call.wait(futures)
-        out = [self._tagging(t, e, d.value)
-               for t, e, d in zip(texts, encoded, done, strict=True)]
-        if return_score:
-            for result, d in zip(out, done, strict=True):
-                result["score"] = float(d.value[2][0])
-        return out
+
+        def finish(done: list[Timed[TagRow]]) -> list[dict[str, Any]]:
+            out = [self._tagging(t, e, d.value)
+                   for t, e, d in zip(texts, encoded, done, strict=True)]
+            if return_score:
+                for result, d in zip(out, done, strict=True):
+                    result["score"] = float(d.value[2][0])
+            return out
+
+        return futures, finish
+
+    async def tag(self, texts: list[str], call: RequestContext,
+                  return_score: bool = False) -> list[dict[str, Any]]:
+        """`begin_tag`, awaited."""
+        return await settle(self.begin_tag(texts, call, return_score), call)
 
     def _tagging(self, text: str, e: Encoded, row: TagRow) -> dict[str, Any]:
         best, prob = row[0], row[1]  # (L,), (L,)

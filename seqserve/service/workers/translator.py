@@ -10,11 +10,13 @@ from seqserve.service.scheduling.decoding import Decoded
 from seqserve.service.scheduling.models import DecodeModel
 from seqserve.service.scheduling.search import Hypothesis, SearchOptions
 from seqserve.service.workers.base import (
+    Begun,
     Encoded,
     RequestContext,
     WorkerContext,
     describe_common,
     encode_texts,
+    settle,
 )
 
 
@@ -26,17 +28,26 @@ class TranslatorWorker:
     def __init__(self, ctx: WorkerContext[DecodeModel]) -> None:
         self.ctx = ctx
 
-    async def translate(self, texts: list[str], options: SearchOptions,
-                        call: RequestContext) -> list[dict[str, Any]]:
-        """One translation per text: the best hypothesis, the n-best list and, when
-        `options.return_attention`, the attention matrix of the best one."""
+    def begin_translate(self, texts: list[str], options: SearchOptions,
+                        call: RequestContext) -> Begun:
+        """One translation per text (the best hypothesis, the n-best list and, when
+        `options.return_attention`, the attention matrix of the best one), submitted: its
+        futures and what makes the results of them (`settle`)."""
         self.check_options(options)
         encoded = encode_texts(self.ctx.tokenizer, texts, self.ctx.limits,
                                offsets=options.return_attention)
         futures = self.ctx.model.submit([e.ids for e in encoded], options, call.deadline)
-        decoded: list[Decoded] = await call.wait(futures)
-        return [self._translation(e, d.hypotheses, options.return_attention)
-                for e, d in zip(encoded, decoded, strict=True)]
+
+        def finish(decoded: list[Decoded]) -> list[dict[str, Any]]:
+            return [self._translation(e, d.hypotheses, options.return_attention)
+                    for e, d in zip(encoded, decoded, strict=True)]
+
+        return futures, finish
+
+    async def translate(self, texts: list[str], options: SearchOptions,
+                        call: RequestContext) -> list[dict[str, Any]]:
+        """`begin_translate`, awaited."""
+        return await settle(self.begin_translate(texts, options, call), call)
 
     def check_options(self, options: SearchOptions) -> None:
         """Options that read the attention are refused for a decoder without one."""

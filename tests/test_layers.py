@@ -44,12 +44,17 @@ ALLOWED: dict[str, tuple[str, ...]] = {
                     "seqserve.models.text.word_align",
                     # torch-free: a tokenizer in Hugging Face's files, a chat template rendered
                     "seqserve.models.text.hf_files", "seqserve.models.text.chat_template"),
-    S + "web": (S + "web", S + "core", S + "engine", S + "workers", S + "scheduling",
-                S + "runtimes.base", "seqserve.export.manifest", "seqserve.models.text.tokenizer",
-                "seqserve.models.text.tokenizer_files", "seqserve.models.errors"),
-    S + "api": (S + "api", S + "web", S + "workers", S + "scheduling.search",
+    # the model versions an API process serves and its side of the model control
+    S + "repository": (S + "repository", S + "core", S + "engine", S + "workers",
+                       "seqserve.export.manifest", "seqserve.models.text.tokenizer_files"),
+    S + "web": (S + "web", S + "repository", S + "core", S + "engine", S + "workers",
+                S + "scheduling", S + "runtimes.base", "seqserve.export.manifest",
+                "seqserve.models.text.tokenizer", "seqserve.models.text.tokenizer_files",
+                "seqserve.models.errors"),
+    S + "api": (S + "api", S + "web", S + "repository", S + "workers", S + "scheduling.search",
                 S + "scheduling.generation", S + "core"),
-    S + "server": (S + "server", S + "api", S + "web", S + "engine", S + "workers",
+    S + "server": (S + "server", S + "api", S + "web", S + "repository", S + "engine",
+                   S + "workers",
                    S + "scheduling", S + "runtimes", S + "core", "seqserve.export.manifest",
                    "seqserve.export.versions",
                    "seqserve.models.errors"),
@@ -70,6 +75,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, tuple[str, ...]] = {
     S + "scheduling": WEB + ("torch",),
     S + "engine": WEB + ("torch",),
     S + "workers": WEB + ("torch",),
+    S + "repository": WEB + ("torch",),
     "seqserve.loadtest": ("fastapi", "torch"),
 }
 

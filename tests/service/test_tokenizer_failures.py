@@ -203,7 +203,7 @@ def test_the_server_refuses_the_bundle_with_its_reason(bad_repo: Path) -> None:
 
 def test_a_served_tokenizer_that_panics_answers_422_json(
         bad_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import seqserve.service.web.repository as repository
+    import seqserve.service.repository.entries as repository
     from seqserve.service.server.app import create_app
 
     monkeypatch.setattr(repository, "probe_tokenizer", lambda *a, **k: None)  # let it in

@@ -38,8 +38,8 @@ from starlette.types import Receive, Scope
 
 from seqserve.service.api.common import ERRORS, header
 from seqserve.service.core.errors import BadRequest, QueueFull, ServiceError
+from seqserve.service.repository.entries import ModelEntry
 from seqserve.service.web.http_protocol import DISCONNECT, RECEIVED
-from seqserve.service.web.repository import ModelEntry
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import Begun, RequestContext, settle
 

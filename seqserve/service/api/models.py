@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from seqserve.service.api.common import ERRORS, app_state
-from seqserve.service.web.repository import ModelEntry, ModelRepository
+from seqserve.service.repository.entries import ModelEntry, ModelRepository
 
 router = APIRouter(prefix="/v1", tags=["v1"], responses={404: ERRORS[404]})
 

@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from seqserve.service.api.common import ERRORS, ErrorResponse, app_state
 from seqserve.service.api.oip.config import model_config
 from seqserve.service.core.errors import ShuttingDown
-from seqserve.service.web.control import ModelControl, Refused
-from seqserve.service.web.repository import ModelEntry
+from seqserve.service.repository.control import ModelControl, Refused
+from seqserve.service.repository.entries import ModelEntry
 from seqserve.service.web.responses import JsonResponse, as_response, error_for
 from seqserve.service.web.state import AppState
 

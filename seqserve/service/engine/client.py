@@ -308,6 +308,10 @@ class EngineClient:
             await asyncio.sleep(0.02)
         return True
 
+    def scheduled(self, model: str, version: int) -> None:
+        """None: the models run in the engine process."""
+        return None
+
     def expected_wait(self, model: str, version: int) -> float | None:
         """The engine's last report of the model's queue wait, if recent (< WAIT_TTL_S)."""
         found = self._waits.get((model, version))

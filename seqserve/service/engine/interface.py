@@ -15,7 +15,8 @@ worker does not know (and the repository does not choose) where its model runs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -61,63 +62,85 @@ class Engine(Protocol):
 
     def expected_wait(self, model: str, version: int) -> float | None: ...
 
+    def scheduled(self, model: str, version: int) -> Any | None:
+        """The scheduled model itself where it runs in this process (`scheduling.models`:
+        its calls are the typed calls above without the name and version), else None."""
+
     async def stop(self, timeout: float) -> bool: ...
 
 
 class ModelHandle:
     """One model version of one engine, as its worker sees it: the typed call of its task
     (`submit` for rows, series and translations; `submit_session`, `score`, `generate`),
-    its description and its expected queue wait (for early shedding)."""
+    its description and its expected queue wait (for early shedding). Each call is the
+    scheduled model's own where it runs in this process (`Engine.scheduled`), else the
+    engine's call with the name and version bound: no hop of its own."""
+
+    expected_wait: Callable[[], float | None]
 
     def __init__(self, engine: Engine, state: ModelState) -> None:
         self.engine, self.state = engine, state
         self.name, self.version = state.name, state.version
+        self.local = engine.scheduled(self.name, self.version)
+        self.expected_wait = self.call("expected_wait", engine.expected_wait)
+
+    def call(self, name: str, remote: Callable[..., Any]) -> Callable[..., Any]:
+        """The scheduled model's `name` where it runs here, else `remote` (an engine call)
+        for this version."""
+        if self.local is not None:
+            return getattr(self.local, name)  # type: ignore[no-any-return]
+        return functools.partial(remote, self.name, self.version)
 
     def describe(self) -> dict[str, Any]:
         return dict(self.state.describe)
-
-    def expected_wait(self) -> float | None:
-        return self.engine.expected_wait(self.name, self.version)
 
 
 class RowHandle(ModelHandle):
     """A classifier or tagger (implements `scheduling.models.RowModel`)."""
 
-    def submit(self, rows: Sequence[list[int]], deadline: float) -> Futures:
-        return self.engine.rows(self.name, self.version, rows, deadline)
+    submit: Callable[[Sequence[list[int]], float], Futures]
+
+    def __init__(self, engine: Engine, state: ModelState) -> None:
+        super().__init__(engine, state)
+        self.submit = self.call("submit", engine.rows)
 
 
 class SeriesHandle(ModelHandle):
     """A feature-sequence model (implements `scheduling.models.SeriesModel`)."""
 
-    def submit(self, rows: Sequence[np.ndarray], deadline: float) -> Futures:
-        return self.engine.series(self.name, self.version, rows, deadline)
+    submit: Callable[[Sequence[np.ndarray], float], Futures]
+    submit_session: Callable[..., asyncio.Future[Timed[Any]]]
+    """(series, session, start, end, deadline, owner="")"""
 
-    def submit_session(self, series: np.ndarray, session: str, start: bool, end: bool,
-                       deadline: float, owner: str = "") -> asyncio.Future[Timed[Any]]:
-        return self.engine.chunk(self.name, self.version, series, session, start, end,
-                                 deadline, owner)
+    def __init__(self, engine: Engine, state: ModelState) -> None:
+        super().__init__(engine, state)
+        self.submit = self.call("submit", engine.series)
+        # (the engine's own: a session stays on the version it started on)
+        self.submit_session = functools.partial(engine.chunk, self.name, self.version)
 
 
 class DecodeHandle(ModelHandle):
     """A translator (implements `scheduling.models.DecodeModel`)."""
 
-    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
-               deadline: float) -> list[asyncio.Future[Decoded]]:
-        return self.engine.translate(self.name, self.version, sources, options, deadline)
+    submit: Callable[[Sequence[list[int]], SearchOptions, float],
+                     list[asyncio.Future[Decoded]]]
+
+    def __init__(self, engine: Engine, state: ModelState) -> None:
+        super().__init__(engine, state)
+        self.submit = self.call("submit", engine.translate)
 
 
 class LMHandle(ModelHandle):
     """A language model (what `workers.lm.LMWorker` needs of its model)."""
 
-    def generate(self, prompts: Sequence[list[int]], options: GenerateOptions,
-                 deadline: float) -> TokenStream:
-        return self.engine.generate(self.name, self.version, prompts, options, deadline)
+    generate: Callable[[Sequence[list[int]], GenerateOptions, float], TokenStream]
+    score: Callable[..., Futures]
+    """(rows, deadline, top=0, start=None, return_state=False)"""
 
-    def score(self, rows: Sequence[list[int]], deadline: float, top: int = 0,
-              start: tuple[bytes, int] | None = None, return_state: bool = False) -> Futures:
-        return self.engine.score(self.name, self.version, rows, deadline, top, start,
-                                 return_state)
+    def __init__(self, engine: Engine, state: ModelState) -> None:
+        super().__init__(engine, state)
+        self.generate = self.call("generate", engine.generate)
+        self.score = self.call("score", engine.score)
 
 
 HANDLES: dict[str, type[ModelHandle]] = {

@@ -172,6 +172,9 @@ class LocalEngine:
         found = self.served.get((model, version))
         return None if found is None else found.expected_wait()
 
+    def scheduled(self, model: str, version: int) -> ServedModel | None:
+        return self.served.get((model, version))
+
     # -- the typed calls ----------------------------------------------------------------
 
     def rows(self, model: str, version: int, rows: Sequence[list[int]],

@@ -345,7 +345,12 @@ def _session_done(store: SessionStore, s: Session, steps: int, end: bool,
 
 
 class DecodedModel:
-    """A translator: sources through the decode scheduler."""
+    """A translator: sources through the decode scheduler, whose `submit` (sources, search
+    options, deadline: all queued or none, one future each) and `expected_wait` (seconds a
+    source would wait for admission now; None: not measured yet) are its own."""
+
+    submit: Callable[[Sequence[list[int]], SearchOptions, float], list[asyncio.Future[Decoded]]]
+    expected_wait: Callable[[], float | None]
 
     def __init__(self, runtime: Runtime, limits: DecodeLimits, unk_id: int, config: ModelConfig,
                  observer: Observer | None = None) -> None:
@@ -353,6 +358,8 @@ class DecodedModel:
         self.unk_id = unk_id
         self.config = config
         self.loop = DecodeLoop(runtime, limits, config.decode, observer)
+        self.submit = self.loop.submit
+        self.expected_wait = self.loop.expected_wait
 
     async def start(self) -> None:
         self.loop.start()
@@ -374,15 +381,6 @@ class DecodedModel:
                 "limits": {"max_decode_length": self.loop.limits.max_decode_length,
                            "max_live_hypotheses": cfg.max_live_hypotheses,
                            "queue_size": cfg.max_queue}}
-
-    def submit(self, sources: Sequence[list[int]], options: SearchOptions,
-               deadline: float) -> list[asyncio.Future[Decoded]]:
-        """Queue sources for decoding (all or none); one future per source."""
-        return self.loop.submit(sources, options, deadline)
-
-    def expected_wait(self) -> float | None:
-        """Seconds a source would wait for admission now (None: not measured yet)."""
-        return self.loop.expected_wait()
 
 
 ServedModel = BatchedModel | DecodedModel | LMModel

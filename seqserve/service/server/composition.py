@@ -45,9 +45,9 @@ from seqserve.service.engine.loading import RuntimeFactory
 from seqserve.service.engine.local import LocalEngine
 from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.scan import read_policy
+from seqserve.service.repository.control import LocalTable, ModelControl
+from seqserve.service.repository.entries import ModelEntry, ModelRepository
 from seqserve.service.server import fleet, layout
-from seqserve.service.web.control import LocalTable, ModelControl
-from seqserve.service.web.repository import ModelEntry, ModelRepository
 from seqserve.service.web.settings import Settings
 
 log = logging.getLogger("seqserve.repository")
@@ -157,7 +157,7 @@ class Composition:
         s = self.settings
         table = self._table = LocalTable(self.repository, self.local, self.remote,
                                          s.drain_timeout_s, s.startup_timeout_s)
-        channel = fleet.ApiEnd.from_env(table, self.attach)
+        channel = fleet.ApiEnd.from_env(table, self.attach, self.settings)
         if channel is not None:
             await channel.start()
             self._channel, self.control = channel, channel.link

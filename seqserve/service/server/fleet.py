@@ -53,8 +53,8 @@ from seqserve.service.engine.client import EngineClient
 from seqserve.service.engine.control import READY, UNAVAILABLE, Controller, Refused
 from seqserve.service.engine.loading import failure_reason, keeps_sessions
 from seqserve.service.engine.scan import fingerprint, startup_bundles
+from seqserve.service.repository.control import LocalTable
 from seqserve.service.server.snapshots import Snapshots
-from seqserve.service.web.control import LocalTable
 from seqserve.service.web.settings import Settings
 
 log = logging.getLogger("seqserve.control")
@@ -154,7 +154,7 @@ def write_table(path: Path, bundles: list[tuple[str, int, str]], defaults: dict[
 
 
 class SupervisorLink:
-    """The model control as this API process's routes see it (web.control.ModelControl):
+    """The model control as this API process's routes see it (repository.control.ModelControl):
     every request goes to the supervisor, the table's owner."""
 
     def __init__(self, path: str, mode: str, timeout: float) -> None:
@@ -197,12 +197,11 @@ class ApiEnd:
         self.server: asyncio.Server | None = None
 
     @classmethod
-    def from_env(cls, table: LocalTable, attach: Callable[[str], Awaitable[None]]
-                 ) -> ApiEnd | None:
+    def from_env(cls, table: LocalTable, attach: Callable[[str], Awaitable[None]],
+                 s: Settings) -> ApiEnd | None:
         own, owner = os.environ.get(CONTROL_ENV), os.environ.get(OWNER_ENV)
         if not own or not owner:
             return None
-        s = table.repository.settings
         return cls(table, attach, own, owner, s.model_control, s.startup_timeout_s)
 
     async def start(self) -> None:

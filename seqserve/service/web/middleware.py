@@ -285,15 +285,26 @@ class HttpLifecycle:
         start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
         rid = request_id_of(scope) or request_id(scope)
         scope.setdefault("state", {})["request_id"] = rid
+        counted = [0]  # 1: counted in flight; -1: answered
+        done = functools.partial(self._answered, scope, rid, start, counted, write)
+        try:
+            self._now(scope, body, found, counted, done)
+        except Exception as exc:  # a bug outside the route's own handling: its 500
+            done(exc)
+        return True
+
+    def _now(self, scope: Scope, body: bytes, found: Any, counted: list[int],
+             done: Callable[[Answer | Exception], None]) -> None:
+        """`answer_now` from the head's decision on: the answer goes to `done`, now or when
+        the route's work is done."""
         kind = _body_kind(scope)
         answer = scope.pop(HEAD) if HEAD in scope else self._head(scope, kind, True)
-        counted = answer is None
         if not scope.pop(COUNTED, False):
-            self.state.admitted += counted
-        done = functools.partial(self._answered, scope, rid, start, counted, write)
+            self.state.admitted += answer is None
+        counted[0] = int(answer is None)
         if isinstance(kind, str) or answer is not None:
             done(answer or error_for(scope, 415, str(kind)))
-            return True
+            return
         media, coding = kind
         s = self.state.settings
         got: bytes | Refusal = body
@@ -304,22 +315,24 @@ class HttpLifecycle:
         if isinstance(got, tuple):
             code, message, extra = got
             done(error_for(scope, code, message, headers=extra))
-            return True
+            return
         if not media or coding:
             _as_read(scope, media, coding, len(got))
         scope[BODY] = got
-        try:
-            self.inner_begin(scope, got, found, done)
-        except Exception as exc:  # a bug outside the route's own handling
-            done(exc)
-        return True
+        assert self.inner_begin is not None
+        self.inner_begin(scope, got, found, done)
 
-    def _answered(self, scope: Scope, rid: str, start: float, counted: bool,
+    def _answered(self, scope: Scope, rid: str, start: float, counted: list[int],
                   write: Callable[[int, list[tuple[bytes, bytes]], bytes], None],
                   answer: Answer | Exception) -> None:
         """`answer_now`'s end: as `__call__` ends a request (a bug's traceback logged, its
-        JSON 500 answered)."""
-        self.state.admitted -= counted
+        JSON 500 answered). Once: a second call (a bug after the answer) only logs."""
+        if counted[0] < 0:
+            if isinstance(answer, Exception):
+                self.log.bug(scope, rid, start, answer)
+            return
+        self.state.admitted -= counted[0]
+        counted[0] = -1
         bug = isinstance(answer, Exception)
         if isinstance(answer, Exception):
             self.log.bug(scope, rid, start, answer)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.state_token import StateCodec
-from seqserve.service.web.control import ModelControl
-from seqserve.service.web.repository import ModelRepository
+from seqserve.service.repository.control import ModelControl
+from seqserve.service.repository.entries import ModelRepository
 from seqserve.service.web.settings import Settings
 
 log = logging.getLogger("seqserve.app")
@@ -26,7 +26,7 @@ class AppState:
     started: bool = False
     """Lifespan startup finished (repository loaded and warmed up)."""
     control: ModelControl | None = None
-    """The model control (web/control.py), once started."""
+    """The model control (repository/control.py), once started."""
     draining: bool = False
     """Shutdown began: readiness false, answers close their connections (work is still
     served until the shutdown delay ends and the listener closes)."""

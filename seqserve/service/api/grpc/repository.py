@@ -38,7 +38,7 @@ from seqserve.service.api.repository import (
     statistics,
 )
 from seqserve.service.core.errors import BadRequest, ServiceError
-from seqserve.service.web.control import Refused
+from seqserve.service.repository.control import Refused
 from seqserve.service.web.state import AppState
 
 

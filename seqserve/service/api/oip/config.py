@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 from seqserve.service.api.oip import tasks
-from seqserve.service.web.repository import ModelEntry
+from seqserve.service.repository.entries import ModelEntry
 from seqserve.service.workers.series import SeriesWorker
 
 TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT64": "TYPE_INT64",

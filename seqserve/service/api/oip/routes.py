@@ -17,7 +17,7 @@ from seqserve.service.api.oip.schemas import (
     V2ServerMetadata,
 )
 from seqserve.service.core.answers import Answer, encode_json
-from seqserve.service.web.repository import ModelEntry
+from seqserve.service.repository.entries import ModelEntry
 from seqserve.service.web.responses import JsonResponse, as_response, error_for
 from seqserve.service.web.state import AppState
 

@@ -46,7 +46,7 @@ from seqserve.service.api.translate import TranslateOptions
 from seqserve.service.core.answers import encode_json
 from seqserve.service.core.errors import BadRequest
 from seqserve.service.core.state_token import StateCodec
-from seqserve.service.web.repository import ModelEntry
+from seqserve.service.repository.entries import ModelEntry
 from seqserve.service.web.state import AppState
 from seqserve.service.workers.base import ModelWorker, RequestContext
 from seqserve.service.workers.classifier import ClassifierWorker

@@ -33,7 +33,7 @@ from seqserve.service.engine.control import Refused
 from seqserve.service.engine.loading import keeps_sessions
 from seqserve.service.engine.local import LocalEngine
 from seqserve.service.engine.protocol import ModelState
-from seqserve.service.web.repository import ModelRepository
+from seqserve.service.repository.entries import ModelRepository
 
 log = logging.getLogger("seqserve.control")
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from seqserve.export.manifest import Manifest, TokenizerSpec
 from seqserve.models.text.tokenizer_files import TextTokenizer, load_tokenizer, probe_tokenizer
@@ -28,8 +28,8 @@ from seqserve.service.core.metrics import Metrics
 from seqserve.service.core.process import observed
 from seqserve.service.engine.interface import Engine, ModelHandle, handle
 from seqserve.service.engine.loading import failure_reason
+from seqserve.service.engine.options import EngineOptions
 from seqserve.service.engine.protocol import ModelState
-from seqserve.service.web.settings import Settings
 from seqserve.service.workers import WORKERS, ModelWorker, TextLimits, WorkerContext
 from seqserve.service.workers.classifier import ClassifierWorker
 from seqserve.service.workers.lm import LMWorker
@@ -45,6 +45,41 @@ log = logging.getLogger("seqserve.repository")
 
 W = TypeVar("W", ClassifierWorker, TaggerWorker, TranslatorWorker, LMWorker, SeriesWorker)
 
+
+
+class RepositorySettings(Protocol):
+    """What the repository reads of the server's settings (`web.settings.Settings`)."""
+
+    @property
+    def repo(self) -> Path: ...
+
+    @property
+    def layout(self) -> str: ...
+
+    @property
+    def api_workers(self) -> int | str: ...
+
+    @property
+    def max_texts(self) -> int: ...
+
+    @property
+    def max_chars(self) -> int: ...
+
+    @property
+    def truncate(self) -> bool: ...
+
+    @property
+    def max_unknown_fraction(self) -> float | None: ...
+
+    @property
+    def max_new_tokens(self) -> int: ...
+
+    @property
+    def retry_after_s(self) -> float: ...
+
+    def engine_options(self) -> EngineOptions: ...
+
+    def sessions_in_engine(self) -> bool: ...
 
 @dataclass
 class ModelEntry:
@@ -78,7 +113,7 @@ class ModelEntry:
 class ModelRepository:
     """All model versions of one app, over the engines that serve them."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(self, settings: RepositorySettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self.engines: list[Engine] = []

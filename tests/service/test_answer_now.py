@@ -157,6 +157,33 @@ def test_a_bug_is_one_json_500_logged_once(tiny_repo: Path, caplog: pytest.LogCa
     assert "a bug in the results" in str(bugs[0].exc_info[1])  # type: ignore[index]
 
 
+def test_a_bug_in_the_heads_decision_is_its_own_500(tiny_repo: Path) -> None:
+    """A bug before the route (the lifecycle's head decision) is that request's JSON 500;
+    the requests of the same loop turn and the connection go on."""
+    app, entry = _app(tiny_repo, "native")
+    lifecycle = entry.inner
+    real = lifecycle._head
+
+    def head(scope: Any, kind: Any, inference: bool) -> Any:
+        if scope["state"].get("request_id") == "boom":
+            raise RuntimeError("injected bug in the head")
+        return real(scope, kind, inference)
+
+    lifecycle._head = head
+    with serve_in_thread(app) as url:
+        conn = RawConnection(url)
+        try:
+            body = b'{"texts": ["one"]}'
+            for rid in ("boom", "fine"):  # pipelined: one loop turn may take both
+                conn.send("POST", URL, body, {**JSON, "x-request-id": rid})
+            first, second = conn.read_response(), conn.read_response()
+        finally:
+            conn.close()
+    assert first[0] == 500 and b"server bug" in first[2] and first[1]["x-request-id"] == "boom"
+    assert second[0] == 200 and second[1]["x-request-id"] == "fine"
+    assert app.state.seqserve.admitted == 0
+
+
 def test_the_drain_answers_what_it_admitted(tiny_repo: Path) -> None:
     runtime = FakeRuntime(delay_s=0.3)
     app, entry = _app(tiny_repo, "native", runtime, max_batch_size=1, shutdown_delay_s=0.0,

@@ -327,3 +327,56 @@ def test_close_does_not_hang_on_unanswered():
     finally:
         srv.lt.stop()
         srv.sock.close()
+
+
+def test_no_wake_up_is_lost_while_requests_keep_arriving():
+    """The eventfd says "requests wait" whenever they do: a taker that sleeps in `select`
+    between takes, as the event loop does, never sleeps through waiting requests while many
+    clients keep sending (a `signal` between clearing the flag and reading the eventfd once
+    left the flag set and nothing readable: the loop never woke again)."""
+    import select
+
+    sock = listen()
+    f = _front.Front(sock.fileno())
+    stop = threading.Event()
+    answered = [0]
+    missed: list[int] = []
+
+    def taker() -> None:
+        while not stop.is_set():
+            ready = select.select([f.fileno()], [], [], 0.5)[0]
+            if not ready:
+                if f.stats()["waiting"]:
+                    missed.append(f.stats()["waiting"])
+                    return
+                continue
+            got = f.take(8)  # (few per take: many takes, many chances for the race)
+            f.respond_many([(r[0], 200, [], b"ok") for r in got])
+            answered[0] += len(got)
+
+    def client() -> None:
+        s = socket.create_connection(sock.getsockname(), timeout=5)
+        try:
+            while not stop.is_set():
+                s.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+                if not read_all_until(s, b"ok").startswith(b"HTTP/1.1 200"):
+                    return
+        except OSError:
+            return
+        finally:
+            s.close()
+
+    threads = [threading.Thread(target=taker)] + [threading.Thread(target=client)
+                                                  for _ in range(32)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(4.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        f.close(0.5)
+        sock.close()
+    assert not missed, f"the eventfd was not readable with {missed[0]} requests waiting"
+    assert answered[0] > 1000

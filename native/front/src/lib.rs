@@ -116,12 +116,16 @@ impl Shared {
     }
 
     /// Reset the eventfd before draining; `resignal` afterwards if something is left.
+    /// The eventfd is read before the flag is cleared: cleared first, a `signal` between
+    /// the two would write the eventfd, the read would consume it and the flag would stay
+    /// set with nothing readable, so that no later `signal` wrote it again (a lost wake-up:
+    /// the event loop never took another request; the overload bench hung a server so).
     fn rearm(&self) {
-        self.signaled.store(false, SeqCst);
         let mut v: u64 = 0;
         unsafe {
             libc::read(self.efd, &mut v as *mut u64 as *mut libc::c_void, 8);
         }
+        self.signaled.store(false, SeqCst);
     }
 
     fn resignal(&self) {

@@ -154,3 +154,30 @@ def served(app: FastAPI, name: str) -> Any:
     app whose models run in its own process (its `LocalEngine`)."""
     entry = app.state.seqserve.repository.entry(name)
     return entry.model.engine.served[name, entry.version]
+
+
+class CountingEntry:
+    """The app's lifecycle (`app.entry`), counting the requests that run the app (the full
+    path: `calls`); its `answer_head` is the lifecycle's. With `now`, also its `answer_now`
+    (the native front then answers plain routes without a task: `now` counts them); without,
+    the native front runs the app for every request."""
+
+    def __init__(self, inner: Any, now: bool = False) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.now = 0
+        if now:
+            self.answer_now = self._answer_now
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            self.calls += 1
+        await self.inner(scope, receive, send)
+
+    def answer_head(self, scope: Any) -> Any:
+        return self.inner.answer_head(scope)
+
+    def _answer_now(self, scope: Any, body: bytes, write: Any) -> bool:
+        taken = bool(self.inner.answer_now(scope, body, write))
+        self.now += taken
+        return taken

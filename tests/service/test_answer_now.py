@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import RawConnection
-from service_fakes import FakeRuntime, fake_factory, serve_in_thread
+from service_fakes import CountingEntry, FakeRuntime, fake_factory, serve_in_thread
 
 from seqserve.service.server.app import create_app
 from seqserve.service.web.settings import Settings
@@ -29,34 +29,11 @@ JSON = {"content-type": "application/json"}
 OWN = ("server-timing", "x-request-id", "traceparent", "date", "server")
 
 
-class CountingEntry:
-    """The app's lifecycle, counting the requests that run the app (the full path) and
-    those answered without a task."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-        self.now = 0
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.calls += 1
-        await self.inner(scope, receive, send)
-
-    def answer_head(self, scope: Any) -> Any:
-        return self.inner.answer_head(scope)
-
-    def answer_now(self, scope: Any, body: bytes, write: Any) -> bool:
-        taken = bool(self.inner.answer_now(scope, body, write))
-        self.now += taken
-        return taken
-
-
 def _app(tiny_repo: Path, front: str, runtime: FakeRuntime | None = None,
          **settings: Any) -> tuple[Any, CountingEntry]:
     app = create_app(Settings(repo=tiny_repo, warmup=False, front=front, **settings),
                      fake_factory(runtime or FakeRuntime()))
-    entry = CountingEntry(app.entry)
+    entry = CountingEntry(app.entry, now=True)
     app.entry = entry
     return app, entry
 

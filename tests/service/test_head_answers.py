@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_support import RawConnection
-from service_fakes import FakeRuntime, fake_factory, serve_in_thread, served
+from service_fakes import CountingEntry, FakeRuntime, fake_factory, serve_in_thread, served
 
 from seqserve.service.server.app import create_app
 from seqserve.service.web.http_protocol import guarded_protocol
@@ -25,23 +25,6 @@ MODEL = "tiny-clf"
 URL = f"/v1/models/{MODEL}/classify"
 BODY = b'{"texts": ["one two"]}'
 JSON = {"content-type": "application/json"}
-
-
-class CountingEntry:
-    """The app's middleware chain, counting the requests that reach it (the full path);
-    its `answer_head` is the chain's."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls = 0
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            self.calls += 1
-        await self.inner(scope, receive, send)
-
-    def answer_head(self, scope: Any) -> Any:
-        return self.inner.answer_head(scope)
 
 
 def _served(tiny_repo: Path, front: str, pace_s: float = 0.0, **settings: Any

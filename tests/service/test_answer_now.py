@@ -134,6 +134,30 @@ def test_a_bug_is_one_json_500_logged_once(tiny_repo: Path, caplog: pytest.LogCa
     assert "a bug in the results" in str(bugs[0].exc_info[1])  # type: ignore[index]
 
 
+def test_a_reply_the_encoder_refuses_is_a_500(tiny_repo: Path, caplog: pytest.LogCaptureFixture,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug found while the answer is built, in the callback that saw the work done (the
+    JSON encoder refuses the reply): that request's JSON 500, logged once; the server serves
+    on."""
+    real = ClassifierWorker._result
+
+    def unencodable(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = real(self, *args, **kwargs)
+        out["label"] = object()  # (not JSON)
+        return out
+
+    caplog.set_level(logging.INFO)
+    app, entry = _app(tiny_repo, "native")
+    with serve_in_thread(app) as url:
+        monkeypatch.setattr(ClassifierWorker, "_result", unencodable)
+        r = httpx.post(url + URL, json={"texts": ["one"]}, timeout=30)
+        monkeypatch.undo()
+        ok = httpx.post(url + URL, json={"texts": ["one"]}, timeout=30)
+    assert r.status_code == 500 and r.json()["request_id"] == r.headers["x-request-id"]
+    assert ok.status_code == 200 and entry.now == 2
+    assert len([x for x in caplog.records if x.exc_info]) == 1
+
+
 def test_a_bug_in_the_heads_decision_is_its_own_500(tiny_repo: Path) -> None:
     """A bug before the route (the lifecycle's head decision) is that request's JSON 500;
     the requests of the same loop turn and the connection go on."""

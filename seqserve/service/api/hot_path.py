@@ -188,13 +188,17 @@ class HotPath:
         _name_route(scope, found)
 
         def replied(reply: Any, error: BaseException | None) -> None:
-            if error is None:
-                answered(_ok(reply))
-            elif isinstance(error, Exception):
-                answered(_refusal(scope, error) or error)
-            else:  # (a cancellation: the work was dropped)
-                answered(_refusal(scope, ClientGone("request cancelled")) or
-                         RuntimeError("cancelled"))
+            answer: Answer | Exception
+            try:
+                if error is None:
+                    answer = _ok(reply)
+                elif isinstance(error, Exception):
+                    answer = _refusal(scope, error) or error
+                else:  # (a cancellation: the work was dropped)
+                    answer = service_error_for(scope, ClientGone("request cancelled"))
+            except Exception as exc:  # (a reply the encoder refused: a bug, its 500)
+                answer = exc
+            answered(answer)
 
         try:
             call = asgi_call(scope, _unused, name or "", version)

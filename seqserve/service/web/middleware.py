@@ -207,9 +207,7 @@ class HttpLifecycle:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
-        rid = request_id_of(scope) or request_id(scope)  # (the head's, when it asked)
-        scope.setdefault("state", {})["request_id"] = rid
+        start, rid = self._started(scope)
         origin = self.cors.origin(scope) if self.cors is not None else None
         status = [0, 0]  # the answer's status, whether it was observed in the metrics
 
@@ -217,8 +215,7 @@ class HttpLifecycle:
             if message["type"] == "http.response.start":
                 code = status[0] = int(message["status"])
                 status[1] = 1  # before the client can see the answer
-                self._observe(scope, code, time.monotonic() - start)
-                message = {**message, "headers": self._finish(
+                message = {**message, "headers": self._leaving(
                     scope, rid, code, message.get("headers", []), start, origin)}
             await send(message)
 
@@ -246,25 +243,19 @@ class HttpLifecycle:
         post = scope["method"] == "POST"
         inference = post and scope["path"].startswith(INFERENCE)
         kind = _body_kind(scope) if post else (JSON, b"")
-        late = BODY_LATE in scope.get("extensions", ())
-        answer = scope.pop(HEAD) if HEAD in scope else \
-            None if late else self._head(scope, kind, inference)  # (late: its 408 is due)
-        counted = inference and answer is None
-        if not scope.pop(COUNTED, False):  # (else counted by `answer_head` already)
-            self.state.admitted += counted  # before the body is read: slow bodies count too
+        answer, counted = self._decide(scope, kind, inference)
         try:
             if answer is not None or isinstance(kind, str):
                 await send_answer(send, answer or error_for(scope, 415, str(kind)))
                 return
             media, coding = kind
-            got = await self._body_or_refusal(scope, receive, coding)
+            got = await self._body_or_refusal(scope, receive)
+            if not isinstance(got, tuple):
+                got = self._as_body(scope, got, media, coding)
             if isinstance(got, tuple):
                 code, message, extra = got
                 await send_answer(send, error_for(scope, code, message, headers=extra))
                 return
-            if not media or coding:
-                _as_read(scope, media, coding, len(got))
-            scope[BODY] = got
             await self.app(scope, _replay(got, receive), send)
         finally:
             self.state.admitted -= counted
@@ -282,9 +273,7 @@ class HttpLifecycle:
         found = self.inner_direct(scope)
         if found is None or self.cors is not None and self.cors.origin(scope) is not None:
             return False
-        start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
-        rid = request_id_of(scope) or request_id(scope)
-        scope.setdefault("state", {})["request_id"] = rid
+        start, rid = self._started(scope)
         counted = [0]  # 1: counted in flight; -1: answered
         done = functools.partial(self._answered, scope, rid, start, counted, write)
         try:
@@ -298,27 +287,16 @@ class HttpLifecycle:
         """`answer_now` from the head's decision on: the answer goes to `done`, now or when
         the route's work is done."""
         kind = _body_kind(scope)
-        answer = scope.pop(HEAD) if HEAD in scope else self._head(scope, kind, True)
-        if not scope.pop(COUNTED, False):
-            self.state.admitted += answer is None
-        counted[0] = int(answer is None)
+        answer, admitted = self._decide(scope, kind, True)
+        counted[0] = int(admitted)
         if isinstance(kind, str) or answer is not None:
             done(answer or error_for(scope, 415, str(kind)))
             return
-        media, coding = kind
-        s = self.state.settings
-        got: bytes | Refusal = body
-        if len(body) > s.max_body_bytes:
-            got = 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", []
-        elif coding:
-            got = _decoded(body, coding, s.max_body_bytes)
+        got = self._as_body(scope, body, *kind)
         if isinstance(got, tuple):
             code, message, extra = got
             done(error_for(scope, code, message, headers=extra))
             return
-        if not media or coding:
-            _as_read(scope, media, coding, len(got))
-        scope[BODY] = got
         assert self.inner_begin is not None
         self.inner_begin(scope, got, found, done)
 
@@ -338,12 +316,58 @@ class HttpLifecycle:
             self.log.bug(scope, rid, start, answer)
             answer = error_for(scope, 500, bug_message(answer))
         status, headers, payload = answer
-        self._observe(scope, status, time.monotonic() - start)
-        write(status, self._finish(scope, rid, status, headers, start, None), payload)
+        write(status, self._leaving(scope, rid, status, headers, start, None), payload)
         if self.spans is not None:
             self._end_span(scope, status)
         if not bug:  # (a bug's line is its traceback's)
             self.log.line(scope, rid, status, start)
+
+    def _started(self, scope: Scope) -> tuple[float, str]:
+        """When the request started (the front's stamp when it reads requests itself) and
+        its id (the head's, when `answer_head` asked), kept in its state."""
+        start = scope.get("extensions", {}).get(RECEIVED) or time.monotonic()
+        rid = request_id_of(scope) or request_id(scope)
+        scope.setdefault("state", {})["request_id"] = rid
+        return start, rid
+
+    def _decide(self, scope: Scope, kind: tuple[bytes, bytes] | str,
+                inference: bool) -> tuple[Answer | None, bool]:
+        """The head's decision (`_head`, or the one `answer_head` made and kept in the
+        scope; none for a body that came late: its 408 is due) and whether the request
+        counts in flight: from now on, before its body is read (slow bodies count too),
+        unless `answer_head` counted it already."""
+        late = BODY_LATE in scope.get("extensions", ())
+        answer = scope.pop(HEAD) if HEAD in scope else \
+            None if late else self._head(scope, kind, inference)
+        counted = inference and answer is None
+        if not scope.pop(COUNTED, False):
+            self.state.admitted += counted
+        return answer, counted
+
+    def _as_body(self, scope: Scope, body: bytes, media: bytes,
+                 coding: bytes) -> bytes | Refusal:
+        """A whole body as the routes read it: within `max_body_bytes`, decompressed
+        (`coding`), the headers as read (`_as_read`), kept in the scope (`BODY`); or its
+        refusal (413, 400)."""
+        limit = self.state.settings.max_body_bytes
+        if len(body) > limit:
+            return 413, f"request body exceeds max_body_bytes ({limit})", []
+        if coding:
+            decoded = _decoded(body, coding, limit)
+            if isinstance(decoded, tuple):
+                return decoded
+            body = decoded
+        if not media or coding:
+            _as_read(scope, media, coding, len(body))
+        scope[BODY] = body
+        return body
+
+    def _leaving(self, scope: Scope, rid: str, status: int, headers: Headers, start: float,
+                 origin: bytes | None) -> list[tuple[bytes, bytes]]:
+        """An answer as it leaves: counted in the request metrics (before the client can
+        see it), with its headers (`_finish`)."""
+        self._observe(scope, status, time.monotonic() - start)
+        return self._finish(scope, rid, status, headers, start, origin)
 
     def _head(self, scope: Scope, kind: tuple[bytes, bytes] | str,
               inference: bool) -> Answer | None:
@@ -439,10 +463,9 @@ class HttpLifecycle:
         `AppState.in_flight`, bodies still arriving at a native front included)."""
         return self.state.in_flight()
 
-    async def _body_or_refusal(self, scope: Scope, receive: Receive,
-                               coding: bytes) -> bytes | Refusal:
-        """The whole body (decompressed: `coding`), or the answer to a body too slow (408),
-        too large (413) or not of its coding (400)."""
+    async def _body_or_refusal(self, scope: Scope, receive: Receive) -> bytes | Refusal:
+        """The whole body as sent, or the answer to a body too slow (408) or too large
+        (413)."""
         s = self.state.settings
         extensions = scope.get("extensions", {})
         read = extensions.get(RECEIVED)  # (a front that reads bodies itself)
@@ -457,7 +480,7 @@ class HttpLifecycle:
                     "(body_timeout_s)", [(b"connection", b"close")])
         if body is None:
             return 413, f"request body exceeds max_body_bytes ({s.max_body_bytes})", []
-        return _decoded(body, coding, s.max_body_bytes) if coding else body
+        return body
 
     async def _read_body(self, receive: Receive) -> bytes | None:
         """The whole body, or None when it is over the limit."""

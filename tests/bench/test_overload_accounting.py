@@ -31,9 +31,10 @@ def test_a_servers_cpu_is_split_into_main_threads_and_the_rest() -> None:
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "done"
         total, loops = overload.server_cpu_s(proc.pid)
+        # /proc counts in 10 ms ticks, sampled: each figure may read up to a few ticks short
         assert 0.55 <= total < 1.5  # 0.6 s spun, and the interpreter's start
-        assert 0.19 <= loops < 0.5  # the main thread's share, counted apart
-        assert total - loops >= 0.39  # the other thread's (it has ended: its process kept it)
+        assert 0.17 <= loops < 0.5  # the main thread's share, counted apart
+        assert total - loops >= 0.36  # the other thread's (it has ended: its process kept it)
         assert overload.server_cpu_s(None) == (0.0, 0.0)
     finally:
         proc.kill()

@@ -34,7 +34,7 @@ def bundle(tiny_repo: Path, tmp_path: Path) -> Path:
 def _options(bundle: Path) -> EngineOptions:
     """The server's engine options for the repository holding `bundle`."""
     return Settings(repo=bundle.parent.parent, instances=1, decode_groups=1,
-                    warmup=False).engine_options()
+                    runtime_calls="threads", warmup=False).engine_options()
 
 
 def _rewrite(bundle: Path, edit: Callable[[dict[str, Any]], None]) -> None:

@@ -86,17 +86,26 @@ def test_engine_options_come_from_the_settings_and_survive_json() -> None:
 
 def test_the_layout_counts_are_resolved_in_the_composition_root_not_defaulted() -> None:
     """`Settings.engine_options` has no fallback for "auto" (each held for one layout only):
-    the composition root resolves instances and decode groups, as `seqserve serve` resolved
-    them, else as the one-process server on one core (the same on every machine)."""
+    the composition root resolves instances, decode groups and where runtime calls run, as
+    `seqserve serve` resolved them, else as the one-process server on one core (the same on
+    every machine)."""
     from seqserve.service.server.composition import engine_options, resolved
     from seqserve.service.server.layout import resolve
 
     with pytest.raises(ValueError, match="resolve them for the layout"):
         Settings().engine_options()
     one = resolved(Settings())
-    assert (one.api_workers, one.instances, one.decode_groups) == (0, 1, 2)
+    assert (one.api_workers, one.instances, one.decode_groups, one.runtime_calls) == \
+        (0, 1, 2, "threads")
     assert resolved(one) is one
     served = resolve(Settings(layout="replicated"), available=4)
     assert resolved(served) is served and engine_options(served).decode_groups == 1
     given = engine_options(Settings(instances=3, decode_groups=4))
-    assert (given.instances, given.decode_groups) == (3, 4)
+    assert (given.instances, given.decode_groups, given.runtime_calls) == (3, 4, "threads")
+    for calls, batches, steps in [("loop", "loop", "loop"), ("steps", "threads", "loop"),
+                                  ("threads", "threads", "threads")]:
+        model = engine_options(Settings(instances=1, decode_groups=1, runtime_calls=calls)
+                               ).model_config(64)  # steps: the decode loops' calls only
+        assert (model.batcher.runtime_calls, model.decode.runtime_calls) == (batches, steps)
+    assert Settings(instances=1, decode_groups=1, runtime_calls="loop").engine_options(
+        engine_process=True).runtime_calls == "threads"  # the engine process: threads

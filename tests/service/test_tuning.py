@@ -41,6 +41,34 @@ def test_the_engine_layout_on_a_cpu() -> None:
                                             available=2).decode_groups == 3
 
 
+def test_runtime_calls_run_on_the_loop_only_behind_the_native_front_with_one_instance(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: the event loop's thread runs the decode loops' runtime calls (steps) where each
+    API process has its own models with one instance on a CPU and the native front is built
+    (it reads requests while a call runs); threads for several instances, a GPU, the
+    uvicorn front, a native front that is not built, the engine layout and the one-process
+    server. A given value is kept; decode groups are 1 where no thread would overlap them."""
+    from seqserve.service.server import native
+
+    def calls(**kw: object) -> tuple[str, int]:
+        s = resolve(Settings(**kw), available=2)  # type: ignore[arg-type]
+        return s.runtime_calls, int(s.decode_groups)
+
+    built = native.native_front()[0] is not None
+    assert calls() == (("steps", 1) if built else ("threads", 1))
+    assert calls(layout="replicated") == (("steps", 1) if built else ("threads", 1))
+    assert calls(api_workers=0) == ("threads", 2)
+    assert calls(front="uvicorn") == ("threads", 1)
+    assert calls(instances=2) == ("threads", 1)
+    assert calls(layout="engine") == ("threads", 2)
+    assert calls(device="cuda") == ("threads", 2)
+    assert calls(runtime_calls="threads") == ("threads", 1)
+    assert calls(layout="engine", runtime_calls="loop") == ("loop", 1)
+    assert calls(layout="engine", runtime_calls="steps") == ("steps", 1)
+    monkeypatch.setattr(native, "native_front", lambda: (None, "not built"))
+    assert calls() == ("threads", 1)
+
+
 def test_auto_layout_on_a_gpu_node_is_the_engine() -> None:
     s = resolve(Settings(device="cuda"), available=16)
     assert (s.layout, s.api_workers, s.instances, s.intra_op_threads) == ("engine", 14, 2, 0)

@@ -60,6 +60,9 @@ class EngineOptions:
     """Translators: live-hypothesis cap."""
     decode_groups: int
     """Translators: decoder-step groups that take turns."""
+    runtime_calls: Literal["loop", "steps", "threads"]
+    """Where runtime calls run: on the event loop's thread (loop; steps: the decode loops'
+    only), or a thread per instance and lane."""
     warmup: bool
     """Warm every model up before it serves."""
     drain_timeout_s: float
@@ -89,11 +92,13 @@ class EngineOptions:
             max_batch_tokens=max(self.max_batch_tokens, max_tokens),
             max_wait_s=self.max_wait_s, queue_size=self.queue_size,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s,
-            overhead_tokens=self.batch_overhead_tokens)
+            overhead_tokens=self.batch_overhead_tokens,
+            runtime_calls="loop" if self.runtime_calls == "loop" else "threads")
         decode = DecodeConfig(
             max_live_hypotheses=self.max_live_hypotheses, max_queue=self.queue_size,
             max_admit=self.max_batch_size, groups=self.decode_groups,
-            retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s)
+            retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s,
+            runtime_calls="threads" if self.runtime_calls == "threads" else "loop")
         sessions = SessionConfig(max_sessions=self.max_sessions,
                                  idle_timeout_s=self.session_idle_timeout_s,
                                  retry_after_s=self.retry_after_s,

@@ -29,14 +29,12 @@ import functools
 import itertools
 import logging
 import math
-import queue
-import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from seqserve.service.core.errors import DeadlineExceeded, InferenceFailed, QueueFull, ShuttingDown
 from seqserve.service.scheduling.base import (
@@ -50,7 +48,7 @@ from seqserve.service.scheduling.base import (
     WaitMargin,
     admit_by_wait,
 )
-from seqserve.service.scheduling.lanes import serve_jobs
+from seqserve.service.scheduling.lanes import JobLane
 from seqserve.service.scheduling.plan import PLAN_AGE, plan_batch, plan_window
 
 log = logging.getLogger("seqserve.batcher")
@@ -102,6 +100,9 @@ class BatcherConfig:
     overhead_tokens: float
     """Fixed cost of starting one batch, in padded-token units: how much padding length
     grouping accepts to run fewer, larger batches (0: only equal lengths share a batch)."""
+    runtime_calls: Literal["loop", "threads"] = "threads"
+    """Where a batch's compute runs: on a thread per instance, or on the event loop's own
+    thread (lanes.py `JobLane`; the server's `--runtime-calls`)."""
 
 
 class Batcher(Generic[P, R]):
@@ -141,9 +142,10 @@ class Batcher(Generic[P, R]):
         self._freed = asyncio.Event()
         self._running: set[asyncio.Future[None]] = set()
         """One future per batch in flight, done when its rows are answered."""
-        self._queues: list[queue.SimpleQueue[tuple[Any, ...] | None]] = [
-            queue.SimpleQueue() for _ in self.computes]
-        self._threads: list[threading.Thread] = []
+        self._lanes = [JobLane(functools.partial(_run_batch, compute), _finish_job,
+                               f"batch-{name}_{i}", config.runtime_calls == "loop")
+                       for i, compute in enumerate(self.computes)]
+        """One lane per instance: its thread, or the loop's (`BatcherConfig.runtime_calls`)."""
         self._queued_tokens = 0  # tokens of the rows counted in _live
         self._next_deadline = math.inf  # no queued row's deadline is earlier
         self._left = False  # a queued row was cancelled since `_drop_dead` last looked
@@ -222,16 +224,9 @@ class Batcher(Generic[P, R]):
         if self._task is None:
             loop = asyncio.get_running_loop()
             self._task = loop.create_task(self._run(), name=self.name)
-            self._threads = [threading.Thread(target=serve_jobs,
-                                              args=(self._queues[i],
-                                                    functools.partial(_run_batch,
-                                                                      self.computes[i]),
-                                                    _finish_job, loop),
-                                              name=f"batch-{self.name}_{i}", daemon=True)
-                             for i in range(len(self.computes))]
-            for thread in self._threads:
-                thread.start()
-            weakref.finalize(self, _stop_threads, self._queues)  # a batcher never closed
+            for lane in self._lanes:
+                lane.start(loop)
+            weakref.finalize(self, _close_lanes, self._lanes)  # a batcher never closed
 
     def submit(
         self, rows: Sequence[tuple[P, int]], deadline: float
@@ -302,7 +297,7 @@ class Batcher(Generic[P, R]):
                     if not row.future.done():
                         row.future.set_exception(ShuttingDown("drain timeout passed"))
                 self._pending.clear()
-        _stop_threads(self._queues)
+        _close_lanes(self._lanes)
         return drained
 
     async def _draining(self) -> None:
@@ -451,8 +446,8 @@ class Batcher(Generic[P, R]):
         times = [now, now]  # [start, end] on the thread (`_run_batch`)
         self._launched[instance] = (times, len(batch))
         jobs.append((now, sum(lengths)))
-        self._queues[instance].put((batch, [r.payload for r in batch], times, done,
-                                    instance, self._finish))
+        self._lanes[instance].put((batch, [r.payload for r in batch], times, done,
+                                   instance, self._finish))
 
     def _finish(self, job: tuple[Any, ...], outcome: Sequence[R] | Exception) -> None:
         batch, _, times, done, instance, _ = job
@@ -544,9 +539,9 @@ def _finish_job(job: tuple[Any, ...], outcome: Sequence[Any] | Exception) -> Non
     job[-1](job, outcome)
 
 
-def _stop_threads(queues: list[queue.SimpleQueue[tuple[Any, ...] | None]]) -> None:
-    for jobs in queues:
-        jobs.put(None)  # each instance's thread ends after the batch it runs, if any
+def _close_lanes(lanes: list[JobLane[Any, Any]]) -> None:
+    for lane in lanes:
+        lane.close()  # each instance's thread ends after the batch it runs, if any
 
 
 def _length(row: _Row[Any, Any]) -> int:

@@ -13,6 +13,16 @@ pending future): under translate load `ThreadPoolExecutor.submit` alone was 4.7%
 process's samples (py-spy), as much as the whole vectorised beam step, and with lanes the
 hybrid layout answers 4% more translations at 3.6% less CPU per request (wrk -c64, seven
 alternating rounds; docs/performance.md). On an idle machine the two cost the same.
+
+`on_loop=True` runs an item on the event loop's own thread instead, at once, and hands its
+result back the same way, in a callback of its own (`JobLane`, which the batcher's instances
+use too), while the lane's calls are measured short (`INLINE_MAX_S`) and none is on its
+thread; a call measured long, or not measured yet, runs on the thread, so a slow call never
+holds the loop (its health answers, deadlines, refusals). That is `--runtime-calls loop`:
+where each API process has its own models, one runtime thread each, on a CPU, and the
+native front reads requests outside the interpreter while a call runs, a thread hand-off per
+call (a wake of a sleeping thread, a GIL hand-back, a self-pipe write) is pure cost
+(docs/performance.md section 33).
 """
 
 from __future__ import annotations
@@ -20,41 +30,38 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 W = TypeVar("W")
 R = TypeVar("R")
 
 
 class Lanes(Generic[W, R]):
-    """`run(work)` on one thread per lane (named `names`); see the module doc. Start on the
-    running loop with `start()`, end with `stop()` (after the last `completed()`)."""
+    """`run(work)` on one lane each (named `names`; on the loop's thread with `on_loop`);
+    see the module doc. Start on the running loop with `start()`, end with `stop()` (after
+    the last `completed()`)."""
 
-    def __init__(self, run: Callable[[W], R], names: Sequence[str]) -> None:
+    def __init__(self, run: Callable[[W], R], names: Sequence[str],
+                 on_loop: bool = False) -> None:
         self.run = run
         self.names = list(names)
-        self._jobs: list[queue.SimpleQueue[W | None]] = [queue.SimpleQueue() for _ in names]
-        self._threads: list[threading.Thread] = []
+        self._lanes = [JobLane(run, self._returned, name, on_loop) for name in names]
         self._results: deque[tuple[W, R | Exception]] = deque()
         self._ready = asyncio.Event()
         self.in_flight = 0
         """Items put and not yet returned by `completed()`."""
 
     def start(self) -> None:
-        if self._threads:
-            return
         loop = asyncio.get_running_loop()
-        self._threads = [threading.Thread(target=self._serve, args=(jobs, loop), name=name,
-                                          daemon=True)
-                         for jobs, name in zip(self._jobs, self.names, strict=True)]
-        for thread in self._threads:
-            thread.start()
+        for lane in self._lanes:
+            lane.start(loop)
 
     def put(self, lane: int, work: W) -> None:
         self.in_flight += 1
-        self._jobs[lane].put(work)
+        self._lanes[lane].put(work)
 
     async def completed(self) -> list[tuple[W, R | Exception]]:
         """Every (work, result or exception) returned since the last call; waits for one."""
@@ -68,14 +75,10 @@ class Lanes(Generic[W, R]):
 
     def stop(self) -> None:
         """End the threads once they finish what they hold (blocks until they have)."""
-        for jobs in self._jobs:
-            jobs.put(None)
-        for thread in self._threads:
-            thread.join()
-        self._threads = []
-
-    def _serve(self, jobs: queue.SimpleQueue[W | None], loop: asyncio.AbstractEventLoop) -> None:
-        serve_jobs(jobs, self.run, self._returned, loop)
+        for lane in self._lanes:
+            lane.close()
+        for lane in self._lanes:
+            lane.join()
 
     def _returned(self, work: W, result: R | Exception) -> None:
         self._results.append((work, result))
@@ -83,6 +86,101 @@ class Lanes(Generic[W, R]):
 
 
 J = TypeVar("J")
+
+INLINE_MAX_S = 0.01
+"""`on_loop`: a lane's calls run on the loop's thread while their recent duration (an
+average, `JobLane.typical`) is at most this; the loop answers nothing else meanwhile."""
+
+
+class JobLane(Generic[J, R]):
+    """Runs `run(job)` for each job put, in order, and hands (job, result or the exception
+    its run raised) to `back` on the event loop, one callback each: on a thread of its own
+    (`serve_jobs`), or with `on_loop` at once on the loop's thread while the lane's calls
+    are measured short and none is on the thread (the result's callback still comes in a
+    later turn, as a thread's would; see the module doc). `start(loop)` once on the running
+    loop; `close()` ends the thread after what it holds (without waiting), `join()` waits
+    for it. The thread holds the lane, `run` and `back`, never their owner (an owner never
+    closed can still be collected: `close` from its finalizer)."""
+
+    def __init__(self, run: Callable[[J], R], back: Callable[[J, R | Exception], None],
+                 name: str, on_loop: bool = False, inline_max_s: float = INLINE_MAX_S) -> None:
+        self.run = run
+        self.back = back
+        self.name = name
+        self.on_loop = on_loop
+        self.inline_max_s = inline_max_s
+        self.typical: float | None = None
+        """Seconds of this lane's recent calls (None: none yet; `_observe`)."""
+        self.inline = 0
+        """Calls run on the loop's thread so far."""
+        self._on_thread = 0  # jobs put on the thread and not yet back
+        self._jobs: queue.SimpleQueue[J | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._loop is not None:
+            return
+        self._loop = loop
+        self._thread = threading.Thread(target=serve_jobs,
+                                        args=(self._jobs, self._timed, self._came_back, loop),
+                                        name=self.name, daemon=True)
+        self._thread.start()
+
+    def put(self, job: J) -> None:
+        typical = self.typical
+        if (self.on_loop and not self._on_thread and typical is not None
+                and typical <= self.inline_max_s):
+            assert self._loop is not None, "put before start"
+            result: R | Exception
+            start = time.perf_counter()
+            try:
+                result = self.run(job)
+            except Exception as exc:  # the loop decides what a failed job means
+                result = exc
+            else:
+                self._observe(time.perf_counter() - start)
+            self.inline += 1
+            self._loop.call_soon(self.back, job, result)
+            return
+        self._on_thread += 1
+        self._jobs.put(job)
+
+    def _timed(self, job: J) -> tuple[R, float]:
+        """On the thread: the job's result and its duration."""
+        start = time.perf_counter()
+        result = self.run(job)
+        return result, time.perf_counter() - start
+
+    def _came_back(self, job: J, outcome: tuple[R, float] | Exception) -> None:
+        """On the loop: a job the thread ran."""
+        self._on_thread -= 1
+        if isinstance(outcome, Exception):
+            self.back(job, outcome)
+            return
+        result, seconds = outcome
+        self._observe(seconds)
+        self.back(job, result)
+
+    def _observe(self, seconds: float) -> None:
+        """A call's duration: the typical one rises with a longer call at once and falls
+        back over a few shorter ones (a slow spell moves the calls to the thread at once)."""
+        typical = self.typical
+        self.typical = seconds if typical is None else max(seconds, 0.8 * typical + 0.2 * seconds)
+
+    def close(self) -> None:
+        close_queue(self._jobs)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+def close_queue(jobs: queue.SimpleQueue[Any]) -> None:
+    """End the thread serving `jobs` after the jobs it holds (a lane's `close`, also from a
+    finalizer that holds the queue, not the lane)."""
+    jobs.put(None)
 
 
 def serve_jobs(jobs: queue.SimpleQueue[J | None], run: Callable[[J], R],

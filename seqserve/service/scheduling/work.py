@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -42,6 +43,9 @@ class DecodeConfig:
     """Admission by expected wait: sources whose expected wait for admission (the sources
     ahead of them at the recently measured admission rate) exceeds this, or their deadline,
     are refused at once (QueueFull); None: the queue bound only."""
+    runtime_calls: Literal["loop", "threads"] = "threads"
+    """Where the encoder (prefill) and decoder steps run: on a lane thread each, or on the
+    event loop's own thread (lanes.py; the server's `--runtime-calls`)."""
     continuous: bool = True
     """Step-level batching; False: request-level (a batch runs to completion first; a
     benchmark's comparison, not a server setting)."""

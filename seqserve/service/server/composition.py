@@ -107,7 +107,8 @@ class Composition:
         await remote.start()
         hello = await remote.hello(self.settings.startup_timeout_s)
         self.repository.engine_state = {"options": hello.options, "process": hello.process}
-        _warn_on_difference(self.settings.engine_options().to_dict(), hello.options)
+        _warn_on_difference(self.settings.engine_options(engine_process=True).to_dict(),
+                            hello.options)
         return {(m.name, m.version) for m in hello.models}
 
     async def attach(self, address: str) -> None:
@@ -201,7 +202,7 @@ def engine_client(settings: Settings, address: str) -> EngineClient:
 def resolved(settings: Settings) -> Settings:
     """`settings` with the layout's counts resolved (see the module doc): as they are when
     `seqserve serve` resolved them, else the one-process server's on one core."""
-    if settings.instances != "auto" and settings.decode_groups != "auto":
+    if "auto" not in (settings.instances, settings.decode_groups, settings.runtime_calls):
         return settings
     one = settings.model_copy(update={"api_workers": 0}) if settings.api_workers == "auto" \
         else settings

@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from seqserve.export.versions import list_bundles
 from seqserve.service.web.settings import Settings
@@ -67,8 +67,6 @@ def resolve(settings: Settings, available: int | None = None,
     layout: str = settings.layout
     if layout == "auto":
         layout = update["layout"] = auto_layout(settings, n, memory)
-    if settings.decode_groups == "auto":  # one translator per process: one group measured best
-        update["decode_groups"] = 1 if layout in ("replicated", "hybrid") else 2
     if layout in ("replicated", "hybrid"):  # every process the whole server: one per core
         if api == "auto":
             update["api_workers"] = 1 if gpu else n
@@ -76,7 +74,10 @@ def resolve(settings: Settings, available: int | None = None,
             update["instances"] = 1
         if settings.intra_op_threads == 0 and settings.instances == "auto" and not gpu:
             update["intra_op_threads"] = 1
-        return settings.model_copy(update=update)
+        if settings.runtime_calls == "auto":
+            update["runtime_calls"] = runtime_calls(
+                settings, update.get("instances", settings.instances))
+        return _calls(settings, layout, update)
     if api == "auto":
         api = update["api_workers"] = max(1, n - 2) if gpu else max(1, n // 2)
     if settings.instances == "auto":
@@ -84,7 +85,35 @@ def resolve(settings: Settings, available: int | None = None,
     instances = update.get("instances", settings.instances)
     if settings.intra_op_threads == 0 and settings.instances == "auto" and not gpu:
         update["intra_op_threads"] = max(1, (n - int(api)) // int(instances)) if api else 1
+    if settings.runtime_calls == "auto":  # one engine (or the one process) for every request
+        update["runtime_calls"] = "threads"
+    return _calls(settings, layout, update)
+
+
+def _calls(settings: Settings, layout: str, update: dict[str, Any]) -> Settings:
+    """`settings` with `update` and the decode groups resolved too."""
+    calls = update.get("runtime_calls", settings.runtime_calls)
+    if settings.decode_groups == "auto":  # one translator per process: one group measured best
+        one = layout in ("replicated", "hybrid") or calls != "threads"  # no thread to overlap
+        update["decode_groups"] = 1 if one else 2
     return settings.model_copy(update=update)
+
+
+def runtime_calls(settings: Settings, instances: int | str) -> Literal["steps", "threads"]:
+    """`--runtime-calls auto` where each API process has its own models (hybrid,
+    replicated): the decode loops' calls on the event loop's thread where each model has one
+    instance on a CPU and the native front reads requests while a call runs (a thread
+    hand-off per step saved; only calls measured short run there, `lanes.JobLane`; the
+    batchers' stay on threads: long texts' batches were slower there); on threads for
+    several instances
+    (batches at once), a device (it computes while the loop goes on) or a front in the
+    interpreter (it reads nothing while a call runs). The engine layout, the one-process
+    server and the engine process keep threads."""
+    if settings.device == "cuda" or instances != 1 or settings.front != "native":
+        return "threads"
+    from seqserve.service.server.native import native_front
+
+    return "steps" if native_front()[0] is not None else "threads"
 
 
 MEMORY_SHARE = 4
@@ -166,7 +195,8 @@ def decoders(settings: Settings) -> str:
 
 
 SPEED_SETTINGS = ("layout", "api_workers", "instances", "intra_op_threads", "max_batch_size",
-                  "max_batch_tokens", "max_wait_ms", "max_queue_wait_s", "decode_groups")
+                  "max_batch_tokens", "max_wait_ms", "max_queue_wait_s", "decode_groups",
+                  "runtime_calls")
 """The settings that decide how fast the server serves: the start-up block shows these."""
 
 

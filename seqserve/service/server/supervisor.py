@@ -224,7 +224,7 @@ class Supervisor:
         self.control.hung.clear()  # of an engine before this one
         env = self._env()
         env[ADDRESS_ENV] = self.address
-        env[OPTIONS_ENV] = self.settings.engine_options().to_json()
+        env[OPTIONS_ENV] = self.settings.engine_options(engine_process=True).to_json()
         env[ENGINE_TABLE_ENV] = str(self.control.table_file)  # a restart loads what serves
         proc = subprocess.Popen([sys.executable, "-m", "seqserve.service.engine"], env=env)
         return Child("engine", proc)

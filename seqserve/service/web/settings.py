@@ -228,6 +228,15 @@ class Settings(BaseSettings):
     take turns, so one group's beam bookkeeping overlaps the other's step (1 = one call per
     step); auto = 2 in the engine layout, 1 where each API process runs its own translator
     (hybrid, replicated: measured, docs/performance.md section 15)."""
+    runtime_calls: Literal["auto", "loop", "steps", "threads"] = "auto"
+    """Where a process runs its runtime calls (a batch, an encoder batch, a decoder step).
+    threads: on a thread per model instance and decode lane, so the event loop goes on while
+    they compute; loop: on the event loop's own thread while they are measured short (10 ms),
+    without a thread hand-off per call (the native front keeps reading requests meanwhile);
+    steps: the translators' and language models' calls on the loop, the batchers' on
+    threads; auto = steps where each API process has its own models with one instance on a
+    CPU and the native front is built, threads elsewhere (measured: docs/performance.md
+    section 33)."""
     readiness: Literal["default", "all", "any"] = "default"
     """When /v2/health/ready says ready. default: every model's default version is loaded
     (the version unpinned requests go to: its policy.json default while ready, else its
@@ -374,23 +383,27 @@ class Settings(BaseSettings):
         several = isinstance(self.api_workers, int) and self.api_workers > 1
         return self.layout == "engine" or (self.layout == "hybrid" and several)
 
-    def engine_options(self) -> EngineOptions:
+    def engine_options(self, engine_process: bool = False) -> EngineOptions:
         """What the engine (a process of its own, or this one) loads and schedules with: these
         settings' values, nothing else (`EngineOptions` has no defaults of its own). The
         layout's counts must be resolved first (`server.composition.resolved`: "auto" is a
-        ValueError here, not a default that holds for one layout only)."""
-        if self.instances == "auto" or self.decode_groups == "auto":
-            raise ValueError("instances and decode_groups are 'auto': resolve them for the "
-                             "layout first (seqserve.service.server.composition.resolved)")
+        ValueError here, not a default that holds for one layout only). The engine process
+        (`engine_process`) runs its runtime calls on threads: its loop serves every API
+        process, and its session models hold a chunk's compute while others arrive."""
+        instances, groups, calls = self.instances, self.decode_groups, self.runtime_calls
+        if instances == "auto" or groups == "auto" or calls == "auto":
+            raise ValueError("instances, decode_groups or runtime_calls is 'auto': resolve "
+                             "them for the layout first "
+                             "(seqserve.service.server.composition.resolved)")
         return EngineOptions(
             repo=str(self.repo), bundles="sessions" if self.layout == "hybrid" else "all",
-            runtime=self.runtime_spec(), instances=self.instances,
+            runtime=self.runtime_spec(), instances=instances,
             max_batch_size=self.max_batch_size, max_batch_tokens=self.max_batch_tokens,
             max_wait_s=self.max_wait_ms / 1000.0,
             batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
             max_live_hypotheses=self.max_live_hypotheses,
-            decode_groups=self.decode_groups,
+            decode_groups=groups, runtime_calls="threads" if engine_process else calls,
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,
             drain_timeout_s=self.drain_timeout_s, max_sessions=self.max_sessions,
             max_sessions_per_key=self.max_sessions_per_key,

@@ -86,7 +86,10 @@ def test_nbest_sorted_and_constraints_hold() -> None:
             assert len(bigrams) == len(set(bigrams))
 
 
-def test_results_identical_alone_and_concurrent() -> None:
+@pytest.mark.parametrize("calls", ["threads", "loop"])
+def test_results_identical_alone_and_concurrent(calls: str) -> None:
+    """Alone or batched with others, on lane threads or on the event loop's own thread, a
+    request gets the same answer."""
     rng = random.Random(0)
     jobs = [(src, rng.choice(OPTION_SETS)) for src in SOURCES * 4]
     jobs += [(src, SearchOptions(beam_size=1, temperature=0.9, top_p=0.9, seed=i))
@@ -95,7 +98,7 @@ def test_results_identical_alone_and_concurrent() -> None:
     rng.shuffle(idx := list(range(len(jobs))))
     for groups in (1, 3):
         fake = FakeTranslator()
-        loop = make_loop(fake, max_live_hypotheses=40, groups=groups)
+        loop = make_loop(fake, max_live_hypotheses=40, groups=groups, runtime_calls=calls)
         together = run(_translate_all(loop, [jobs[i] for i in idx]))
         for pos, i in enumerate(idx):
             assert [h.token_ids for h in together[pos]] == [h.token_ids for h in alone[i]]
@@ -103,11 +106,12 @@ def test_results_identical_alone_and_concurrent() -> None:
         assert most > 10  # batched
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_continuous_batching_admits_new_requests_between_steps(groups: int) -> None:
-    """A request submitted while another decodes joins it at the next step."""
+@pytest.mark.parametrize(("groups", "calls"), [(1, "threads"), (2, "threads"), (1, "loop")])
+def test_continuous_batching_admits_new_requests_between_steps(groups: int, calls: str) -> None:
+    """A request submitted while another decodes joins it at the next step (with the steps
+    on the event loop's thread too: the loop takes requests between steps)."""
     fake = FakeTranslator(delay=0.002)
-    loop = make_loop(fake, groups=groups)
+    loop = make_loop(fake, groups=groups, runtime_calls=calls)
     long_opts = SearchOptions(beam_size=4, min_length=20, max_length=30)
 
     async def scenario() -> None:
@@ -187,8 +191,8 @@ def test_overload_gives_queue_full_and_cap_queues() -> None:
     assert max(r for g, r in fake.calls if g == "decoder_step") <= 5
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_fault_fails_only_the_affected_request(groups: int) -> None:
+@pytest.mark.parametrize(("groups", "calls"), [(1, "threads"), (2, "threads"), (1, "loop")])
+def test_fault_fails_only_the_affected_request(groups: int, calls: str) -> None:
     poison = 23
 
     def fail_if(graph: str, inputs: dict[str, np.ndarray]) -> bool:
@@ -201,7 +205,7 @@ def test_fault_fails_only_the_affected_request(groups: int) -> None:
     faulty = FakeTranslator(fail_if=fail_if)
 
     async def scenario() -> list[object]:
-        async with make_loop(faulty, groups=groups) as loop:
+        async with make_loop(faulty, groups=groups, runtime_calls=calls) as loop:
             return await asyncio.gather(*(loop.translate([s], opts) for s in SOURCES),
                                         return_exceptions=True)
 

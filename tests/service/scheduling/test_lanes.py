@@ -62,3 +62,47 @@ def test_stop_waits_for_the_items_a_lane_holds() -> None:
 
     asyncio.run(main())
     assert finished == [0, 1, 2]
+
+
+def test_on_the_loops_thread_short_calls_run_at_once_and_come_back_in_a_later_callback(
+        ) -> None:
+    """`on_loop`: once the lane's calls are measured short, `put` runs the item on the event
+    loop's own thread before it returns; its result (or exception) comes back as a thread's
+    would, in a callback of its own, in order. A call not measured yet, or after calls
+    measured long, runs on the lane's thread: a slow call never holds the loop."""
+    ran: list[tuple[str, int]] = []
+
+    def run(item: int) -> int:
+        if item == 3:
+            raise ValueError("bad item")
+        if item >= 100:
+            time.sleep(0.03)  # over INLINE_MAX_S
+        ran.append((threading.current_thread().name, item))
+        return item * 2
+
+    async def main() -> None:
+        lanes: Lanes[int, int] = Lanes(run, ["first", "second"], on_loop=True)
+        lanes.start()
+        here = threading.current_thread().name
+        lanes.put(0, 0)  # not measured yet: on its thread
+        assert await lanes.completed() == [(0, 0)] and ran[-1][0] == "first"
+        lanes.put(0, 1)
+        lanes.put(0, 3)
+        assert ran[-1] == (here, 1)  # run already, on the loop's thread
+        assert lanes.in_flight == 2 and not lanes._results  # not back yet
+        got = await lanes.completed()
+        assert got[0] == (1, 2) and got[1][0] == 3 and isinstance(got[1][1], ValueError)
+        assert lanes.in_flight == 0
+        lanes.put(0, 100)  # short so far: on the loop, measured long
+        lanes.put(0, 101)  # now on its thread, and while it is there...
+        lanes.put(0, 2)  # ... the next waits behind it there, in order
+        got = []
+        while lanes.in_flight:
+            got += await lanes.completed()
+        assert got == [(100, 200), (101, 202), (2, 4)]
+        assert [name for name, _ in ran[-3:]] == [here, "first", "first"]
+        lanes.put(1, 5)  # the other lane: measured on its own
+        assert (await lanes.completed()) == [(5, 10)] and ran[-1] == ("second", 5)
+        lanes.stop()
+
+    asyncio.run(main())

@@ -7,7 +7,10 @@
 #   deploy/build-image.sh cpu --bundles DIR      (no Docker: buildah; then runs and checks it)
 #
 # The serving image has no torch and no compilers: it installs the package with the `cpu` or
-# `gpu` extra only (never `train`). Model bundles come from a volume mounted at /models by
+# `gpu` extra only (never `train`). The CPU image serves on the native HTTP front
+# (native/build.sh builds it in the build stage from Debian bookworm's Rust crate packages;
+# only the built module reaches the image; where it cannot build, the image serves on
+# uvicorn's front and says so at start). Model bundles come from a volume mounted at /models by
 # default; `--build-arg BAKE_DEMO_MODELS=1` bakes the bundles of the build-context folder
 # BUNDLES_DIR (default deploy/bundles; e.g. `--build-arg BUNDLES_DIR=model_repository` after
 # `seqserve demo`) into /models instead.
@@ -30,18 +33,22 @@ RUN mkdir -p /models \
        fi
 
 # ---------------------------------------------------------------------------------------------
-# CPU: build the virtualenv (all dependencies are wheels: no compiler), then copy it over.
+# CPU: build the virtualenv (all dependencies are wheels) and the native front (native/build.sh
+# apt-installs Debian's Rust toolchain and crates here, in the build stage), then copy it over.
 FROM ${PYTHON_IMAGE} AS cpu-build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY seqserve/ seqserve/
+COPY native/ native/
 # deploy/build-image.sh mounts the build machine's pip setup read-only: its config files at their
 # usual paths and its PIP_* variables as /run/seqserve-build/pip.env (absent elsewhere).
 RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; fi \
     && python -m venv /opt/venv \
-    && /opt/venv/bin/pip install ".[cpu]"
+    && /opt/venv/bin/pip install ".[cpu]" \
+    && { sh native/build.sh /opt/venv/bin/python \
+         || echo "native front not built: the image serves on uvicorn's front"; }
 
 FROM ${PYTHON_IMAGE} AS cpu
 ENV PATH=/opt/venv/bin:$PATH \

@@ -162,7 +162,8 @@ make_context() {  # the files the Dockerfile copies, plus the bundles to bake; s
     CTX=$WORK/context
     mkdir -p "$CTX/bake"
     cp "$REPO/Dockerfile" "$REPO/.dockerignore" "$REPO/pyproject.toml" "$REPO/README.md" "$CTX/"
-    (cd "$REPO" && tar --exclude=__pycache__ --exclude='*.pyc' -cf - seqserve) | tar -C "$CTX" -xf -
+    (cd "$REPO" && tar --exclude=__pycache__ --exclude='*.pyc' --exclude='_front*.so' \
+        --exclude=native/front/target -cf - seqserve native) | tar -C "$CTX" -xf -
     BAKE=0
     if [ -n "$BUNDLES" ]; then
         cp -R "$BUNDLES/." "$CTX/bake/"
@@ -299,6 +300,12 @@ else
     echo "check healthcheck: FAILED HEALTHCHECK missing from the image or not passing"
     STATUS=1
 fi
+# The Dockerfile builds the native HTTP front (native/build.sh); the image serves on it.
+front=$(grep -m1 -o "HTTP front: .*" "$WORK/server.log" || echo "no 'HTTP front:' line in its log")
+case "$front" in
+    "HTTP front: native"*) echo "check native-front: ok $front" ;;
+    *) echo "check native-front: FAILED $front"; STATUS=1 ;;
+esac
 if ! kill -0 "$SERVER_PID" 2>/dev/null; then
     echo "check server-running: FAILED the server exited early"
     STATUS=1

@@ -3,7 +3,9 @@
 No Docker engine exists on these machines, so `dockerfile_sim` builds the `cpu` target in a
 throwaway folder: the same COPY sources (through .dockerignore), the same RUN commands (the
 real `pip install ".[cpu]"` into a fresh virtualenv; pip's cache is allowed, the one
-substitution), then starts the image's ENTRYPOINT + CMD and runs its HEALTHCHECK. The `gpu`
+substitution; native/build.sh builds the native front from this machine's Debian crate
+packages, which its apt step would install in a real build), then starts the image's
+ENTRYPOINT + CMD, on the native front, and runs its HEALTHCHECK. The `gpu`
 target's commands need Ubuntu's apt and a CUDA base image; they are checked for what they
 install, not run.
 """
@@ -30,7 +32,7 @@ from dockerfile_sim import (
 
 DOCKERFILE = REPO / "Dockerfile"
 TARGETS = ["cpu", "gpu"]
-CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "seqserve", "deploy", ".dockerignore")
+CONTEXT_ENTRIES = ("pyproject.toml", "README.md", "seqserve", "native", "deploy", ".dockerignore")
 
 
 def _hadolint() -> str:
@@ -144,6 +146,9 @@ def test_cpu_image_builds_and_serves(tmp_path: Path, tiny_repo: Path) -> None:
     python = root / "opt" / "venv" / "bin" / "python"
     assert _venv_has(python, "onnxruntime") and _venv_has(python, "seqserve")
     assert not _venv_has(python, "torch"), "the serving image must not ship torch"
+    # the native front, built in the build stage, beside the installed package (no compiler
+    # reaches the image: only /opt/venv is copied over)
+    assert _venv_has(python, "seqserve.service.server._front"), sim.ran
     assert sorted(p.name for p in (root / "models").iterdir()) == \
         sorted(p.name for p in tiny_repo.iterdir())
 
@@ -162,7 +167,9 @@ def test_cpu_image_builds_and_serves(tmp_path: Path, tiny_repo: Path) -> None:
         assert subprocess.run(health, env=env, capture_output=True, timeout=30).returncode == 0
         status, body = http(f"{base}/v1/models/tiny-clf/classify", {"texts": ["one two"]})
         assert status == 200, body
-    assert server.returncode == 0, server.log.read_text()[-3000:]
+    log = server.log.read_text()
+    assert server.returncode == 0, log[-3000:]
+    assert "HTTP front: native" in log, log[-3000:]
 
 
 def test_dockerignore_keeps_copy_sources_and_drops_the_rest() -> None:
@@ -175,5 +182,6 @@ def test_dockerignore_keeps_copy_sources_and_drops_the_rest() -> None:
         path = expand(src, defaults).strip("/").removeprefix("./")
         assert path and not ignored(path, patterns), f"COPY source {src} is .dockerignored"
         assert (REPO / path).exists(), f"COPY source {src} missing from the repository"
-    for heavy in (".venv", ".git", "runs", "data", "seqserve/service/__pycache__"):
+    for heavy in (".venv", ".git", "runs", "data", "seqserve/service/__pycache__",
+                  "native/front/target"):
         assert ignored(heavy, patterns), heavy

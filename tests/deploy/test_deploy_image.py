@@ -5,7 +5,9 @@ engine), baking the tiny bundles of this session (classifier, translator, tagger
 the image and checks it over HTTP. As root on Debian it installs buildah and debootstrap itself
 when they are missing (CI's fresh machine). Measured on 2 cores: cold (no buildah, no cached
 base: apt-get install + debootstrap of bookworm + build + checks) 114 s for the script, 2 min
-20 s for this file with its fixtures; warm 47 s (build 32 s) and 76 s. The checks themselves are
+20 s for this file with its fixtures; warm 47 s (build 32 s) and 76 s, before the build stage
+built the native front (Debian's Rust packages apt-installed, then compiled: 3 min 30 s for
+this file, warm base, docs/performance.md section 33). The checks themselves are
 shown to fail on a server that lacks what they ask for (`image_check.py` against the live test
 server).
 """
@@ -26,7 +28,8 @@ CHECK = DEPLOY / "image_check.py"
 TAG = "localhost/seqserve-test:cpu"
 # Every check the script prints for an image baked with one bundle of each task.
 EXPECTED_CHECKS = ("non-root-user", "no-torch", "health-ready", "classify", "v2-infer",
-                   "translate", "tag", "metrics", "healthcheck", "server-uid", "sigterm-exit")
+                   "translate", "tag", "metrics", "healthcheck", "native-front", "server-uid",
+                   "sigterm-exit")
 BUILD_TIMEOUT_S = 1500  # cold: apt-get install buildah + debootstrap + build, on a busy machine
 
 

@@ -55,7 +55,7 @@ class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
         self.config = config
         self.observer: Observer = observer or NullObserver()
         super().__init__(DecodeScheduler(runtime, limits, self.config, self.observer),
-                         ["encode", "decode"], self.config)
+                         ["encode", "decode"], self.config.runtime_calls == "loop")
         self._futures: dict[int, asyncio.Future[Decoded]] = {}
 
     @property

@@ -110,9 +110,7 @@ class JobLane(Generic[J, R]):
         self.on_loop = on_loop
         self.inline_max_s = inline_max_s
         self.typical: float | None = None
-        """Seconds of this lane's recent calls (None: none yet; `_observe`)."""
-        self.inline = 0
-        """Calls run on the loop's thread so far."""
+        """Seconds of this lane's recent calls (None: none yet; `_observe`; `on_loop` only)."""
         self._on_thread = 0  # jobs put on the thread and not yet back
         self._jobs: queue.SimpleQueue[J | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -122,8 +120,9 @@ class JobLane(Generic[J, R]):
         if self._loop is not None:
             return
         self._loop = loop
-        self._thread = threading.Thread(target=serve_jobs,
-                                        args=(self._jobs, self._timed, self._came_back, loop),
+        # Timed (and counted) only where the timings choose between the loop and the thread.
+        run, back = (self._timed, self._came_back) if self.on_loop else (self.run, self.back)
+        self._thread = threading.Thread(target=serve_jobs, args=(self._jobs, run, back, loop),
                                         name=self.name, daemon=True)
         self._thread.start()
 
@@ -140,10 +139,10 @@ class JobLane(Generic[J, R]):
                 result = exc
             else:
                 self._observe(time.perf_counter() - start)
-            self.inline += 1
             self._loop.call_soon(self.back, job, result)
             return
-        self._on_thread += 1
+        if self.on_loop:
+            self._on_thread += 1
         self._jobs.put(job)
 
     def _timed(self, job: J) -> tuple[R, float]:

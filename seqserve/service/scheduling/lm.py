@@ -66,7 +66,7 @@ class LMLoop(LoopDriver[Work, _Done]):
         super().__init__(LMScheduler(runtime, eos_id, vocab_size, config, self.observer,
                                      takes_state=takes_state, state_dim=state_dim,
                                      cache=cache),
-                         ["prefill", "lm-step"], config)
+                         ["prefill", "lm-step"], config.runtime_calls == "loop")
 
     def submit(self, prompts: Sequence[list[int]], options: GenerateOptions,
                deadline: float | None, sink: Sink) -> int:

@@ -120,22 +120,15 @@ class Scheduled(Protocol[W, R]):
     def has_work(self) -> bool: ...
 
 
-class RuntimeCalls(Protocol):
-    """Where a driver runs its scheduler's work (`DecodeConfig.runtime_calls`)."""
-
-    @property
-    def runtime_calls(self) -> str: ...
-
-
 class LoopDriver(Generic[W, R]):
-    """Drives `scheduler` on lanes named `lanes`; subclasses answer their requests
+    """Drives `scheduler` on lanes named `lanes` (their calls on the loop's thread while short
+    with `on_loop`; `DecodeConfig.runtime_calls`); subclasses answer their requests
     (`resolve`) and report their gauges (`report`)."""
 
     def __init__(self, scheduler: Scheduled[W, R], lanes: Sequence[str],
-                 config: RuntimeCalls) -> None:
+                 on_loop: bool = False) -> None:
         self.scheduler = scheduler
-        self._lanes: Lanes[W, R] = Lanes(scheduler.execute, lanes,
-                                         on_loop=config.runtime_calls == "loop")
+        self._lanes: Lanes[W, R] = Lanes(scheduler.execute, lanes, on_loop=on_loop)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 

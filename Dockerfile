@@ -34,7 +34,9 @@ RUN mkdir -p /models \
 
 # ---------------------------------------------------------------------------------------------
 # CPU: build the virtualenv (all dependencies are wheels) and the native front (native/build.sh
-# apt-installs Debian's Rust toolchain and crates here, in the build stage), then copy it over.
+# apt-installs Debian's Rust toolchain and crates here, in the build stage, and with --clean
+# purges them and its build folder in the same step, so the stage's layer, which the build
+# machine's disk holds until the end, is the virtualenv only), then copy it over.
 FROM ${PYTHON_IMAGE} AS cpu-build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -47,7 +49,7 @@ COPY native/ native/
 RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; fi \
     && python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[cpu]" \
-    && { sh native/build.sh /opt/venv/bin/python \
+    && { sh native/build.sh --clean /opt/venv/bin/python \
          || echo "native front not built: the image serves on uvicorn's front"; }
 
 FROM ${PYTHON_IMAGE} AS cpu

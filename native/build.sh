@@ -1,12 +1,29 @@
 #!/bin/sh
 # Build the native HTTP front seqserve.service.server._front (Rust: hyper 0.14 + tokio + PyO3 0.17),
 # offline, from Debian bookworm's librust-*-dev packages.
-#   native/build.sh [PYTHON]     (default: python3; run as root on a fresh machine)
+#   native/build.sh [--clean] [PYTHON]     (default: python3; run as root on a fresh machine)
+#   --clean   afterwards (built or not) remove the build folder and purge the packages this run
+#             installed, with apt's caches: for an image's build stage, whose disk is the build
+#             machine's (the toolchain, crates and build folder are ~1.2 GB otherwise)
 # Exit status non-zero when it cannot build: the caller then keeps uvicorn.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
+clean=0
+if [ "${1:-}" = "--clean" ]; then clean=1; shift; fi
 py=${1:-python3}
+installed_pkgs=""
+cleanup() {
+    [ "$clean" = 1 ] || return 0
+    rm -rf "$here/front/target"
+    if [ -n "$installed_pkgs" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --auto-remove $installed_pkgs >/dev/null 2>&1 || true
+        apt-get clean >/dev/null 2>&1 || true
+        rm -rf /var/lib/apt/lists/*
+        echo "native/build.sh: --clean: purged$installed_pkgs and the build folder" >&2
+    fi
+}
+trap cleanup EXIT
 fail() { echo "native/build.sh: native front unavailable: $*" >&2; exit 1; }
 
 command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || fail "no python at $py"
@@ -21,9 +38,11 @@ done
 if [ -n "$missing" ]; then
     command -v apt-get >/dev/null 2>&1 || fail "missing packages:$missing (no apt-get)"
     echo "native/build.sh: installing$missing" >&2
-    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1 \
-      || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing >/dev/null 2>&1; }; } \
-      || fail "apt-get install$missing failed"
+    installed_pkgs=$missing
+    get() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing >/tmp/native-apt.log 2>&1; }
+    get || { apt-get update -q >/dev/null 2>&1 && get; } \
+      || fail "apt-get install$missing failed: $(tail -3 /tmp/native-apt.log 2>/dev/null | tr '\n' ' ')"
+    [ "$clean" = 1 ] && apt-get clean >/dev/null 2>&1 || true
 fi
 
 # Debian's toolchain first (the registry's crates match it); any cargo otherwise.

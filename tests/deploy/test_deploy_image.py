@@ -30,6 +30,7 @@ TAG = "localhost/seqserve-test:cpu"
 EXPECTED_CHECKS = ("non-root-user", "no-torch", "health-ready", "classify", "v2-infer",
                    "translate", "tag", "metrics", "healthcheck", "native-front", "server-uid",
                    "sigterm-exit")
+NO_DISK = 3  # build-image.sh's exit status when the machine lacks the disk to build
 BUILD_TIMEOUT_S = 1500  # cold: apt-get install buildah + debootstrap + build, on a busy machine
 
 
@@ -52,6 +53,8 @@ def test_build_image_builds_serves_and_checks(tiny_full_repo: Path) -> None:
                             timeout=BUILD_TIMEOUT_S)
     output = result.stdout + result.stderr
     tail = output[-6000:]
+    if result.returncode == NO_DISK and "build-image: not enough disk" in result.stderr:
+        pytest.skip(result.stderr.strip().splitlines()[-1])  # a machine that cannot hold it
     assert result.returncode == 0, tail
     checks = _checks(result.stdout)
     assert checks == dict.fromkeys(EXPECTED_CHECKS, "ok"), tail

@@ -465,7 +465,8 @@ def accounting_table(rows: list[dict[str, Any]]) -> str:
              "| --- | ---: | ---: | ---: | --- | --- | ---: | --- |"]
     for cap, over in zip(rows, rows[1:], strict=False):
         if cap["load"].startswith("capacity") and over["load"].startswith("open") \
-                and cap["workload"] == over["workload"] and cap["ok"] and over["ok"]:
+                and cap["workload"] == over["workload"] and cap["ok"] and over["ok"] \
+                and cap["server_cores"] and over["server_cores"]:  # (--url: CPU unread)
             a = accounting(cap, over)
             lines.append(
                 f"| {over['workload']} | {a['goodput']:.3f} | {a['cores']:.3f} | "

@@ -65,3 +65,13 @@ def test_goodput_is_the_cores_times_the_cost_and_refusals_carry_the_loops_rest()
     table = overload.accounting_table([cap, over])
     assert "| classify16 | 0.880 |" in table
     assert overload.accounting_table([cap]) == ""  # no open loop: nothing to account for
+
+
+def test_a_running_servers_rows_have_no_accounting() -> None:
+    """`--url`: the bench did not start the server and read no CPU of it (0 cores): the
+    table leaves those rows out instead of dividing by zero."""
+    cap = fake_row("capacity (closed 32)", ok=3000, wall_s=6.0, server_cpu_s=0.0,
+                   loop_cpu_s=0.0)
+    over = fake_row("open 3x = 1500/s", ok=2800, wall_s=12.0, server_cpu_s=0.0,
+                    loop_cpu_s=0.0, refused=9000)
+    assert overload.accounting_table([cap, over]) == ""

@@ -12,9 +12,10 @@
  *
  * REQUESTS_FILE: raw requests, each a 4-byte little-endian length and that many bytes;
  * arrival i sends request i modulo their count. OUT_FILE: a line per arrival,
- * "scheduled_s sent_s done_s status queue_ms compute_ms retry_after" (sent/done -1 when not;
- * status 0 for a transport error, -1 for a drop; queue_ms and compute_ms -1 without
- * Server-Timing; retry_after 1 when the answer had Retry-After), then a last line "cpu_s SECONDS" (this process's user +
+ * "scheduled_s sent_s done_s status queue_ms compute_ms retry_after total_ms" (sent/done -1
+ * when not; status 0 for a transport error, -1 for a drop; queue_ms, compute_ms and total_ms
+ * -1 without Server-Timing, total_ms the server's own time from reading the request to its
+ * answer; retry_after 1 when the answer had Retry-After), then a last line "cpu_s SECONDS" (this process's user +
  * system CPU over the load). After DURATION_S no arrival is scheduled; answers are awaited
  * up to 60 s more. */
 #define _GNU_SOURCE
@@ -40,6 +41,7 @@ typedef struct {
     int status;
     double queue_ms, compute_ms;
     int retry_after;
+    double total_ms;
 } Record;
 
 enum { IDLE, CONNECTING, BUSY };
@@ -120,7 +122,7 @@ static long new_record(double scheduled) {
         caprec = caprec ? caprec * 2 : 4096;
         recs = realloc(recs, caprec * sizeof *recs);
     }
-    recs[nrec] = (Record){scheduled, -1, -1, -1, -1, -1, 0};
+    recs[nrec] = (Record){scheduled, -1, -1, -1, -1, -1, 0, -1};
     return nrec++;
 }
 
@@ -207,7 +209,7 @@ static const char *header(const char *h, const char *end, const char *name) {
 
 /* A whole response in c->buf: its length, or 0 when more is needed. */
 static size_t complete(Conn *c, int *status, int *close_after, double *queue_ms,
-                       double *compute_ms, int *retry) {
+                       double *compute_ms, double *total_ms, int *retry) {
     char *b = c->buf;
     char *end = memmem(b, c->len, "\r\n\r\n", 4);
     if (!end) return 0;
@@ -227,12 +229,14 @@ static size_t complete(Conn *c, int *status, int *close_after, double *queue_ms,
     if (c->len < total) return 0;
     *close_after = (v = header(b, end, "connection:")) && strncasecmp(v, "close", 5) == 0;
     *retry = header(b, end, "retry-after:") != NULL;
-    *queue_ms = *compute_ms = -1;
+    *queue_ms = *compute_ms = *total_ms = -1;
     if ((v = header(b, end, "server-timing:"))) {
         const char *q = strstr(v, "queue;dur=");
         if (q && q < end) *queue_ms = atof(q + 10);
         q = strstr(v, "compute;dur=");
         if (q && q < end) *compute_ms = atof(q + 12);
+        q = strstr(v, "total;dur=");
+        if (q && q < end) *total_ms = atof(q + 10);
     }
     return total;
 }
@@ -252,13 +256,15 @@ static void read_some(Conn *c) {
         c->len += n;
         c->buf[c->len] = 0;
         int status, close_after, retry;
-        double queue_ms, compute_ms;
-        if (c->rec >= 0 && complete(c, &status, &close_after, &queue_ms, &compute_ms, &retry)) {
+        double queue_ms, compute_ms, total_ms;
+        if (c->rec >= 0 && complete(c, &status, &close_after, &queue_ms, &compute_ms, &total_ms,
+                                    &retry)) {
             Record *r = &recs[c->rec];
             r->done = now();
             r->status = status;
             r->queue_ms = queue_ms;
             r->compute_ms = compute_ms;
+            r->total_ms = total_ms;
             r->retry_after = retry;
             finished(c);
             c->len = 0;
@@ -380,8 +386,8 @@ int main(int argc, char **argv) {
     for (long i = 0; i < nrec; i++) {
         Record *r = &recs[i];
         if (r->status == -1 && r->sent >= 0) r->status = 0; /* never answered */
-        fprintf(out, "%.6f %.6f %.6f %d %.3f %.3f %d\n", r->scheduled, r->sent, r->done,
-                r->status, r->queue_ms, r->compute_ms, r->retry_after);
+        fprintf(out, "%.6f %.6f %.6f %d %.3f %.3f %d %.3f\n", r->scheduled, r->sent, r->done,
+                r->status, r->queue_ms, r->compute_ms, r->retry_after, r->total_ms);
     }
     fprintf(out, "cpu_s %.6f\n", cpu);
     fclose(out);

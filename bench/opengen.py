@@ -104,8 +104,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         lines = out.read_text().splitlines()
     cpu_s = float(lines[-1].split()[1])
     rows = [line.split() for line in lines[:-1]]
-    records = [(float(a), float(b), float(c), int(d), float(e), float(f), int(g))
-               for a, b, c, d, e, f, g in rows]
+    records = [(float(a), float(b), float(c), int(d), float(e), float(f), int(g), float(h))
+               for a, b, c, d, e, f, g, h in rows]
     ok = [r for r in records if 200 <= r[3] < 300]
     statuses: dict[str, int] = {}
     for r in records:
@@ -126,6 +126,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "queue_ms": [r[4] for r in ok if r[4] >= 0],
         "queue_ms_settled": [r[4] for r in ok if r[4] >= 0 and r[0] >= SETTLE_S],
         "compute_ms": [r[5] for r in ok if r[5] >= 0],
+        # the server's own time (Server-Timing total: from the front's read of the request to
+        # its answer), and the rest of the latency from the scheduled send: the generator, the
+        # socket before the front read it and the answer's way back
+        "server_total_ms": [r[7] for r in ok if r[7] >= 0],
+        "outside_ms": [1e3 * (r[2] - r[0]) - r[7] for r in ok if r[7] >= 0],
         "send_lag_s": [r[1] - r[0] for r in records if r[1] >= 0],
     }
 
@@ -155,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     res = run(spec)
     res["latency_ms"] = percentiles_ms(res.pop("latency_s"))
     res["queue_ms"] = percentiles_ms(res.pop("queue_ms"), 1)
+    res["server_total_ms"] = percentiles_ms(res.pop("server_total_ms"), 1)
+    res["outside_ms"] = percentiles_ms(res.pop("outside_ms"), 1)
     res.pop("queue_ms_settled"), res.pop("compute_ms"), res.pop("send_lag_s")
     res["ok_per_s"] = res["ok"] / res["wall_s"]
     res["cpu_ms_per_request"] = 1e3 * res["load_cpu_s"] / max(1, res["scheduled"])

@@ -13,7 +13,10 @@ and generate (text-lm, --max-new-tokens 8): the capacity first (closed loop, --c
 --max-in-flight high enough that it drops nothing; drops and the generators' p99 send lag are
 printed: a lag over 50 ms means the generator fell behind). Printed: goodput (2xx/s) /
 capacity, the admitted requests' p99 latency from their scheduled send and their p99 queue
-wait (Server-Timing `queue`) against the bound, refusals (429; how many carried
+wait (Server-Timing `queue`) against the bound, with `--generator c` the server's own p99
+(Server-Timing `total`: from the front's read of the request to its answer) beside the p99 of
+the latency outside it (the generator, the socket before the front read the request, the
+answer's way back), refusals (429; how many carried
 Retry-After), other errors; and from the server's /metrics, the wait estimate's error over
 the run (`seqserve_queue_wait_estimate_error_seconds`, actual minus expected queue wait, and
 `seqserve_queue_wait_model_error_seconds`, actual minus the cost model's estimate before the
@@ -155,6 +158,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         "queue_ms_settled": [r.server_queue_ms for r in ok if r.server_queue_ms is not None
                              and r.scheduled_s >= SETTLE_S],
         "compute_ms": [r.server_compute_ms for r in ok if r.server_compute_ms is not None],
+        "server_total_ms": [], "outside_ms": [],  # (the c generator's: opengen.run)
         "send_lag_s": [r.send_lag_s for r in recs if r.send_lag_s is not None],
     }
 
@@ -197,8 +201,9 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
                 "other_errors"):
         merged[key] = sum(p[key] for p in parts)
-    for key in ("latency_s", "queue_ms", "queue_ms_settled", "compute_ms", "send_lag_s"):
-        merged[key] = [v for p in parts for v in p[key]]
+    for key in ("latency_s", "queue_ms", "queue_ms_settled", "compute_ms", "server_total_ms",
+                "outside_ms", "send_lag_s"):
+        merged[key] = [v for p in parts for v in p.get(key, [])]
     for key in ("statuses", "reasons"):
         merged[key] = dict(sum((collections.Counter(p[key]) for p in parts),
                                collections.Counter()))
@@ -368,6 +373,8 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
         "queue_p99_ms": pct(res["queue_ms"], 99),
         "queue_p99_settled_ms": pct(res["queue_ms_settled"], 99),
         "compute_p99_ms": pct(res["compute_ms"], 99),
+        "server_total_p99_ms": pct(res["server_total_ms"], 99),
+        "outside_p99_ms": pct(res["outside_ms"], 99),
         "refused": res["refused"], "retry_after": res["refused_with_retry_after"],
         "other_errors": res["other_errors"], "statuses": res["statuses"],
         "reasons": res["reasons"],
@@ -407,10 +414,19 @@ def why(r: dict[str, Any]) -> str:
     return f": {', '.join(parts)}" if parts else ""
 
 
+def split(r: dict[str, Any]) -> str:
+    """The server's own p99 (from its read of the request to its answer) / the p99 of the
+    latency outside it (the generator, the socket before the front read the request, the
+    answer's way back); "-" where the generator does not record it."""
+    total, outside = r.get("server_total_p99_ms", math.nan), r.get("outside_p99_ms", math.nan)
+    return "-" if math.isnan(total) else f"{total:.0f} / {outside:.0f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| workload | load | 2xx/s | goodput / capacity | p50 / p99 ms | queue p99 ms (after "
             f"the first {SETTLE_S:g} s) | "
-            "compute p99 ms | 429 (with Retry-After) | other errors | dropped / scheduled | "
+            "compute p99 ms | server total p99 ms / outside it p99 ms (c generator) | "
+            "429 (with Retry-After) | other errors | dropped / scheduled | "
             "send lag p99 ms | wait estimate error (admitted: against the expected wait; "
             "model: against the cost model before the margin) | CPU ms per request: server, "
             "generators (their load only) | cores busy: server, generators | load avg |")
@@ -422,7 +438,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['workload']} | {r['load']} | {r['ok_per_s']:.1f} | {good} | "
             f"{r['p50_ms']:.0f} / {r['p99_ms']:.0f} | {r['queue_p99_ms']:.0f} "
             f"({r['queue_p99_settled_ms']:.0f}) | "
-            f"{r['compute_p99_ms']:.0f} | {r['refused']} ({r['retry_after']}){why(r)} | "
+            f"{r['compute_p99_ms']:.0f} | {split(r)} | "
+            f"{r['refused']} ({r['retry_after']}){why(r)} | "
             f"{r['other_errors']} | {r['dropped']} / {r['scheduled']} | {lag} | "
             f"{fmt_errors(r['errors'])} | {r['server_cpu_ms_per_request']:.3f}, "
             f"{r['generator_cpu_ms_per_request']:.3f} | {r['server_cores']:.2f}, "

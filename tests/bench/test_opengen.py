@@ -43,6 +43,12 @@ def test_a_closed_loop_is_answered_with_server_timing(url: str, texts: Path) -> 
     assert res["dropped"] == res["refused"] == res["other_errors"] == 0
     assert len(res["queue_ms"]) == len(res["compute_ms"]) == len(res["latency_s"]) == res["ok"]
     assert all(q >= 0 for q in res["queue_ms"]) and all(c > 0 for c in res["compute_ms"])
+    # the server's total (Server-Timing) holds its queue and compute; the rest of each
+    # latency lies outside it (never below 0 but for the two clocks' rounding)
+    assert len(res["server_total_ms"]) == len(res["outside_ms"]) == res["ok"]
+    assert all(t + 0.01 >= q + c for t, q, c in zip(res["server_total_ms"], res["queue_ms"],
+                                                    res["compute_ms"], strict=True))
+    assert all(o > -0.01 for o in res["outside_ms"])
     assert 0 < res["load_cpu_s"] < res["wall_s"]
 
 

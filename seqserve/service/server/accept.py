@@ -139,8 +139,9 @@ class BalancedListener:
         self.connections = connections
         self.loop = asyncio.get_running_loop()
         self._starting = 0  # accepted, not yet handed to a protocol
-        self._deferred = 0  # looks in a row that left a waiting connection to the others
-        self._last_defer = 0.0
+        self._waiting_since: float | None = None
+        """When this listener first left the connections now waiting to the others (None:
+        it has not, since it last accepted or found none waiting)."""
         self._timer: asyncio.TimerHandle | None = None
         self._watching = False
         self._closed = False
@@ -182,26 +183,28 @@ class BalancedListener:
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
-                return  # another process took it
+                self._waiting_since = None  # another process took it
+                return
             except OSError as exc:  # EMFILE and the like: the connections wait, we retry
                 log.warning("accept failed (%s): retrying in %.1f s", exc, BACKOFF_S)
                 self._pause(BACKOFF_S)
                 return
-            self._deferred = 0
+            self._waiting_since = None
             self.accepted += 1
             self._starting += 1
             self.loop.create_task(self._connect(conn))
 
     def _defer(self) -> bool:
         """True: leave the waiting connection to the others for RECHECK_S; False: it has
-        waited MAX_DEFER_S already, take it."""
+        waited MAX_DEFER_S already (by the clock, from the first look that left it: a busy
+        loop looks less often than every RECHECK_S, and a count of looks, reset when they
+        came far apart, let connections wait seconds while both processes were saturated:
+        docs/performance.md section 34), take it."""
         now = time.monotonic()
-        if now - self._last_defer > 3 * RECHECK_S:  # a new wait, not the same one again
-            self._deferred = 0
-        self._last_defer = now
-        if self._deferred * RECHECK_S >= MAX_DEFER_S:
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if now - self._waiting_since >= MAX_DEFER_S:
             return False
-        self._deferred += 1
         self.deferrals += 1
         self._pause(RECHECK_S)
         return True

@@ -216,8 +216,7 @@ pip_mounts() {  # what the build sees of this machine's pip setup, read-only; se
     MOUNTS+=(-v "$WORK/pip-env:/run/seqserve-build:ro")
 }
 
-# The build's disk: measured 1.66 GiB at its peak (the cached base; the build stage's pip
-# install, Rust toolchain and crates, purged in the same step, and its layer), docs/deployment.md.
+# The build's disk at its peak, with a margin (measured: docs/deployment.md).
 MIN_FREE_MB=${SEQSERVE_IMAGE_MIN_FREE_MB:-2500}
 NO_DISK=3  # exit status: not enough free disk to build (nothing tried)
 check_disk() {

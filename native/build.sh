@@ -18,8 +18,7 @@ cleanup() {
     rm -rf "$here/front/target"
     if [ -n "$installed_pkgs" ]; then
         DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --auto-remove $installed_pkgs >/dev/null 2>&1 || true
-        apt-get clean >/dev/null 2>&1 || true
-        rm -rf /var/lib/apt/lists/*
+        rm -rf /var/lib/apt/lists/* /tmp/native-apt.log
         echo "native/build.sh: --clean: purged$installed_pkgs and the build folder" >&2
     fi
 }

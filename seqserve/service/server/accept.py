@@ -196,10 +196,8 @@ class BalancedListener:
 
     def _defer(self) -> bool:
         """True: leave the waiting connection to the others for RECHECK_S; False: it has
-        waited MAX_DEFER_S already (by the clock, from the first look that left it: a busy
-        loop looks less often than every RECHECK_S, and a count of looks, reset when they
-        came far apart, let connections wait seconds while both processes were saturated:
-        docs/performance.md section 34), take it."""
+        waited MAX_DEFER_S already, by the clock from the first look that left it (a busy
+        loop looks less often than every RECHECK_S), take it."""
         now = time.monotonic()
         if self._waiting_since is None:
             self._waiting_since = now

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from seqserve.service.server.accept import (
     GONE,
@@ -17,6 +20,7 @@ from seqserve.service.server.accept import (
     may_accept,
     protocol_handoff,
 )
+from seqserve.service.server.native import native_front
 
 
 def test_the_least_loaded_live_process_accepts() -> None:
@@ -106,3 +110,56 @@ def test_a_saturated_loop_still_takes_a_connection_the_others_leave(tmp_path: Pa
     waited, listener, _ = asyncio.run(_accepts(tmp_path, others=0, mine=5, busy_s=0.015))
     assert listener.accepted == 1 and listener.deferrals >= 1
     assert MAX_DEFER_S * 0.9 <= waited < 1.0, waited
+
+
+def _until(check: Callable[[], bool], seconds: float = 5.0) -> float:
+    """Seconds until `check()` holds (fails the test after `seconds`)."""
+    begin = time.monotonic()
+    while not check():
+        assert time.monotonic() - begin < seconds, "never happened"
+        time.sleep(0.0005)
+    return time.monotonic() - begin
+
+
+def test_the_native_front_accepts_by_the_same_rule_in_its_own_threads(tmp_path: Path) -> None:
+    """Where several API processes share the socket, the native front accepts in its own
+    threads (never waiting for a busy event loop) by the same rule and counters: it takes
+    connections while the others are as loaded, leaves one to a less loaded process for
+    MAX_DEFER_S only, publishes its count as connections come and go, and reads GONE once
+    it stops accepting."""
+    front_class, why = native_front()
+    if front_class is None:
+        pytest.skip(why)
+    slots = Slots(Slots.create(tmp_path / "connections", 2))
+    server = socket.create_server(("127.0.0.1", 0))
+    server.setblocking(False)
+    address = server.getsockname()
+    front = front_class(server.fileno(), slots=(slots.path, 0))
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(2):  # the other process accepts nothing yet (GONE): taken at once
+            clients.append(socket.create_connection(address))
+        _until(lambda: front.connections() == 2 and slots[0] == 2)
+        assert front.stats()["deferrals"] == 0
+        slots[1] = 0  # a live process holding none: the next connection is left to it
+        clients.append(socket.create_connection(address))
+        waited = _until(lambda: front.connections() == 3)
+        assert MAX_DEFER_S * 0.9 <= waited < 1.0, waited
+        assert front.stats()["deferrals"] >= 2 and slots[0] == 3
+        slots[1] = 3  # as loaded: taken without a deferral
+        deferred = front.stats()["deferrals"]
+        clients.append(socket.create_connection(address))
+        _until(lambda: front.connections() == 4)
+        assert front.stats()["deferrals"] == deferred and slots[0] == 4
+        clients.pop().close()  # a connection that ends leaves the count
+        _until(lambda: slots[0] == 3)
+        front.pause()
+        assert slots[0] == GONE
+        clients[0].close()
+        _until(lambda: front.connections() == 2)
+        assert slots[0] == GONE  # stopped: it stays GONE
+    finally:
+        for c in clients:
+            c.close()
+        front.close(0.2)
+        server.close()

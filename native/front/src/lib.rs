@@ -12,7 +12,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -27,8 +27,9 @@ use hyper::{HeaderMap, Request, Response, StatusCode};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 // ---------------------------------------------------------------------------------
@@ -82,6 +83,8 @@ struct Shared {
     next_rid: AtomicU64,
     connections: AtomicUsize,
     accepted: AtomicU64,
+    /// Looks at a waiting connection that left it to a less loaded process.
+    deferrals: AtomicU64,
     requests: AtomicU64,
     shutdown_rx: watch::Receiver<bool>,
     /// The server's own answers to refused heads, by what they refuse ("fields", "head",
@@ -91,6 +94,88 @@ struct Shared {
     counted: Vec<String>,
     /// Counted requests whose heads were read and whose bodies still arrive.
     arriving: AtomicUsize,
+    /// The API processes' shared connection counters, when several share the listening
+    /// socket (server/accept.py); None: this front accepts every connection it sees.
+    slots: Option<Slots>,
+}
+
+/// The shared connection counters of server/accept.py (`Slots`, `may_accept`): one signed
+/// 64-bit count per API process in a file every process maps. This front writes its own
+/// slot (`me`) as its connections come and go, GONE once it stops accepting, and takes a
+/// waiting connection only while it holds at most SLACK more than every other live process,
+/// or once the connection has waited MAX_DEFER for them.
+struct Slots {
+    base: *mut AtomicI64,
+    n: usize,
+    me: usize,
+    /// False once this process stops accepting: its slot then stays GONE.
+    live: Mutex<bool>,
+}
+
+// The map is shared memory of aligned 8-byte counters, read and written atomically.
+unsafe impl Send for Slots {}
+unsafe impl Sync for Slots {}
+
+const GONE: i64 = 1 << 62;
+const SLACK: i64 = 1;
+/// How long a process that is not the least loaded leaves a waiting connection to the
+/// others before it looks again (accept.py RECHECK_S).
+const RECHECK: Duration = Duration::from_millis(2);
+/// The longest a connection is left waiting for a less loaded process (accept.py
+/// MAX_DEFER_S): then this one takes it.
+const MAX_DEFER: Duration = Duration::from_millis(20);
+
+impl Slots {
+    fn open(path: &str, me: usize) -> io::Result<Slots> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let len = f.metadata()?.len() as usize;
+        let n = len / 8;
+        if me >= n {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput,
+                                      format!("slot {} of a file of {} slots", me, n)));
+        }
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), n * 8, libc::PROT_READ | libc::PROT_WRITE,
+                       libc::MAP_SHARED, f.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Slots { base: p as *mut AtomicI64, n, me, live: Mutex::new(true) })
+    }
+
+    fn slot(&self, i: usize) -> &AtomicI64 {
+        unsafe { &*self.base.add(i) }
+    }
+
+    fn publish(&self, count: usize) {
+        let live = self.live.lock().unwrap();
+        if *live {
+            self.slot(self.me).store(count as i64, SeqCst);
+        }
+    }
+
+    fn leave(&self) {
+        let mut live = self.live.lock().unwrap();
+        *live = false;
+        self.slot(self.me).store(GONE, SeqCst);
+    }
+
+    fn may_accept(&self) -> bool {
+        let limit = self.slot(self.me).load(SeqCst) - SLACK;
+        (0..self.n).all(|i| {
+            let c = self.slot(i).load(SeqCst);
+            i == self.me || c >= GONE || c >= limit
+        })
+    }
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        unsafe {
+            libc::munmap(self.base as *mut libc::c_void, self.n * 8);
+        }
+    }
 }
 
 /// A counted request's place in `Shared::arriving` while its body arrives.
@@ -105,6 +190,22 @@ impl Drop for Arriving {
 }
 
 impl Shared {
+    /// A connection opened (or adopted): counted, and published to the shared slot.
+    fn opened(&self) {
+        self.accepted.fetch_add(1, SeqCst);
+        let n = self.connections.fetch_add(1, SeqCst) + 1;
+        if let Some(slots) = &self.slots {
+            slots.publish(n);
+        }
+    }
+
+    fn closed(&self) {
+        let n = self.connections.fetch_sub(1, SeqCst) - 1;
+        if let Some(slots) = &self.slots {
+            slots.publish(n);
+        }
+    }
+
     /// Make the eventfd readable, only on the transition from "nothing signalled".
     fn signal(&self) {
         if !self.signaled.swap(true, SeqCst) {
@@ -890,7 +991,7 @@ struct ConnCount(Arc<Shared>);
 
 impl Drop for ConnCount {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, SeqCst);
+        self.0.closed();
     }
 }
 
@@ -957,28 +1058,57 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>) {
     }
 }
 
-async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    if *stop.borrow() {
-        return;
-    }
-    loop {
-        tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, peer)) => {
-                    sh.accepted.fetch_add(1, SeqCst);
-                    sh.connections.fetch_add(1, SeqCst);
-                    tokio::spawn(serve_conn(s, peer, sh.clone()));
-                }
-                Err(_) => {
-                    // EMFILE and the like: back off a little
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
+/// Accepts connections on the listening socket, each served by `serve_conn`; with shared
+/// counters (`Shared::slots`), only while this process is among the least loaded, or once a
+/// connection has waited MAX_DEFER for the others (looked at every RECHECK).
+async fn accept_loop(listener: std::net::TcpListener, sh: Arc<Shared>,
+                     mut stop: watch::Receiver<bool>) {
+    let listener = match AsyncFd::new(listener) {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    let mut waiting_since: Option<Instant> = None;
+    while !*stop.borrow() {
+        let mut guard = tokio::select! {
+            g = listener.readable() => match g {
+                Ok(g) => g,
+                Err(_) => return,
             },
-            r = stop.changed() => {
-                if r.is_err() || *stop.borrow() {
-                    break;
+            _ = stop.changed() => continue,
+        };
+        if let Some(slots) = &sh.slots {
+            slots.publish(sh.connections.load(SeqCst));
+            if !slots.may_accept() {
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < MAX_DEFER {
+                    // leave it to a less loaded process; readiness stays set, so the
+                    // next `readable` returns at once and looks again
+                    sh.deferrals.fetch_add(1, SeqCst);
+                    drop(guard);
+                    tokio::select! {
+                        _ = tokio::time::sleep(RECHECK) => {}
+                        _ = stop.changed() => {}
+                    }
+                    continue;
                 }
             }
+        }
+        match guard.try_io(|l| l.get_ref().accept()) {
+            Ok(Ok((s, peer))) => {
+                waiting_since = None;
+                if s.set_nonblocking(true).is_err() {
+                    continue;
+                }
+                if let Ok(stream) = TcpStream::from_std(s) {
+                    sh.opened();
+                    tokio::spawn(serve_conn(stream, peer, sh.clone()));
+                }
+            }
+            Ok(Err(_)) => {
+                // EMFILE and the like: back off a little
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(_) => waiting_since = None,  // none waits (another process took it)
         }
     }
 }
@@ -1025,6 +1155,14 @@ fn to_status(s: u16) -> PyResult<StatusCode> {
 }
 
 impl Front {
+    /// Stop accepting; the shared slot reads GONE from now on (the others take what comes).
+    fn stop_accepting(&self) {
+        self.stop_accept.send_replace(true);
+        if let Some(slots) = &self.sh.slots {
+            slots.leave();
+        }
+    }
+
     fn deliver(&self, rid: u64, reply: Reply) -> bool {
         let p = self.sh.pending.lock().unwrap().remove(&rid);
         match p {
@@ -1055,7 +1193,8 @@ impl Front {
         body_timeout_s = "30.0",
         pace_s = "0.0",
         refusals = "None",
-        counted = "Vec::new()"
+        counted = "Vec::new()",
+        slots = "None"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -1071,6 +1210,7 @@ impl Front {
         pace_s: f64,
         refusals: Option<HashMap<String, (u16, Vec<(&[u8], &[u8])>, &[u8])>>,
         counted: Vec<String>,
+        slots: Option<(String, usize)>,
     ) -> PyResult<Self> {
         let secs = |v: f64, name: &str| -> PyResult<Duration> {
             if !(v > 0.0) || !v.is_finite() {
@@ -1124,12 +1264,10 @@ impl Front {
             .enable_all()
             .build()
             .map_err(|e| fail(format!("tokio runtime: {}", e)))?;
-        let listener = match std_listener {
+        let slots = match slots {
             None => None,
-            Some(l) => {
-                let _g = rt.enter();
-                Some(TcpListener::from_std(l).map_err(|e| fail(format!("listener: {}", e)))?)
-            }
+            Some((path, me)) => Some(Slots::open(&path, me).map_err(
+                |e| fail(format!("connection slots {} ({}): {}", path, me, e)))?),
         };
         let (stop_accept, stop_rx) = watch::channel(false);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -1143,13 +1281,15 @@ impl Front {
             next_rid: AtomicU64::new(1),
             connections: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
+            deferrals: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             shutdown_rx,
             refusals: answers,
             counted,
             arriving: AtomicUsize::new(0),
+            slots,
         });
-        if let Some(listener) = listener {
+        if let Some(listener) = std_listener {
             rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
         }
         let (outbox, outbox_rx) = mpsc::unbounded_channel();
@@ -1296,9 +1436,9 @@ impl Front {
         g
     }
 
-    /// Stop accepting new connections.
-    /// Serve a connection accepted elsewhere (the caller's balanced accept): the front owns
-    /// `fd` from now on (the caller detaches its socket object).
+    /// Serve a connection accepted elsewhere (those waiting in the listen queue when the
+    /// server stops listening): the front owns `fd` from now on (the caller detaches its
+    /// socket object).
     fn adopt(&self, fd: i32) -> PyResult<()> {
         if fd < 0 {
             return Err(PyValueError::new_err("adopt: not a file descriptor"));
@@ -1313,8 +1453,7 @@ impl Front {
             let _g = self.handle.enter();
             TcpStream::from_std(std_stream).map_err(|e| PyOSError::new_err(format!("adopt: {}", e)))?
         };
-        self.sh.accepted.fetch_add(1, SeqCst);
-        self.sh.connections.fetch_add(1, SeqCst);
+        self.sh.opened();
         self.handle.spawn(serve_conn(stream, peer, self.sh.clone()));
         Ok(())
     }
@@ -1330,15 +1469,16 @@ impl Front {
         self.sh.connections.load(SeqCst)
     }
 
+    /// Stop accepting new connections.
     fn pause(&self) {
-        self.stop_accept.send_replace(true);
+        self.stop_accepting();
     }
 
     /// Stop accepting and close connections as they finish (idle ones at once, those with
     /// a request under way after its answer, fresh ones after their grace), while Python
     /// still takes and answers requests; `close` then stops the runtime.
     fn shutdown(&self) {
-        self.stop_accept.send_replace(true);
+        self.stop_accepting();
         self.shutdown.send_replace(true);
     }
 
@@ -1346,7 +1486,7 @@ impl Front {
     /// `timeout_s` seconds, then stop the runtime.  The GIL is released while waiting.
     #[args(timeout_s = "5.0")]
     fn close(&self, py: Python<'_>, timeout_s: f64) -> PyResult<()> {
-        self.stop_accept.send_replace(true);
+        self.stop_accepting();
         self.shutdown.send_replace(true);
         let rt = self.rt.lock().unwrap().take();
         let sh = self.sh.clone();
@@ -1368,6 +1508,7 @@ impl Front {
         let d = PyDict::new(py);
         d.set_item("connections", self.sh.connections.load(SeqCst))?;
         d.set_item("accepted", self.sh.accepted.load(SeqCst))?;
+        d.set_item("deferrals", self.sh.deferrals.load(SeqCst))?;
         d.set_item("requests", self.sh.requests.load(SeqCst))?;
         d.set_item("waiting", self.sh.queue.lock().unwrap().len())?;
         d.set_item("pending", self.sh.pending.lock().unwrap().len())?;

@@ -16,8 +16,11 @@ back, the others then take them. A slot reads `GONE` while its process does not 
 started yet, stopped, dead: the supervisor resets a dead process's slot before it starts the
 replacement).
 
-Accepted sockets go to uvicorn's protocol through `loop.connect_accepted_socket`, so every
-connection is served exactly as uvicorn serves the ones it accepts itself.
+The native front (server/native.py) accepts by the same rule on the same counters in its own
+threads (native/front/src/lib.rs: `Slots`, `accept_loop`), so a connection is never left
+waiting for a busy event loop; `BalancedListener` here is the uvicorn front's: its accepted
+sockets go to uvicorn's protocol through `loop.connect_accepted_socket`, so every connection
+is served exactly as uvicorn serves the ones it accepts itself.
 
 Stopping to listen loses nothing: the connections already waiting in the listen queue
 (accepted by the kernel, their requests perhaps sent) would be reset when the last copy of
@@ -66,6 +69,8 @@ class Slots:
     never a torn one)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        """The file (the native front maps it too, and accepts by the same rule)."""
         with open(path, "r+b") as f:
             self._map = mmap.mmap(f.fileno(), 0)
         self._counts = memoryview(self._map).cast("q")

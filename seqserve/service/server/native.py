@@ -2,7 +2,9 @@
 interpreter (`_front`, a Rust extension over hyper and tokio: native/front/), the
 app run per request on the event loop as uvicorn runs it.
 
-The front accepts on the listening socket in its own threads, reads each request whole (head
+The front accepts on the listening socket in its own threads (where several API processes
+share it, by accept.py's balance rule on the same shared counters: `balance`; so a
+connection never waits for a busy event loop to be accepted), reads each request whole (head
 limits, body limit, head and keep-alive deadlines are its own; a head over a limit gets the
 uvicorn protocol's answer, `head_refusals`, and a chunked body's framing and trailers are
 bounded like a head) and queues it; a body that does not arrive within `body_timeout_s` is
@@ -38,7 +40,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from seqserve.service.core.answers import error_answer
-from seqserve.service.server.accept import take_waiting
+from seqserve.service.server.accept import Slots, take_waiting
 from seqserve.service.web.http_protocol import BODY_LATE, DISCONNECT, RECEIVED, head_refusals
 from seqserve.service.web.middleware import INFERENCE
 
@@ -60,11 +62,11 @@ class NativeListener:
     """Serves `app` on `sock` through the native front; stands in for uvicorn's asyncio
     server (`close`, `wait_closed`) in `DrainingServer.servers`."""
 
-    def __init__(self, sock: socket.socket | None, app: Any,
+    def __init__(self, sock: socket.socket, app: Any,
                  answer_head: Callable[[dict[str, Any]], Any] | None,
                  answer_now: Callable[..., bool] | None, settings: Any,
                  app_state: dict[str, Any], tasks: set[asyncio.Task[None]],
-                 stop_bound_s: float) -> None:
+                 stop_bound_s: float, balance: tuple[Slots, int] | None = None) -> None:
         front_class, why = native_front()
         if front_class is None:
             raise RuntimeError(why)
@@ -86,13 +88,15 @@ class NativeListener:
                     for what, (status, message) in head_refusals(
                         s.header_timeout_s, s.max_headers, s.max_header_bytes,
                         s.max_url_bytes).items()}
-        self.front = front_class(
-            -1 if sock is None else sock.fileno(), threads=1, max_head_bytes=s.max_header_bytes,
+        sock.setblocking(False)  # (its file may be shared with other processes: a blocking
+        self.front = front_class(  # accept there would stall the front's thread)
+            sock.fileno(), threads=1, max_head_bytes=s.max_header_bytes,
             max_headers=s.max_headers, max_url_bytes=s.max_url_bytes,
             max_body_bytes=s.max_body_bytes, head_timeout_s=s.header_timeout_s,
             keep_alive_s=s.keepalive_timeout_s, body_timeout_s=s.body_timeout_s,
-            pace_s=s.refusal_pace_s, refusals=refusals, counted=list(INFERENCE))
-        host, port = (settings.host, settings.port) if sock is None else sock.getsockname()[:2]
+            pace_s=s.refusal_pace_s, refusals=refusals, counted=list(INFERENCE),
+            slots=None if balance is None else (balance[0].path, balance[1]))
+        host, port = sock.getsockname()[:2]
         self.server = (str(host), int(port))
         self.gone: dict[int, asyncio.Future[None]] = {}
         """The disconnect future of every request in flight, by the front's id."""
@@ -225,26 +229,17 @@ class NativeListener:
             if self.gone.pop(rid, None) is not None and streaming:
                 front.end(rid)
 
-    async def handoff(self, conn: socket.socket, stopping: bool) -> None:
-        """Serve a connection accepted elsewhere (`accept.BalancedListener`); one taken
-        while stopping gets its request answered with the drain's `Connection: close`."""
-        self.front.adopt(conn.detach())
-
-    def connections(self) -> int:
-        return int(self.front.connections())
-
     def close(self) -> None:
-        """Stop accepting (connections already open are still served), after taking the
-        connections waiting in the listen queue of a socket it accepts on itself, and close
-        that socket: a client connecting now is refused, as by uvicorn's closed server (not
-        left in a listen queue nobody takes from, then reset)."""
+        """Stop accepting (connections already open are still served; a shared slot reads
+        GONE), after taking the connections waiting in the socket's listen queue, and close
+        it: a client connecting now is refused, as by uvicorn's closed server (not left in a
+        listen queue nobody takes from, then reset), or taken by another API process."""
         if not self._closed:
             self._closed = True
             self.front.pause()
-            if self.sock is not None:
-                for conn in take_waiting(self.sock):
-                    self.front.adopt(conn.detach())
-                self.sock.close()
+            for conn in take_waiting(self.sock):
+                self.front.adopt(conn.detach())
+            self.sock.close()
 
     async def wait_closed(self) -> None:
         """Close the connections as they finish, still serving what they send (requests
@@ -257,8 +252,7 @@ class NativeListener:
         self._flush()
         self.loop.remove_reader(self.front.fileno())
         await asyncio.to_thread(self.front.close, 0.2)
-        if self.sock is not None:
-            self.sock.close()
+        self.sock.close()
 
     def stats(self) -> dict[str, Any]:
         return dict(self.front.stats())

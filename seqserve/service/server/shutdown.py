@@ -15,7 +15,8 @@ are taken before the listener closes and their requests answered (accept.py
 it, and a connection closes between requests, never inside one (web/http_protocol.py).
 
 Under the supervisor with several API processes, the shared listening socket is accepted on
-by a `BalancedListener` (accept.py: the least loaded process takes each new connection)
+by the rule of accept.py (the least loaded process takes each new connection): by the native
+front in its own threads, or, on the uvicorn front, by a `BalancedListener` on the event loop
 instead of uvicorn's own asyncio server.
 
 With `grpc` on, the gRPC front (`api/grpc/server.py`) starts once the app is loaded, before
@@ -121,14 +122,13 @@ class DrainingServer(uvicorn.Server):
         s = self.state.settings
         if not sockets:  # the native front, started without sockets: bind here
             sockets = [socket.create_server((s.host, s.port), backlog=self.config.backlog)]
-        front = self._front(None if self.balance is not None else sockets[0]) if native else None
-        if self.balance is not None:
+        front = self._front(sockets[0]) if native else None
+        if front is None and self.balance is not None:
             slots, index = self.balance
             connections = self.server_state.connections
-            handoff = front.handoff if front is not None else \
-                protocol_handoff(asyncio.get_running_loop(), self._factory())
-            count = front.connections if front is not None else lambda: len(connections)
-            self.listeners = [BalancedListener(sock, handoff, slots, index, count)
+            handoff = protocol_handoff(asyncio.get_running_loop(), self._factory())
+            self.listeners = [BalancedListener(sock, handoff, slots, index,
+                                               lambda: len(connections))
                               for sock in sockets]
             for listener in self.listeners:
                 listener.start()
@@ -137,18 +137,19 @@ class DrainingServer(uvicorn.Server):
         if front is not None:
             log.info("serving on http://%s:%d (native front)", *sockets[0].getsockname()[:2])
 
-    def _front(self, sock: socket.socket | None) -> NativeListener:
-        """The native front: accepting on `sock` itself, or (None) served the connections
-        the balanced listener takes."""
+    def _front(self, sock: socket.socket) -> NativeListener:
+        """The native front, accepting on `sock` (by the balance rule where the API
+        processes share it)."""
         s = self.state.settings
-        if sock is not None:
+        if self.balance is None:
             sock.listen(self.config.backlog)  # (as asyncio's create_server does)
         entry = getattr(self.config.app, "entry", None)  # (the app's lifecycle)
         head = getattr(self.config.app, "answer_head", None)
         now = getattr(entry, "answer_now", None)
         listener = NativeListener(sock, self.config.loaded_app, head, now, s,
                                   self.lifespan.state,
-                                  self.server_state.tasks, s.drain_timeout_s + 5.0)
+                                  self.server_state.tasks, s.drain_timeout_s + 5.0,
+                                  self.balance)
         self.state.arriving.append(listener.front.arriving)
         return listener
 

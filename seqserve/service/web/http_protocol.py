@@ -69,12 +69,6 @@ refused more: a closed loop of 128 such clients kept a fifth of the capacity
 `pace_s`, and a request the server takes is never delayed. (Holding the request instead and
 deciding again at the pace cost each refusal ~0.07 ms more of the loop under an open loop at
 3x capacity, whose arrivals reuse a connection just refused, for as many refusals.)
-
-Every response goes out in one write where it can: uvicorn writes the status line and headers
-(`http.response.start`) and then the body as two socket writes (two syscalls, two TCP
-segments); here a response's first write waits for its next one (the body, sent right after
-by every whole answer) and both leave joined, or it leaves on the loop's next turn when
-nothing follows at once (a stream's first chunk may take a while).
 """
 
 from __future__ import annotations
@@ -157,20 +151,19 @@ class _Refused(Exception):
     """Raised by a parser callback to stop parsing a request the protocol refused."""
 
 
-class OneWrite:
-    """A response cycle's transport: its first write (the status line and headers) is held
-    until the next write joins it, a close, or the loop's next turn (see the module doc).
-    While the server drains (`protocol.draining()`), a head that closes the connection keeps
-    it open when the client has already sent more (`keep_open`); the cycle's close is the
-    protocol's lingering close (`protocol.close_after_answer`)."""
+class AnswerTransport:
+    """A response cycle's transport. Its first write (the status line and headers) stamps a
+    429 (`refused_at`, for the pace); while the server drains (`protocol.draining()`), a head
+    that closes the connection keeps it open when the client has already sent more
+    (`keep_open`); the cycle's close is the protocol's lingering close
+    (`protocol.close_after_answer`)."""
 
-    __slots__ = ("transport", "loop", "held", "first", "protocol", "cycle")
+    __slots__ = ("transport", "loop", "first", "protocol", "cycle")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
                  protocol: Any = None, cycle: Any = None) -> None:
         self.transport = transport
         self.loop = loop
-        self.held: bytes | None = None
         self.first = True
         self.protocol = protocol
         self.cycle = cycle
@@ -184,21 +177,9 @@ class OneWrite:
                     protocol.refused_at = self.loop.time()
                 if protocol.closing_soon():
                     data = protocol.keep_open(self.cycle, data)
-            self.held = data
-            self.loop.call_soon(self.flush)
-            return
-        if self.held is not None:
-            data, self.held = self.held + data, None
         self.transport.write(data)
 
-    def flush(self) -> None:
-        if self.held is not None:
-            data, self.held = self.held, None
-            if not self.transport.is_closing():
-                self.transport.write(data)
-
     def close(self) -> None:
-        self.flush()
         if self.protocol is not None:
             self.protocol.close_after_answer()
         else:
@@ -365,7 +346,7 @@ def guarded_protocol(header_timeout_s: float, *,
             super().on_headers_complete()
             cycle = self.cycle
             if cycle is not None and cycle is not before and not cycle.response_complete:
-                cycle.transport = OneWrite(self.transport, self.loop, self, cycle)  # type: ignore[assignment]
+                cycle.transport = AnswerTransport(self.transport, self.loop, self, cycle)  # type: ignore[assignment]
                 gone: asyncio.Future[None] = self.loop.create_future()
                 cycle.scope.setdefault("extensions", {})[DISCONNECT] = gone  # type: ignore[assignment]
                 self._open = [o for o in self._open if not o[0].response_complete]
@@ -437,10 +418,10 @@ def guarded_protocol(header_timeout_s: float, *,
                 self._arm()  # answered before its body came: the rest must come soon
             if self._waiting is not None and self.cycle.response_complete:
                 answer, self._waiting = self._waiting, None
-                self.loop.call_soon(self._answer_and_close, answer)  # after OneWrite's flush
+                self.loop.call_soon(self._answer_and_close, answer)
             elif self._stopping and not self.pipeline and self.cycle.response_complete \
                     and not self.transport.is_closing():
-                self.loop.call_soon(self._close_idle)  # the server stops: after OneWrite's flush
+                self.loop.call_soon(self._close_idle)  # the server stops
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

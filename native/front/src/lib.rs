@@ -1074,7 +1074,10 @@ async fn accept_loop(listener: std::net::TcpListener, sh: Arc<Shared>,
                 Ok(g) => g,
                 Err(_) => return,
             },
-            _ = stop.changed() => continue,
+            r = stop.changed() => match r {
+                Ok(()) => continue,
+                Err(_) => return,  // the front is gone
+            },
         };
         if let Some(slots) = &sh.slots {
             slots.publish(sh.connections.load(SeqCst));
@@ -1087,7 +1090,7 @@ async fn accept_loop(listener: std::net::TcpListener, sh: Arc<Shared>,
                     drop(guard);
                     tokio::select! {
                         _ = tokio::time::sleep(RECHECK) => {}
-                        _ = stop.changed() => {}
+                        r = stop.changed() => if r.is_err() { return },
                     }
                     continue;
                 }

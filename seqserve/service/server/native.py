@@ -88,8 +88,11 @@ class NativeListener:
                     for what, (status, message) in head_refusals(
                         s.header_timeout_s, s.max_headers, s.max_header_bytes,
                         s.max_url_bytes).items()}
-        sock.setblocking(False)  # (its file may be shared with other processes: a blocking
-        self.front = front_class(  # accept there would stall the front's thread)
+        # the socket's file is shared with the front's copy (and other API processes):
+        # non-blocking, or an accept after another process took the connection would stall
+        # the front's thread
+        sock.setblocking(False)
+        self.front = front_class(
             sock.fileno(), threads=1, max_head_bytes=s.max_header_bytes,
             max_headers=s.max_headers, max_url_bytes=s.max_url_bytes,
             max_body_bytes=s.max_body_bytes, head_timeout_s=s.header_timeout_s,

@@ -27,8 +27,9 @@ long workload), one text a request: its p99 and its refusals.
 
 Below the table, where each open loop's goodput goes (`accounting`): goodput = (the cores the
 server got under overload / at capacity) x (its CPU per 2xx at capacity / under overload),
-with the CPU per 2xx split into the event loops' (the server processes' main threads) and
-the other threads' (the runtime lanes), from every thread's CPU in /proc.
+with the CPU per 2xx split into the event loops' (the server processes' main threads), the
+native front's threads' (`seqserve-front`) and the other threads' (the runtime lanes), from
+every thread's CPU in /proc.
 
 Each load runs in a child process (`--worker`), so that two generators use two cores when
 the machine has them; `uptime`'s load averages are printed before and after each row. With
@@ -60,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from bench import opengen  # noqa: E402
 from bench.opengen import SETTLE_S  # noqa: E402
-from bench.peers.servers import session_cpu_s, session_thread_cpu_s  # noqa: E402
+from bench.peers.servers import session_cpu_s, session_threads  # noqa: E402
 from bench.serving import wait_ready  # noqa: E402
 
 ERROR_METRICS = {"admitted": "seqserve_queue_wait_estimate_error_seconds",
@@ -163,14 +164,20 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def server_cpu_s(sid: int | None) -> tuple[float, float]:
+FRONT_THREAD = "seqserve-front"
+"""The native front's tokio threads' name (native/front/src/lib.rs)."""
+
+
+def server_cpu_s(sid: int | None) -> tuple[float, float, float]:
     """CPU seconds (user + system) so far of the server started here (its session: every
-    process it runs) and of its processes' main threads alone (an API process's event loop;
-    the rest are the runtime lanes and helper threads); (0, 0) for a server not started here."""
+    process it runs), of its processes' main threads alone (an API process's event loop)
+    and of the native front's threads (accepting, reading requests, writing answers; the
+    rest are the runtime lanes and helper threads); zeros for a server not started here."""
     if sid is None:
-        return 0.0, 0.0
-    threads = session_thread_cpu_s(sid)
-    return session_cpu_s(sid), sum(s for (pid, tid), s in threads.items() if pid == tid)
+        return 0.0, 0.0, 0.0
+    threads = session_threads(sid).items()
+    return (session_cpu_s(sid), sum(s for (pid, tid), (_, s) in threads if pid == tid),
+            sum(s for _, (name, s) in threads if name.startswith(FRONT_THREAD)))
 
 
 SERVER_PID: int | None = None
@@ -182,7 +189,7 @@ GENERATOR = "python"
 def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
     """Run the loads in `specs` at once, each in its own process; merged figures, with the
     generators' and the server's CPU seconds over the run."""
-    server0, loops0 = server_cpu_s(SERVER_PID)
+    server0, loops0, front0 = server_cpu_s(SERVER_PID)
     if GENERATOR == "c":
         parts = [opengen.run(s) for s in specs]  # one spec: the whole load in one process
     else:
@@ -194,9 +201,10 @@ def generate(specs: list[dict[str, Any]]) -> dict[str, Any]:
             if proc.returncode:
                 raise SystemExit(f"a load generator failed ({proc.returncode})")
             parts.append(json.loads(out.strip().splitlines()[-1]))
-    server1, loops1 = server_cpu_s(SERVER_PID)
+    server1, loops1, front1 = server_cpu_s(SERVER_PID)
     merged: dict[str, Any] = {"wall_s": max(p["wall_s"] for p in parts),
                               "server_cpu_s": server1 - server0, "loop_cpu_s": loops1 - loops0,
+                              "front_cpu_s": front1 - front0,
                               "generator_cpu_s": sum(p["load_cpu_s"] for p in parts)}
     for key in ("scheduled", "dropped", "ok", "refused", "refused_with_retry_after",
                 "other_errors"):
@@ -384,6 +392,7 @@ def row(name: str, load: str, spec: dict[str, Any], res: dict[str, Any],
         "server_cpu_ms_per_request": 1e3 * res["server_cpu_s"] / max(1, sent),
         "server_cpu_ms_per_ok": 1e3 * res["server_cpu_s"] / max(1, res["ok"]),
         "loop_cpu_ms_per_ok": 1e3 * res["loop_cpu_s"] / max(1, res["ok"]),
+        "front_cpu_ms_per_ok": 1e3 * res["front_cpu_s"] / max(1, res["ok"]),
         "ok": res["ok"], "wall_s": res["wall_s"],
         "generator_cpu_ms_per_request": 1e3 * res["generator_cpu_s"] / max(1, sent),
         "server_cores": res["server_cpu_s"] / res["wall_s"],
@@ -456,18 +465,23 @@ def accounting(cap: dict[str, Any], over: dict[str, Any]) -> dict[str, float]:
     the server got under overload / at capacity) x (its CPU per 2xx at capacity / under
     overload), exactly, both sides measured in the same runs; the CPU per 2xx split into the
     event loops' (the processes' main threads: HTTP, JSON, tokenizing, admission, every
-    refusal) and the other threads' (the runtime lanes: the graphs); and what each refusal
-    cost the event loops if an admitted request's share held at its capacity cost (an upper
-    bound: any premium the admitted requests pay under overload is counted in it)."""
-    cap_other = cap["server_cpu_ms_per_ok"] - cap["loop_cpu_ms_per_ok"]
-    over_other = over["server_cpu_ms_per_ok"] - over["loop_cpu_ms_per_ok"]
+    refusal), the native front's threads' (accepting, reading requests, writing answers:
+    every refusal's too) and the other threads' (the runtime lanes: the graphs); and what
+    each refusal cost the event loops if an admitted request's share held at its capacity
+    cost (an upper bound: any premium the admitted requests pay under overload is counted in
+    it)."""
+    def other(row: dict[str, Any]) -> float:
+        return float(row["server_cpu_ms_per_ok"] - row["loop_cpu_ms_per_ok"]
+                     - row.get("front_cpu_ms_per_ok", 0.0))
+
     extra_loop_ms = (over["loop_cpu_ms_per_ok"] - cap["loop_cpu_ms_per_ok"]) * over["ok"]
     return {
         "goodput": over["ok_per_s"] / cap["ok_per_s"],
         "cores": over["server_cores"] / cap["server_cores"],
         "cost": cap["server_cpu_ms_per_ok"] / over["server_cpu_ms_per_ok"],
         "loop_ms": (cap["loop_cpu_ms_per_ok"], over["loop_cpu_ms_per_ok"]),
-        "other_ms": (cap_other, over_other),
+        "front_ms": (cap.get("front_cpu_ms_per_ok", 0.0), over.get("front_cpu_ms_per_ok", 0.0)),
+        "other_ms": (other(cap), other(over)),
         "generator_cores": (cap["generator_cores"], over["generator_cores"]),
         "loop_ms_per_refusal": extra_loop_ms / over["refused"] if over["refused"] else math.nan,
     }
@@ -476,10 +490,11 @@ def accounting(cap: dict[str, Any], over: dict[str, Any]) -> dict[str, float]:
 def accounting_table(rows: list[dict[str, Any]]) -> str:
     """`accounting` of each open-loop row with the capacity row before it."""
     lines = ["| workload | goodput | = server cores, overload / capacity | x CPU per 2xx, "
-             "capacity / overload | event loops ms per 2xx, capacity -> overload | other "
-             "threads ms per 2xx, capacity -> overload | event loop ms per 429 (at most) | "
-             "generator cores, capacity -> overload |",
-             "| --- | ---: | ---: | ---: | --- | --- | ---: | --- |"]
+             "capacity / overload | event loops ms per 2xx, capacity -> overload | native "
+             "front threads ms per 2xx, capacity -> overload | other threads ms per 2xx, "
+             "capacity -> overload | event loop ms per 429 (at most) | generator cores, "
+             "capacity -> overload |",
+             "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | --- |"]
     for cap, over in zip(rows, rows[1:], strict=False):
         if cap["load"].startswith("capacity") and over["load"].startswith("open") \
                 and cap["workload"] == over["workload"] and cap["ok"] and over["ok"] \
@@ -488,6 +503,7 @@ def accounting_table(rows: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {over['workload']} | {a['goodput']:.3f} | {a['cores']:.3f} | "
                 f"{a['cost']:.3f} | {a['loop_ms'][0]:.3f} -> {a['loop_ms'][1]:.3f} | "
+                f"{a['front_ms'][0]:.3f} -> {a['front_ms'][1]:.3f} | "
                 f"{a['other_ms'][0]:.3f} -> {a['other_ms'][1]:.3f} | "
                 f"{a['loop_ms_per_refusal']:.3f} | {a['generator_cores'][0]:.2f} -> "
                 f"{a['generator_cores'][1]:.2f} |")

@@ -262,6 +262,11 @@ def session_cpu_s(sid: int) -> float:
 def session_thread_cpu_s(sid: int) -> dict[tuple[int, int], float]:
     """CPU seconds (user + system) of every thread of every live process in session `sid`,
     by (pid, thread id): a process's main thread has its pid as its thread id."""
+    return {key: seconds for key, (_, seconds) in session_threads(sid).items()}
+
+
+def session_threads(sid: int) -> dict[tuple[int, int], tuple[str, float]]:
+    """`session_thread_cpu_s` with each thread's name (its `comm`, as `ps -L` shows it)."""
     out = {}
     for folder, _ in _session(sid):
         for task in (folder / "task").iterdir():
@@ -269,8 +274,10 @@ def session_thread_cpu_s(sid: int) -> dict[tuple[int, int], float]:
                 raw = (task / "stat").read_bytes()
             except OSError:
                 continue
+            name = raw[raw.index(b"(") + 1:raw.rindex(b")")].decode(errors="replace")
             fields = raw[raw.rindex(b")") + 2:].split()
-            out[int(folder.name), int(task.name)] = (int(fields[11]) + int(fields[12])) / _TICK
+            out[int(folder.name), int(task.name)] = \
+                name, (int(fields[11]) + int(fields[12])) / _TICK
     return out
 
 

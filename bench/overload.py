@@ -472,7 +472,7 @@ def accounting(cap: dict[str, Any], over: dict[str, Any]) -> dict[str, float]:
     it)."""
     def other(row: dict[str, Any]) -> float:
         return float(row["server_cpu_ms_per_ok"] - row["loop_cpu_ms_per_ok"]
-                     - row.get("front_cpu_ms_per_ok", 0.0))
+                     - row["front_cpu_ms_per_ok"])
 
     extra_loop_ms = (over["loop_cpu_ms_per_ok"] - cap["loop_cpu_ms_per_ok"]) * over["ok"]
     return {
@@ -480,7 +480,7 @@ def accounting(cap: dict[str, Any], over: dict[str, Any]) -> dict[str, float]:
         "cores": over["server_cores"] / cap["server_cores"],
         "cost": cap["server_cpu_ms_per_ok"] / over["server_cpu_ms_per_ok"],
         "loop_ms": (cap["loop_cpu_ms_per_ok"], over["loop_cpu_ms_per_ok"]),
-        "front_ms": (cap.get("front_cpu_ms_per_ok", 0.0), over.get("front_cpu_ms_per_ok", 0.0)),
+        "front_ms": (cap["front_cpu_ms_per_ok"], over["front_cpu_ms_per_ok"]),
         "other_ms": (other(cap), other(over)),
         "generator_cores": (cap["generator_cores"], over["generator_cores"]),
         "loop_ms_per_refusal": extra_loop_ms / over["refused"] if over["refused"] else math.nan,

@@ -134,7 +134,7 @@ def test_the_native_front_accepts_by_the_same_rule_in_its_own_threads(tmp_path: 
     server = socket.create_server(("127.0.0.1", 0))
     server.setblocking(False)
     address = server.getsockname()
-    front = front_class(server.fileno(), slots=(slots.path, 0))
+    front = front_class(server.fileno(), slots=slots.rule(0))
     clients: list[socket.socket] = []
     try:
         for _ in range(2):  # the other process accepts nothing yet (GONE): taken at once

@@ -101,13 +101,18 @@ struct Shared {
 
 /// The shared connection counters of server/accept.py (`Slots`, `may_accept`): one signed
 /// 64-bit count per API process in a file every process maps. This front writes its own
-/// slot (`me`) as its connections come and go, GONE once it stops accepting, and takes a
-/// waiting connection only while it holds at most SLACK more than every other live process,
-/// or once the connection has waited MAX_DEFER for them.
+/// slot (`me`) as its connections come and go, `gone` once it stops accepting, and takes a
+/// waiting connection only while it holds at most `slack` more than every other live
+/// process, or once the connection has waited `max_defer` for them (looking every
+/// `recheck`). The rule's values are accept.py's (`Slots.rule`), given by Python.
 struct Slots {
     base: *mut AtomicI64,
     n: usize,
     me: usize,
+    gone: i64,
+    slack: i64,
+    recheck: Duration,
+    max_defer: Duration,
     /// False once this process stops accepting: its slot then stays GONE.
     live: Mutex<bool>,
 }
@@ -116,18 +121,15 @@ struct Slots {
 unsafe impl Send for Slots {}
 unsafe impl Sync for Slots {}
 
-const GONE: i64 = 1 << 62;
-const SLACK: i64 = 1;
-/// How long a process that is not the least loaded leaves a waiting connection to the
-/// others before it looks again (accept.py RECHECK_S).
-const RECHECK: Duration = Duration::from_millis(2);
-/// The longest a connection is left waiting for a less loaded process (accept.py
-/// MAX_DEFER_S): then this one takes it.
-const MAX_DEFER: Duration = Duration::from_millis(20);
+/// What Python gives for the shared counters (accept.py `Slots.rule`): the file, this
+/// process's slot, GONE, SLACK, RECHECK_S, MAX_DEFER_S.
+type SlotsRule = (String, usize, i64, i64, f64, f64);
 
 impl Slots {
-    fn open(path: &str, me: usize) -> io::Result<Slots> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    fn open(rule: SlotsRule) -> io::Result<Slots> {
+        let (path, me, gone, slack, recheck_s, max_defer_s) = rule;
+        let secs = |v: f64| Duration::from_secs_f64(if v.is_finite() { v.max(0.0) } else { 0.0 });
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&path)?;
         let len = f.metadata()?.len() as usize;
         let n = len / 8;
         if me >= n {
@@ -141,7 +143,8 @@ impl Slots {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Slots { base: p as *mut AtomicI64, n, me, live: Mutex::new(true) })
+        Ok(Slots { base: p as *mut AtomicI64, n, me, gone, slack, recheck: secs(recheck_s),
+                   max_defer: secs(max_defer_s), live: Mutex::new(true) })
     }
 
     fn slot(&self, i: usize) -> &AtomicI64 {
@@ -158,14 +161,14 @@ impl Slots {
     fn leave(&self) {
         let mut live = self.live.lock().unwrap();
         *live = false;
-        self.slot(self.me).store(GONE, SeqCst);
+        self.slot(self.me).store(self.gone, SeqCst);
     }
 
     fn may_accept(&self) -> bool {
-        let limit = self.slot(self.me).load(SeqCst) - SLACK;
+        let limit = self.slot(self.me).load(SeqCst) - self.slack;
         (0..self.n).all(|i| {
             let c = self.slot(i).load(SeqCst);
-            i == self.me || c >= GONE || c >= limit
+            i == self.me || c >= self.gone || c >= limit
         })
     }
 }
@@ -1060,13 +1063,16 @@ async fn serve_conn(stream: TcpStream, peer: SocketAddr, sh: Arc<Shared>) {
 
 /// Accepts connections on the listening socket, each served by `serve_conn`; with shared
 /// counters (`Shared::slots`), only while this process is among the least loaded, or once a
-/// connection has waited MAX_DEFER for the others (looked at every RECHECK).
+/// connection has waited `max_defer` for the others (looked at every `recheck`).
 async fn accept_loop(listener: std::net::TcpListener, sh: Arc<Shared>,
                      mut stop: watch::Receiver<bool>) {
     let listener = match AsyncFd::new(listener) {
         Ok(l) => l,
         Err(_) => return,
     };
+    if let Some(slots) = &sh.slots {  // live from now on (then as connections come and go)
+        slots.publish(sh.connections.load(SeqCst));
+    }
     let mut waiting_since: Option<Instant> = None;
     while !*stop.borrow() {
         let mut guard = tokio::select! {
@@ -1080,16 +1086,15 @@ async fn accept_loop(listener: std::net::TcpListener, sh: Arc<Shared>,
             },
         };
         if let Some(slots) = &sh.slots {
-            slots.publish(sh.connections.load(SeqCst));
             if !slots.may_accept() {
                 let since = *waiting_since.get_or_insert_with(Instant::now);
-                if since.elapsed() < MAX_DEFER {
+                if since.elapsed() < slots.max_defer {
                     // leave it to a less loaded process; readiness stays set, so the
                     // next `readable` returns at once and looks again
                     sh.deferrals.fetch_add(1, SeqCst);
                     drop(guard);
                     tokio::select! {
-                        _ = tokio::time::sleep(RECHECK) => {}
+                        _ = tokio::time::sleep(slots.recheck) => {}
                         r = stop.changed() => if r.is_err() { return },
                     }
                     continue;
@@ -1213,7 +1218,7 @@ impl Front {
         pace_s: f64,
         refusals: Option<HashMap<String, (u16, Vec<(&[u8], &[u8])>, &[u8])>>,
         counted: Vec<String>,
-        slots: Option<(String, usize)>,
+        slots: Option<SlotsRule>,
     ) -> PyResult<Self> {
         let secs = |v: f64, name: &str| -> PyResult<Duration> {
             if !(v > 0.0) || !v.is_finite() {
@@ -1248,19 +1253,13 @@ impl Front {
             unsafe { libc::close(efd) };
             PyOSError::new_err(msg)
         };
-        // fd < 0: no listener of its own; connections come through `adopt`
-        let std_listener = if fd < 0 {
-            None
-        } else {
-            let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-            if dup < 0 {
-                let e = io::Error::last_os_error();
-                return Err(fail(format!("dup of listening socket {}: {}", fd, e)));
-            }
-            let l = unsafe { std::net::TcpListener::from_raw_fd(dup) };
-            l.set_nonblocking(true).map_err(|e| fail(format!("set_nonblocking: {}", e)))?;
-            Some(l)
-        };
+        let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+        if dup < 0 {
+            let e = io::Error::last_os_error();
+            return Err(fail(format!("dup of listening socket {}: {}", fd, e)));
+        }
+        let listener = unsafe { std::net::TcpListener::from_raw_fd(dup) };
+        listener.set_nonblocking(true).map_err(|e| fail(format!("set_nonblocking: {}", e)))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads.max(1))
             .thread_name("seqserve-front")
@@ -1269,8 +1268,10 @@ impl Front {
             .map_err(|e| fail(format!("tokio runtime: {}", e)))?;
         let slots = match slots {
             None => None,
-            Some((path, me)) => Some(Slots::open(&path, me).map_err(
-                |e| fail(format!("connection slots {} ({}): {}", path, me, e)))?),
+            Some(rule) => {
+                let what = format!("connection slots {} ({})", rule.0, rule.1);
+                Some(Slots::open(rule).map_err(|e| fail(format!("{}: {}", what, e)))?)
+            }
         };
         let (stop_accept, stop_rx) = watch::channel(false);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -1292,9 +1293,7 @@ impl Front {
             arriving: AtomicUsize::new(0),
             slots,
         });
-        if let Some(listener) = std_listener {
-            rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
-        }
+        rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
         let (outbox, outbox_rx) = mpsc::unbounded_channel();
         rt.spawn(dispatch(outbox_rx));
         let handle = rt.handle().clone();

@@ -81,6 +81,11 @@ class Slots:
         Path(path).write_bytes(GONE.to_bytes(8, "little", signed=True) * n)
         return Path(path)
 
+    def rule(self, index: int) -> tuple[str, int, int, int, float, float]:
+        """What the native front needs to accept by `may_accept` on these counters as slot
+        `index`: the file, the slot, GONE, SLACK, RECHECK_S, MAX_DEFER_S."""
+        return self.path, index, GONE, SLACK, RECHECK_S, MAX_DEFER_S
+
     def __len__(self) -> int:
         return len(self._counts)
 

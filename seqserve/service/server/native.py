@@ -98,7 +98,7 @@ class NativeListener:
             max_body_bytes=s.max_body_bytes, head_timeout_s=s.header_timeout_s,
             keep_alive_s=s.keepalive_timeout_s, body_timeout_s=s.body_timeout_s,
             pace_s=s.refusal_pace_s, refusals=refusals, counted=list(INFERENCE),
-            slots=None if balance is None else (balance[0].path, balance[1]))
+            slots=None if balance is None else balance[0].rule(balance[1]))
         host, port = sock.getsockname()[:2]
         self.server = (str(host), int(port))
         self.gone: dict[int, asyncio.Future[None]] = {}

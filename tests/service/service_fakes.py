@@ -158,13 +158,15 @@ def served(app: FastAPI, name: str) -> Any:
 
 class CountingEntry:
     """The app's lifecycle (`app.entry`), counting the requests that run the app (the full
-    path: `calls`); its `answer_head` is the lifecycle's. With `now`, also its `answer_now`
-    (the native front then answers plain routes without a task: `now` counts them); without,
-    the native front runs the app for every request."""
+    path: `calls`); its `answer_head` (counted: `heads`) and `front_rule` are the lifecycle's.
+    With `now`, also its `answer_now` (the native front then answers plain routes without a
+    task: `now` counts them); without, the native front runs the app for every request."""
 
     def __init__(self, inner: Any, now: bool = False) -> None:
         self.inner = inner
         self.calls = 0
+        self.heads = 0
+        """Heads the front asked Python about (`answer_head`)."""
         self.now = 0
         if now:
             self.answer_now = self._answer_now
@@ -175,7 +177,12 @@ class CountingEntry:
         await self.inner(scope, receive, send)
 
     def answer_head(self, scope: Any) -> Any:
+        self.heads += 1
         return self.inner.answer_head(scope)
+
+    def front_rule(self) -> Any:
+        """The lifecycle's: the native front refuses from heads itself by it."""
+        return self.inner.front_rule()
 
     def _answer_now(self, scope: Any, body: bytes, write: Any) -> bool:
         taken = bool(self.inner.answer_now(scope, body, write))

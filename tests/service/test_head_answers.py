@@ -4,7 +4,9 @@ one the app gives (status, headers, body, metrics), on a connection that goes on
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -19,6 +21,7 @@ from service_fakes import CountingEntry, FakeRuntime, fake_factory, serve_in_thr
 
 from seqserve.service.server.app import create_app
 from seqserve.service.web.http_protocol import guarded_protocol
+from seqserve.service.web.middleware import FrontRule
 from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"
@@ -48,6 +51,14 @@ def _overloaded(app: Any) -> Any:
     return batcher
 
 
+def _calm(batcher: Any) -> None:
+    """The model's own estimate again. Set behind the event loop's back (no loop turn runs
+    the model's work), it reaches the native front's own refusals once the state the loop
+    published last is too old to refuse by (`FrontRule.MAX_AGE_S`)."""
+    del batcher.expected_wait
+    time.sleep(FrontRule.MAX_AGE_S * 1.2)
+
+
 def _count(text: str, status: str) -> float:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -70,18 +81,21 @@ def test_a_refusal_from_the_head_is_the_apps_own_answer(
         conn = RawConnection(base)
         assert conn.request("POST", URL, BODY, JSON)[0] == 200
         batcher = _overloaded(app)
-        before = entry.calls
+        before, heads = entry.calls, entry.heads
         answers = [conn.request("POST", URL, BODY, {**JSON, "x-request-id": "same-id"})
                    for _ in range(40)]
         full = entry.calls - before
+        asked = entry.heads - heads
         time.sleep(1.05)  # a new second: the next refusal's line is due (the full path)
         answers.append(conn.request("POST", URL, BODY, {**JSON, "x-request-id": "same-id"}))
         assert entry.calls - before == full + 1
-        del batcher.expected_wait
+        _calm(batcher)
         assert conn.request("POST", URL, BODY, JSON)[0] == 200  # same connection
         metrics = httpx.get(base + "/metrics").text
         conn.close()
     assert 10 <= full <= 30, full  # 10 access lines a second; the rest from the head
+    if http_front == "native":  # most of those written by the front itself, by the rule the
+        assert asked - full <= (40 - full) // 2, (asked, full)  # loop published: never asked
     lines = [r for r in caplog.records if getattr(r, "fields", {}).get("status") == 429]
     assert len(lines) == full + 1
     assert sum(r.fields.get("refusals_not_logged", 0) for r in lines) == 40 - full
@@ -96,6 +110,56 @@ def test_a_refusal_from_the_head_is_the_apps_own_answer(
         assert other[1]["server-timing"].startswith("queue;dur=0.000, compute;dur=0.000")
     assert _count(metrics, "429") == 41
     assert _count(metrics, "200") == 2
+
+
+def test_the_front_refuses_by_the_apps_own_rule(tiny_repo: Path, http_front: str) -> None:
+    """An overloaded model's refusals (no access lines due) are the app's answer in every
+    part on both fronts, the native front's written without asking Python: the request id
+    the client sent, else a new UUID; the client's trace continued under a new span, else a
+    new one; the 429 of an OIP route in its shape; a deadline the client shortened; every one
+    counted in the request metrics. What the rule leaves to the app gets the app's answer: a
+    malformed X-Request-Timeout (400), a content type it does not read (415); a model not
+    overloaded, its result."""
+    app, entry, server = _served(tiny_repo, http_front, access_log=False)
+    trace = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+    with server as base:
+        conn = RawConnection(base)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 200
+        _overloaded(app)
+        time.sleep(0.01)  # (past the gap between two publications of the loop's state)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 429  # (the loop publishes it)
+        heads = entry.heads
+        named = conn.request("POST", URL, BODY, {**JSON, "x-request-id": "client:id-1"})
+        fresh = conn.request("POST", URL, BODY, {**JSON, "x-request-id": "not valid!"})
+        traced = conn.request("POST", URL, BODY, {**JSON, "traceparent": trace})
+        oip = conn.request("POST", f"/v2/models/{MODEL}/infer", b'{"inputs": []}', JSON)
+        short = conn.request("POST", URL, BODY, {**JSON, "x-request-timeout": "0.25"})
+        if http_front == "native":
+            assert entry.heads == heads  # none of them asked Python
+        bad = conn.request("POST", URL, BODY, {**JSON, "x-request-timeout": "soon"})
+        typed = conn.request("POST", URL, BODY, {"content-type": "text/plain"})
+        metrics = httpx.get(base + "/metrics").text
+        conn.close()
+    for status, headers, body in (named, fresh, traced, oip, short):
+        assert status == 429 and headers["retry-after"] == "2", (status, headers, body)
+        doc = json.loads(body)
+        assert doc["request_id"] == headers["x-request-id"]
+        assert headers["content-type"] == "application/json"
+        assert int(headers["content-length"]) == len(body)
+        assert headers["server-timing"].startswith("queue;dur=0.000, compute;dur=0.000, total")
+    assert json.loads(named[2]) == {
+        "error": "overloaded: expected queue wait 2.000 s > 0.500 s allowed",
+        "request_id": "client:id-1"}
+    assert re.fullmatch(r"[0-9a-f]{12}4[0-9a-f]{3}[89ab][0-9a-f]{15}",
+                        fresh[1]["x-request-id"])
+    assert fresh[1]["traceparent"].endswith("-00")  # a new trace, not sampled
+    assert traced[1]["traceparent"].startswith("00-" + "ab" * 16 + "-")
+    assert traced[1]["traceparent"].endswith("-01") and "cd" * 8 not in traced[1]["traceparent"]
+    assert json.loads(short[2])["error"].endswith("> 0.250 s allowed")
+    assert bad[0] == 400 and "X-Request-Timeout" in json.loads(bad[2])["error"]
+    assert typed[0] == 415
+    assert _count(metrics, "429") == 5  # the infer route is another endpoint
+    assert _count(metrics, "200") == 1
 
 
 def test_the_head_leaves_to_the_app_what_it_answers_first(
@@ -145,7 +209,7 @@ def test_a_body_sent_after_the_refusal_is_dropped_and_the_connection_serves_on(
         if http_front == "native":  # (the front reads a body whole, off the interpreter,
             first = _read_answer(sock)  # before the head's decision)
             assert first.startswith(b"HTTP/1.1 429 "), first
-        del batcher.expected_wait
+        _calm(batcher)
         sock.sendall(head + BODY + head + BODY)
         second, third = _read_answer(sock), _read_answer(sock)
         assert second.startswith(b"HTTP/1.1 200 ") and third.startswith(b"HTTP/1.1 200 ")
@@ -192,7 +256,7 @@ def test_a_request_resent_at_once_after_a_refusal_is_refused_at_the_pace(
         t0 = time.monotonic()
         assert other.request("POST", URL, BODY, JSON)[0] == 429
         assert time.monotonic() - t0 < PACE_S  # not paced: its connection had no refusal
-        del batcher.expected_wait  # the model can take requests again
+        _calm(batcher)  # the model can take requests again
         t0 = time.monotonic()
         status, _, body = conn.request("POST", URL, BODY, JSON)
         assert status == 200 and b"label" in body

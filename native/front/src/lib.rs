@@ -32,6 +32,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+mod shed;
+
 // ---------------------------------------------------------------------------------
 // Shared state between the tokio side and Python
 // ---------------------------------------------------------------------------------
@@ -97,6 +99,10 @@ struct Shared {
     /// The API processes' shared connection counters, when several share the listening
     /// socket (server/accept.py); None: this front accepts every connection it sees.
     slots: Option<Slots>,
+    /// The overloaded models' refusals written here (shed.rs), by Python's published rule.
+    shed: Mutex<shed::Shed>,
+    /// Refusals written here in all.
+    shed_count: AtomicU64,
 }
 
 /// The shared connection counters of server/accept.py (`Slots`, `may_accept`): one signed
@@ -879,7 +885,16 @@ async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, st: &Arc<Conn
         // the first max + 1 bytes; the rest is never read, so the connection then closes
         Ok(Err(BodyErr::TooLarge(kept))) => kept,
         Ok(Err(BodyErr::Io)) => return error_answer(400, "bad request body"),
-        Ok(Ok(b)) => b,
+        Ok(Ok(b)) => {
+            let now = monotonic();
+            if let Some((s, h, b)) = shed::refusal(&sh.shed, &parts.method, parts.uri.path(),
+                                                   &parts.headers, received, now) {
+                sh.shed_count.fetch_add(1, SeqCst);
+                sh.signal();  // (Python counts it on its next turn)
+                return Answer::Full(s, h, b);
+            }
+            b
+        }
     };
     drop(arriving);
     hand_over(sh, parts, body, peer, received, true).await
@@ -1292,6 +1307,8 @@ impl Front {
             counted,
             arriving: AtomicUsize::new(0),
             slots,
+            shed: Mutex::new(shed::Shed::default()),
+            shed_count: AtomicU64::new(0),
         });
         rt.spawn(accept_loop(listener, sh.clone(), stop_rx));
         let (outbox, outbox_rx) = mpsc::unbounded_channel();
@@ -1460,6 +1477,60 @@ impl Front {
         Ok(())
     }
 
+    /// The routes of the front's own refusals (shed.rs): {path: (target, series, template)},
+    /// the error templates [(headers, body)], and the rule's settings; None: refuse nothing
+    /// here from now on. Returns the refusals not counted yet, by the routes they replace
+    /// (as `refused`).
+    #[args(routes, "*", templates = "Vec::new()", request_timeout_s = "30.0",
+           max_queue_wait_s = "1.0", retry_after_s = "1.0", cors = "false",
+           max_age_s = "0.25", message = "String::new()", after = "String::new()")]
+    #[allow(clippy::too_many_arguments)]
+    fn shed_routes(&self, routes: Option<HashMap<String, (usize, usize, usize)>>,
+                   templates: Vec<(Vec<(&[u8], &[u8])>, String)>, request_timeout_s: f64,
+                   max_queue_wait_s: f64, retry_after_s: f64, cors: bool, max_age_s: f64,
+                   message: String, after: String) -> PyResult<Vec<(usize, f64)>> {
+        let mut made = Vec::with_capacity(templates.len());
+        for (headers, body) in templates {
+            made.push((to_headers(headers)?, body));
+        }
+        let mut shed = self.sh.shed.lock().unwrap();
+        let counted = std::mem::take(&mut shed.refused);
+        let routes = match routes {
+            None => {
+                shed.rule = None;
+                return Ok(counted);
+            }
+            Some(r) => r,
+        };
+        let paths = routes.into_iter().map(|(p, (target, series, template))| {
+            (p, shed::PathRule { target, series, template })
+        }).collect();
+        let routes = shed::Routes {
+            paths, templates: made, request_timeout_s, max_queue_wait_s, retry_after_s, cors,
+            max_age_s, message, after,
+        };
+        let state = match shed.rule.take() {
+            Some((_, state)) => state,
+            None => shed::State { waits: Vec::new(), at: 0.0, open: false, log_until: 0.0 },
+        };
+        shed.rule = Some((routes, state));
+        Ok(counted)
+    }
+
+    /// This loop turn's state of the front's own refusals: each target's expected wait (-1:
+    /// not measured; NaN: not ready), whether it may refuse at all, until when refusals'
+    /// access lines are left out.
+    fn shed_state(&self, waits: Vec<f64>, open: bool, log_until: f64) {
+        if let Some((_, state)) = self.sh.shed.lock().unwrap().rule.as_mut() {
+            *state = shed::State { waits, at: monotonic(), open, log_until };
+        }
+    }
+
+    /// The refusals written here since the last call: [(series, seconds)].
+    fn refused(&self) -> Vec<(usize, f64)> {
+        std::mem::take(&mut self.sh.shed.lock().unwrap().refused)
+    }
+
     /// Requests to the `counted` paths whose heads were read and whose bodies still
     /// arrive (not yet taken): they count against the server's max in flight.
     fn arriving(&self) -> usize {
@@ -1511,6 +1582,7 @@ impl Front {
         d.set_item("connections", self.sh.connections.load(SeqCst))?;
         d.set_item("accepted", self.sh.accepted.load(SeqCst))?;
         d.set_item("deferrals", self.sh.deferrals.load(SeqCst))?;
+        d.set_item("shed", self.sh.shed_count.load(SeqCst))?;
         d.set_item("requests", self.sh.requests.load(SeqCst))?;
         d.set_item("waiting", self.sh.queue.lock().unwrap().len())?;
         d.set_item("pending", self.sh.pending.lock().unwrap().len())?;

@@ -39,10 +39,19 @@ from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from seqserve.service.api.common import describe_errors, header
-from seqserve.service.api.lifecycle import Route, asgi_call, begin, serve, shed_unread
+from seqserve.service.api.lifecycle import (
+    SHED_AFTER,
+    SHED_MESSAGE,
+    Route,
+    asgi_call,
+    begin,
+    expected_wait,
+    serve,
+    shed_unread,
+)
 from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
 from seqserve.service.core.errors import BadRequest, ClientGone, ServiceError
-from seqserve.service.web.middleware import BODY
+from seqserve.service.web.middleware import BODY, HeadRoutes
 from seqserve.service.web.responses import error_for, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 
@@ -52,6 +61,9 @@ KServe V1's `{name}:predict`; a name may hold ":" itself, the verb may not), ver
 JSON = (b"content-type", JSON_TYPE)
 NOT_JSON = "request body is not valid JSON text (malformed or not UTF-8)"
 ALLOW = [(b"allow", b"POST")]
+SENT_AS_IS = re.compile(r"[A-Za-z0-9._~:@!$&'()*+,;=/-]+")
+"""A path a client sends as it is (no percent-encoding needed)."""
+NOT_READY = float("nan")
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
 
@@ -112,6 +124,38 @@ class HotPath:
         except ServiceError as exc:
             return service_error_for(scope, exc)
         return None
+
+    def head_routes(self) -> HeadRoutes:
+        """What a front needs to refuse from the head as `head` does (`web.middleware.FrontRule`):
+        the (model, version) pairs the paths name (None: the default version), every
+        inference path of them as sent, without percent-encoding: {path: (its pair's index,
+        its endpoint's name)}, and `shed_early`'s message."""
+        pairs: list[tuple[str, str | None]] = []
+        paths: dict[str, tuple[int, str]] = {}
+        for name, versions in self.state.repository.entries.items():
+            for version in [None, *map(str, versions)]:
+                index = len(pairs)
+                pairs.append((name, version))
+                for (prefix, joined, verb), (route, _, _) in self.by_verb.items():
+                    path = (f"{prefix}/models/{name}"
+                            f"{'' if version is None else '/versions/' + version}{joined}{verb}")
+                    found = self.match(path)
+                    if found is not None and found[:3] == (route, name, version) \
+                            and SENT_AS_IS.fullmatch(path):
+                        paths[path] = index, route.name
+        return HeadRoutes(pairs, paths, SHED_MESSAGE, SHED_AFTER)
+
+    def head_waits(self, pairs: list[tuple[str, str | None]]) -> list[float]:
+        """Each pair's expected queue wait as `head` reads it now (`lifecycle.expected_wait`):
+        -1.0 when not measured yet, NaN when that version is not ready."""
+        waits = []
+        for name, version in pairs:
+            try:
+                wait = expected_wait(self.state, name, version)
+            except ServiceError:
+                wait = NOT_READY
+            waits.append(-1.0 if wait is None else wait)
+        return waits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -235,11 +235,26 @@ def shed_early(state: AppState, model: Any, timeout_s: float,
     waited = 0.0 if received is None else time.monotonic() - received
     if waited > budget or wait is not None and waited + wait > budget:
         ahead = wait or 0.0
-        front = f" after {waited:.3f} s read and waiting" \
+        front = SHED_AFTER.format(waited=f"{waited:.3f}") \
             if waited >= 0.001 and ahead <= budget else ""  # (only where it is the reason)
-        raise QueueFull(f"overloaded: expected queue wait {ahead:.3f} s{front} > "
-                        f"{budget:.3f} s allowed",
+        raise QueueFull(SHED_MESSAGE.format(ahead=f"{ahead:.3f}", front=front,
+                                            budget=f"{budget:.3f}"),
                         retry_after=max(state.settings.retry_after_s, ahead))
+
+
+SHED_MESSAGE = "overloaded: expected queue wait {ahead} s{front} > {budget} s allowed"
+SHED_AFTER = " after {waited} s read and waiting"
+"""`shed_early`'s refusal message (seconds to 3 decimals), and what it adds when the time
+since the front read the request is the reason; the native front writes the same
+(`web.middleware.FrontRule`)."""
+
+
+def expected_wait(state: AppState, model: str, version: str | None) -> float | None:
+    """The expected queue wait `shed_early` reads for a request to `model` (`version`: as
+    the path names it, None: the default), None when not measured yet; ServiceError when
+    that version is not ready."""
+    _, worker = state.repository.ready(model, version)
+    return worker.ctx.model.expected_wait()  # type: ignore[attr-defined,no-any-return]
 
 
 def shed_unread(state: AppState, call: Call) -> None:

@@ -15,8 +15,12 @@ request at once. Each becomes the ASGI scope uvicorn would have built, with the 
 disconnect future (`web.http_protocol.DISCONNECT`), and runs the same app (`create_app`'s
 middleware chain: access log, serving middleware, API keys, hot path or FastAPI). A request
 the app refuses from its head alone (`answer_head`: an overloaded model's 429) is answered
-without a task, as the uvicorn protocol does. The answers of one loop turn leave in one
-`respond_many` call; a streamed answer (SSE) goes chunk by chunk.
+without a task, as the uvicorn protocol does; most never reach Python at all: the front
+writes an overloaded model's 429 itself (native/front/src/shed.rs) by the rule the event
+loop publishes at most every PUBLISH_GAP_S of the turns it runs (`FrontRule`: each model's
+expected wait, whether the process may refuse, the access log's quiet time), and the loop
+counts those refusals in the metrics on its next turn (the front wakes it). The answers of
+one loop turn leave in one `respond_many` call; a streamed answer (SSE) goes chunk by chunk.
 
 Draining: `close()` stops accepting (connections already open keep being served, and every
 answer carries `Connection: close` while the server drains: the middleware's; the front
@@ -34,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
@@ -42,10 +48,13 @@ from urllib.parse import unquote
 from seqserve.service.core.answers import error_answer
 from seqserve.service.server.accept import Slots, take_waiting
 from seqserve.service.web.http_protocol import BODY_LATE, DISCONNECT, RECEIVED, head_refusals
-from seqserve.service.web.middleware import INFERENCE
+from seqserve.service.web.middleware import INFERENCE, FrontRule
 
 TAKE = 512
 """Most requests taken from the front in one loop turn (the rest on the next turn)."""
+PUBLISH_GAP_S = 0.001
+"""Least time between two publications of the front's refusal rule (each costs the models'
+expected waits: the batches a turn runs move them by less)."""
 Message = dict[str, Any]
 
 
@@ -66,7 +75,8 @@ class NativeListener:
                  answer_head: Callable[[dict[str, Any]], Any] | None,
                  answer_now: Callable[..., bool] | None, settings: Any,
                  app_state: dict[str, Any], tasks: set[asyncio.Task[None]],
-                 stop_bound_s: float, balance: tuple[Slots, int] | None = None) -> None:
+                 stop_bound_s: float, balance: tuple[Slots, int] | None = None,
+                 rule: FrontRule | None = None) -> None:
         front_class, why = native_front()
         if front_class is None:
             raise RuntimeError(why)
@@ -80,6 +90,9 @@ class NativeListener:
         self.held: asyncio.Future[None] | None = None
         """Done when `now` drops to 0: a task on it stands for them in `tasks` (the drain
         waits for those)."""
+        self.rule = rule
+        """The rule of the refusals the front writes itself (None: it writes none)."""
+        self.published = -math.inf
         self.app_state = app_state
         self.tasks = tasks
         self.stop_bound_s = stop_bound_s
@@ -111,6 +124,8 @@ class NativeListener:
 
     def _ready(self) -> None:
         front = self.front
+        if self.rule is not None:  # the front's own refusals counted before anything is read
+            self.rule.refused(front.refused())
         for rid in front.gone():
             future = self.gone.pop(rid, None)
             if future is not None and not future.done():
@@ -144,6 +159,17 @@ class NativeListener:
             task = self.loop.create_task(self._run(rid, scope, body if whole else None, gone))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        self.publish()
+
+    def publish(self, now: bool = False) -> None:
+        """The front's refusal rule for this turn (`FrontRule.publish`): at most every
+        PUBLISH_GAP_S, or `now`."""
+        if self.rule is None:
+            return
+        at = time.monotonic()
+        if now or at - self.published >= PUBLISH_GAP_S:
+            self.published = at
+            self.rule.publish(self.front)
 
     def _hold(self) -> None:
         self.now += 1
@@ -178,6 +204,7 @@ class NativeListener:
         answers, self.answers = self.answers, []
         if answers:
             self.front.respond_many(answers)
+        self.publish()
 
     async def _run(self, rid: int, scope: dict[str, Any], body: bytes | None,
                    gone: asyncio.Future[None]) -> None:

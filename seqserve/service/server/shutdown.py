@@ -74,11 +74,15 @@ class DrainingServer(uvicorn.Server):
         """Under the supervisor: only its SIGTERM drains (a terminal's Ctrl-C reaches every
         process of the group; the supervisor alone decides the order of the drain)."""
         self.drain_since: float | None = None
+        self.native: NativeListener | None = None
+        """The native front, when it serves."""
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.supervised and sig == signal.SIGINT:
             return
         self.state.begin_drain()
+        if self.native is not None:  # the front's own refusals stop at once
+            self.native.publish(now=True)
         if self.drain_since is not None:  # second signal: stop waiting
             self.should_exit = True
             self.force_exit = True
@@ -146,10 +150,12 @@ class DrainingServer(uvicorn.Server):
         entry = getattr(self.config.app, "entry", None)  # (the app's lifecycle)
         head = getattr(self.config.app, "answer_head", None)
         now = getattr(entry, "answer_now", None)
+        rule = getattr(entry, "front_rule", lambda: None)()
         listener = NativeListener(sock, self.config.loaded_app, head, now, s,
                                   self.lifespan.state,
                                   self.server_state.tasks, s.drain_timeout_s + 5.0,
-                                  self.balance)
+                                  self.balance, rule)
+        self.native = listener
         self.state.arriving.append(listener.front.arriving)
         return listener
 

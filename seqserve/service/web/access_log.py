@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import re
 import time
@@ -182,6 +183,19 @@ class AccessLog:
         """Whether a refusal answered at `now` would get its line (logging on, this second's
         refusal lines not used up)."""
         return self.enabled and log.isEnabledFor(logging.INFO) and not self.refusals.full(now)
+
+    def quiet_until(self, now: float) -> float:
+        """Until when a refusal's line is left out (`due` false), as of `now`: for ever with
+        logging off, to the end of this second once its lines are used, else not at all
+        (0: due now)."""
+        if not (self.enabled and log.isEnabledFor(logging.INFO)):
+            return math.inf
+        return self.refusals.second + 1.0 if self.refusals.full(now) else 0.0
+
+    def left_out(self, count: int) -> None:
+        """`count` refusals answered elsewhere (a front's own) whose lines were left out: the
+        next logged refusal's line says so."""
+        self.refusals.hidden += count
 
     def line(self, scope: Scope, rid: str, code: int, start: float) -> None:
         """The request's access line, unless logging is off or it is a refusal left out."""

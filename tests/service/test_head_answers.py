@@ -20,6 +20,7 @@ from server_support import RawConnection
 from service_fakes import CountingEntry, FakeRuntime, fake_factory, serve_in_thread, served
 
 from seqserve.service.server.app import create_app
+from seqserve.service.server.native import CALM_GAP_S
 from seqserve.service.web.http_protocol import guarded_protocol
 from seqserve.service.web.middleware import FrontRule
 from seqserve.service.web.settings import Settings
@@ -126,7 +127,7 @@ def test_the_front_refuses_by_the_apps_own_rule(tiny_repo: Path, http_front: str
         conn = RawConnection(base)
         assert conn.request("POST", URL, BODY, JSON)[0] == 200
         _overloaded(app)
-        time.sleep(0.01)  # (past the gap between two publications of the loop's state)
+        time.sleep(CALM_GAP_S * 1.2)  # (past the gap between the loop's publications)
         assert conn.request("POST", URL, BODY, JSON)[0] == 429  # (the loop publishes it)
         heads = entry.heads
         named = conn.request("POST", URL, BODY, {**JSON, "x-request-id": "client:id-1"})

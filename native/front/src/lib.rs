@@ -887,10 +887,16 @@ async fn handle_inner(req: Request<hyper::Body>, sh: &Arc<Shared>, st: &Arc<Conn
         Ok(Err(BodyErr::Io)) => return error_answer(400, "bad request body"),
         Ok(Ok(b)) => {
             let now = monotonic();
-            if let Some((s, h, b)) = shed::refusal(&sh.shed, &parts.method, parts.uri.path(),
-                                                   &parts.headers, received, now) {
+            if let Some((s, h, b, first)) = shed::refusal(
+                    &sh.shed, &parts.method, parts.uri.path(), &parts.headers, received, now) {
                 sh.shed_count.fetch_add(1, SeqCst);
-                sh.signal();  // (Python counts it on its next turn)
+                if first {  // Python counts it on its next turn: one within COUNT_WITHIN
+                    let sh = sh.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(shed::COUNT_WITHIN).await;
+                        sh.signal();
+                    });
+                }
                 return Answer::Full(s, h, b);
             }
             b

@@ -13,7 +13,9 @@
 //! decision: a queue only drains while Python says nothing, so the front never refuses on
 //! more than Python saw; the answer says the wait as published (the model's estimate).
 //! Each refusal's metric series and duration wait in `refused` until Python counts them
-//! (`Front.refused`, as the request metrics and the access log's left-out count).
+//! (`Front.refused`, as the request metrics and the access log's left-out count): on its
+//! next loop turn, which the front brings about within `COUNT_WITHIN` of the first one
+//! waiting (one wake-up for all the refusals of that time, not one each).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -25,6 +27,10 @@ use hyper::{HeaderMap, Method, StatusCode};
 /// The markers of Python's error template (`FrontRule.MESSAGE`, `FrontRule.REQUEST_ID`).
 pub const MESSAGE_MARK: &str = "@@message@@";
 pub const REQUEST_ID_MARK: &str = "@@request_id@@";
+
+/// The longest a refusal written here waits to be counted by Python (its loop woken then,
+/// if nothing woke it before).
+pub const COUNT_WITHIN: std::time::Duration = std::time::Duration::from_millis(10);
 
 pub type Hdrs = Vec<(HeaderName, HeaderValue)>;
 
@@ -78,9 +84,10 @@ pub struct Shed {
 }
 
 /// The refusal of a request with a whole body (`method`, `path`, `headers`) read at
-/// `received`, at `now`, when the published rule says so; None: Python decides.
+/// `received`, at `now`, when the published rule says so, and whether it is the first that
+/// waits to be counted; None: Python decides.
 pub fn refusal(shed: &Mutex<Shed>, method: &Method, path: &str, headers: &HeaderMap,
-               received: f64, now: f64) -> Option<(StatusCode, Hdrs, Bytes)> {
+               received: f64, now: f64) -> Option<(StatusCode, Hdrs, Bytes, bool)> {
     if method != Method::POST {
         return None;
     }
@@ -131,8 +138,9 @@ pub fn refusal(shed: &Mutex<Shed>, method: &Method, path: &str, headers: &Header
     out.push((HeaderName::from_static("x-request-id"), HeaderValue::from_str(&rid).ok()?));
     let trace = traceparent(asked.traceparent.as_deref());
     out.push((HeaderName::from_static("traceparent"), HeaderValue::from_str(&trace).ok()?));
+    let first = g.refused.is_empty();
     g.refused.push((rule.series, super::monotonic() - now));
-    Some((StatusCode::TOO_MANY_REQUESTS, out, Bytes::from(body)))
+    Some((StatusCode::TOO_MANY_REQUESTS, out, Bytes::from(body), first))
 }
 
 /// What the refusal reads of the headers.

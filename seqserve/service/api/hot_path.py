@@ -64,6 +64,8 @@ ALLOW = [(b"allow", b"POST")]
 SENT_AS_IS = re.compile(r"[A-Za-z0-9._~:@!$&'()*+,;=/-]+")
 """A path a client sends as it is (no percent-encoding needed)."""
 NOT_READY = float("nan")
+NOT_MEASURED = -1.0
+"""`head_waits`' values of a version not ready, and of one whose wait is not measured yet."""
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
 
@@ -154,7 +156,7 @@ class HotPath:
                 wait = expected_wait(self.state, name, version)
             except ServiceError:
                 wait = NOT_READY
-            waits.append(-1.0 if wait is None else wait)
+            waits.append(NOT_MEASURED if wait is None else wait)
         return waits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

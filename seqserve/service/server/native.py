@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
 import socket
 import time
@@ -50,11 +51,18 @@ from seqserve.service.server.accept import Slots, take_waiting
 from seqserve.service.web.http_protocol import BODY_LATE, DISCONNECT, RECEIVED, head_refusals
 from seqserve.service.web.middleware import INFERENCE, FrontRule
 
+log = logging.getLogger("seqserve.app")
+
 TAKE = 512
 """Most requests taken from the front in one loop turn (the rest on the next turn)."""
 PUBLISH_GAP_S = 0.001
-"""Least time between two publications of the front's refusal rule (each costs the models'
-expected waits: the batches a turn runs move them by less)."""
+"""Least time between two publications of the front's refusal rule while a model's queue
+builds up (`FrontRule.publish`: each costs the models' expected waits; one turn moves them
+by little) ..."""
+CALM_GAP_S = 0.05
+"""... and while none does (a front that refuses nothing passes requests to the full
+decision, which refuses what it must: publishing every turn cost ~3% of the event loop
+under a closed loop of short texts)."""
 Message = dict[str, Any]
 
 
@@ -92,7 +100,8 @@ class NativeListener:
         waits for those)."""
         self.rule = rule
         """The rule of the refusals the front writes itself (None: it writes none)."""
-        self.published = -math.inf
+        self.publish_at = -math.inf
+        """When the rule is published next (`publish`)."""
         self.app_state = app_state
         self.tasks = tasks
         self.stop_bound_s = stop_bound_s
@@ -147,7 +156,8 @@ class NativeListener:
                     answer = self.answer_head(scope)
                 except Exception:  # a server bug: the full path meets it too, and answers
                     answer = None  # its 500 (logged once, with the request)
-                if answer is not None:
+                if answer is not None:  # (a refusal: the rule is published this turn)
+                    self.publish_at = -math.inf
                     self._write(rid, *answer)
                     continue
             self.gone[rid] = gone
@@ -162,14 +172,15 @@ class NativeListener:
         self.publish()
 
     def publish(self, now: bool = False) -> None:
-        """The front's refusal rule for this turn (`FrontRule.publish`): at most every
-        PUBLISH_GAP_S, or `now`."""
+        """The front's refusal rule for this turn (`FrontRule.publish`), unless the last
+        was less than PUBLISH_GAP_S ago (CALM_GAP_S when no model was pressed) and no
+        refusal was answered from a head since, or `now`."""
         if self.rule is None:
             return
         at = time.monotonic()
-        if now or at - self.published >= PUBLISH_GAP_S:
-            self.published = at
-            self.rule.publish(self.front)
+        if now or at >= self.publish_at:
+            pressed = self.rule.publish(self.front)
+            self.publish_at = at + (PUBLISH_GAP_S if pressed else CALM_GAP_S)
 
     def _hold(self) -> None:
         self.now += 1
@@ -281,8 +292,12 @@ class NativeListener:
             await asyncio.sleep(0.01)
         self._flush()
         self.loop.remove_reader(self.front.fileno())
+        stats = self.front.stats()
         await asyncio.to_thread(self.front.close, 0.2)
         self.sock.close()
+        log.info("native front stopped: %d connections, %d requests handed to the app, %d "
+                 "refused by the front itself", stats["accepted"], stats["requests"],
+                 stats["shed"])
 
     def stats(self) -> dict[str, Any]:
         return dict(self.front.stats())

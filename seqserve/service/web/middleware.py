@@ -578,10 +578,15 @@ class FrontRule:
         self.series: list[tuple[str, str]] = []
         """Each series' (model, endpoint), by the index the front counts refusals under."""
 
-    def publish(self, front: Any) -> None:
+    PRESSED = 0.1
+    """A model whose expected wait is at least this share of `max_queue_wait_s` is pressed:
+    the front then needs a fresh state often (`publish`)."""
+
+    def publish(self, front: Any) -> bool:
         """Give `front` this turn's state (`Front.shed_state`), and first its routes
         (`Front.shed_routes`) when the repository's models or versions changed since the last
-        call: the refusals it wrote by the routes they replace are counted by those."""
+        call: the refusals it wrote by the routes they replace are counted by those. True
+        when a model is pressed (`PRESSED`)."""
         state = self.lifecycle.state
         key = [(name, *versions) for name, versions in state.repository.entries.items()]
         if key != self.key:
@@ -609,7 +614,10 @@ class FrontRule:
                 cors=self.lifecycle.cors is not None, max_age_s=self.MAX_AGE_S,
                 message=found.message, after=found.after))
             self.pairs, self.series = found.pairs, list(series)
-        front.shed_state(*self.state())
+        waits, open_, quiet = self.state()
+        front.shed_state(waits, open_, quiet)
+        return max((w for w in waits if w == w), default=0.0) >= \
+            self.PRESSED * state.settings.max_queue_wait_s  # (NaN: not ready, left out)
 
     def state(self) -> tuple[list[float], bool, float]:
         """This turn's state (`Front.shed_state`'s arguments): each pair's expected wait,

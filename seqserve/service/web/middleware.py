@@ -33,7 +33,8 @@ of every route: what every request passes, in this order, whatever route answers
   (the shutdown delay after SIGTERM: new work is served as usual), `Connection: close`
   (keep-alive clients move on to the endpoints that stay; the load balancer still routes
   some traffic here meanwhile); it is counted in the request metrics before the client can
-  see it.
+  see it (a refusal the native front writes itself, `FrontRule`: on the loop's next turn,
+  within 10 ms, before any request the process takes after it).
 
 `answer_head` is the same decision for a front that can answer a request before running the
 app (our uvicorn protocol, `web/http_protocol.py`; the native front): the answer `__call__`
@@ -567,6 +568,9 @@ class FrontRule:
     the loop turns that run its work publish it, and one that changed without a turn (the
     queue drained while the loop slept, or a test that sets it) reaches the front within
     this."""
+    PRESSED = 0.1
+    """A model whose expected wait is at least this share of `max_queue_wait_s` is pressed:
+    the front then needs a fresh state often (`publish`)."""
 
     def __init__(self, lifecycle: HttpLifecycle, routes_of: Callable[[], HeadRoutes],
                  waits_of: Callable[[list[tuple[str, str | None]]], list[float]]) -> None:
@@ -578,10 +582,6 @@ class FrontRule:
         self.series: list[tuple[str, str]] = []
         """Each series' (model, endpoint), by the index the front counts refusals under."""
 
-    PRESSED = 0.1
-    """A model whose expected wait is at least this share of `max_queue_wait_s` is pressed:
-    the front then needs a fresh state often (`publish`)."""
-
     def publish(self, front: Any) -> bool:
         """Give `front` this turn's state (`Front.shed_state`), and first its routes
         (`Front.shed_routes`) when the repository's models or versions changed since the last
@@ -592,32 +592,41 @@ class FrontRule:
         if key != self.key:
             self.key = key
             found = self.routes_of()
-            series: dict[tuple[str, str], int] = {}
-            shapes: dict[ErrorShape, int] = {}
-            templates: list[tuple[Headers, str]] = []
-            paths: dict[str, tuple[int, int, int]] = {}
-            for path, (index, endpoint) in found.paths.items():
-                shape = shape_of({"path": path})
-                if shape not in shapes:
-                    shapes[shape] = len(templates)
-                    _, headers, body = error_answer(429, self.MESSAGE, shape=shape,
-                                                    request_id=self.REQUEST_ID)
-                    templates.append(([h for h in headers if h[0] == b"content-type"],
-                                      body.decode()))
-                model = found.pairs[index][0]
-                paths[path] = (index, series.setdefault((model, endpoint), len(series)),
-                               shapes[shape])
+            paths, templates, series = self._routes(found)
             s = state.settings
             self.refused(front.shed_routes(
                 paths, templates=templates, request_timeout_s=s.request_timeout_s,
                 max_queue_wait_s=s.max_queue_wait_s, retry_after_s=s.retry_after_s,
                 cors=self.lifecycle.cors is not None, max_age_s=self.MAX_AGE_S,
                 message=found.message, after=found.after))
-            self.pairs, self.series = found.pairs, list(series)
+            self.pairs, self.series = found.pairs, series
         waits, open_, quiet = self.state()
         front.shed_state(waits, open_, quiet)
         return max((w for w in waits if w == w), default=0.0) >= \
             self.PRESSED * state.settings.max_queue_wait_s  # (NaN: not ready, left out)
+
+    def _routes(self, found: HeadRoutes) -> tuple[dict[str, tuple[int, int, int]],
+                                                  list[tuple[Headers, str]],
+                                                  list[tuple[str, str]]]:
+        """The front's routes of the app's paths: {path: (pair, series, template)}, the
+        error templates (the one error answer of each path's shape, its content type and body
+        with the markers), and each series' (model, endpoint)."""
+        series: dict[tuple[str, str], int] = {}
+        shapes: dict[ErrorShape, int] = {}
+        templates: list[tuple[Headers, str]] = []
+        paths: dict[str, tuple[int, int, int]] = {}
+        for path, (index, endpoint) in found.paths.items():
+            shape = shape_of({"path": path})
+            if shape not in shapes:
+                shapes[shape] = len(templates)
+                _, headers, body = error_answer(429, self.MESSAGE, shape=shape,
+                                                request_id=self.REQUEST_ID)
+                templates.append(([h for h in headers if h[0] == b"content-type"],
+                                  body.decode()))
+            model = found.pairs[index][0]
+            paths[path] = (index, series.setdefault((model, endpoint), len(series)),
+                           shapes[shape])
+        return paths, templates, list(series)
 
     def state(self) -> tuple[list[float], bool, float]:
         """This turn's state (`Front.shed_state`'s arguments): each pair's expected wait,

@@ -15,6 +15,7 @@ import pytest
 from seqserve.service.server.accept import (
     GONE,
     MAX_DEFER_S,
+    STARTING,
     BalancedListener,
     Slots,
     may_accept,
@@ -28,7 +29,8 @@ def test_the_least_loaded_live_process_accepts() -> None:
     assert may_accept(0, [2, 3, 4])
     assert may_accept(0, [4, 3])  # one above the least loaded (SLACK): still
     assert not may_accept(0, [5, 3])
-    assert may_accept(0, [9, GONE])  # the other accepts nothing (starting, stopped, dead)
+    assert may_accept(0, [9, GONE])  # the other accepts nothing (stopped, dead)
+    assert may_accept(0, [9, STARTING])  # (not yet)
     assert may_accept(1, [GONE, 9, GONE])
     assert not may_accept(2, [GONE, 1, 3])
 
@@ -36,9 +38,11 @@ def test_the_least_loaded_live_process_accepts() -> None:
 def test_slots_are_shared_between_mappings(tmp_path: Path) -> None:
     path = Slots.create(tmp_path / "connections", 3)
     a, b = Slots(path), Slots(path)
-    assert len(a) == 3 and a.values() == [GONE] * 3
+    assert len(a) == 3 and a.values() == [STARTING] * 3 and not a.started()
     a[1] = 7
-    assert b[1] == 7 and b.values() == [GONE, 7, GONE]
+    assert b[1] == 7 and b.values() == [STARTING, 7, STARTING]
+    a[0], a[2] = 0, GONE  # one accepts, one stopped: every one has started
+    assert b.started()
 
 
 class _Held(asyncio.Protocol):
@@ -137,7 +141,7 @@ def test_the_native_front_accepts_by_the_same_rule_in_its_own_threads(tmp_path: 
     front = front_class(server.fileno(), slots=slots.rule(0))
     clients: list[socket.socket] = []
     try:
-        for _ in range(2):  # the other process accepts nothing yet (GONE): taken at once
+        for _ in range(2):  # the other process accepts nothing yet (STARTING): taken at once
             clients.append(socket.create_connection(address))
         _until(lambda: front.connections() == 2 and slots[0] == 2)
         assert front.stats()["deferrals"] == 0

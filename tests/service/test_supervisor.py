@@ -217,8 +217,8 @@ def connections_held(server: Any) -> dict[int, int]:
 
 
 def wait_until_both_accept(server: Any, body: bytes) -> None:
-    """Readiness answers once one API process is up: wait until each has taken a connection
-    (one at a time, both idle: either may take it)."""
+    """Wait until each API process has taken a connection (one at a time, both idle: either
+    may take it): after a replacement, readiness does not wait for the new process."""
     seen: set[int] = set()
     deadline = time.monotonic() + 60
     while len(seen) < 2 and time.monotonic() < deadline:
@@ -248,6 +248,24 @@ def test_new_connections_are_shared_evenly_by_the_api_processes(tiny_repo: Path)
                 c.close()
             if burst == 0:
                 kill_and_replace_an_api_process(server)
+
+
+def test_the_server_is_ready_once_every_api_process_accepts(tiny_repo: Path) -> None:
+    """Readiness waits for every API process to accept (each slot reads STARTING until its
+    process first accepts): a burst of keep-alive connections opened the moment the server
+    says ready splits over both processes (the first process up took all of them, for as
+    long as they lived)."""
+    body = json.dumps({"texts": ["one two"]}).encode()
+    with serve(tiny_repo, "--layout", "hybrid", "--api-workers", "2") as server:
+        conns = [RawConnection(server.url) for _ in range(40)]
+        for c in conns:
+            c.send("POST", "/v1/models/tiny-clf/classify", body)
+        assert all(c.read_response()[0] == 200 for c in conns)
+        held = connections_held(server)
+        assert len(held) == 2 and sum(held.values()) == 40, held
+        assert max(held.values()) - min(held.values()) <= 2, held
+        for c in conns:
+            c.close()
 
 
 @pytest.mark.parametrize("layout", ["engine", "replicated"])

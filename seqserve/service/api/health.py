@@ -50,6 +50,8 @@ def _readiness(request: Request) -> Response:
         why = "draining"
     elif not state.started:
         why = "loading"
+    elif state.peers_started is not None and not state.peers_started():
+        why = "the other API processes are starting"
     else:
         pending = state.repository.not_ready()
         why = "; ".join(pending) if pending else "no model in the repository"

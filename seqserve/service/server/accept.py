@@ -12,9 +12,10 @@ while it holds at most `SLACK` (1) more than the least loaded live process (`may
 otherwise it stops watching the socket for `RECHECK_S` and looks again, leaving the
 connection to a process with fewer. A connection waits no longer than `MAX_DEFER_S` for
 that: a process that is wedged (or slow to wake) with a low count cannot hold connections
-back, the others then take them. A slot reads `GONE` while its process does not accept (not
-started yet, stopped, dead: the supervisor resets a dead process's slot before it starts the
-replacement).
+back, the others then take them. A slot reads `GONE` while its process does not accept
+(stopped, dead: the supervisor resets a dead process's slot before it starts the
+replacement), `STARTING` from the server's start until its process first accepts: the
+server's readiness waits for every process (`Slots.started`).
 
 The native front (server/native.py) accepts by the same rule on the same counters in its own
 threads (native/front/src/lib.rs: `Slots`, `accept_loop`), so a connection is never left
@@ -53,6 +54,12 @@ SLOT_ENV = "SEQSERVE_API_SLOT"
 """This API process's slot in that file."""
 GONE = 1 << 62
 """A slot's value while its process accepts nothing."""
+STARTING = GONE + 1
+"""A slot's value from the server's start until its process first accepts (a process that
+accepts nothing, as GONE; a replacement's slot reads GONE): until every process accepts, the
+server is not ready, or the first process ready would take every keep-alive connection a
+client opens at once (64 of 64, for as long as they lived: half the server's CPU idle, and
+its queue twice as long, 429s in a closed loop of long texts)."""
 RECHECK_S = 0.002
 """How long a process that is not the least loaded leaves a waiting connection to the others
 before it looks again."""
@@ -77,9 +84,14 @@ class Slots:
 
     @staticmethod
     def create(path: str | os.PathLike[str], n: int) -> Path:
-        """A file of `n` slots, every one GONE."""
-        Path(path).write_bytes(GONE.to_bytes(8, "little", signed=True) * n)
+        """A file of `n` slots, every one STARTING."""
+        Path(path).write_bytes(STARTING.to_bytes(8, "little", signed=True) * n)
         return Path(path)
+
+    def started(self) -> bool:
+        """Whether every API process has accepted since the server started (no slot reads
+        STARTING): the server's readiness waits for it."""
+        return STARTING not in self._counts.tolist()
 
     def rule(self, index: int) -> tuple[str, int, int, int, float, float]:
         """What the native front needs to accept by `may_accept` on these counters as slot

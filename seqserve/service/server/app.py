@@ -72,7 +72,8 @@ def create_app(settings: Settings, runtime_factory: RuntimeFactory | None = None
             log.debug("start-up heap frozen: %d objects", freeze_heap())
         state.started = True
         pending = "; ".join(state.repository.not_ready()) or "no model"
-        log.info("ready: %s", "yes" if state.ready else f"no ({pending})")
+        serving = state.repository.serving(state.settings.readiness)  # (its peers aside)
+        log.info("ready: %s", "yes" if serving else f"no ({pending})")
         yield
         state.begin_drain()
         drained = await composition.stop(state.drain_left())

@@ -222,4 +222,6 @@ def build_server(app: object, state: AppState, supervised: bool = False,
     )
     grpc = GrpcServer(state, str(getattr(app, "version", "")), exclusive=not supervised) \
         if s.grpc else None
+    if balance is not None:  # ready once every API process accepts
+        state.peers_started = balance[0].started
     return DrainingServer(config, state, s.shutdown_delay_s, supervised, balance, grpc)

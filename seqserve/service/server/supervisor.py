@@ -72,7 +72,7 @@ from seqserve.service.core.process import SUPERVISOR_ENV
 from seqserve.service.engine.loading import engine_bundles
 from seqserve.service.engine.options import ADDRESS_ENV, OPTIONS_ENV
 from seqserve.service.engine.server import ENGINE_TABLE_ENV
-from seqserve.service.server.accept import GONE, SLOT_ENV, SLOTS_ENV, Slots
+from seqserve.service.server.accept import GONE, SLOT_ENV, SLOTS_ENV, STARTING, Slots
 from seqserve.service.server.api_process import LISTEN_FD_ENV
 from seqserve.service.server.fleet import SupervisorControl
 from seqserve.service.web.auth import key_file_path
@@ -235,7 +235,8 @@ class Supervisor:
         env[LISTEN_FD_ENV] = str(self.sock.fileno())
         env.update(self.control.env(slot))
         if self.slots is not None:
-            self.slots[slot] = GONE  # until it accepts (a dead one's count must not stay)
+            if self.slots[slot] != STARTING:  # a replacement: GONE until it accepts (a dead
+                self.slots[slot] = GONE  # one's count must not stay); STARTING at the start
             env[SLOTS_ENV], env[SLOT_ENV] = str(self.slots_path), str(slot)
         proc = subprocess.Popen(
             [sys.executable, "-m", "seqserve.service.server.api_process"], env=env,

@@ -52,10 +52,15 @@ class AppState:
             self._states = StateCodec.from_file(self.settings.state_secret_file)
         return self._states
 
+    peers_started: Callable[[], bool] | None = None
+    """Whether every API process of the server accepts since its start (None: this process
+    serves alone): the server is ready once they all do (server/accept.py `Slots.started`)."""
+
     @property
     def ready(self) -> bool:
         return self.started and not self.draining and \
-            self.repository.serving(self.settings.readiness)
+            self.repository.serving(self.settings.readiness) and \
+            (self.peers_started is None or self.peers_started())
 
     def begin_drain(self) -> None:
         if not self.draining:

@@ -17,8 +17,8 @@ middleware chain: access log, serving middleware, API keys, hot path or FastAPI)
 the app refuses from its head alone (`answer_head`: an overloaded model's 429) is answered
 without a task, as the uvicorn protocol does; most never reach Python at all: the front
 writes an overloaded model's 429 itself (native/front/src/shed.rs) by the rule the event
-loop publishes at most every PUBLISH_GAP_S of the turns it runs (`FrontRule`: each model's
-expected wait, whether the process may refuse, the access log's quiet time), and the loop
+loop publishes from the turns it runs (`FrontRule`: each model's expected wait, whether the
+process may refuse, the access log's quiet time; `publish`), and the loop
 counts those refusals in the metrics on its next turn (the front wakes it). The answers of
 one loop turn leave in one `respond_many` call; a streamed answer (SSE) goes chunk by chunk.
 

@@ -21,8 +21,8 @@ from service_fakes import CountingEntry, FakeRuntime, fake_factory, serve_in_thr
 
 from seqserve.service.server.app import create_app
 from seqserve.service.server.native import CALM_GAP_S
+from seqserve.service.web.front_rule import FrontRule
 from seqserve.service.web.http_protocol import guarded_protocol
-from seqserve.service.web.middleware import FrontRule
 from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"

@@ -15,8 +15,8 @@ from service_fakes import FakeRuntime, fake_factory, serve_in_thread, served
 
 from seqserve.service.scheduling.batcher import Batcher
 from seqserve.service.server.app import create_app
+from seqserve.service.web.front_rule import FrontRule
 from seqserve.service.web.http_protocol import guarded_protocol
-from seqserve.service.web.middleware import FrontRule
 from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"

@@ -1,5 +1,5 @@
 //! The front's own refusals: an overloaded model's 429 written from a request's head
-//! without waking Python, by the rule Python publishes (web/middleware.py `FrontRule`).
+//! without waking Python, by the rule Python publishes (web/front_rule.py `FrontRule`).
 //!
 //! Python gives the routes once (`Front.shed_routes`: every inference path of a ready model
 //! version, with its metric series and error template, and the rule's settings) and the

@@ -51,7 +51,8 @@ from seqserve.service.api.lifecycle import (
 )
 from seqserve.service.core.answers import JSON_TYPE, Answer, bug_message, encode_json
 from seqserve.service.core.errors import BadRequest, ClientGone, ServiceError
-from seqserve.service.web.middleware import BODY, HeadRoutes
+from seqserve.service.web.front_rule import HeadRoutes
+from seqserve.service.web.middleware import BODY
 from seqserve.service.web.responses import error_for, send_answer, service_error_for
 from seqserve.service.web.state import AppState
 
@@ -128,7 +129,7 @@ class HotPath:
         return None
 
     def head_routes(self) -> HeadRoutes:
-        """What a front needs to refuse from the head as `head` does (`web.middleware.FrontRule`):
+        """What a front needs to refuse from the head as `head` does (`web.front_rule.FrontRule`):
         the (model, version) pairs the paths name (None: the default version), every
         inference path of them as sent, without percent-encoding: {path: (its pair's index,
         its endpoint's name)}, and `shed_early`'s message."""

@@ -246,7 +246,7 @@ SHED_MESSAGE = "overloaded: expected queue wait {ahead} s{front} > {budget} s al
 SHED_AFTER = " after {waited} s read and waiting"
 """`shed_early`'s refusal message (seconds to 3 decimals), and what it adds when the time
 since the front read the request is the reason; the native front writes the same
-(`web.middleware.FrontRule`)."""
+(`web.front_rule.FrontRule`)."""
 
 
 def expected_wait(state: AppState, model: str, version: str | None) -> float | None:

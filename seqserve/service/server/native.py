@@ -48,8 +48,9 @@ from urllib.parse import unquote
 
 from seqserve.service.core.answers import error_answer
 from seqserve.service.server.accept import Slots, take_waiting
+from seqserve.service.web.front_rule import FrontRule
 from seqserve.service.web.http_protocol import BODY_LATE, DISCONNECT, RECEIVED, head_refusals
-from seqserve.service.web.middleware import INFERENCE, FrontRule
+from seqserve.service.web.middleware import INFERENCE
 
 log = logging.getLogger("seqserve.app")
 

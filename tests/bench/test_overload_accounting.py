@@ -66,7 +66,8 @@ def test_a_servers_cpu_is_split_into_main_threads_the_front_and_the_rest() -> No
 def test_the_native_fronts_threads_are_counted_by_their_name() -> None:
     total, loops, front = _cpu_of(FRONT)
     assert 0.27 <= front < 0.6, front  # the front thread's 0.3 s spun
-    assert loops < 0.2 and total >= front + loops
+    # (the process's figure and each thread's are sampled apart, a tick or two each)
+    assert loops < 0.2 and total >= front + loops - 0.03, (total, front, loops)
 
 
 def fake_row(load: str, ok: int, wall_s: float, server_cpu_s: float, loop_cpu_s: float,

@@ -21,8 +21,10 @@ from service_fakes import CountingEntry, FakeRuntime, fake_factory, serve_in_thr
 
 from seqserve.service.server.app import create_app
 from seqserve.service.server.native import CALM_GAP_S
+from seqserve.service.web.access_log import VALID_ID, Trace
 from seqserve.service.web.front_rule import FrontRule
 from seqserve.service.web.http_protocol import guarded_protocol
+from seqserve.service.web.middleware import _body_kind
 from seqserve.service.web.settings import Settings
 
 MODEL = "tiny-clf"
@@ -161,6 +163,87 @@ def test_the_front_refuses_by_the_apps_own_rule(tiny_repo: Path, http_front: str
     assert typed[0] == 415
     assert _count(metrics, "429") == 5  # the infer route is another endpoint
     assert _count(metrics, "200") == 1
+
+
+_TRACE = "ab" * 16
+_IDS = ["a" * 128, "a" * 129, "~x=y+z/1:2.3_4-5", "with space", "x!y", "ÿ"]
+_TRACES = [f"00-{_TRACE}-{'cd' * 8}-01", f"00-{_TRACE.upper()}-{'cd' * 8}-01",
+           f"00-{'0' * 32}-{'cd' * 8}-01", f"00-{_TRACE}-{'0' * 16}-01",
+           f"01-{_TRACE}-{'cd' * 8}-01", f"00-{_TRACE}-{'cd' * 7}-01", f"00-{_TRACE}-{'cd' * 8}"]
+_TYPES = ["Application/JSON", 'application/vnd.x+json; charset="UTF-8"',
+          "application/json ; Charset = utf8", "application/+json",
+          "application/json; charset=latin-1", "application/jsonx", "text/json"]
+
+
+def test_the_front_reads_the_headers_by_the_apps_own_rules(
+        tiny_repo: Path, http_front: str) -> None:
+    """The headers a refusal reads, each by the app's own rule on both fronts (the native
+    front's written without asking Python): a client's request id kept exactly where the
+    access log keeps it (`VALID_ID`), a trace continued exactly where `Trace` continues it,
+    a content type read as JSON exactly where `_body_kind` reads it (else its 415), a coding
+    of identity (in any case, among blanks) read as none."""
+    app, entry, server = _served(tiny_repo, http_front, access_log=False)
+    with server as base:
+        conn = RawConnection(base)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 200
+        _overloaded(app)
+        time.sleep(CALM_GAP_S * 1.2)
+        assert conn.request("POST", URL, BODY, JSON)[0] == 429  # (the loop publishes it)
+        heads = entry.heads
+        ids = [conn.request("POST", URL, BODY, {**JSON, "x-request-id": i}) for i in _IDS]
+        traces = [conn.request("POST", URL, BODY, {**JSON, "traceparent": t})
+                  for t in _TRACES]
+        coded = conn.request("POST", URL, BODY, {**JSON, "content-encoding": " Identity , "})
+        if http_front == "native":
+            assert entry.heads == heads  # all of them the front's own
+        types = [conn.request("POST", URL, BODY, {"content-type": t}) for t in _TYPES]
+        conn.close()
+    for sent, (status, headers, _) in zip(_IDS, ids, strict=True):
+        assert status == 429
+        kept = VALID_ID.fullmatch(sent.encode("latin-1")) is not None
+        assert (headers["x-request-id"] == sent) is kept, (sent, headers["x-request-id"])
+    for sent, (status, headers, _) in zip(_TRACES, traces, strict=True):
+        assert status == 429
+        continued = Trace(sent).parent_id != ""
+        assert headers["traceparent"].startswith(f"00-{_TRACE}-") is continued, (sent, headers)
+    assert coded[0] == 429
+    for sent, (status, _, body) in zip(_TYPES, types, strict=True):
+        scope = {"headers": [(b"content-type", sent.encode())], "path": URL}
+        assert status == (415 if isinstance(_body_kind(scope), str) else 429), (sent, body)
+
+
+class _RuleFront:
+    """What a front is given by `FrontRule.publish`."""
+
+    def __init__(self) -> None:
+        self.routes: list[dict[str, Any]] = []
+        self.states: list[list[float]] = []
+
+    def shed_routes(self, paths: dict[str, Any], **_: Any) -> list[tuple[int, float]]:
+        self.routes.append(paths)
+        return []
+
+    def shed_state(self, waits: list[float], open_: bool, quiet: float) -> None:
+        self.states.append(waits)
+
+
+def test_the_front_is_given_the_routes_again_when_the_models_change(
+        tiny_repo: Path) -> None:
+    """The rule's routes go to the front once, and again after the repository's models or
+    versions change (a version removed: its paths go); its state every time, a default and
+    its pinned version the same model's one estimate."""
+    app, _, server = _served(tiny_repo, "native", access_log=False)
+    with server:
+        rule, front = app.entry.front_rule(), _RuleFront()
+        _overloaded(app)
+        rule.publish(front)
+        rule.publish(front)
+        assert len(front.routes) == 1 and URL in front.routes[0]
+        assert front.states[-1][:2] == [2.0, 2.0]  # (tiny-clf: its default, its version 1)
+        rule.app_state.repository.remove(MODEL, 1)
+        rule.publish(front)
+    assert len(front.routes) == 2 and URL not in front.routes[1]
+    assert set(front.routes[1]) < set(front.routes[0])  # (the other model's stay)
 
 
 def test_the_head_leaves_to_the_app_what_it_answers_first(

@@ -1484,17 +1484,21 @@ impl Front {
     }
 
     /// The routes of the front's own refusals (shed.rs): {path: (target, series, template)},
-    /// the error templates [(headers, body)], and the rule's settings; None: refuse nothing
+    /// the error templates [(headers, body)], and the rule's settings (`id_bytes`, `id_max`:
+    /// the bytes and the most of them a client's X-Request-Id that is kept may have, the
+    /// access log's rule); None: refuse nothing
     /// here from now on. Returns the refusals not counted yet, by the routes they replace
     /// (as `refused`).
     #[args(routes, "*", templates = "Vec::new()", request_timeout_s = "30.0",
            max_queue_wait_s = "1.0", retry_after_s = "1.0", cors = "false",
-           max_age_s = "0.25", message = "String::new()", after = "String::new()")]
+           max_age_s = "0.25", message = "String::new()", after = "String::new()",
+           id_bytes = "Vec::new()", id_max = "0")]
     #[allow(clippy::too_many_arguments)]
     fn shed_routes(&self, routes: Option<HashMap<String, (usize, usize, usize)>>,
                    templates: Vec<(Vec<(&[u8], &[u8])>, String)>, request_timeout_s: f64,
                    max_queue_wait_s: f64, retry_after_s: f64, cors: bool, max_age_s: f64,
-                   message: String, after: String) -> PyResult<Vec<(usize, f64)>> {
+                   message: String, after: String, id_bytes: Vec<u8>, id_max: usize)
+                   -> PyResult<Vec<(usize, f64)>> {
         let mut made = Vec::with_capacity(templates.len());
         for (headers, body) in templates {
             made.push((to_headers(headers)?, body));
@@ -1513,7 +1517,7 @@ impl Front {
         }).collect();
         let routes = shed::Routes {
             paths, templates: made, request_timeout_s, max_queue_wait_s, retry_after_s, cors,
-            max_age_s, message, after,
+            max_age_s, message, after, ids: shed::IdRule::new(&id_bytes, id_max),
         };
         let state = match shed.rule.take() {
             Some((_, state)) => state,

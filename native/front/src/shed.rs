@@ -60,6 +60,29 @@ pub struct Routes {
     /// and `{front}` where the figures go.
     pub message: String,
     pub after: String,
+    /// Which client request ids the answer keeps (the access log's rule).
+    pub ids: IdRule,
+}
+
+/// access_log.py's rule for a client's X-Request-Id (`ID_BYTES`, `ID_MAX`), as given: kept
+/// when it has 1 to `max` of those bytes, else a new id is made.
+pub struct IdRule {
+    allowed: [bool; 256],
+    max: usize,
+}
+
+impl IdRule {
+    pub fn new(bytes: &[u8], max: usize) -> IdRule {
+        let mut allowed = [false; 256];
+        for &b in bytes {
+            allowed[b as usize] = true;
+        }
+        IdRule { allowed, max }
+    }
+
+    fn keeps(&self, v: &[u8]) -> bool {
+        !v.is_empty() && v.len() <= self.max && v.iter().all(|&b| self.allowed[b as usize])
+    }
 }
 
 /// What Python gives per loop turn.
@@ -107,7 +130,7 @@ pub fn refusal(shed: &Mutex<Shed>, method: &Method, path: &str, headers: &Header
     } else {
         (Some(w), Some((w - (now - state.at)).max(0.0)))
     };
-    let asked = read_head(headers, routes.cors)?;
+    let asked = read_head(headers, routes)?;
     let timeout = asked.timeout.map_or(routes.request_timeout_s, |t| t.min(routes.request_timeout_s));
     let budget = timeout.min(routes.max_queue_wait_s);
     let waited = now - received;
@@ -153,7 +176,7 @@ struct Asked {
 /// The headers a refusal here may answer (None: Python's: a content type or coding that is
 /// not plain JSON, an Origin with CORS on, an X-Request-Timeout that is not a plain positive
 /// number), with what the answer reads of them.
-fn read_head(headers: &HeaderMap, cors: bool) -> Option<Asked> {
+fn read_head(headers: &HeaderMap, routes: &Routes) -> Option<Asked> {
     let mut asked = Asked { timeout: None, request_id: None, traceparent: None };
     let mut typed = false;
     let mut timed = false;
@@ -169,13 +192,13 @@ fn read_head(headers: &HeaderMap, cors: bool) -> Option<Asked> {
             "content-encoding" => {
                 let v = value.as_bytes();
                 if !v.split(|&b| b == b',').all(|c| {
-                    let c = c.trim_ascii_lower();
-                    c.is_empty() || c == b"identity"
+                    let c = strip(c);
+                    c.is_empty() || c.eq_ignore_ascii_case(b"identity")
                 }) {
                     return None;
                 }
             }
-            "origin" if cors => return None,
+            "origin" if routes.cors => return None,
             "x-request-timeout" if !timed => {
                 timed = true;
                 let t: f64 = std::str::from_utf8(value.as_bytes()).ok()?.parse().ok()?;
@@ -187,7 +210,7 @@ fn read_head(headers: &HeaderMap, cors: bool) -> Option<Asked> {
             "x-request-id" if !named => {
                 named = true;
                 let v = value.as_bytes();
-                if valid_id(v) {
+                if routes.ids.keeps(v) {
                     asked.request_id = Some(String::from_utf8_lossy(v).into_owned());
                 }
             }
@@ -200,42 +223,36 @@ fn read_head(headers: &HeaderMap, cors: bool) -> Option<Asked> {
     Some(asked)
 }
 
-trait AsciiLower {
-    fn trim_ascii_lower(&self) -> Vec<u8>;
-}
-
-impl AsciiLower for [u8] {
-    fn trim_ascii_lower(&self) -> Vec<u8> {
-        let s = std::str::from_utf8(self).unwrap_or("\u{fffd}");
-        s.trim().to_ascii_lowercase().into_bytes()
-    }
+/// `bytes.strip()`: ASCII whitespace off both ends, without a copy.
+fn strip(v: &[u8]) -> &[u8] {
+    let space = |b: &u8| b" \t\n\r\x0b\x0c".contains(b);
+    let start = v.iter().position(|b| !space(b)).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !space(b)).map_or(start, |i| i + 1);
+    &v[start..end]
 }
 
 /// application/json or application/*+json, with a UTF-8 charset if one is given (what
-/// Python's `_body_kind` reads as JSON; no content type is JSON too).
+/// Python's `_body_kind` reads as JSON; no content type is JSON too): the same steps on
+/// bytes (strip, ASCII case folded), without allocating.
 fn plain_json(value: &[u8]) -> bool {
     let mut parts = value.split(|&b| b == b';');
-    let media = parts.next().unwrap_or(b"").trim_ascii_lower();
-    if !(media == b"application/json"
-         || media.starts_with(b"application/") && media.ends_with(b"+json")) {
-        return false;
-    }
-    parts.all(|param| {
+    let media = strip(parts.next().unwrap_or(b""));
+    let prefix = b"application/";
+    let json = media.eq_ignore_ascii_case(b"application/json")
+        || media.len() >= prefix.len() + 5
+            && media[..prefix.len()].eq_ignore_ascii_case(prefix)
+            && media[media.len() - 5..].eq_ignore_ascii_case(b"+json");
+    json && parts.all(|param| {
         let mut kv = param.splitn(2, |&b| b == b'=');
-        let name = kv.next().unwrap_or(b"").trim_ascii_lower();
-        if name != b"charset" {
+        if !strip(kv.next().unwrap_or(b"")).eq_ignore_ascii_case(b"charset") {
             return true;
         }
-        let v = kv.next().unwrap_or(b"").trim_ascii_lower();
-        let v: Vec<u8> = v.into_iter().filter(|&b| b != b'"').collect();
-        v == b"utf-8" || v == b"utf8"
+        let v = strip(kv.next().unwrap_or(b""));
+        let start = v.iter().position(|&b| b != b'"').unwrap_or(v.len());
+        let end = v.iter().rposition(|&b| b != b'"').map_or(start, |i| i + 1);
+        let v = &v[start..end];
+        v.eq_ignore_ascii_case(b"utf-8") || v.eq_ignore_ascii_case(b"utf8")
     })
-}
-
-/// access_log.py VALID_ID: [A-Za-z0-9._:/+=~-]{1,128}
-fn valid_id(v: &[u8]) -> bool {
-    !v.is_empty() && v.len() <= 128
-        && v.iter().all(|&b| b.is_ascii_alphanumeric() || b"._:/+=~-".contains(&b))
 }
 
 /// access_log.py `Trace`: the request's traceparent continued (version 00, lower-case hex,

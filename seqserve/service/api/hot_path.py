@@ -45,7 +45,7 @@ from seqserve.service.api.lifecycle import (
     Route,
     asgi_call,
     begin,
-    expected_wait,
+    scheduled_model,
     serve,
     shed_unread,
 )
@@ -149,15 +149,22 @@ class HotPath:
         return HeadRoutes(pairs, paths, SHED_MESSAGE, SHED_AFTER)
 
     def head_waits(self, pairs: list[tuple[str, str | None]]) -> list[float]:
-        """Each pair's expected queue wait as `head` reads it now (`lifecycle.expected_wait`):
-        -1.0 when not measured yet, NaN when that version is not ready."""
+        """Each pair's expected queue wait as `head` reads it now (`lifecycle.scheduled_model`,
+        each model's estimate once: a default and its pinned version are one): -1.0 when not
+        measured yet, NaN when that version is not ready."""
         waits = []
+        known: dict[int, float] = {}
         for name, version in pairs:
             try:
-                wait = expected_wait(self.state, name, version)
+                model = scheduled_model(self.state, name, version)
             except ServiceError:
-                wait = NOT_READY
-            waits.append(NOT_MEASURED if wait is None else wait)
+                waits.append(NOT_READY)
+                continue
+            wait = known.get(id(model))
+            if wait is None:
+                estimate = model.expected_wait()
+                wait = known[id(model)] = NOT_MEASURED if estimate is None else estimate
+            waits.append(wait)
         return waits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

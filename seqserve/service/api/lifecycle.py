@@ -249,12 +249,12 @@ since the front read the request is the reason; the native front writes the same
 (`web.front_rule.FrontRule`)."""
 
 
-def expected_wait(state: AppState, model: str, version: str | None) -> float | None:
-    """The expected queue wait `shed_early` reads for a request to `model` (`version`: as
-    the path names it, None: the default), None when not measured yet; ServiceError when
-    that version is not ready."""
+def scheduled_model(state: AppState, model: str, version: str | None) -> Any:
+    """The scheduled model whose `expected_wait` `shed_early` reads for a request to `model`
+    (`version`: as the path names it, None: the default); ServiceError when that version is
+    not ready."""
     _, worker = state.repository.ready(model, version)
-    return worker.ctx.model.expected_wait()  # type: ignore[attr-defined,no-any-return]
+    return worker.ctx.model  # type: ignore[attr-defined]
 
 
 def shed_unread(state: AppState, call: Call) -> None:

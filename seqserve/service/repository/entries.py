@@ -123,6 +123,9 @@ class ModelRepository:
         self.defaults: dict[str, int] = {}
         """The default version of each model the model control chose (or its policy names);
         while it is not ready, the highest ready version."""
+        self.generation = 0
+        """Counts the changes of the table's models and versions (`open`, `add`, `remove`):
+        what reads the table's paths knows when to read them again."""
 
     async def open(self, engines: list[Engine]) -> None:
         """An entry for every version each engine holds, in (name, version) order, and the
@@ -135,6 +138,7 @@ class ModelRepository:
         for state, _ in found:
             self.entries.setdefault(state.name, {})[state.version] = ModelEntry(
                 state.name, state.version, Path(state.path))
+        self.generation += 1
         for state, engine in found:
             await self._open(self.entries[state.name][state.version], state, engine)
 
@@ -254,6 +258,7 @@ class ModelRepository:
         if entry.state != "ready" and old is not None and old.state == "ready":
             return entry
         versions[state.version] = entry
+        self.generation += 1
         return entry
 
     def switch(self, name: str, default: int | None) -> None:
@@ -269,6 +274,7 @@ class ModelRepository:
         it admitted finishes: the engine's `unload`); the model is gone with its last."""
         versions = self.entries.get(name, {})
         entry = versions.pop(version, None)
+        self.generation += 1
         if not versions:
             self.entries.pop(name, None)
             self.defaults.pop(name, None)

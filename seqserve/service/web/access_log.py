@@ -32,6 +32,7 @@ import logging
 import math
 import random
 import re
+import string
 import time
 from typing import Any
 
@@ -41,7 +42,11 @@ from seqserve.service.core.answers import Headers, retry_after_value
 
 log = logging.getLogger("seqserve.access")
 HEADER = b"x-request-id"
-VALID_ID = re.compile(rb"[A-Za-z0-9._:/+=~-]{1,128}")
+ID_BYTES = string.ascii_letters.encode() + string.digits.encode() + b"._:/+=~-"
+ID_MAX = 128
+"""A client's X-Request-Id is kept when it is 1 to ID_MAX of these bytes (the native front
+reads the same rule: `FrontRule`)."""
+VALID_ID = re.compile(b"[%s]{1,%d}" % (re.escape(ID_BYTES), ID_MAX))
 LOGGED = "_seqserve_logged"
 """Attribute set on an exception once its traceback is logged."""
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from seqserve.service.core.answers import ErrorShape, Headers, error_answer
+from seqserve.service.web.access_log import ID_BYTES, ID_MAX
 from seqserve.service.web.responses import shape_of
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ class FrontRule:
         """The lifecycle's count of one answer in the request metrics."""
         self.routes_of = routes_of
         self.waits_of = waits_of
-        self.key: object = None
+        self.generation = -1
+        """The repository's `generation` the front's routes were made of."""
         self.pairs: list[tuple[str, str | None]] = []
         self.series: list[tuple[str, str]] = []
         """Each series' (model, endpoint), by the index the front counts refusals under."""
@@ -76,9 +78,8 @@ class FrontRule:
         call: the refusals it wrote by the routes they replace are counted by those. True
         when a model is pressed (`PRESSED`)."""
         state = self.app_state
-        key = [(name, *versions) for name, versions in state.repository.entries.items()]
-        if key != self.key:
-            self.key = key
+        if state.repository.generation != self.generation:
+            self.generation = state.repository.generation
             found = self.routes_of()
             paths, templates, series = self._routes(found)
             s = state.settings
@@ -86,7 +87,8 @@ class FrontRule:
                 paths, templates=templates, request_timeout_s=s.request_timeout_s,
                 max_queue_wait_s=s.max_queue_wait_s, retry_after_s=s.retry_after_s,
                 cors=self.cors, max_age_s=self.MAX_AGE_S,
-                message=found.message, after=found.after))
+                message=found.message, after=found.after, id_bytes=ID_BYTES,
+                id_max=ID_MAX))
             self.pairs, self.series = found.pairs, series
         waits, open_, quiet = self.state()
         front.shed_state(waits, open_, quiet)

@@ -153,11 +153,16 @@ class Batcher(Generic[P, R]):
         """Seconds of a batch, fixed + per token, fitted from recent batches (warm-up
         included): from its start to its end on its instance's thread."""
         self.drain = CostEstimate()
-        """Seconds per row at which a backlog drains, per instance: from the start of an
-        instance's batch to its next launch on an idle instance while rows waited, over that
-        batch's rows (`expected_wait`)."""
-        self._launched: list[tuple[list[float], int] | None] = [None] * len(self.computes)
-        """Per instance, ([start, end] on its thread, rows) of its last batch."""
+        """Seconds per row at which a backlog drains, per instance: from the end of an
+        instance's batch on its thread, with rows waiting, to the end of its next, over that
+        batch's rows (`expected_wait`). (Measured from a batch's start to the instance's next
+        launch from idle, it was seen only where no batch was handed over, a few times a
+        second at most under a steady load, each time over a lone small batch: long texts
+        in a closed loop at capacity read ~6 ms a row against ~1.6 ms served, and refused
+        requests whose queue wait was ~50 ms.)"""
+        self._backlog_since: list[float | None] = [None] * len(self.computes)
+        """Per instance, when its thread ended its last batch with work waiting for it (a
+        batch handed over, or rows queued before then); None: it went idle."""
         self.margin = WaitMargin(config.max_queue_wait_s)
         """What `expected_wait` adds to the estimate for its own error."""
         self.gap = CostEstimate()
@@ -440,11 +445,7 @@ class Batcher(Generic[P, R]):
             self.gap.observe(1, 0.0)
         elif freed is not None:  # rows waited while this instance was between batches
             self.gap.observe(1, now - freed)
-            last = self._launched[instance]
-            if last is not None:
-                self.drain.observe(last[1], now - last[0][0])
         times = [now, now]  # [start, end] on the thread (`_run_batch`)
-        self._launched[instance] = (times, len(batch))
         jobs.append((now, sum(lengths)))
         self._lanes[instance].put((batch, [r.payload for r in batch], times, done,
                                    instance, self._finish))
@@ -457,6 +458,7 @@ class Batcher(Generic[P, R]):
             jobs = self._busy[instance]
             if jobs:
                 jobs.popleft()
+            self._drained(instance, len(batch), times[1], bool(jobs))
             if not jobs:
                 self._freed_at[instance] = times[1] if self._live else None
                 self._free.append(instance)
@@ -464,6 +466,17 @@ class Batcher(Generic[P, R]):
             self._wake.set()  # (`_run` may wait for an instance with room for a batch)
             self._running.discard(done)
             done.set_result(None)
+
+    def _drained(self, instance: int, rows: int, end: float, handed: bool) -> None:
+        """`drain`: an instance's batch of `rows` ended at `end` on its thread; the time since
+        its last batch ended counts when work waited for it then, and this end starts the
+        next such time when work waits now (a batch handed over after it, or a row queued
+        before `end`)."""
+        since = self._backlog_since[instance]
+        if since is not None:
+            self.drain.observe(rows, end - since)
+        waiting = handed or bool(self._pending) and self._pending[0].enqueued <= end
+        self._backlog_since[instance] = end if waiting else None
 
     def _answer(self, batch: list[_Row[P, R]], times: list[float],
                 outcome: Sequence[R] | Exception) -> None:

@@ -232,8 +232,8 @@ def test_the_front_is_given_the_routes_again_when_the_models_change(
     """The rule's routes go to the front once, and again after the repository's models or
     versions change (a version removed: its paths go); its state every time, a default and
     its pinned version the same model's one estimate."""
-    app, _, server = _served(tiny_repo, "native", access_log=False)
-    with server:
+    app, _, server = _served(tiny_repo, "uvicorn", access_log=False)  # (no front of its own
+    with server:  # publishing beside the test's)
         rule, front = app.entry.front_rule(), _RuleFront()
         _overloaded(app)
         rule.publish(front)

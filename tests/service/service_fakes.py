@@ -114,10 +114,17 @@ def serve_in_thread(app: Any, timeout: float = 60.0,
 
 def serve_repo(repo: Path, **overrides: Any) -> contextlib.AbstractContextManager[str]:
     """seqserve's own app over the bundles of `repo` (one runtime thread; `overrides`: more
-    settings) under a real uvicorn in a thread; yields the base URL."""
+    settings) under a real uvicorn in a thread; yields the base URL. Its requests may wait
+    SERVE_REPO_WAIT_S (unless overridden): the server shares its process with the test's
+    client, and on a busy CI machine a request read while the host stalled for 1.5 s was
+    refused as waiting past the default 0.5 s (a 429 none of these tests is about)."""
     from seqserve.service.server.app import create_app
 
-    return serve_in_thread(create_app(Settings(repo=repo, intra_op_threads=1, **overrides)))
+    settings = {"max_queue_wait_s": SERVE_REPO_WAIT_S, **overrides}
+    return serve_in_thread(create_app(Settings(repo=repo, intra_op_threads=1, **settings)))
+
+
+SERVE_REPO_WAIT_S = 30.0
 
 
 def copy_repo(src: Path, dst: Path) -> Path:

@@ -223,12 +223,16 @@ fn read_head(headers: &HeaderMap, routes: &Routes) -> Option<Asked> {
     Some(asked)
 }
 
-/// `bytes.strip()`: ASCII whitespace off both ends, without a copy.
-fn strip(v: &[u8]) -> &[u8] {
-    let space = |b: &u8| b" \t\n\r\x0b\x0c".contains(b);
-    let start = v.iter().position(|b| !space(b)).unwrap_or(v.len());
-    let end = v.iter().rposition(|b| !space(b)).map_or(start, |i| i + 1);
+/// `v` without the bytes of `set` at either end (`bytes.strip(set)`), without a copy.
+fn trim<'a>(v: &'a [u8], set: &[u8]) -> &'a [u8] {
+    let start = v.iter().position(|b| !set.contains(b)).unwrap_or(v.len());
+    let end = v.iter().rposition(|b| !set.contains(b)).map_or(start, |i| i + 1);
     &v[start..end]
+}
+
+/// `bytes.strip()`: ASCII whitespace off both ends.
+fn strip(v: &[u8]) -> &[u8] {
+    trim(v, b" \t\n\r\x0b\x0c")
 }
 
 /// application/json or application/*+json, with a UTF-8 charset if one is given (what
@@ -247,10 +251,7 @@ fn plain_json(value: &[u8]) -> bool {
         if !strip(kv.next().unwrap_or(b"")).eq_ignore_ascii_case(b"charset") {
             return true;
         }
-        let v = strip(kv.next().unwrap_or(b""));
-        let start = v.iter().position(|&b| b != b'"').unwrap_or(v.len());
-        let end = v.iter().rposition(|&b| b != b'"').map_or(start, |i| i + 1);
-        let v = &v[start..end];
+        let v = trim(strip(kv.next().unwrap_or(b"")), b"\"");
         v.eq_ignore_ascii_case(b"utf-8") || v.eq_ignore_ascii_case(b"utf8")
     })
 }

@@ -52,6 +52,7 @@ class Tokenizer:
                  specials: tuple[int, int, int, int] | None = None) -> None:
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self._blank: str | None = None
+        self._pieces: tuple[str, ...] | None = None  # every id's piece, read once (`pieces`)
         self.model_proto = model_proto
         """The serialized model (the bytes of tokenizer.model)."""
         if specials is not None:
@@ -123,14 +124,22 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids`; pad/bos/eos are skipped."""
         skip = (self.pad_id, self.bos_id, self.eos_id)
-        keep = [int(i) for i in ids if int(i) not in skip]
-        return str(self._sp.decode(keep))
+        return str(self._sp.decode([i for i in map(int, ids) if i not in skip]))
 
     def id_to_piece(self, i: int) -> str:
         """The vocabulary piece of id `i` (e.g. "▁vingt")."""
-        if not 0 <= i < self.vocab_size:
-            raise IndexError(f"token id {i} out of range [0, {self.vocab_size})")
-        return str(self._sp.id_to_piece(i))
+        pieces = self.pieces()
+        if not 0 <= i < len(pieces):
+            raise IndexError(f"token id {i} out of range [0, {len(pieces)})")
+        return pieces[i]
+
+    def pieces(self) -> tuple[str, ...]:
+        """Every id's piece, by id (read from the model once: an answer's tokens are looked
+        up here, not through a call into sentencepiece per token)."""
+        if self._pieces is None:
+            sp = self._sp
+            self._pieces = tuple(str(sp.id_to_piece(i)) for i in range(sp.get_piece_size()))
+        return self._pieces
 
     def normalize(self, text: str) -> str:
         """`text` as the tokenizer sees it (NFKC, case folding, collapsed spaces): what

@@ -348,7 +348,7 @@ class RequestCall:
         gauge = self.gauge = state.metrics.child(state.metrics.in_flight, call.model) \
             if call.model in state.repository.entries else None
         if gauge is not None:
-            gauge.inc()
+            state.metrics.tally.inc(gauge)
         gone = self.gone = call.gone
         if gone is not None:
             context.gone = gone
@@ -369,7 +369,7 @@ class RequestCall:
             self.watcher.cancel()  # not awaited: it ends on the loop's next turn, holding nothing
             context.gone = None  # its CancelledError's frames hold `context`: no cycle
         if self.gauge is not None:
-            self.gauge.dec()
+            self.state.metrics.tally.inc(self.gauge, -1.0)
         entry = self.call.entry
         if entry is not None:
             self.state.metrics.on_inference(entry.name, entry.version, error is None,

@@ -517,13 +517,7 @@ class HttpLifecycle:
               call: Any = None) -> None:
         """One answer in the request metrics: its count and duration, its call's queue and
         compute time when it computed."""
-        requests, duration, queue, compute = self.state.metrics.request_series(
-            model, endpoint, status)
-        requests.inc()
-        duration.observe(seconds)
-        if call is not None and call.computed:
-            queue.observe(call.queue_s)
-            compute.observe(call.compute_s)
+        self.state.metrics.on_request(model, endpoint, status, seconds, call)
 
     def front_rule(self) -> FrontRule | None:
         """The rule by which a front may write an overloaded model's 429 itself (`FrontRule`),

@@ -232,13 +232,7 @@ class Front:
         if rpc.traffic:
             label = "" if not model else (
                 model if model in self.state.repository.entries else "unknown")
-            requests, duration, queue, compute = self.state.metrics.request_series(
-                label, rpc.endpoint, status)
-            requests.inc()
-            duration.observe(seconds)
-            if call is not None and call.computed:
-                queue.observe(call.queue_s)
-                compute.observe(call.compute_s)
+            self.state.metrics.on_request(label, rpc.endpoint, status, seconds, call)
         if bug is None and not (self.state.settings.access_log
                                 and log.isEnabledFor(logging.INFO)):
             return

@@ -126,13 +126,14 @@ class FakeTranslator:
 
 def decode_with_beams(fake: FakeTranslator, jobs: list[tuple[list[int], SearchOptions]],
                       on_step: Callable[[Beams], None] | None = None,
+                      kernel: bool | None = None,
                       ) -> tuple[list[list[Hypothesis]], list[int]]:
     """Decode `jobs` together in one `Beams` over full-vocabulary steps of the fake, with no
     decode loop around it: each request's n-best and the steps it took.
 
-    `on_step(beams)` runs before every step (live rows as they are).
+    `on_step(beams)` runs before every step (live rows as they are); `kernel` as `Beams`'s.
     """
-    beams = Beams(fake.limits)
+    beams = Beams(fake.limits, kernel=kernel)
     encoded = [fake.encode_one(src) for src, _ in jobs]
     width = max(len(src) for src, _ in jobs)
     beams.join(list(range(len(jobs))), [o for _, o in jobs], [len(s) for s, _ in jobs])

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqserve.service.scheduling import beam_native
 from seqserve.service.scheduling.arrays import (
     banned_mask,
     distinct_count,
@@ -62,11 +63,17 @@ class _Selection:
 
 class Beams(BeamState):
     """See module doc. `join` requests, then per step `prepare` (k), `step`, read `done`,
-    `results` of the done ones and `keep` the others."""
+    `results` of the done ones and `keep` the others.
 
-    def __init__(self, limits: DecodeLimits) -> None:
+    `kernel`: step with the compiled update (beam_native.py, native/beam), the same results
+    in two calls; None: where it is built; False: the numpy code below (the reference)."""
+
+    def __init__(self, limits: DecodeLimits, kernel: bool | None = None) -> None:
         super().__init__(limits)
         self._plan: _Plan | None = None
+        if kernel and not beam_native.AVAILABLE:
+            raise RuntimeError("the beam kernel is not built (native/beam/build.sh)")
+        self.kernel = beam_native.AVAILABLE if kernel is None else kernel
 
     def _membership_changed(self, joined: bool) -> None:
         self._plan = None
@@ -106,6 +113,8 @@ class Beams(BeamState):
         attention (R, S). Returns the parent row of every new live row, (R',) int64."""
         plan = self._plan or self._prepared()
         self._plan = None
+        if self.kernel:
+            return self._step_compiled(logprobs, ids, attention, plan)
         lp = logprobs[:, : plan.k]  # (R, k) float32
         ids = ids[:, : plan.k]  # (R, k)
         # cumulative log-probs, negated (smallest first): -(logp + lp) exactly, in float64;
@@ -115,6 +124,15 @@ class Beams(BeamState):
         if self.samplers:
             self._sample(sel, neg, ids, lp, plan)
         return self._advance(sel, attention)
+
+    def _step_compiled(self, logprobs: np.ndarray, ids: np.ndarray, attention: np.ndarray,
+                       plan: _Plan) -> np.ndarray:
+        """`step` in two compiled calls (beam_native.py), the sampling draws between them."""
+        neg, *arrays = beam_native.select(self, logprobs, ids, plan.k, plan.bans)
+        sel = _Selection(*arrays)
+        if self.samplers:
+            self._sample(sel, neg, ids[:, : plan.k], logprobs[:, : plan.k], plan)
+        return beam_native.advance(self, sel.row, sel.tok, sel.val, sel.valid, attention)
 
     def _prepared(self) -> _Plan:
         self.prepare()

@@ -99,6 +99,12 @@ class FinishedStore:
         self.score[ids] = np.where(kept, score[at_row, order], -np.inf)
         self.index[ids] = np.where(kept, index[at_row, order], -1)
 
+    def reserve(self, extra: int) -> None:
+        """Room for `extra` more pool entries at `used` (compacting or growing the pool): the
+        compiled step (beam_native.py) only writes into it."""
+        if self.used + extra > len(self.pool):
+            self._compact(extra)
+
     def _append(self, new: Entries) -> np.ndarray:
         if self.used + len(new) > len(self.pool):
             self._compact(len(new))

@@ -30,11 +30,11 @@ def _sources(n: int, seed: int = 0) -> list[list[int]]:
             for _ in range(n)]
 
 
-def test_mixed_requests_equal_the_reference() -> None:
+def test_mixed_requests_equal_the_reference(kernel: bool) -> None:
     fake = FakeTranslator(seed=4)
     rng = random.Random(1)
     jobs = [(src, rng.choice(MIXED)) for src in _sources(40)]
-    results, _ = decode_with_beams(fake, jobs)
+    results, _ = decode_with_beams(fake, jobs, kernel=kernel)
     for (src, o), hyps in zip(jobs, results, strict=True):
         memory, state = fake.encode_one(src)
         ref = reference_beam_search(
@@ -46,25 +46,25 @@ def test_mixed_requests_equal_the_reference() -> None:
         np.testing.assert_allclose([h.score for h in hyps], [r.score for r in ref], rtol=1e-9)
 
 
-def test_together_equals_alone_with_sampling_mixed_in() -> None:
+def test_together_equals_alone_with_sampling_mixed_in(kernel: bool) -> None:
     fake = FakeTranslator(seed=5)
     rng = random.Random(2)
     options = [*MIXED, SearchOptions(beam_size=1, temperature=0.8, seed=3),
                SearchOptions(beam_size=1, top_k=3, top_p=0.9, seed=4),
                SearchOptions(beam_size=1, temperature=1.3, no_repeat_ngram_size=1, seed=9)]
     jobs = [(src, rng.choice(options)) for src in _sources(30, seed=7)]
-    together, steps = decode_with_beams(fake, jobs)
+    together, steps = decode_with_beams(fake, jobs, kernel=kernel)
     for job, hyps, n in zip(jobs, together, steps, strict=True):
-        alone, alone_steps = decode_with_beams(fake, [job])
+        alone, alone_steps = decode_with_beams(fake, [job], kernel=kernel)
         assert [h.token_ids for h in hyps] == [h.token_ids for h in alone[0]]
         assert [h.score for h in hyps] == [h.score for h in alone[0]]
         assert n == alone_steps[0]
 
 
-def test_join_and_keep_move_only_their_requests() -> None:
+def test_join_and_keep_move_only_their_requests(kernel: bool) -> None:
     """Requests join and leave between steps; the others' state is untouched."""
     fake = FakeTranslator()
-    beams = Beams(fake.limits)
+    beams = Beams(fake.limits, kernel=kernel)
     opts = [SearchOptions(beam_size=2, return_attention=True), SearchOptions(beam_size=3),
             SearchOptions(beam_size=1, coverage_penalty=0.5)]
     beams.join([10, 11, 12], opts, [3, 5, 2])

@@ -1,0 +1,568 @@
+/* seqserve.service.scheduling._beam_kernel: the per-step update of the vectorised beam search
+ * (seqserve/service/scheduling/beam_search.py) as two compiled calls.
+ *
+ *   select(...)  = Beams._masked (EOS before min_length, n-gram bans given as a mask) +
+ *                  Beams._select + top_k_rows
+ *   advance(...) = Beams._advance with _finish, _score, _extend, _stopped and
+ *                  FinishedStore.merge / _append
+ *
+ * Same values as the numpy code, bit for bit (see beam_native.py for the calling side; the
+ * coverage term of the score is computed with numpy there, so that its pairwise sum and log
+ * are numpy's own). The arrays are small: the GIL is kept. Built by native/beam/build.sh.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* columns of Requests.ints (beam_state._COLUMNS) */
+enum { C_KEY, C_BEAM, C_NBEST, C_MINLEN, C_NGRAM, C_KBASE, C_MAXSTEPS, C_SRCLEN, C_STEPS,
+       C_ALPHA, C_SAMPLING, C_COVERAGE, C_ATTENTION, N_COLUMNS };
+
+/* ---- argument helpers ------------------------------------------------------------------ */
+
+/* A read-only input as a C-contiguous aligned array of `type` (a new reference), or NULL with
+ * TypeError (wrong kind: no unsafe casts) / ValueError (wrong number of axes). */
+static PyArrayObject *in_array(PyObject *o, int type, int ndim, const char *name) {
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROM_OTF(o, type, NPY_ARRAY_IN_ARRAY);
+    if (a == NULL) {
+        PyErr_Format(PyExc_TypeError, "%s: expected an array convertible to %s safely", name,
+                     type == NPY_FLOAT64 ? "float64" : type == NPY_FLOAT32 ? "float32"
+                     : type == NPY_BOOL ? "bool" : "int64");
+        return NULL;
+    }
+    if (PyArray_NDIM(a) != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %d axes, got %d", name, ndim,
+                     PyArray_NDIM(a));
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* A float input kept as float32 when it is one, else converted to float64 (new reference). */
+static PyArrayObject *in_float(PyObject *o, int ndim, const char *name) {
+    int type = (PyArray_Check(o) && PyArray_TYPE((PyArrayObject *)o) == NPY_FLOAT32)
+        ? NPY_FLOAT32 : NPY_FLOAT64;
+    return in_array(o, type, ndim, name);
+}
+
+/* An array written in place: exactly `type`, `ndim` axes, C-contiguous, aligned, writeable
+ * (a borrowed reference), or NULL with TypeError / ValueError. */
+static PyArrayObject *out_array(PyObject *o, int type, int ndim, const char *name) {
+    if (!PyArray_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a numpy array", name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)o;
+    if (PyArray_TYPE(a) != type) {
+        PyErr_Format(PyExc_TypeError, "%s: wrong dtype (type number %d, expected %d)", name,
+                     PyArray_TYPE(a), type);
+        return NULL;
+    }
+    if (PyArray_NDIM(a) != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %d axes, got %d", name, ndim,
+                     PyArray_NDIM(a));
+        return NULL;
+    }
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s: must be C-contiguous, aligned and writeable", name);
+        return NULL;
+    }
+    return a;
+}
+
+#define DIM(a, i) ((npy_intp)PyArray_DIM((a), (i)))
+#define F64(a) ((double *)PyArray_DATA(a))
+#define F32(a) ((float *)PyArray_DATA(a))
+#define I64(a) ((int64_t *)PyArray_DATA(a))
+#define I32(a) ((int32_t *)PyArray_DATA(a))
+#define I16(a) ((int16_t *)PyArray_DATA(a))
+#define BOOLS(a) ((npy_bool *)PyArray_DATA(a))
+
+static int bad(PyObject *kind, const char *message) {
+    PyErr_SetString(kind, message);
+    return -1;
+}
+
+/* ---- select ---------------------------------------------------------------------------- */
+
+/* numpy's sort order of float64 (NaN last), then the index: a strict "a before b". */
+static inline int before(double a, npy_intp ia, double b, npy_intp ib) {
+    if (isnan(a)) return isnan(b) && ia < ib;
+    if (isnan(b) || a < b) return 1;
+    return a == b && ia < ib;
+}
+
+static PyObject *k_select(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_logp, *o_lp, *o_ids, *o_req, *o_ints, *o_ban;
+    Py_ssize_t k;
+    long long eos;
+    if (!PyArg_ParseTuple(args, "OOOOOnLO:select", &o_logp, &o_lp, &o_ids, &o_req, &o_ints,
+                          &k, &eos, &o_ban))
+        return NULL;
+    PyArrayObject *logp = NULL, *lp = NULL, *ids = NULL, *req = NULL, *ints = NULL,
+                  *ban = NULL;
+    PyArrayObject *neg = NULL, *row = NULL, *tok = NULL, *val = NULL, *valid = NULL,
+                  *starts = NULL;
+    npy_intp *counts = NULL;
+    double *bv = NULL;
+    npy_intp *bi = NULL;
+    PyObject *result = NULL;
+
+    if (!(logp = in_array(o_logp, NPY_FLOAT64, 1, "row logp"))) goto done;
+    if (!(lp = in_float(o_lp, 2, "logprobs"))) goto done;
+    if (!(ids = in_array(o_ids, NPY_INT64, 2, "ids"))) goto done;
+    if (!(req = in_array(o_req, NPY_INT64, 1, "row request"))) goto done;
+    if (!(ints = in_array(o_ints, NPY_INT64, 2, "request ints"))) goto done;
+    npy_intp R = DIM(logp, 0), Q = DIM(ints, 0), KW = DIM(lp, 1);
+    if (DIM(ints, 1) != N_COLUMNS) { bad(PyExc_ValueError, "request ints: wrong columns"); goto done; }
+    if (DIM(lp, 0) != R || DIM(ids, 0) != R || DIM(req, 0) != R || DIM(ids, 1) != KW) {
+        bad(PyExc_ValueError, "logprobs, ids, row logp and row request disagree in shape");
+        goto done;
+    }
+    if (k < 1 || k > KW) { bad(PyExc_ValueError, "k out of range of the logprobs' width"); goto done; }
+    if (o_ban != Py_None) {
+        if (!(ban = in_array(o_ban, NPY_BOOL, 2, "ban"))) goto done;
+        if (DIM(ban, 0) != R || DIM(ban, 1) != k) { bad(PyExc_ValueError, "ban: shape (R, k) expected"); goto done; }
+    }
+    const int64_t *iv = I64(ints), *rq = I64(req), *idv = I64(ids);
+    const double *lg = F64(logp);
+    int64_t maxbeam = 0;
+    for (npy_intp q = 0; q < Q; q++)
+        if (iv[q * N_COLUMNS + C_BEAM] > maxbeam) maxbeam = iv[q * N_COLUMNS + C_BEAM];
+    npy_intp C = 2 * (npy_intp)maxbeam;
+    if (Q == 0 || C < 1) { bad(PyExc_ValueError, "no requests, or no beam"); goto done; }
+    if (R == 0) { bad(PyExc_ValueError, "no rows"); goto done; }
+
+    /* neg = -(logp + lp), masked */
+    npy_intp dims2[2] = {R, k};
+    if (!(neg = (PyArrayObject *)PyArray_SimpleNew(2, dims2, NPY_FLOAT64))) goto done;
+    double *nv = F64(neg);
+    counts = calloc((size_t)Q + 1, sizeof(npy_intp));
+    if (!counts) { PyErr_NoMemory(); goto done; }
+    for (npy_intp r = 0; r < R; r++) {
+        int64_t q = rq[r];
+        if (q < 0 || q >= Q || (r && q < rq[r - 1])) {
+            bad(PyExc_ValueError, "row request: out of range or not ascending");
+            goto done;
+        }
+        counts[q]++;
+        int early = iv[q * N_COLUMNS + C_STEPS] < iv[q * N_COLUMNS + C_MINLEN];
+        double m = -lg[r];
+        const int64_t *idr = idv + r * KW;
+        const npy_bool *br = ban ? BOOLS(ban) + r * k : NULL;
+        double *out = nv + r * k;
+        if (PyArray_TYPE(lp) == NPY_FLOAT32) {
+            const float *src = F32(lp) + r * KW;
+            for (npy_intp j = 0; j < k; j++) out[j] = m - (double)src[j];
+        } else {
+            const double *src = F64(lp) + r * KW;
+            for (npy_intp j = 0; j < k; j++) out[j] = m - src[j];
+        }
+        for (npy_intp j = 0; j < k; j++)
+            if ((early && idr[j] == eos) || (br && br[j])) out[j] = INFINITY;
+    }
+    npy_intp width = 0;
+    for (npy_intp q = 0; q < Q; q++) if (counts[q] > width) width = counts[q];
+
+    npy_intp dimsq[2] = {Q, C}, dim1[1] = {Q};
+    if (!(row = (PyArrayObject *)PyArray_SimpleNew(2, dimsq, NPY_INT64))) goto done;
+    if (!(tok = (PyArrayObject *)PyArray_SimpleNew(2, dimsq, NPY_INT64))) goto done;
+    if (!(val = (PyArrayObject *)PyArray_SimpleNew(2, dimsq, NPY_FLOAT64))) goto done;
+    if (!(valid = (PyArrayObject *)PyArray_SimpleNew(2, dimsq, NPY_BOOL))) goto done;
+    if (!(starts = (PyArrayObject *)PyArray_SimpleNew(1, dim1, NPY_INT64))) goto done;
+    bv = malloc((size_t)C * sizeof(double));
+    bi = malloc((size_t)C * sizeof(npy_intp));
+    if (!bv || !bi) { PyErr_NoMemory(); goto done; }
+    int64_t *rowv = I64(row), *tokv = I64(tok), *st = I64(starts);
+    double *valv = F64(val);
+    npy_bool *vv = BOOLS(valid);
+    npy_intp start = 0;
+    for (npy_intp q = 0; q < Q; q++) {
+        st[q] = start;
+        npy_intp real = counts[q] * k;  /* its candidates; then +inf padding to max(W k, C) */
+        npy_intp pad = (width * k > C ? width * k : C) - real;
+        npy_intp n = 0;  /* filled, sorted best first */
+        const double *cand = nv + start * k;
+        for (npy_intp i = 0; i < real + (pad < C ? pad : C); i++) {
+            double x = i < real ? cand[i] : INFINITY;
+            if (n == C && !before(x, i, bv[C - 1], bi[C - 1])) continue;
+            npy_intp p = n < C ? n++ : C - 1;
+            while (p > 0 && before(x, i, bv[p - 1], bi[p - 1])) {
+                bv[p] = bv[p - 1]; bi[p] = bi[p - 1]; p--;
+            }
+            bv[p] = x; bi[p] = i;
+        }
+        int64_t twice = 2 * iv[q * N_COLUMNS + C_BEAM];
+        for (npy_intp j = 0; j < C; j++) {
+            npy_intp o = q * C + j;
+            npy_intp r = start + bi[j] / k;
+            if (r > R - 1) r = R - 1;
+            npy_intp col = bi[j] % k;
+            rowv[o] = r;
+            tokv[o] = idv[r * KW + col];
+            valv[o] = -bv[j];
+            vv[o] = isfinite(valv[o]) && j < twice;
+        }
+        start += counts[q];
+    }
+    result = Py_BuildValue("(OOOOOO)", neg, row, tok, val, valid, starts);
+done:
+    free(counts); free(bv); free(bi);
+    Py_XDECREF(logp); Py_XDECREF(lp); Py_XDECREF(ids); Py_XDECREF(req); Py_XDECREF(ints);
+    Py_XDECREF(ban);
+    Py_XDECREF(neg); Py_XDECREF(row); Py_XDECREF(tok); Py_XDECREF(val); Py_XDECREF(valid);
+    Py_XDECREF(starts);
+    return result;
+}
+
+/* ---- advance --------------------------------------------------------------------------- */
+
+typedef struct {
+    /* live rows */
+    npy_intp R, W, Sc, Wa, Sa, S;
+    const int64_t *request;
+    const double *logp;
+    const void *tokens;  /* (R, W) int16 or int32 */
+    int tok32;
+    const double *coverage;  /* (R, Sc) */
+    const float *history;  /* (R, Wa, Sa) */
+    const void *att;  /* (R, S) float32 or float64 */
+    int att32;
+} Live;
+
+static inline double att_at(const Live *L, npy_intp r, npy_intp j) {
+    return L->att32 ? (double)((const float *)L->att)[r * L->S + j]
+                    : ((const double *)L->att)[r * L->S + j];
+}
+
+static inline int64_t token_at(const Live *L, npy_intp r, npy_intp j) {
+    return L->tok32 ? (int64_t)((const int32_t *)L->tokens)[r * L->W + j]
+                    : (int64_t)((const int16_t *)L->tokens)[r * L->W + j];
+}
+
+/* Row `r` extended by `tok` at position `pos` (pos < 0: as it is) into the histories
+ * tokens (W, in the rows' type when `as32` is 0, else int32), coverage (Sc), history (Wa, Sa). */
+static void extend_into(const Live *L, npy_intp r, npy_intp pos, int64_t tok, void *tokens,
+                        int as32, double *coverage, float *history) {
+    for (npy_intp j = 0; j < L->W; j++) {
+        int64_t t = token_at(L, r, j);
+        if (j == pos) t = L->tok32 ? (int64_t)(int32_t)tok : (int64_t)(int16_t)tok;
+        if (as32 || L->tok32) ((int32_t *)tokens)[j] = (int32_t)t;
+        else ((int16_t *)tokens)[j] = (int16_t)t;
+    }
+    if (L->Sc) {
+        const double *c = L->coverage + r * L->Sc;
+        for (npy_intp j = 0; j < L->Sc; j++) coverage[j] = c[j];
+        if (pos >= 0)
+            for (npy_intp j = 0; j < L->S; j++) coverage[j] = coverage[j] + att_at(L, r, j);
+    }
+    if (L->Wa) {
+        npy_intp n = L->Wa * L->Sa;
+        memcpy(history, L->history + r * n, (size_t)n * sizeof(float));
+        if (pos >= 0)
+            for (npy_intp j = 0; j < L->S; j++) history[pos * L->Sa + j] = (float)att_at(L, r, j);
+    }
+}
+
+typedef struct { double score; int64_t index; } Slot;
+
+static PyObject *k_advance(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_row, *o_tok, *o_val, *o_valid, *o_ints, *o_req, *o_logp, *o_tokens, *o_cov,
+             *o_hist, *o_att, *o_lpt, *o_findex, *o_fscore, *o_pscore, *o_plogp, *o_plen,
+             *o_pended, *o_ptok, *o_pcov, *o_patt, *o_text, *o_tstuck;
+    long long eos;
+    Py_ssize_t used;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOLOOOOOOOOOnOO:advance", &o_row, &o_tok, &o_val,
+                          &o_valid, &o_ints, &o_req, &o_logp, &o_tokens, &o_cov, &o_hist,
+                          &o_att, &o_lpt, &eos, &o_findex, &o_fscore, &o_pscore, &o_plogp,
+                          &o_plen, &o_pended, &o_ptok, &o_pcov, &o_patt, &used, &o_text,
+                          &o_tstuck))
+        return NULL;
+    PyArrayObject *row = NULL, *tok = NULL, *val = NULL, *valid = NULL, *req = NULL,
+                  *logp = NULL, *tokens = NULL, *cov = NULL, *hist = NULL, *att = NULL,
+                  *lpt = NULL, *text = NULL, *tstuck = NULL;
+    PyArrayObject *ints, *findex, *fscore, *pscore, *plogp, *plen, *pended, *ptok, *pcov, *patt;
+    PyArrayObject *parents = NULL, *n_req = NULL, *n_logp = NULL, *n_last = NULL,
+                  *n_tok = NULL, *n_cov = NULL, *n_hist = NULL, *done_a = NULL;
+    unsigned char *flags = NULL;
+    npy_intp *rstart = NULL;
+    Slot *slots = NULL;
+    PyObject *result = NULL;
+    Live L;
+
+    if (!(row = in_array(o_row, NPY_INT64, 2, "row"))) goto fail;
+    if (!(tok = in_array(o_tok, NPY_INT64, 2, "tok"))) goto fail;
+    if (!(val = in_array(o_val, NPY_FLOAT64, 2, "val"))) goto fail;
+    if (!(valid = in_array(o_valid, NPY_BOOL, 2, "valid"))) goto fail;
+    if (!(req = in_array(o_req, NPY_INT64, 1, "row request"))) goto fail;
+    if (!(logp = in_array(o_logp, NPY_FLOAT64, 1, "row logp"))) goto fail;
+    if (!(cov = in_array(o_cov, NPY_FLOAT64, 2, "row coverage"))) goto fail;
+    if (!(hist = in_array(o_hist, NPY_FLOAT32, 3, "row attention"))) goto fail;
+    if (!(lpt = in_array(o_lpt, NPY_FLOAT64, 2, "length-penalty table"))) goto fail;
+    if (!PyArray_Check(o_tokens) || (PyArray_TYPE((PyArrayObject *)o_tokens) != NPY_INT16
+                                     && PyArray_TYPE((PyArrayObject *)o_tokens) != NPY_INT32)) {
+        bad(PyExc_TypeError, "row tokens: an int16 or int32 array expected");
+        goto fail;
+    }
+    if (!(tokens = in_array(o_tokens, PyArray_TYPE((PyArrayObject *)o_tokens), 2, "row tokens")))
+        goto fail;
+    if (!(ints = out_array(o_ints, NPY_INT64, 2, "request ints"))) goto fail;
+    if (!(findex = out_array(o_findex, NPY_INT64, 2, "finished index"))) goto fail;
+    if (!(fscore = out_array(o_fscore, NPY_FLOAT64, 2, "finished score"))) goto fail;
+    if (!(pscore = out_array(o_pscore, NPY_FLOAT64, 1, "pool score"))) goto fail;
+    if (!(plogp = out_array(o_plogp, NPY_FLOAT64, 1, "pool logp"))) goto fail;
+    if (!(plen = out_array(o_plen, NPY_INT64, 1, "pool length"))) goto fail;
+    if (!(pended = out_array(o_pended, NPY_BOOL, 1, "pool ended"))) goto fail;
+    if (!(ptok = out_array(o_ptok, NPY_INT32, 2, "pool tokens"))) goto fail;
+    if (!(pcov = out_array(o_pcov, NPY_FLOAT64, 2, "pool coverage"))) goto fail;
+    if (!(patt = out_array(o_patt, NPY_FLOAT32, 3, "pool attention"))) goto fail;
+
+    npy_intp Q = DIM(row, 0), C = DIM(row, 1), R = DIM(req, 0), N = DIM(findex, 1);
+    npy_intp P = DIM(pscore, 0);
+    L.R = R; L.W = DIM(tokens, 1); L.Sc = DIM(cov, 1); L.Wa = DIM(hist, 1); L.Sa = DIM(hist, 2);
+    L.request = I64(req); L.logp = F64(logp); L.tokens = PyArray_DATA(tokens);
+    L.tok32 = PyArray_TYPE(tokens) == NPY_INT32; L.coverage = F64(cov); L.history = F32(hist);
+    L.att = NULL; L.att32 = 0; L.S = 0;
+    if (DIM(ints, 0) != Q || DIM(ints, 1) != N_COLUMNS || DIM(tok, 0) != Q || DIM(tok, 1) != C
+        || DIM(val, 0) != Q || DIM(val, 1) != C || DIM(valid, 0) != Q || DIM(valid, 1) != C) {
+        bad(PyExc_ValueError, "selection arrays and request ints disagree in shape");
+        goto fail;
+    }
+    if (DIM(logp, 0) != R || DIM(tokens, 0) != R || DIM(cov, 0) != R || DIM(hist, 0) != R) {
+        bad(PyExc_ValueError, "row arrays disagree in length");
+        goto fail;
+    }
+    if (DIM(findex, 0) != Q || DIM(fscore, 0) != Q || DIM(fscore, 1) != N) {
+        bad(PyExc_ValueError, "finished slots: (Q, N) expected");
+        goto fail;
+    }
+    if (DIM(plogp, 0) != P || DIM(plen, 0) != P || DIM(pended, 0) != P || DIM(ptok, 0) != P
+        || DIM(pcov, 0) != P || DIM(patt, 0) != P || DIM(ptok, 1) != L.W
+        || DIM(pcov, 1) != L.Sc || DIM(patt, 1) != L.Wa || DIM(patt, 2) != L.Sa) {
+        bad(PyExc_ValueError, "pool arrays disagree with each other or with the rows' widths");
+        goto fail;
+    }
+    if (L.Sc || L.Wa) {
+        if (!(att = in_float(o_att, 2, "attention"))) goto fail;
+        L.S = DIM(att, 1); L.att = PyArray_DATA(att); L.att32 = PyArray_TYPE(att) == NPY_FLOAT32;
+        if (DIM(att, 0) != R || (L.Sc && L.S > L.Sc) || (L.Wa && L.S > L.Sa)) {
+            bad(PyExc_ValueError, "attention: (R, S) with S within the histories expected");
+            goto fail;
+        }
+    }
+    if (L.Sc) {
+        if (o_text == Py_None) { bad(PyExc_ValueError, "coverage: terms needed"); goto fail; }
+        if (!(text = in_array(o_text, NPY_FLOAT64, 1, "coverage terms"))) goto fail;
+        if (DIM(text, 0) != R) { bad(PyExc_ValueError, "coverage terms: (R,) expected"); goto fail; }
+        if (o_tstuck != Py_None) {
+            if (!(tstuck = in_array(o_tstuck, NPY_FLOAT64, 1, "stuck coverage terms"))) goto fail;
+            if (DIM(tstuck, 0) != R) { bad(PyExc_ValueError, "stuck coverage terms: (R,) expected"); goto fail; }
+        }
+    }
+    if (used < 0 || used > P) { bad(PyExc_ValueError, "used: out of the pool"); goto fail; }
+    npy_intp A = DIM(lpt, 0), LW = DIM(lpt, 1);
+
+    int64_t *iv = I64(ints), *fi = I64(findex);
+    double *fs = F64(fscore);
+    const int64_t *rowv = I64(row), *tokv = I64(tok);
+    const double *valv = F64(val), *lpv = F64(lpt);
+    const npy_bool *vv = BOOLS(valid);
+    const double *te = text ? F64(text) : NULL, *ts = tstuck ? F64(tstuck) : NULL;
+
+    /* each request's first row */
+    rstart = malloc(((size_t)Q + 1) * sizeof(npy_intp));
+    flags = malloc((size_t)(Q * C + Q + 1));
+    slots = malloc(((size_t)N + (size_t)R + 2 * (size_t)C + 1) * sizeof(Slot));
+    if (!rstart || !flags || !slots) { PyErr_NoMemory(); goto fail; }
+    {
+        npy_intp r = 0;
+        for (npy_intp q = 0; q <= Q; q++) {
+            while (r < R && L.request[r] < q) r++;
+            rstart[q] = r;
+        }
+        for (npy_intp i = 0; i < R; i++)
+            if (L.request[i] < 0 || L.request[i] >= Q || (i && L.request[i] < L.request[i - 1])) {
+                bad(PyExc_ValueError, "row request: out of range or not ascending");
+                goto fail;
+            }
+        for (npy_intp i = 0; i < Q * C; i++)
+            if (vv[i] && (rowv[i] < 0 || rowv[i] >= R)) {
+                bad(PyExc_ValueError, "row: a valid candidate's row is out of range");
+                goto fail;
+            }
+    }
+    for (npy_intp q = 0; q < Q; q++) {
+        const int64_t *iq = iv + q * N_COLUMNS;
+        if (iq[C_NBEST] < 1 || iq[C_NBEST] > N || iq[C_ALPHA] < 0 || iq[C_ALPHA] >= A
+            || iq[C_STEPS] + 1 >= LW || iq[C_MAXSTEPS] < 0 || iq[C_MAXSTEPS] >= LW
+            || iq[C_STEPS] >= L.W || (L.Wa && iq[C_STEPS] >= L.Wa)) {
+            bad(PyExc_ValueError, "request ints: n_best, alpha, steps or max_steps out of range");
+            goto fail;
+        }
+    }
+    /* the pool's room: the most a step can finish (Python grows it before the call) */
+    {
+        npy_intp most = 0;
+        for (npy_intp q = 0; q < Q; q++) {
+            int any = 0;
+            for (npy_intp j = 0; j < C; j++) any |= vv[q * C + j] != 0;
+            most += any ? C : rstart[q + 1] - rstart[q];  /* ended + capped <= 2B <= C */
+        }
+        if (used + most > P) { bad(PyExc_ValueError, "pool: no room for a step's finished"); goto fail; }
+    }
+
+    /* pass 1, per request: count the step, finish, merge, stop. flags: 1 going */
+    npy_bool *donev = flags + Q * C;  /* reused as bytes: 0 / 1 */
+    npy_intp live = 0;
+    for (npy_intp q = 0; q < Q; q++) {
+        int64_t *iq = iv + q * N_COLUMNS;
+        int64_t beam = iq[C_BEAM], s = ++iq[C_STEPS], nb = iq[C_NBEST];
+        const double *lpa = lpv + iq[C_ALPHA] * LW;
+        const npy_intp o = q * C;
+        double worst = fs[q * N + nb - 1];
+        npy_intp m = 0, cont_seen = 0, any_valid = 0, any_going = 0, first_going = -1;
+        Slot *fresh = slots + N;
+        unsigned char *fl = flags + o;
+        /* stuck: nothing allowed, its rows end as they are */
+        for (npy_intp j = 0; j < C; j++) any_valid |= vv[o + j] != 0;
+        if (!any_valid) {
+            for (npy_intp r = rstart[q]; r < rstart[q + 1]; r++) {
+                double score = L.logp[r] / lpa[s - 1];
+                if (L.Sc) {
+                    if (!ts) { bad(PyExc_ValueError, "stuck rows: coverage terms needed"); goto fail; }
+                    score = score + ts[r];
+                }
+                if (!(score > worst)) continue;
+                npy_intp at = used;
+                extend_into(&L, r, -1, 0, I32(ptok) + at * L.W, 1, F64(pcov) + at * L.Sc,
+                            F32(patt) + at * L.Wa * L.Sa);
+                F64(pscore)[at] = score; F64(plogp)[at] = L.logp[r];
+                I64(plen)[at] = s - 1; BOOLS(pended)[at] = 0;
+                fresh[m].score = score; fresh[m].index = at; m++; used++;
+            }
+        }
+        /* eos among the first B end; the first B others continue (or reach the cap) */
+        for (npy_intp j = 0; j < C; j++) {
+            fl[j] = 0;
+            if (!vv[o + j]) continue;
+            if (tokv[o + j] == eos) {
+                if (j < beam) fl[j] = 2;  /* ended */
+            } else if (++cont_seen <= beam) {
+                fl[j] = s < iq[C_MAXSTEPS] ? 1 : 3;  /* going, capped */
+            }
+        }
+        for (int pass = 2; pass <= 3; pass++) {
+            for (npy_intp j = 0; j < C; j++) {
+                if (fl[j] != pass) continue;
+                double head = valv[o + j] / lpa[s];
+                if (!(head > worst)) continue;  /* hope: the coverage term is <= 0 */
+                npy_intp r = rowv[o + j];
+                double score = head;
+                if (L.Sc) score = score + te[r];
+                if (!(score > worst)) continue;
+                npy_intp at = used;
+                extend_into(&L, r, s - 1, tokv[o + j], I32(ptok) + at * L.W, 1,
+                            F64(pcov) + at * L.Sc, F32(patt) + at * L.Wa * L.Sa);
+                F64(pscore)[at] = score; F64(plogp)[at] = valv[o + j];
+                I64(plen)[at] = s; BOOLS(pended)[at] = pass == 2;
+                fresh[m].score = score; fresh[m].index = at; m++; used++;
+            }
+        }
+        if (m) {  /* merge: stable by score, best first, the old ones first on ties */
+            for (npy_intp i = 0; i < N; i++) { slots[i].score = fs[q * N + i]; slots[i].index = fi[q * N + i]; }
+            for (npy_intp i = 1; i < N + m; i++) {
+                Slot x = slots[i];
+                npy_intp p = i;
+                while (p > 0 && -x.score < -slots[p - 1].score) { slots[p] = slots[p - 1]; p--; }
+                slots[p] = x;
+            }
+            for (npy_intp i = 0; i < N; i++) {
+                int kept = i < nb;
+                fs[q * N + i] = kept ? slots[i].score : -INFINITY;
+                fi[q * N + i] = kept ? slots[i].index : -1;
+            }
+        }
+        for (npy_intp j = 0; j < C; j++)
+            if (fl[j] == 1) { any_going++; if (first_going < 0) first_going = j; }
+        double best = valv[o + (first_going < 0 ? 0 : first_going)];
+        double bound = (best <= 0.0 || isnan(best) ? best : 0.0) / lpa[iq[C_MAXSTEPS]];
+        int stop = !iq[C_SAMPLING] && bound <= fs[q * N + nb - 1];
+        donev[q] = !any_going || stop;
+        if (!donev[q]) live += any_going;
+    }
+
+    /* pass 2: the new rows */
+    npy_intp d1[1] = {live}, dq[1] = {Q}, dt[2] = {live, L.W}, dc[2] = {live, L.Sc},
+             dh[3] = {live, L.Wa, L.Sa};
+    if (!(parents = (PyArrayObject *)PyArray_SimpleNew(1, d1, NPY_INT64))) goto fail;
+    if (!(n_req = (PyArrayObject *)PyArray_SimpleNew(1, d1, NPY_INT64))) goto fail;
+    if (!(n_logp = (PyArrayObject *)PyArray_SimpleNew(1, d1, NPY_FLOAT64))) goto fail;
+    if (!(n_last = (PyArrayObject *)PyArray_SimpleNew(1, d1, NPY_INT64))) goto fail;
+    if (!(n_tok = (PyArrayObject *)PyArray_SimpleNew(2, dt, PyArray_TYPE(tokens)))) goto fail;
+    if (!(n_cov = (PyArrayObject *)PyArray_SimpleNew(2, dc, NPY_FLOAT64))) goto fail;
+    if (!(n_hist = (PyArrayObject *)PyArray_SimpleNew(3, dh, NPY_FLOAT32))) goto fail;
+    if (!(done_a = (PyArrayObject *)PyArray_SimpleNew(1, dq, NPY_BOOL))) goto fail;
+    {
+        npy_intp e = 0;
+        size_t tsize = L.tok32 ? 4 : 2;
+        for (npy_intp q = 0; q < Q; q++) {
+            BOOLS(done_a)[q] = donev[q] != 0;
+            if (donev[q]) continue;
+            int64_t s = iv[q * N_COLUMNS + C_STEPS];
+            for (npy_intp j = 0; j < C; j++) {
+                npy_intp o = q * C + j;
+                if (flags[o] != 1) continue;
+                npy_intp r = rowv[o];
+                I64(parents)[e] = r;
+                I64(n_req)[e] = L.request[r];
+                F64(n_logp)[e] = valv[o];
+                I64(n_last)[e] = tokv[o];
+                extend_into(&L, r, s - 1, tokv[o], (char *)PyArray_DATA(n_tok) + (size_t)(e * L.W) * tsize,
+                            0, F64(n_cov) + e * L.Sc, F32(n_hist) + e * L.Wa * L.Sa);
+                e++;
+            }
+        }
+    }
+    result = Py_BuildValue("(OOOOOOOOn)", parents, n_req, n_logp, n_last, n_tok, n_cov, n_hist,
+                           done_a, used);
+fail:
+    free(rstart); free(flags); free(slots);
+    Py_XDECREF(row); Py_XDECREF(tok); Py_XDECREF(val); Py_XDECREF(valid); Py_XDECREF(req);
+    Py_XDECREF(logp); Py_XDECREF(tokens); Py_XDECREF(cov); Py_XDECREF(hist); Py_XDECREF(att);
+    Py_XDECREF(lpt); Py_XDECREF(text); Py_XDECREF(tstuck);
+    Py_XDECREF(parents); Py_XDECREF(n_req); Py_XDECREF(n_logp); Py_XDECREF(n_last);
+    Py_XDECREF(n_tok); Py_XDECREF(n_cov); Py_XDECREF(n_hist); Py_XDECREF(done_a);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"select", k_select, METH_VARARGS,
+     "select(row_logp, logprobs, ids, row_request, request_ints, k, eos_id, ban_or_None)\n"
+     "-> (neg (R, k), row, tok, val, valid (Q, C), starts (Q,))"},
+    {"advance", k_advance, METH_VARARGS,
+     "advance(row, tok, val, valid, request_ints, row_request, row_logp, row_tokens,\n"
+     " row_coverage, row_attention, attention, lp_table, eos_id, finished_index,\n"
+     " finished_score, pool score, logp, length, ended, tokens, coverage, attention, used,\n"
+     " coverage_terms_or_None, stuck_coverage_terms_or_None)\n"
+     "-> (parents, request, logp, last, tokens, coverage, attention, done, used)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_beam_kernel",
+    "The per-step update of seqserve's vectorised beam search, compiled (native/beam).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__beam_kernel(void) {
+    import_array();
+    return PyModule_Create(&module);
+}

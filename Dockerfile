@@ -10,7 +10,8 @@
 # `gpu` extra only (never `train`). The CPU image serves on the native HTTP front
 # (native/build.sh builds it in the build stage from Debian bookworm's Rust crate packages;
 # only the built module reaches the image; where it cannot build, the image serves on
-# uvicorn's front and says so at start). Model bundles come from a volume mounted at /models by
+# uvicorn's front and says so at start; native/beam/build.sh builds the beam search's compiled
+# step the same way, with gcc, or the search steps in numpy). Model bundles come from a volume mounted at /models by
 # default; `--build-arg BAKE_DEMO_MODELS=1` bakes the bundles of the build-context folder
 # BUNDLES_DIR (default deploy/bundles; e.g. `--build-arg BUNDLES_DIR=model_repository` after
 # `seqserve demo`) into /models instead.
@@ -50,7 +51,9 @@ RUN if [ -f /run/seqserve-build/pip.env ]; then . /run/seqserve-build/pip.env; f
     && python -m venv /opt/venv \
     && /opt/venv/bin/pip install ".[cpu]" \
     && { sh native/build.sh --clean /opt/venv/bin/python \
-         || echo "native front not built: the image serves on uvicorn's front"; }
+         || echo "native front not built: the image serves on uvicorn's front"; } \
+    && { sh native/beam/build.sh --clean /opt/venv/bin/python \
+         || echo "beam kernel not built: the image's beam search steps in numpy"; }
 
 FROM ${PYTHON_IMAGE} AS cpu
 ENV PATH=/opt/venv/bin:$PATH \

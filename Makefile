@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	# the native HTTP front (Rust, built offline from Debian's crates; apt-installs them):
 	# served with --front native; where it cannot build, uvicorn's front serves
 	bash native/build.sh $(BIN)/python || echo "native front not built: --front native falls back to uvicorn"
+	# the beam search's compiled step (C on the numpy C API; gcc from apt where missing):
+	# where it cannot build, the search steps in numpy
+	bash native/beam/build.sh $(BIN)/python || echo "beam kernel not built: the beam search steps in numpy"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,18 +1,42 @@
 #!/bin/sh
 # Build seqserve.service.scheduling._beam_kernel (native/beam/beam_kernel.c: the per-step
 # update of the vectorised beam search, C99 on the CPython and numpy C APIs).
-#   native/beam/build.sh [PYTHON]     (default: python3)
+#   native/beam/build.sh [--clean] [PYTHON]     (default: python3)
+#   --clean   afterwards purge the packages this run apt-installed (a C compiler), with apt's
+#             caches: for an image's build stage
 # Exit status non-zero, with a one-line reason, when it cannot build: the search then keeps
 # its numpy code (Beams(kernel=None) uses the module only where it imports).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$(dirname "$here")")
+clean=0
+if [ "${1:-}" = "--clean" ]; then clean=1; shift; fi
 py=${1:-python3}
+installed_pkgs=""
+log=$(mktemp)
+cleanup() {
+    rm -f "$log"
+    if [ "$clean" = 1 ] && [ -n "$installed_pkgs" ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --auto-remove $installed_pkgs >/dev/null 2>&1 || true
+        rm -rf /var/lib/apt/lists/*
+        echo "native/beam/build.sh: --clean: purged $installed_pkgs" >&2
+    fi
+}
+trap cleanup EXIT
 fail() { echo "native/beam/build.sh: beam kernel unavailable: $*" >&2; exit 1; }
 
 command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || fail "no python at $py"
 cc=${CC:-gcc}
-command -v "$cc" >/dev/null 2>&1 || fail "no C compiler ($cc)"
+if ! command -v "$cc" >/dev/null 2>&1; then
+    # a fresh machine or an image's build stage (root, Debian): the compiler from apt
+    command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ] || fail "no C compiler ($cc)"
+    echo "native/beam/build.sh: installing gcc" >&2
+    installed_pkgs="gcc libc6-dev"
+    get() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $installed_pkgs >"$log" 2>&1; }
+    get || { apt-get update -q >/dev/null 2>&1 && get; } \
+        || fail "apt-get install $installed_pkgs failed: $(tail -1 "$log")"
+    command -v "$cc" >/dev/null 2>&1 || fail "no C compiler ($cc) after apt-get"
+fi
 ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))') \
     || fail "cannot ask $py for EXT_SUFFIX"
 pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
@@ -21,12 +45,20 @@ pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
 npinc=$("$py" -c 'import numpy; print(numpy.get_include())' 2>/dev/null) \
     || fail "numpy does not import in $py"
 out="$root/seqserve/service/scheduling/_beam_kernel$ext"
-log=$(mktemp)
-trap 'rm -f "$log" "$out.tmp"' EXIT
 "$cc" -std=c99 -O2 -shared -fPIC -Wall -Wextra -Wno-unused-function \
     -I"$pyinc" -I"$npinc" "$here/beam_kernel.c" -o "$out.tmp" -lm >"$log" 2>&1 \
-    || fail "$cc failed: $(grep -m1 -i error "$log" || tail -1 "$log")"
+    || { rm -f "$out.tmp"; fail "$cc failed: $(grep -m1 -i error "$log" || tail -1 "$log")"; }
 mv "$out.tmp" "$out"
 "$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import seqserve.service.scheduling._beam_kernel' "$root" >/dev/null 2>&1 \
     || fail "built, but seqserve.service.scheduling._beam_kernel does not import"
 echo "native/beam/build.sh: built seqserve/service/scheduling/_beam_kernel$ext" >&2
+# Where PYTHON has the package installed from a copy (pip install ., an image's virtualenv),
+# not from this tree (pip install -e): the module goes beside that copy too.
+installed=$(cd / && "$py" -c 'import importlib.util as u; s = u.find_spec("seqserve"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null) || installed=""
+if [ -n "$installed" ] && [ "$(cd "$installed" && pwd -P)" != "$(cd "$root/seqserve" && pwd -P)" ]; then
+    dest="$installed/service/scheduling"
+    cp "$out" "$dest/_beam_kernel$ext.tmp" && mv "$dest/_beam_kernel$ext.tmp" "$dest/_beam_kernel$ext"
+    (cd / && "$py" -c 'import seqserve.service.scheduling._beam_kernel') >/dev/null 2>&1 \
+        || fail "copied beside the installed package ($dest), but it does not import there"
+    echo "native/beam/build.sh: and beside the installed package: $dest/_beam_kernel$ext" >&2
+fi

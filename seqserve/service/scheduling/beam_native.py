@@ -34,6 +34,10 @@ except ImportError:  # not built (native/beam/build.sh): the numpy step only
 AVAILABLE = _kernel is not None
 """Whether the compiled module imports."""
 
+STEP = "compiled (native/beam)" if AVAILABLE else \
+    "numpy (the compiled step is not built: native/beam/build.sh)"
+"""Which step the search takes where nothing asks for one, for the start-up log."""
+
 Bans = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 

@@ -15,7 +15,8 @@ answers its requests:
 
 With `DecodeConfig.groups` G > 1 the scheduler splits the requests into G groups whose steps
 take turns on the decoder thread: while one group's step computes, the loop updates another
-group's beams (results are the same). Runtime calls never run on the event loop.
+group's beams (results are the same). Runtime calls run on the lanes' threads, or on the event
+loop's own thread while short with `DecodeConfig.runtime_calls` "loop" (lanes.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import Sequence
 
 from seqserve.service.core.errors import QueueFull
 from seqserve.service.runtimes.base import Runtime
+from seqserve.service.scheduling import beam_native
 from seqserve.service.scheduling.base import NullObserver, Observer
 from seqserve.service.scheduling.loop import LoopDriver, Outcome
 from seqserve.service.scheduling.scheduler import DecodeScheduler
@@ -41,6 +44,8 @@ from seqserve.service.scheduling.work import (
 )
 
 __all__ = ["Decoded", "DecodeLoop", "DecodeConfig", "StepStats"]
+
+log = logging.getLogger("seqserve.decoding")
 
 
 class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
@@ -57,6 +62,7 @@ class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
         super().__init__(DecodeScheduler(runtime, limits, self.config, self.observer),
                          ["encode", "decode"], self.config.runtime_calls == "loop")
         self._futures: dict[int, asyncio.Future[Decoded]] = {}
+        log.info("beam search step: %s", beam_native.STEP)
 
     @property
     def stats(self) -> StepStats:

@@ -59,17 +59,5 @@ cd "$here/front"
 "$cargo" build --release --offline -j"${BUILD_JOBS:-2}" >&2 || fail "cargo build failed"
 so="$here/front/target/release/lib_front.so"
 [ -f "$so" ] || fail "no $so after the build"
-cp "$so" "$root/seqserve/service/server/_front$ext.tmp" && mv "$root/seqserve/service/server/_front$ext.tmp" "$root/seqserve/service/server/_front$ext"
-"$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); from seqserve.service.server._front import Front' "$root" 2>&1 >/dev/null \
-    || fail "built, but seqserve.service.server._front does not import"
-echo "native/build.sh: built seqserve/service/server/_front$ext" >&2
-# Where PYTHON has the package installed from a copy (pip install ., an image's virtualenv),
-# not from this tree (pip install -e): the module goes beside that copy too.
-installed=$(cd / && "$py" -c 'import importlib.util as u; s = u.find_spec("seqserve"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null) || installed=""
-if [ -n "$installed" ] && [ "$(cd "$installed" && pwd -P)" != "$(cd "$root/seqserve" && pwd -P)" ]; then
-    dest="$installed/service/server"
-    cp "$so" "$dest/_front$ext.tmp" && mv "$dest/_front$ext.tmp" "$dest/_front$ext"
-    (cd / && "$py" -c 'from seqserve.service.server._front import Front') >/dev/null 2>&1 \
-        || fail "copied beside the installed package ($dest), but it does not import there"
-    echo "native/build.sh: and beside the installed package: $dest/_front$ext" >&2
-fi
+. "$here/place.sh"
+place_module "$so" seqserve.service.server._front

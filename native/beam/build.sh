@@ -13,9 +13,10 @@ clean=0
 if [ "${1:-}" = "--clean" ]; then clean=1; shift; fi
 py=${1:-python3}
 installed_pkgs=""
-log=$(mktemp)
+tmp=$(mktemp -d)
+log=$tmp/build.log
 cleanup() {
-    rm -f "$log"
+    rm -rf "$tmp"
     if [ "$clean" = 1 ] && [ -n "$installed_pkgs" ]; then
         DEBIAN_FRONTEND=noninteractive apt-get purge -y -q --auto-remove $installed_pkgs >/dev/null 2>&1 || true
         rm -rf /var/lib/apt/lists/*
@@ -26,6 +27,7 @@ trap cleanup EXIT
 fail() { echo "native/beam/build.sh: beam kernel unavailable: $*" >&2; exit 1; }
 
 command -v "$py" >/dev/null 2>&1 || [ -x "$py" ] || fail "no python at $py"
+case "$py" in */*) py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py") ;; esac
 cc=${CC:-gcc}
 if ! command -v "$cc" >/dev/null 2>&1; then
     # a fresh machine or an image's build stage (root, Debian): the compiler from apt
@@ -44,21 +46,9 @@ pyinc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])') \
 [ -f "$pyinc/Python.h" ] || fail "no Python.h in $pyinc (python3-dev missing?)"
 npinc=$("$py" -c 'import numpy; print(numpy.get_include())' 2>/dev/null) \
     || fail "numpy does not import in $py"
-out="$root/seqserve/service/scheduling/_beam_kernel$ext"
+so=$tmp/_beam_kernel$ext
 "$cc" -std=c99 -O2 -shared -fPIC -Wall -Wextra -Wno-unused-function \
-    -I"$pyinc" -I"$npinc" "$here/beam_kernel.c" -o "$out.tmp" -lm >"$log" 2>&1 \
-    || { rm -f "$out.tmp"; fail "$cc failed: $(grep -m1 -i error "$log" || tail -1 "$log")"; }
-mv "$out.tmp" "$out"
-"$py" -c 'import sys; sys.path.insert(0, sys.argv[1]); import seqserve.service.scheduling._beam_kernel' "$root" >/dev/null 2>&1 \
-    || fail "built, but seqserve.service.scheduling._beam_kernel does not import"
-echo "native/beam/build.sh: built seqserve/service/scheduling/_beam_kernel$ext" >&2
-# Where PYTHON has the package installed from a copy (pip install ., an image's virtualenv),
-# not from this tree (pip install -e): the module goes beside that copy too.
-installed=$(cd / && "$py" -c 'import importlib.util as u; s = u.find_spec("seqserve"); print(s.submodule_search_locations[0] if s else "")' 2>/dev/null) || installed=""
-if [ -n "$installed" ] && [ "$(cd "$installed" && pwd -P)" != "$(cd "$root/seqserve" && pwd -P)" ]; then
-    dest="$installed/service/scheduling"
-    cp "$out" "$dest/_beam_kernel$ext.tmp" && mv "$dest/_beam_kernel$ext.tmp" "$dest/_beam_kernel$ext"
-    (cd / && "$py" -c 'import seqserve.service.scheduling._beam_kernel') >/dev/null 2>&1 \
-        || fail "copied beside the installed package ($dest), but it does not import there"
-    echo "native/beam/build.sh: and beside the installed package: $dest/_beam_kernel$ext" >&2
-fi
+    -I"$pyinc" -I"$npinc" "$here/beam_kernel.c" -o "$so" -lm >"$log" 2>&1 \
+    || fail "$cc failed: $(grep -m1 -i error "$log" || tail -1 "$log")"
+. "$root/native/place.sh"
+place_module "$so" seqserve.service.scheduling._beam_kernel

@@ -91,3 +91,28 @@ def test_the_exposition_writes_what_is_pending() -> None:
     text = asyncio.run(turn()).decode()
     assert 'seqserve_requests_total{endpoint="classify",model="m",status="200"} 5.0' in text
     assert 'seqserve_request_duration_seconds_count{endpoint="classify",model="m"} 5.0' in text
+
+
+def test_what_a_closed_loop_left_is_written_when_another_loop_counts() -> None:
+    first, then = _Counting(), _Counting()
+    tally = Tally()
+    loop = asyncio.new_event_loop()
+
+    async def count(target: _Counting) -> None:
+        tally.inc(target, 3.0)
+
+    async def count_and_stop() -> None:
+        await count(first)
+        loop.stop()  # the loop ends with this turn: its end's flush never runs
+
+    loop.create_task(count_and_stop())
+    loop.run_forever()
+    loop.close()
+    assert first.writes == 0
+
+    async def later() -> None:
+        await count(then)
+        await asyncio.sleep(0)
+
+    asyncio.run(later())
+    assert (first.total, then.total) == (3.0, 3.0)

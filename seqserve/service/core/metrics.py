@@ -124,6 +124,8 @@ class Tally:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return False
+        if self._loop is not loop and self._loop is not None and self._loop.is_closed():
+            self.flush()  # its loop ended before the turn's end came: written now
         if self._loop is None:
             self._loop = loop
             loop.call_soon(self.flush)
@@ -305,6 +307,9 @@ class Metrics:
         threading.Thread(target=run, name="seqserve-process-metrics", daemon=True).start()
 
     def stop_watching(self) -> None:
+        """At the app's end: the process watch stops, and what the last turn left is
+        written."""
+        self.tally.flush()
         if self._watching is not None:
             self._watching.set()
             self._watching = None

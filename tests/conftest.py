@@ -11,6 +11,7 @@
   numbers translator (max 72 tokens; it emits eos).
 - `tiny_repo`: a model_repository with "tiny-clf" v1 and "tiny-mt" v1 exported from them
   (ONNX + TorchScript, parity checked). Shared: copy it before changing anything in it.
+- `http_front`, `kernel`: each HTTP front, each beam search step implementation, in turn.
 
 torch runs on one thread here (the machine is shared).
 """
@@ -285,3 +286,17 @@ def http_front(request: pytest.FixtureRequest) -> str:
         if native_front()[0] is None:
             pytest.skip("the native front is not built (native/build.sh)")
     return str(request.param)
+
+
+@pytest.fixture(params=[False, True], ids=["numpy", "kernel"])
+def kernel(request: pytest.FixtureRequest) -> bool:
+    """Each implementation of the beam search's step in turn (`Beams(kernel=...)`): numpy,
+    and the compiled one only where it is built (native/beam/build.sh). (In this conftest:
+    a conftest.py of its own in tests/service/scheduling/ took the name `conftest` from the
+    loadtest tests' `from conftest import ...` on a shared test worker.)"""
+    if request.param:
+        from seqserve.service.scheduling import beam_native
+
+        if not beam_native.AVAILABLE:
+            pytest.skip("the beam kernel is not built (native/beam/build.sh)")
+    return bool(request.param)

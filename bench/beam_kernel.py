@@ -1,9 +1,12 @@
 """Microbenchmark of `Beams.step`: the numpy step against the compiled one (native/beam), side
 by side in one run, in steady state at 5, 22 and 88 live beam-5 requests (requests finish and
 new ones join to keep the count; both searches get the same decoder outputs, so they stay in
-lockstep).
+lockstep). Then the membership changes, `Beams.join` (4 requests joining 20 live) and
+`Beams.keep` (4 of 24 leaving), per call, numpy against the kernel's join / keep: plain beam-5
+requests, and requests keeping coverage and attention (the histories the widths follow).
 
-    native/beam/build.sh .venv/bin/python && .venv/bin/python bench/beam_kernel.py [--steps N]
+    native/beam/build.sh .venv/bin/python
+    .venv/bin/python bench/beam_kernel.py [--steps N] [--cycles N]
 """
 
 from __future__ import annotations
@@ -65,9 +68,54 @@ def run(live: int, steps: int, seed: int = 0) -> dict[str, float]:
     return {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
 
+RICH = SearchOptions(beam_size=5, length_penalty=0.6, coverage_penalty=0.2,
+                    return_attention=True)
+
+
+def membership(options: SearchOptions, cycles: int, seed: int = 0) -> dict[str, float]:
+    """Median us per `join` of 4 requests into 20 live ones and per `keep` of 20 of 24, in
+    steady state: each cycle 4 join, the group steps twice (not timed), 4 leave (the done
+    ones and then the earliest)."""
+    rng = np.random.default_rng(seed)
+    impls = {"numpy": Beams(LIMITS, kernel=False), "kernel": Beams(LIMITS, kernel=True)}
+    times: dict[str, list[float]] = {f"{name} {op}": [] for name in impls
+                                     for op in ("join", "keep")}
+    for beams in impls.values():
+        beams.join(list(range(20)), [options] * 20, [SOURCE] * 20)
+        beams.set_source_width(SOURCE)
+    key = 20
+    for cycle in range(cycles + 20):  # 20 warm-up cycles
+        srcs = [int(rng.integers(8, SOURCE + 1)) for _ in range(4)]
+        for name, beams in impls.items():
+            t0 = time.perf_counter()
+            beams.join(list(range(key, key + 4)), [options] * 4, srcs)
+            if cycle >= 20:
+                times[f"{name} join"].append(time.perf_counter() - t0)
+            beams.set_source_width(SOURCE)
+        key += 4
+        for _ in range(2):
+            ks = {beams.prepare() for beams in impls.values()}
+            lp, ids, att = _outputs(rng, impls["numpy"].n_rows, ks.pop())
+            for beams in impls.values():
+                beams.step(lp, ids, att)
+            if impls["numpy"].done.any():
+                break
+        ref = impls["numpy"]
+        leave = ref.done.copy()
+        leave[np.flatnonzero(~leave)[: max(0, 4 - int(leave.sum()))]] = True
+        for name, beams in impls.items():
+            t0 = time.perf_counter()
+            beams.keep(~leave)
+            if cycle >= 20:
+                times[f"{name} keep"].append(time.perf_counter() - t0)
+        assert np.array_equal(impls["numpy"].rows.tokens, impls["kernel"].rows.tokens)
+    return {name: 1e6 * statistics.median(t) for name, t in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--cycles", type=int, default=2000, help="join / keep cycles")
     args = parser.parse_args()
     if not beam_native.AVAILABLE:
         raise SystemExit("the beam kernel is not built: native/beam/build.sh PYTHON")
@@ -77,6 +125,14 @@ def main() -> None:
         ms = run(live, args.steps)
         print(f"{live:>14} {ms['numpy']:>10.4f} {ms['kernel']:>10.4f} "
               f"{ms['numpy'] / ms['kernel']:>8.1f}x")
+    print(f"\nBeams.join (4 joining 20 live) and Beams.keep (4 of 24 leaving), median us per "
+          f"call over {args.cycles} cycles (beam 5)")
+    print(f"{'requests':>22} {'numpy us':>10} {'kernel us':>10} {'speed-up':>9}")
+    for label, options in (("plain", OPTIONS), ("coverage + attention", RICH)):
+        us = membership(options, args.cycles)
+        for op in ("join", "keep"):
+            a, b = us[f"numpy {op}"], us[f"kernel {op}"]
+            print(f"{label + ' ' + op:>22} {a:>10.1f} {b:>10.1f} {a / b:>8.1f}x")
 
 
 if __name__ == "__main__":

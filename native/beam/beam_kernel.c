@@ -1,10 +1,13 @@
 /* seqserve.service.scheduling._beam_kernel: the per-step update of the vectorised beam search
- * (seqserve/service/scheduling/beam_search.py) as two compiled calls.
+ * (seqserve/service/scheduling/beam_search.py) as two compiled calls, and its membership
+ * changes (beam_state.py) as one call each.
  *
  *   select(...)  = Beams._masked (EOS before min_length, n-gram bans given as a mask) +
  *                  Beams._select + top_k_rows
  *   advance(...) = Beams._advance with _finish, _score, _extend, _stopped and
  *                  FinishedStore.merge / _append
+ *   join(...)    = BeamState.join's arrays (FinishedStore.extend) with _reshape
+ *   keep(...)    = BeamState.keep's arrays (FinishedStore.take) with _reshape where it runs
  *
  * Same values as the numpy code, bit for bit (see beam_native.py for the calling side; the
  * coverage term of the score is computed with numpy there, so that its pairwise sum and log
@@ -543,6 +546,243 @@ fail:
     return result;
 }
 
+/* ---- join / keep: the membership changes (BeamState.join / keep with _reshape) ------- */
+
+/* The arrays of a group's state, as given (new references), with their sizes. */
+typedef struct {
+    PyArrayObject *ints, *beta, *request, *logp, *last, *tokens, *cov, *hist, *findex,
+                  *fscore, *done;
+    npy_intp Q, R, W, Sc, Wa, Sa, N;
+} State;
+
+static void state_clear(State *s) {
+    Py_XDECREF(s->ints); Py_XDECREF(s->beta); Py_XDECREF(s->request); Py_XDECREF(s->logp);
+    Py_XDECREF(s->last); Py_XDECREF(s->tokens); Py_XDECREF(s->cov); Py_XDECREF(s->hist);
+    Py_XDECREF(s->findex); Py_XDECREF(s->fscore); Py_XDECREF(s->done);
+    memset(s, 0, sizeof(*s));
+}
+
+/* Read and check the state's 11 arrays (request ints, beta, row request, logp, last, tokens,
+ * coverage, attention, finished index, score, done); -1 with TypeError / ValueError. */
+static int state_read(State *s, PyObject *const *o) {
+    memset(s, 0, sizeof(*s));
+    if (!(s->ints = in_array(o[0], NPY_INT64, 2, "request ints"))) return -1;
+    if (!(s->beta = in_array(o[1], NPY_FLOAT64, 1, "request beta"))) return -1;
+    if (!(s->request = in_array(o[2], NPY_INT64, 1, "row request"))) return -1;
+    if (!(s->logp = in_array(o[3], NPY_FLOAT64, 1, "row logp"))) return -1;
+    if (!(s->last = in_array(o[4], NPY_INT64, 1, "row last"))) return -1;
+    if (!PyArray_Check(o[5]) || (PyArray_TYPE((PyArrayObject *)o[5]) != NPY_INT16
+                                 && PyArray_TYPE((PyArrayObject *)o[5]) != NPY_INT32))
+        return bad(PyExc_TypeError, "row tokens: an int16 or int32 array expected");
+    if (!(s->tokens = in_array(o[5], PyArray_TYPE((PyArrayObject *)o[5]), 2, "row tokens")))
+        return -1;
+    if (!(s->cov = in_array(o[6], NPY_FLOAT64, 2, "row coverage"))) return -1;
+    if (!(s->hist = in_array(o[7], NPY_FLOAT32, 3, "row attention"))) return -1;
+    if (!(s->findex = in_array(o[8], NPY_INT64, 2, "finished index"))) return -1;
+    if (!(s->fscore = in_array(o[9], NPY_FLOAT64, 2, "finished score"))) return -1;
+    if (!(s->done = in_array(o[10], NPY_BOOL, 1, "done"))) return -1;
+    s->Q = DIM(s->ints, 0); s->R = DIM(s->request, 0); s->W = DIM(s->tokens, 1);
+    s->Sc = DIM(s->cov, 1); s->Wa = DIM(s->hist, 1); s->Sa = DIM(s->hist, 2);
+    s->N = DIM(s->findex, 1);
+    if (DIM(s->ints, 1) != N_COLUMNS) return bad(PyExc_ValueError, "request ints: wrong columns");
+    if (DIM(s->beta, 0) != s->Q || DIM(s->findex, 0) != s->Q || DIM(s->fscore, 0) != s->Q
+        || DIM(s->fscore, 1) != s->N || DIM(s->done, 0) != s->Q)
+        return bad(PyExc_ValueError, "request beta, finished slots and done: (Q,) / (Q, N) expected");
+    if (DIM(s->logp, 0) != s->R || DIM(s->last, 0) != s->R || DIM(s->tokens, 0) != s->R
+        || DIM(s->cov, 0) != s->R || DIM(s->hist, 0) != s->R)
+        return bad(PyExc_ValueError, "row arrays disagree in length");
+    const int64_t *rq = I64(s->request);
+    for (npy_intp r = 0; r < s->R; r++)
+        if (rq[r] < 0 || rq[r] >= s->Q || (r && rq[r] < rq[r - 1]))
+            return bad(PyExc_ValueError, "row request: out of range or not ascending");
+    return 0;
+}
+
+/* What _reshape fits to: the history widths and the n-best slots. */
+typedef struct { int64_t steps, nbest; int cov, attn; } Needs;
+
+static void needs_add(Needs *n, const int64_t *iv, npy_intp count, const npy_bool *mask) {
+    for (npy_intp q = 0; q < count; q++) {
+        if (mask && !mask[q]) continue;
+        const int64_t *iq = iv + q * N_COLUMNS;
+        if (iq[C_MAXSTEPS] > n->steps) n->steps = iq[C_MAXSTEPS];
+        if (iq[C_NBEST] > n->nbest) n->nbest = iq[C_NBEST];
+        n->cov |= iq[C_COVERAGE] != 0;
+        n->attn |= iq[C_ATTENTION] != 0;
+    }
+}
+
+/* The widths after _reshape (the tokens only grow, coverage and attention follow the source
+ * width while some request needs them) into w[0..4] = W, Sc, Wa, Sa, N. */
+static void reshaped(const State *s, const Needs *n, npy_intp source, npy_intp *w) {
+    npy_intp width = s->W > n->steps ? s->W : (npy_intp)n->steps;
+    npy_intp src = s->Sc > s->Sa ? s->Sc : s->Sa;
+    if (source > src) src = source;
+    w[0] = width;
+    w[1] = n->cov ? src : 0;
+    w[2] = n->attn ? width : 0;
+    w[3] = n->attn ? src : 0;
+    w[4] = s->N > n->nbest ? s->N : (npy_intp)n->nbest;
+}
+
+/* Rows from .. from+count-1 of a C-contiguous (., a1, a2) array into rows to .. of a zeroed
+ * (., b1, b2) one: their common block (arrays.fit); one copy where the widths agree. */
+static void copy_fit(const PyArrayObject *src, npy_intp a1, npy_intp a2, PyArrayObject *dst,
+                     npy_intp b1, npy_intp b2, npy_intp from, npy_intp to, npy_intp count) {
+    size_t item = (size_t)PyArray_ITEMSIZE(src);
+    npy_intp n1 = a1 < b1 ? a1 : b1, n2 = a2 < b2 ? a2 : b2;
+    if (n1 <= 0 || n2 <= 0 || count <= 0) return;
+    const char *s = (const char *)PyArray_DATA((PyArrayObject *)src) + (size_t)(from * a1 * a2) * item;
+    char *d = (char *)PyArray_DATA(dst) + (size_t)(to * b1 * b2) * item;
+    if (a1 == b1 && a2 == b2) { memcpy(d, s, (size_t)(count * a1 * a2) * item); return; }
+    for (npy_intp r = 0; r < count; r++) {
+        const char *sr = s + (size_t)(r * a1 * a2) * item;
+        char *dr = d + (size_t)(r * b1 * b2) * item;
+        if (n2 == a2 && n2 == b2) { memcpy(dr, sr, (size_t)(n1 * n2) * item); continue; }
+        for (npy_intp i = 0; i < n1; i++)
+            memcpy(dr + (size_t)(i * b2) * item, sr + (size_t)(i * a2) * item, (size_t)n2 * item);
+    }
+}
+
+/* The new state: Q requests, R rows, widths w (W, Sc, Wa, Sa, N), zeroed but for the slots
+ * (-1 / -inf); 0, or -1 with the error set (what was made is cleared by the caller). */
+static int state_new(State *o, const State *s, npy_intp Q, npy_intp R, const npy_intp *w) {
+    npy_intp dq[2] = {Q, N_COLUMNS}, dr[1] = {R}, dt[2] = {R, w[0]}, dc[2] = {R, w[1]},
+             dh[3] = {R, w[2], w[3]}, dn[2] = {Q, w[4]};
+    memset(o, 0, sizeof(*o));
+    o->Q = Q; o->R = R; o->W = w[0]; o->Sc = w[1]; o->Wa = w[2]; o->Sa = w[3]; o->N = w[4];
+    if (!(o->ints = (PyArrayObject *)PyArray_ZEROS(2, dq, NPY_INT64, 0))) return -1;
+    if (!(o->beta = (PyArrayObject *)PyArray_ZEROS(1, dq, NPY_FLOAT64, 0))) return -1;
+    if (!(o->request = (PyArrayObject *)PyArray_SimpleNew(1, dr, NPY_INT64))) return -1;
+    if (!(o->logp = (PyArrayObject *)PyArray_ZEROS(1, dr, NPY_FLOAT64, 0))) return -1;
+    if (!(o->last = (PyArrayObject *)PyArray_SimpleNew(1, dr, NPY_INT64))) return -1;
+    if (!(o->tokens = (PyArrayObject *)PyArray_ZEROS(2, dt, PyArray_TYPE(s->tokens), 0))) return -1;
+    if (!(o->cov = (PyArrayObject *)PyArray_ZEROS(2, dc, NPY_FLOAT64, 0))) return -1;
+    if (!(o->hist = (PyArrayObject *)PyArray_ZEROS(3, dh, NPY_FLOAT32, 0))) return -1;
+    if (!(o->findex = (PyArrayObject *)PyArray_SimpleNew(2, dn, NPY_INT64))) return -1;
+    if (!(o->fscore = (PyArrayObject *)PyArray_SimpleNew(2, dn, NPY_FLOAT64))) return -1;
+    if (!(o->done = (PyArrayObject *)PyArray_ZEROS(1, dq, NPY_BOOL, 0))) return -1;
+    int64_t *fi = I64(o->findex);
+    double *fs = F64(o->fscore);
+    for (npy_intp i = 0; i < Q * w[4]; i++) { fi[i] = -1; fs[i] = -INFINITY; }
+    return 0;
+}
+
+/* Request `from` of s into request `to` of o (ints, beta, slots, done). */
+static void copy_request(const State *s, State *o, npy_intp from, npy_intp to) {
+    memcpy(I64(o->ints) + to * N_COLUMNS, I64(s->ints) + from * N_COLUMNS,
+           N_COLUMNS * sizeof(int64_t));
+    F64(o->beta)[to] = F64(s->beta)[from];
+    npy_intp n = s->N < o->N ? s->N : o->N;
+    memcpy(I64(o->findex) + to * o->N, I64(s->findex) + from * s->N, (size_t)n * sizeof(int64_t));
+    memcpy(F64(o->fscore) + to * o->N, F64(s->fscore) + from * s->N, (size_t)n * sizeof(double));
+    BOOLS(o->done)[to] = BOOLS(s->done)[from];
+}
+
+/* Rows from .. from+count-1 of s into rows to .. of o (their request: the caller's). */
+static void copy_rows(const State *s, State *o, npy_intp from, npy_intp to, npy_intp count) {
+    memcpy(F64(o->logp) + to, F64(s->logp) + from, (size_t)count * sizeof(double));
+    memcpy(I64(o->last) + to, I64(s->last) + from, (size_t)count * sizeof(int64_t));
+    copy_fit(s->tokens, s->W, 1, o->tokens, o->W, 1, from, to, count);
+    copy_fit(s->cov, s->Sc, 1, o->cov, o->Sc, 1, from, to, count);
+    copy_fit(s->hist, s->Wa, s->Sa, o->hist, o->Wa, o->Sa, from, to, count);
+}
+
+static PyObject *state_tuple(State *o) {
+    return Py_BuildValue("(OOOOOOOOOOO)", o->ints, o->beta, o->request, o->logp, o->last,
+                         o->tokens, o->cov, o->hist, o->findex, o->fscore, o->done);
+}
+
+static PyObject *k_join(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[11], *o_new, *o_nbeta;
+    long long bos;
+    Py_ssize_t source;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOLn:join", &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o_new, &o_nbeta, &bos,
+                          &source))
+        return NULL;
+    State s, out;
+    PyArrayObject *fresh = NULL, *fbeta = NULL;
+    PyObject *result = NULL;
+    memset(&out, 0, sizeof(out));
+    if (state_read(&s, o) < 0) goto fail;
+    if (!(fresh = in_array(o_new, NPY_INT64, 2, "new request ints"))) goto fail;
+    if (!(fbeta = in_array(o_nbeta, NPY_FLOAT64, 1, "new request beta"))) goto fail;
+    npy_intp n = DIM(fresh, 0);
+    if (DIM(fresh, 1) != N_COLUMNS || DIM(fbeta, 0) != n) {
+        bad(PyExc_ValueError, "new requests: ints (n, 13) and beta (n,) expected");
+        goto fail;
+    }
+    if (source < 0) { bad(PyExc_ValueError, "source width: negative"); goto fail; }
+    Needs need = {0, 0, 0, 0};
+    needs_add(&need, I64(s.ints), s.Q, NULL);
+    needs_add(&need, I64(fresh), n, NULL);
+    npy_intp w[5];
+    reshaped(&s, &need, source, w);
+    if (state_new(&out, &s, s.Q + n, s.R + n, w) < 0) goto fail;
+    for (npy_intp q = 0; q < s.Q; q++) copy_request(&s, &out, q, q);
+    memcpy(I64(out.ints) + s.Q * N_COLUMNS, I64(fresh), (size_t)(n * N_COLUMNS) * sizeof(int64_t));
+    memcpy(F64(out.beta) + s.Q, F64(fbeta), (size_t)n * sizeof(double));
+    memcpy(I64(out.request), I64(s.request), (size_t)s.R * sizeof(int64_t));
+    copy_rows(&s, &out, 0, 0, s.R);
+    for (npy_intp i = 0; i < n; i++) {  /* one BOS row each */
+        I64(out.request)[s.R + i] = s.Q + i;
+        I64(out.last)[s.R + i] = bos;
+    }
+    result = state_tuple(&out);
+fail:
+    state_clear(&s); state_clear(&out);
+    Py_XDECREF(fresh); Py_XDECREF(fbeta);
+    return result;
+}
+
+static PyObject *k_keep(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[11], *o_mask;
+    Py_ssize_t source;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOn:keep", &o[0], &o[1], &o[2], &o[3], &o[4],
+                          &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o_mask, &source))
+        return NULL;
+    State s, out;
+    PyArrayObject *mask = NULL;
+    npy_intp *moved = NULL;
+    PyObject *result = NULL;
+    memset(&out, 0, sizeof(out));
+    if (state_read(&s, o) < 0) goto fail;
+    if (!(mask = in_array(o_mask, NPY_BOOL, 1, "mask"))) goto fail;
+    if (DIM(mask, 0) != s.Q) { bad(PyExc_ValueError, "mask: (Q,) expected"); goto fail; }
+    if (source < 0) { bad(PyExc_ValueError, "source width: negative"); goto fail; }
+    const npy_bool *m = BOOLS(mask);
+    moved = malloc(((size_t)s.Q + 1) * sizeof(npy_intp));
+    if (!moved) { PyErr_NoMemory(); goto fail; }
+    npy_intp kept = 0, rows = 0;
+    for (npy_intp q = 0; q < s.Q; q++) { moved[q] = kept; kept += m[q] != 0; }
+    for (npy_intp r = 0; r < s.R; r++) rows += m[I64(s.request)[r]] != 0;
+    npy_intp w[5] = {s.W, s.Sc, s.Wa, s.Sa, s.N};
+    if (s.Sc || s.Wa) {  /* as _membership_changed: only histories that may drop */
+        Needs need = {0, 0, 0, 0};
+        needs_add(&need, I64(s.ints), s.Q, m);
+        reshaped(&s, &need, source, w);
+    }
+    if (state_new(&out, &s, kept, rows, w) < 0) goto fail;
+    for (npy_intp q = 0; q < s.Q; q++) if (m[q]) copy_request(&s, &out, q, moved[q]);
+    const int64_t *rq = I64(s.request);
+    for (npy_intp r = 0, e = 0; r < s.R;) {  /* runs of rows whose requests stay */
+        npy_intp end = r;
+        while (end < s.R && m[rq[end]]) { I64(out.request)[e + end - r] = moved[rq[end]]; end++; }
+        copy_rows(&s, &out, r, e, end - r);
+        e += end - r;
+        for (r = end; r < s.R && !m[rq[r]]; r++) {}
+    }
+    result = state_tuple(&out);
+fail:
+    free(moved);
+    state_clear(&s); state_clear(&out);
+    Py_XDECREF(mask);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"select", k_select, METH_VARARGS,
      "select(row_logp, logprobs, ids, row_request, request_ints, k, eos_id, ban_or_None)\n"
@@ -553,6 +793,16 @@ static PyMethodDef methods[] = {
      " finished_score, pool score, logp, length, ended, tokens, coverage, attention, used,\n"
      " coverage_terms_or_None, stuck_coverage_terms_or_None)\n"
      "-> (parents, request, logp, last, tokens, coverage, attention, done, used)"},
+    {"join", k_join, METH_VARARGS,
+     "join(request_ints, request_beta, row_request, row_logp, row_last, row_tokens,\n"
+     " row_coverage, row_attention, finished_index, finished_score, done, new_ints,\n"
+     " new_beta, bos_id, source_width)\n"
+     "-> (ints, beta, request, logp, last, tokens, coverage, attention, index, score, done)"},
+    {"keep", k_keep, METH_VARARGS,
+     "keep(request_ints, request_beta, row_request, row_logp, row_last, row_tokens,\n"
+     " row_coverage, row_attention, finished_index, finished_score, done, mask,\n"
+     " source_width)\n"
+     "-> (ints, beta, request, logp, last, tokens, coverage, attention, index, score, done)"},
     {NULL, NULL, 0, NULL},
 };
 

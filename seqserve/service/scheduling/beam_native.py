@@ -4,7 +4,10 @@ from native/beam/beam_kernel.c by native/beam/build.sh), where it is built.
 Two calls a step, on the search's own arrays: `select` (the masked cumulative log-probs and
 each request's 2B best candidates: `Beams._masked` + `Beams._select`) and `advance` (finish,
 score, merge into the n-best, stop and extend: `Beams._advance`). Between them the sampling
-requests patch the selection in Python (`Beams._sample`), as in the numpy step.
+requests patch the selection in Python (`Beams._sample`), as in the numpy step. And one call
+for each membership change: `join` (the new requests' numbers made per request in Python,
+`BeamState.admitted`) and `keep`, each the new arrays of the state at once, the history
+widths fitted as `BeamState._reshape` fits them.
 
 What stays in numpy here: the n-gram bans become an (R, k) mask (only where a request asks
 for them), and the coverage term of the score (beta x the sum of the logs of the clipped
@@ -22,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from seqserve.service.scheduling.arrays import banned_mask
-from seqserve.service.scheduling.beam_state import BeamState, Rows
+from seqserve.service.scheduling.beam_state import BeamState, Requests, Rows
 from seqserve.service.scheduling.search import COVERAGE_FLOOR
 
 _kernel: Any
@@ -102,3 +105,35 @@ def _log_sum(coverage: np.ndarray, src: np.ndarray) -> np.ndarray:
     logs = np.log(np.clip(coverage, COVERAGE_FLOOR, 1.0))  # (F, Sc)
     logs[np.arange(logs.shape[1])[None] >= src[:, None]] = 0.0
     return logs.sum(1)  # type: ignore[no-any-return]
+
+
+def join(state: BeamState, ints: np.ndarray, beta: np.ndarray) -> None:
+    """`BeamState.join`'s arrays (with `_reshape`) in one call: requests ints (n, 13) and
+    beta (n,) (`BeamState.admitted`) join at the end, one BOS row each."""
+    r, f = state.rows, state.finished
+    _install(state, _kernel.join(
+        state.reqs.ints, state.reqs.beta, r.request, r.logp, r.last, r.tokens, r.coverage,
+        r.attention, f.index, f.score, state.done, ints, beta, state.limits.bos_id,
+        state._source_width))
+
+
+def keep(state: BeamState, mask: np.ndarray) -> None:
+    """`BeamState.keep`'s arrays (with `_reshape` where it runs) in one call (the samplers
+    are the caller's)."""
+    r, f = state.rows, state.finished
+    _install(state, _kernel.keep(
+        state.reqs.ints, state.reqs.beta, r.request, r.logp, r.last, r.tokens, r.coverage,
+        r.attention, f.index, f.score, state.done, mask, state._source_width))
+
+
+def _install(state: BeamState, arrays: tuple[np.ndarray, ...]) -> None:
+    """The state the kernel's join / keep made; the pool's widths follow the rows'."""
+    ints, beta, request, logp, last, tokens, coverage, attention, index, score, done = arrays
+    state.reqs, state.done = Requests(ints, beta), done
+    state.rows = Rows(request, logp, last, tokens, coverage, attention)
+    f = state.finished
+    f.index, f.score = index, score
+    p, widths = f.pool, (tokens.shape[1], coverage.shape[1], attention.shape[1:])
+    if (p.tokens.shape[1], p.coverage.shape[1], p.attention.shape[1:]) != widths:
+        f.reshape(f.slots, tokens.shape[1], coverage.shape[1], (attention.shape[1],
+                                                                attention.shape[2]))

@@ -24,6 +24,7 @@ nature.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,7 @@ from seqserve.service.scheduling.arrays import (
 )
 from seqserve.service.scheduling.beam_state import BeamState, Rows
 from seqserve.service.scheduling.finished import Entries
-from seqserve.service.scheduling.search import COVERAGE_FLOOR, DecodeLimits
+from seqserve.service.scheduling.search import COVERAGE_FLOOR, DecodeLimits, SearchOptions
 
 
 @dataclass
@@ -66,7 +67,9 @@ class Beams(BeamState):
     `results` of the done ones and `keep` the others.
 
     `kernel`: step with the compiled update (beam_native.py, native/beam), the same results
-    in two calls; None: where it is built; False: the numpy code below (the reference)."""
+    in two calls, and join / keep with the compiled membership change (one call each, the
+    widths' reshape included); None: where it is built; False: the numpy code below and
+    BeamState's (the reference)."""
 
     def __init__(self, limits: DecodeLimits, kernel: bool | None = None) -> None:
         super().__init__(limits)
@@ -74,6 +77,20 @@ class Beams(BeamState):
         if kernel and not beam_native.AVAILABLE:
             raise RuntimeError("the beam kernel is not built (native/beam/build.sh)")
         self.kernel = beam_native.AVAILABLE if kernel is None else kernel
+
+    def join(self, keys: Sequence[int], options: Sequence[SearchOptions],
+             src_lens: Sequence[int]) -> None:
+        if not self.kernel:
+            return super().join(keys, options, src_lens)
+        beam_native.join(self, *self.admitted(keys, options, src_lens))
+        self._plan = None
+
+    def keep(self, mask: np.ndarray) -> None:
+        if not self.kernel:
+            return super().keep(mask)
+        self._drop_samplers(mask)
+        beam_native.keep(self, mask)
+        self._plan = None
 
     def _membership_changed(self, joined: bool) -> None:
         self._plan = None

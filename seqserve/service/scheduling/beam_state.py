@@ -172,16 +172,38 @@ class BeamState:
         self.done = np.concatenate([self.done, np.zeros(n, bool)])
         self._membership_changed(joined=True)
 
+    def admitted(self, keys: Sequence[int], options: Sequence[SearchOptions],
+                 src_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """`join`'s new requests as the compiled join takes them (beam_native.py): their
+        `Requests` ints (n, 13) and beta (n,), made per request (the samplers too)."""
+        ints, beta = [], []
+        for key, o, src in zip(keys, options, src_lens, strict=True):
+            beam, n_best, min_len, ngram, k_base, alpha, cov, sampling, attn = _option_numbers(o)
+            row = self._alphas.get(alpha)
+            ints.append((key, beam, n_best, min_len, ngram, k_base,
+                         max_steps(o, src, self.limits), src, 0,
+                         self._alpha_row(alpha) if row is None else row, sampling, cov > 0, attn))
+            beta.append(cov)
+            if o.sampling:
+                self.samplers[int(key)] = Sampler(o)
+        return (np.array(ints, np.int64).reshape(len(ints), len(_COLUMNS)),
+                np.array(beta, np.float64))
+
     def keep(self, mask: np.ndarray) -> None:
         """Keep the requests where `mask` (Q,) is set, in order; drop the others' state."""
-        for key in self.reqs.key[~mask & self.reqs.sampling].tolist():
-            self.samplers.pop(key, None)
+        self._drop_samplers(mask)
         at = mask[self.rows.request]  # (R,)
         rows = self.rows if at.all() else self.rows.take(at)  # done requests have no rows
         rows.request = (np.cumsum(mask) - 1)[rows.request]
         self.rows, self.reqs, self.done = rows, self.reqs.take(mask), self.done[mask]
         self.finished.take(mask)
         self._membership_changed(joined=False)
+
+    def _drop_samplers(self, mask: np.ndarray) -> None:
+        """Forget the samplers of the requests leaving (`mask` (Q,) unset)."""
+        if self.samplers:
+            for key in self.reqs.key[~mask & self.reqs.sampling].tolist():
+                self.samplers.pop(key, None)
 
     def set_source_width(self, width: int) -> None:
         """The source width S of the attention the decoder step returns (padded memory)."""
@@ -207,10 +229,15 @@ class BeamState:
         """Rows of the length-penalty table (computed with Python floats, as the rules say)."""
         for a in alphas.tolist():
             if a not in self._alphas:
-                self._alphas[a] = len(self._alphas)
-                table = [length_penalty(n, a) for n in range(self._lp.shape[1])]
-                self._lp = np.vstack([self._lp, table])  # (A, L + 1)
+                self._alpha_row(a)
         return np.array([self._alphas[a] for a in alphas.tolist()], np.int64)
+
+    def _alpha_row(self, alpha: float) -> int:
+        """A new row of the length-penalty table, for `alpha`."""
+        self._alphas[alpha] = len(self._alphas)
+        table = [length_penalty(n, alpha) for n in range(self._lp.shape[1])]
+        self._lp = np.vstack([self._lp, table])  # (A, L + 1)
+        return self._alphas[alpha]
 
     # -- what the scheduler asks ----------------------------------------------------------
 

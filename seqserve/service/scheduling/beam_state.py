@@ -150,17 +150,7 @@ class BeamState:
              src_lens: Sequence[int]) -> None:
         """Add requests (one BOS row each) at the end."""
         n = len(keys)
-        numbers = np.array([_option_numbers(o) for o in options])  # (n, 9)
-        caps = [max_steps(o, s, self.limits) for o, s in zip(options, src_lens, strict=True)]
-        ints = np.zeros((n, len(_COLUMNS)), np.int64)  # (n, 13)
-        ints[:, 0], ints[:, 1:6], ints[:, 6], ints[:, 7] = keys, numbers[:, :5], caps, src_lens
-        ints[:, 9] = self._alpha_rows(numbers[:, 5])
-        ints[:, 10], ints[:, 12] = numbers[:, 7], numbers[:, 8]
-        ints[:, 11] = numbers[:, 6] > 0
-        new = Requests(ints, numbers[:, 6].astype(np.float64))
-        for key, o in zip(keys, options, strict=True):
-            if o.sampling:
-                self.samplers[int(key)] = Sampler(o)
+        new = Requests(*self.admitted(keys, options, src_lens))
         r = self.rows
         rows = Rows(np.arange(len(self), len(self) + n), np.zeros(n),
                     np.full(n, self.limits.bos_id, np.int64),
@@ -174,8 +164,9 @@ class BeamState:
 
     def admitted(self, keys: Sequence[int], options: Sequence[SearchOptions],
                  src_lens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """`join`'s new requests as the compiled join takes them (beam_native.py): their
-        `Requests` ints (n, 13) and beta (n,), made per request (the samplers too)."""
+        """The requests that `join` adds, as their `Requests` columns (and the compiled
+        join takes them, beam_native.py): ints (n, 13) and beta (n,), made per request (their
+        samplers too)."""
         ints, beta = [], []
         for key, o, src in zip(keys, options, src_lens, strict=True):
             beam, n_best, min_len, ngram, k_base, alpha, cov, sampling, attn = _option_numbers(o)
@@ -224,13 +215,6 @@ class BeamState:
             r.tokens, r.coverage = fit(r.tokens, width), fit(r.coverage, cov)
             r.attention = fit(r.attention, *attn)
         self.finished.reshape(int(q.n_best.max(initial=0)), width, cov, attn)
-
-    def _alpha_rows(self, alphas: np.ndarray) -> np.ndarray:
-        """Rows of the length-penalty table (computed with Python floats, as the rules say)."""
-        for a in alphas.tolist():
-            if a not in self._alphas:
-                self._alpha_row(a)
-        return np.array([self._alphas[a] for a in alphas.tolist()], np.int64)
 
     def _alpha_row(self, alpha: float) -> int:
         """A new row of the length-penalty table, for `alpha`."""

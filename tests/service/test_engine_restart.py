@@ -155,8 +155,11 @@ def test_a_crash_looping_engine_is_restarted_with_backoff_and_the_others_serve_o
     """Six engine kills in a row: the server does not exit, the classifier (run by the API
     processes) answers 200 throughout, the session model 503 + Retry-After while the engine
     is down (the index says why) and 200 again once the kills stop."""
+    # a request may wait up to 30 s (not 0.5): the restarts' model loads can stall an API
+    # process on a busy machine, and CI once refused a classify as waiting too long (a 429
+    # this test is not about)
     with serve(session_repo, "--layout", "hybrid", "--api-workers", "2",
-               "--engine-restart-backoff-s", "0.2") as server:
+               "--engine-restart-backoff-s", "0.2", "--max-queue-wait-s", "30") as server:
         url = server.url
         with Load(url) as load:
             killed: list[int] = []

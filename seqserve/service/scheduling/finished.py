@@ -106,8 +106,7 @@ class FinishedStore:
             self._compact(extra)
 
     def _append(self, new: Entries) -> np.ndarray:
-        if self.used + len(new) > len(self.pool):
-            self._compact(len(new))
+        self.reserve(len(new))
         at = np.arange(self.used, self.used + len(new))
         for name, value in vars(new).items():
             getattr(self.pool, name)[at[0] : at[-1] + 1] = value

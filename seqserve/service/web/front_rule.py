@@ -55,15 +55,12 @@ class FrontRule:
     the front then needs a fresh state often (`publish`)."""
 
     def __init__(self, state: AppState, cors: bool, log: AccessLog,
-                 count: Callable[[str, str, int, float], None],
                  routes_of: Callable[[], HeadRoutes],
                  waits_of: Callable[[list[tuple[str, str | None]]], list[float]]) -> None:
         self.app_state = state
         self.cors = cors
         """CORS is on (a request with an Origin is the lifecycle's)."""
         self.log = log
-        self.count = count
-        """The lifecycle's count of one answer in the request metrics."""
         self.routes_of = routes_of
         self.waits_of = waits_of
         self.generation = -1
@@ -130,7 +127,7 @@ class FrontRule:
     def refused(self, tallies: list[tuple[int, float]]) -> None:
         """Count the front's refusals ([(series, seconds)]) as `answer_head` counts its own:
         the request metrics, and the access log's refusals left out."""
-        count = self.count
+        count = self.app_state.metrics.on_request
         for series, seconds in tallies:
             model, endpoint = self.series[series]
             count(model, endpoint, 429, seconds)

@@ -510,14 +510,8 @@ class HttpLifecycle:
         model = ""
         if name is not None:
             model = name if name in self.state.repository.entries else "unknown"
-        self.count(model, endpoint or "unmatched", status, seconds,
-                   scope.get("state", {}).get("call"))
-
-    def count(self, model: str, endpoint: str, status: int, seconds: float,
-              call: Any = None) -> None:
-        """One answer in the request metrics: its count and duration, its call's queue and
-        compute time when it computed."""
-        self.state.metrics.on_request(model, endpoint, status, seconds, call)
+        self.state.metrics.on_request(model, endpoint or "unmatched", status, seconds,
+                                      scope.get("state", {}).get("call"))
 
     def front_rule(self) -> FrontRule | None:
         """The rule by which a front may write an overloaded model's 429 itself (`FrontRule`),
@@ -528,7 +522,7 @@ class HttpLifecycle:
         if self.keys is not None or self.spans is not None or routes_of is None \
                 or waits_of is None:
             return None
-        return FrontRule(self.state, self.cors is not None, self.log, self.count, routes_of,
+        return FrontRule(self.state, self.cors is not None, self.log, routes_of,
                          waits_of)
 
 

@@ -136,9 +136,11 @@ def copy_repo(src: Path, dst: Path) -> Path:
 
 
 def settings(repo: Path, **overrides: Any) -> Settings:
-    """Test settings: one runtime thread, no warm-up (unless overridden)."""
+    """Test settings: one runtime thread, no warm-up, requests may wait SERVE_REPO_WAIT_S
+    (unless overridden; as `serve_repo`: CI refused a classify read while the test's own
+    model load stalled the shared process for 1.1 s, a 429 the test was not about)."""
     return Settings(**{"repo": repo, "intra_op_threads": 1, "inter_op_threads": 1,
-                       "warmup": False, **overrides})
+                       "warmup": False, "max_queue_wait_s": SERVE_REPO_WAIT_S, **overrides})
 
 
 @contextlib.asynccontextmanager

@@ -374,6 +374,8 @@ class RequestCall:
         if entry is not None:
             self.state.metrics.on_inference(entry.name, entry.version, error is None,
                                             time.monotonic() - self.started, context)
+        context.caller = None  # the state (`keep`) holds the context for the access line,
+        # and the call holds the state: freed with the answer, not by the collector
 
 
 async def _watch(watch: Callable[[], Awaitable[None]], context: RequestContext) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from service_fakes import free_port
+from service_fakes import SERVE_REPO_WAIT_S, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,14 @@ def wait_ready(server: Server, timeout: float = 90) -> None:
 
 
 @contextlib.contextmanager
-def serve(repo: Path, *flags: str) -> Iterator[Server]:
+def serve(repo: Path, *flags: str, queue_wait: bool = True) -> Iterator[Server]:
+    """`seqserve serve` over `repo` as a subprocess on free ports, one intra-op thread, no
+    warm-up, no shutdown delay unless `flags` set one. Its requests may wait
+    SERVE_REPO_WAIT_S before admission refuses them, unless `flags` set
+    --max-queue-wait-s or `queue_wait` is False (the server's own default): on the 2-core CI
+    machine shared with other test workers, a host stall of a second under a test's load got
+    a request refused as waiting past the default 0.5 s (a 429 no such test is about)."""
+    own_wait = queue_wait and "--max-queue-wait-s" not in flags
     port = free_port()
     grpc_port = port
     while grpc_port == port:  # a free port of its own for gRPC (never Triton's 8001 here)
@@ -83,6 +90,7 @@ def serve(repo: Path, *flags: str) -> Iterator[Server]:
         [sys.executable, "-m", "seqserve.cli", "serve", "--repo", str(repo), "--port",
          str(port), "--no-warmup", "--intra-op-threads", "1",
          *(() if "--shutdown-delay-s" in flags else ("--shutdown-delay-s", "0")),
+         *(("--max-queue-wait-s", str(SERVE_REPO_WAIT_S)) if own_wait else ()),
          *(("--grpc-port", str(grpc_port)) if own_grpc else ()), *flags],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     server = Server(proc, f"http://127.0.0.1:{port}",

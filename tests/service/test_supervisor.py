@@ -448,7 +448,7 @@ def test_one_process_and_one_api_process_answer_alike(tiny_repo: Path, flags: tu
 
     monkeypatch.setenv("SEQSERVE_MAX_WAIT_MS", "3")
     body = {"texts": ["one two three", "vingt et un"], "top_k": 3}
-    with serve(tiny_repo, *flags) as server:
+    with serve(tiny_repo, *flags, queue_wait=False) as server:  # its default, printed
         r = httpx.post(f"{server.url}/v1/models/tiny-clf/classify", json=body, timeout=30)
         expected_children = 0 if flags[1] == "0" else 1
         assert len(server.children()) == expected_children

@@ -31,7 +31,10 @@ def real_server(tiny_repo: Path) -> Iterator[str]:
     from seqserve.service.server.app import create_app
     from seqserve.service.web.settings import Settings
 
-    settings = Settings(repo=tiny_repo, intra_op_threads=1, inter_op_threads=1, queue_size=64)
+    # (a request may wait 30 s: tests that count every answer as a 200 are not about admission,
+    # and the shared 2-core CI box stalls; service_fakes.SERVE_REPO_WAIT_S)
+    settings = Settings(repo=tiny_repo, intra_op_threads=1, inter_op_threads=1, queue_size=64,
+                        max_queue_wait_s=30.0)
     with serve_app(create_app(settings)) as url:
         yield url
 
@@ -68,7 +71,7 @@ def lm_server(endless_lm_repo: Path) -> Iterator[str]:
     from seqserve.service.web.settings import Settings
 
     settings = Settings(repo=endless_lm_repo, intra_op_threads=1, inter_op_threads=1,
-                        queue_size=64)
+                        queue_size=64, max_queue_wait_s=30.0)
     with serve_app(create_app(settings)) as url:
         yield url
 

@@ -387,7 +387,7 @@ def server(request: pytest.FixtureRequest, tiny_full_repo: Path, tiny_lm_repo: P
     shutil.copytree(tiny_chat_repo / CHAT_MODEL, repo / CHAT_MODEL)
     shutil.copytree(tiny_series_repo / "tiny-series", repo / "tiny-series")
     settings = Settings(repo=repo, intra_op_threads=1, warmup=False, front=request.param,
-                        **LIMITS)
+                        max_queue_wait_s=30.0, **LIMITS)  # (a stalled CI box: no stray 429)
     with serve_in_thread(create_app(settings)) as url:
         yield url
 

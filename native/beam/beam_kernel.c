@@ -8,6 +8,9 @@
  *                  FinishedStore.merge / _append
  *   join(...)    = BeamState.join's arrays (FinishedStore.extend) with _reshape
  *   keep(...)    = BeamState.keep's arrays (FinishedStore.take) with _reshape where it runs
+ *   plan(...)    = plan.py's plan_batch: which rows of a batcher's queue go together (not
+ *                  the beam search's, but the scheduling layer's other loop in Python per
+ *                  batch: 125 us for a window of 65 rows)
  *
  * Same values as the numpy code, bit for bit (see beam_native.py for the calling side; the
  * coverage term of the score is computed with numpy there, so that its pairwise sum and log
@@ -783,6 +786,81 @@ fail:
     return result;
 }
 
+/* ---- the batch plan (plan.py `plan_batch`) ------------------------------------------------
+ *
+ * The group [i, j) of sorted `lengths` (a list of ints) holding `anchor` in the cheapest split
+ * of all rows into contiguous groups, a group costing `fixed + rows x lengths[j-1]` (fixed =
+ * max(overhead, min_overhead)), each within `max_rows` and `max_tokens`. The same dynamic
+ * programme as plan.py's Python, in the same order: the same doubles (`best + fixed` first,
+ * then the group's padded tokens as an exact integer), the first (fewest rows) of equal
+ * costs. No arrays: the GIL is kept. */
+static PyObject *k_plan(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *list;
+    Py_ssize_t anchor, max_rows;
+    long long max_tokens;
+    double overhead, min_overhead;
+    if (!PyArg_ParseTuple(args, "O!nnLdd", &PyList_Type, &list, &anchor, &max_rows,
+                          &max_tokens, &overhead, &min_overhead))
+        return NULL;
+    if (max_rows < 1 || max_tokens < 1) {
+        PyErr_SetString(PyExc_ValueError, "plan: max_rows and max_tokens must be >= 1");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    long long *len = malloc(sizeof(long long) * (size_t)(n > 0 ? n : 1));
+    double *best = malloc(sizeof(double) * (size_t)(n + 1));
+    Py_ssize_t *start = malloc(sizeof(Py_ssize_t) * (size_t)(n + 1));
+    PyObject *result = NULL;
+    if (len == NULL || best == NULL || start == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        len[i] = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
+        if (len[i] == -1 && PyErr_Occurred())
+            goto done;
+        if (len[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "plan: a length is negative");
+            goto done;
+        }
+    }
+    double fixed = min_overhead > overhead ? min_overhead : overhead;  /* Python's max() */
+    best[0] = 0.0;
+    start[0] = 0;
+    for (Py_ssize_t j = 1; j <= n; j++) {
+        long long longest = len[j - 1];
+        long long most = longest > 0 ? max_tokens / longest : (long long)max_rows;
+        if (most < 1)
+            most = 1;
+        Py_ssize_t lo = j - max_rows;
+        if ((long long)j - most > (long long)lo)
+            lo = (Py_ssize_t)((long long)j - most);
+        if (lo < 0)
+            lo = 0;
+        double low = 0.0;
+        Py_ssize_t low_rows = 0;
+        for (Py_ssize_t rows = 1; rows <= j - lo; rows++) {
+            double cost = (best[j - rows] + fixed) + (double)(rows * longest);
+            if (low_rows == 0 || cost < low) {
+                low = cost;
+                low_rows = rows;
+            }
+        }
+        best[j] = low;
+        start[j] = j - low_rows;
+    }
+    Py_ssize_t j = n;
+    while (start[j] > anchor)
+        j = start[j];
+    result = Py_BuildValue("(nn)", start[j], j);
+done:
+    free(len);
+    free(best);
+    free(start);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"select", k_select, METH_VARARGS,
      "select(row_logp, logprobs, ids, row_request, request_ints, k, eos_id, ban_or_None)\n"
@@ -803,12 +881,16 @@ static PyMethodDef methods[] = {
      " row_coverage, row_attention, finished_index, finished_score, done, mask,\n"
      " source_width)\n"
      "-> (ints, beta, request, logp, last, tokens, coverage, attention, index, score, done)"},
+    {"plan", k_plan, METH_VARARGS,
+     "plan(lengths (a list of ints, sorted), anchor, max_rows, max_tokens, overhead,\n"
+     " min_overhead) -> (i, j): plan.py's plan_batch"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_beam_kernel",
-    "The per-step update of seqserve's vectorised beam search, compiled (native/beam).",
+    "The per-step update of seqserve's vectorised beam search and the batcher's plan, "
+    "compiled (native/beam).",
     -1, methods, NULL, NULL, NULL, NULL,
 };
 

@@ -1,8 +1,22 @@
 """The batch plan: which rows of a batcher's queue go together (`Batcher._take_batch`): the
 oldest row and its nearest neighbours by length, in the cheapest split of a window of the
-queue sorted by length into batches (padding plus a fixed cost per batch)."""
+queue sorted by length into batches (padding plus a fixed cost per batch).
+
+`plan_batch` is one call into the scheduling layer's compiled module (`_beam_kernel.plan`,
+native/beam/beam_kernel.c) where it is built, else the Python below (`plan_in_python`, the
+reference: tests/service/scheduling/test_plan_kernel.py checks that both choose alike)."""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_compiled: Any
+try:
+    _compiled = getattr(importlib.import_module("seqserve.service.scheduling._beam_kernel"),
+                        "plan", None)
+except ImportError:  # not built (native/beam/build.sh): the Python plan only
+    _compiled = None
 
 PLAN_AGE = 4
 """`Batcher._take_batch`: how many batches' worth of the oldest rows a batch is chosen from."""
@@ -33,7 +47,19 @@ def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
     into contiguous groups, a group costing `overhead + rows x lengths[j-1]`, each group
     within `max_rows` and `max_tokens` (a single row always forms a valid group). A group
     costs at least `MIN_OVERHEAD` more than its rows, so that of splits equal in padding the
-    one with fewer groups wins (with no overhead, rows of equal length went one per batch)."""
+    one with fewer groups wins (with no overhead, rows of equal length went one per batch).
+    Compiled where built (module doc): 125 us in Python for a window of 65 rows, the
+    batcher's largest cost per batch on the event loop (docs/performance.md section 40)."""
+    if _compiled is not None:
+        found: tuple[int, int] = _compiled(lengths, anchor, max_rows, max_tokens,
+                                           float(overhead), MIN_OVERHEAD)
+        return found
+    return plan_in_python(lengths, anchor, max_rows, max_tokens, overhead)
+
+
+def plan_in_python(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
+                   overhead: float) -> tuple[int, int]:
+    """`plan_batch` in Python (where the module is not built, and the reference)."""
     n = len(lengths)
     fixed = max(overhead, MIN_OVERHEAD)
     best = [0.0] + [float("inf")] * n  # best[j]: cheapest split of lengths[:j]

@@ -86,6 +86,31 @@ def test_the_native_front_answers_plain_routes_as_the_full_path_does(tiny_repo: 
     assert counted[("200", "classify")] == 3 and counted[("422", "classify")] == 2
 
 
+@pytest.mark.parametrize(("front", "per_request"), [("native", 1), ("uvicorn", 2)])
+def test_the_shed_decision_is_made_once_where_the_body_was_read_first(
+        tiny_repo: Path, front: str, per_request: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native front reads the whole body before the head's decision, and answers right
+    after it: the lifecycle's `admit` does not ask the model's expected wait again. uvicorn
+    decides on the head before the body arrives (it may trickle in for seconds): `admit` asks
+    again once it is read. The same answers either way (the test above)."""
+    from seqserve.service.api import lifecycle
+
+    asked: list[float] = []
+    shed_early = lifecycle.shed_early
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        asked.append(time.monotonic())
+        shed_early(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "shed_early", counted)
+    app, _ = _app(tiny_repo, front, max_queue_wait_s=30.0)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        for i in range(5):
+            r = client.post(URL, json={"texts": [f"one {i}"]})
+            assert r.status_code == 200, r.text
+    assert len(asked) == 5 * per_request
+
+
 def test_a_client_that_leaves_drops_its_work(tiny_repo: Path) -> None:
     runtime = FakeRuntime(delay_s=0.5)
     app, entry = _app(tiny_repo, "native", runtime, max_batch_size=1)

@@ -69,6 +69,11 @@ NOT_MEASURED = -1.0
 """`head_waits`' values of a version not ready, and of one whose wait is not measured yet."""
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
+HEAD_ROUTE = "seqserve.head_route"
+HEAD_SHED = "seqserve.head_shed"
+"""The scope keys of what `head` found for a request it let through: its route (`Found`) and
+whether its shed decision was made; `direct` and `begin`, which a front runs right after it
+with the whole body read, take them from there instead of matching and deciding again."""
 
 
 class Unprocessable(Exception):
@@ -123,9 +128,10 @@ class HotPath:
             return None
         _name_route(scope, found)
         try:
-            shed_unread(self.state, asgi_call(scope, _unused, name, version))
+            shed = shed_unread(self.state, asgi_call(scope, _unused, name, version))
         except ServiceError as exc:
             return service_error_for(scope, exc)
+        scope[HEAD_ROUTE], scope[HEAD_SHED] = found, shed
         return None
 
     def head_routes(self) -> HeadRoutes:
@@ -228,7 +234,7 @@ class HotPath:
     def direct(self, scope: Scope) -> Found | None:
         """The route of a request that `begin` can answer (a POST to a route with
         `Route.begin`: its work answered from callbacks, without a task), else None."""
-        found = self.match(scope["path"])
+        found = scope.get(HEAD_ROUTE) or self.match(scope["path"])
         if found is None or found[0].begin is None or scope["method"] != "POST":
             return None
         return found
@@ -256,6 +262,7 @@ class HotPath:
 
         try:
             call = asgi_call(scope, _unused, name or "", version)
+            call.shed = scope.pop(HEAD_SHED, False)  # (decided by `head` just now)
             begin(self.state, route, call, _parse(route, body, scope), replied)
         except Exception as exc:
             answered(_refusal(scope, exc) or exc)

@@ -75,6 +75,10 @@ class Call:
     """When the front read the request (`time.monotonic()`; `web.http_protocol.RECEIVED`),
     where it reads requests off the event loop: the deadline and the queue wait allowed
     count from then. None: from when the lifecycle saw it."""
+    shed: bool = False
+    """`shed_early` already passed for this request just now, on its head (`shed_unread`)
+    with its whole body read and nothing run between: `admit` does not ask again (the same
+    model, deadline and estimate; the hot path's `begin`)."""
 
     @property
     def scope(self) -> str:
@@ -257,19 +261,21 @@ def scheduled_model(state: AppState, model: str, version: str | None) -> Any:
     return worker.ctx.model  # type: ignore[attr-defined]
 
 
-def shed_unread(state: AppState, call: Call) -> None:
+def shed_unread(state: AppState, call: Call) -> bool:
     """`shed_early` before the body is read into a request (parsed, validated, tokenized):
     the model version the path names and the deadline its headers allow (a body may only
     shorten it), else nothing (the route's own answer then says what is wrong). Under 3x
     overload of 16-text classify a refusal after parsing and tokenizing cost ~0.7 ms of the
     API process's CPU; here it costs the route's match and the answer
-    (docs/performance.md section 20)."""
+    (docs/performance.md section 20). True when it decided (and passed), False when it
+    left the decision to `admit`."""
     try:
         _, worker = state.repository.ready(call.model, call.version)
         timeout = request_timeout(state, call)
     except ServiceError:
-        return
+        return False
     shed_early(state, worker.ctx.model, timeout, call.received)  # type: ignore[attr-defined]
+    return True
 
 
 def lookup(state: AppState, call: Call, kind: type[W] | None) -> tuple[ModelEntry, W]:
@@ -302,7 +308,8 @@ def admit(state: AppState, call: Call, kind: type[W] | None,
     if read is not None:
         read(call)
     timeout = request_timeout(state, call)
-    shed_early(state, worker.ctx.model, timeout, call.received)  # type: ignore[attr-defined]
+    if not call.shed or read is not None:  # (a body's own timeout may shorten the budget)
+        shed_early(state, worker.ctx.model, timeout, call.received)  # type: ignore[attr-defined]
     if check is not None:
         check(worker)  # 4xx before any queueing
     return entry, worker, timeout

@@ -87,6 +87,9 @@ HEAD = "seqserve.head"
 left the answer to the full path."""
 COUNTED = "seqserve.counted"
 """The scope key saying that `answer_head` admitted the request and counted it in flight."""
+KIND = "seqserve.kind"
+"""The scope key of the body kind `answer_head` read (`_body_kind`), which `answer_now` reads
+again from there (the same headers)."""
 REQUEST_ID = b"x-request-id"
 TRACEPARENT = b"traceparent"
 OWN = frozenset({b"server-timing", REQUEST_ID, TRACEPARENT})
@@ -289,7 +292,7 @@ class HttpLifecycle:
              done: Callable[[Answer | Exception], None]) -> None:
         """`answer_now` from the head's decision on: the answer goes to `done`, now or when
         the route's work is done."""
-        kind = _body_kind(scope)
+        kind = scope.pop(KIND) if KIND in scope else _body_kind(scope)
         answer, admitted = self._decide(scope, kind, True)
         counted[0] = int(admitted)
         if isinstance(kind, str) or answer is not None:
@@ -410,7 +413,8 @@ class HttpLifecycle:
             return None  # behind a proxy)
         rid = request_id(scope)
         scope.setdefault("state", {})["request_id"] = rid
-        answer = scope[HEAD] = self._head(scope, _body_kind(scope), True)
+        kind = scope[KIND] = _body_kind(scope)
+        answer = scope[HEAD] = self._head(scope, kind, True)
         if answer is None:  # admitted: counted from now on, as a front may decide on the
             self.state.admitted += 1  # heads of several requests before it runs any
             scope[COUNTED] = True

@@ -9,8 +9,8 @@
  *   join(...)    = BeamState.join's arrays (FinishedStore.extend) with _reshape
  *   keep(...)    = BeamState.keep's arrays (FinishedStore.take) with _reshape where it runs
  *   plan(...)    = plan.py's plan_batch: which rows of a batcher's queue go together (not
- *                  the beam search's, but the scheduling layer's other loop in Python per
- *                  batch: 125 us for a window of 65 rows)
+ *                  the beam search's: the scheduling layer's other Python loop per batch,
+ *                  docs/performance.md section 40)
  *
  * Same values as the numpy code, bit for bit (see beam_native.py for the calling side; the
  * coverage term of the score is computed with numpy there, so that its pairwise sum and log

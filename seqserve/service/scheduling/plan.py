@@ -48,8 +48,8 @@ def plan_batch(lengths: list[int], anchor: int, max_rows: int, max_tokens: int,
     within `max_rows` and `max_tokens` (a single row always forms a valid group). A group
     costs at least `MIN_OVERHEAD` more than its rows, so that of splits equal in padding the
     one with fewer groups wins (with no overhead, rows of equal length went one per batch).
-    Compiled where built (module doc): 125 us in Python for a window of 65 rows, the
-    batcher's largest cost per batch on the event loop (docs/performance.md section 40)."""
+    Compiled where built (module doc): in Python it was the batcher's largest cost per batch
+    on the event loop (docs/performance.md section 40)."""
     if _compiled is not None:
         found: tuple[int, int] = _compiled(lengths, anchor, max_rows, max_tokens,
                                            float(overhead), MIN_OVERHEAD)

@@ -70,10 +70,9 @@ NOT_MEASURED = -1.0
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
 HEAD_ROUTE = "seqserve.head_route"
-HEAD_SHED = "seqserve.head_shed"
-"""The scope keys of what `head` found for a request it let through: its route (`Found`) and
-whether its shed decision was made; `direct` and `begin`, which a front runs right after it
-with the whole body read, take them from there instead of matching and deciding again."""
+"""The scope key of the route (`Found`) of a request whose shed decision `head` made and
+passed; `direct` and `begin`, which a front runs right after it with the whole body read, take
+it from there instead of matching and deciding again."""
 
 
 class Unprocessable(Exception):
@@ -128,10 +127,10 @@ class HotPath:
             return None
         _name_route(scope, found)
         try:
-            shed = shed_unread(self.state, asgi_call(scope, _unused, name, version))
+            shed_unread(self.state, asgi_call(scope, _unused, name, version))
         except ServiceError as exc:
             return service_error_for(scope, exc)
-        scope[HEAD_ROUTE], scope[HEAD_SHED] = found, shed
+        scope[HEAD_ROUTE] = found
         return None
 
     def head_routes(self) -> HeadRoutes:
@@ -262,7 +261,7 @@ class HotPath:
 
         try:
             call = asgi_call(scope, _unused, name or "", version)
-            call.shed = scope.pop(HEAD_SHED, False)  # (decided by `head` just now)
+            call.shed = scope.pop(HEAD_ROUTE, None) is not None  # (`head` just now)
             begin(self.state, route, call, _parse(route, body, scope), replied)
         except Exception as exc:
             answered(_refusal(scope, exc) or exc)

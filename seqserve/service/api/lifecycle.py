@@ -261,21 +261,20 @@ def scheduled_model(state: AppState, model: str, version: str | None) -> Any:
     return worker.ctx.model  # type: ignore[attr-defined]
 
 
-def shed_unread(state: AppState, call: Call) -> bool:
+def shed_unread(state: AppState, call: Call) -> None:
     """`shed_early` before the body is read into a request (parsed, validated, tokenized):
     the model version the path names and the deadline its headers allow (a body may only
     shorten it), else nothing (the route's own answer then says what is wrong). Under 3x
     overload of 16-text classify a refusal after parsing and tokenizing cost ~0.7 ms of the
     API process's CPU; here it costs the route's match and the answer
-    (docs/performance.md section 20). True when it decided (and passed), False when it
-    left the decision to `admit`."""
+    (docs/performance.md section 20). Where it cannot decide, `admit` raises what stopped it
+    before its own shed."""
     try:
         _, worker = state.repository.ready(call.model, call.version)
         timeout = request_timeout(state, call)
     except ServiceError:
-        return False
+        return
     shed_early(state, worker.ctx.model, timeout, call.received)  # type: ignore[attr-defined]
-    return True
 
 
 def lookup(state: AppState, call: Call, kind: type[W] | None) -> tuple[ModelEntry, W]:

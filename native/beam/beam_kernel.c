@@ -11,6 +11,8 @@
  *   plan(...)    = plan.py's plan_batch: which rows of a batcher's queue go together (not
  *                  the beam search's: the scheduling layer's other Python loop per batch,
  *                  docs/performance.md section 40)
+ *   bank_add(...), bank_free(...) = group.py's MemoryBank.add / free: a decode group's
+ *                  encoder memories joining and leaving (docs/performance.md section 41)
  *
  * Same values as the numpy code, bit for bit (see beam_native.py for the calling side; the
  * coverage term of the score is computed with numpy there, so that its pairwise sum and log
@@ -861,6 +863,155 @@ done:
     return result;
 }
 
+/* ---- the decode group's memory bank (group.py `MemoryBank`) --------------------------------
+ *
+ * The bank's planes (memory (C, S, D) and, when the encoder returns them, keys (C, S, A)),
+ * its mask (C, S) and lengths (C,) are written in place; the caller has sized them (its
+ * `_resize`). `bank_add` fills slots used .. used+n-1 as MemoryBank.add's numpy does: a
+ * position t of memory i is copied where t < min(S, S_i) and t < lengths[i], else zero; the
+ * mask is t < lengths[i]. `bank_free` moves the last used slots that stay into the freed
+ * slots below `used - len(slots)` (the i-th hole, in slot order, gets the i-th such slot),
+ * zeroes the lengths of the slots past the new end, and returns (moved (C,): the new slot of
+ * every slot, the longest length left). Rows past the end keep their bytes, as numpy's do.
+ * Copies of a few KB: the GIL is kept. */
+typedef struct {
+    PyArrayObject *memory, *keys, *mask, *lengths;
+    npy_intp C, S, D, A;
+} Bank;
+
+static int bank_read(Bank *b, PyObject *memory, PyObject *keys, PyObject *mask,
+                     PyObject *lengths) {
+    memset(b, 0, sizeof(*b));
+    if (!(b->memory = out_array(memory, NPY_FLOAT32, 3, "memory"))) return -1;
+    if (keys != Py_None && !(b->keys = out_array(keys, NPY_FLOAT32, 3, "keys"))) return -1;
+    if (!(b->mask = out_array(mask, NPY_BOOL, 2, "mask"))) return -1;
+    if (!(b->lengths = out_array(lengths, NPY_INT64, 1, "lengths"))) return -1;
+    b->C = DIM(b->memory, 0); b->S = DIM(b->memory, 1); b->D = DIM(b->memory, 2);
+    b->A = b->keys ? DIM(b->keys, 2) : 0;
+    if (b->keys && (DIM(b->keys, 0) != b->C || DIM(b->keys, 1) != b->S))
+        return bad(PyExc_ValueError, "keys: (C, S, A) expected, as memory's (C, S)");
+    if (DIM(b->mask, 0) != b->C || DIM(b->mask, 1) != b->S)
+        return bad(PyExc_ValueError, "mask: (C, S) expected");
+    if (DIM(b->lengths, 0) != b->C) return bad(PyExc_ValueError, "lengths: (C,) expected");
+    return 0;
+}
+
+/* plane[slot, t] = values[i, t] for t < min(S, S_i) and t < length, else zeros */
+static void bank_fill(float *plane, npy_intp S, npy_intp D, npy_intp slot, const float *values,
+                      npy_intp Si, npy_intp i, int64_t length) {
+    float *row = plane + (size_t)slot * (size_t)S * (size_t)D;
+    const float *src = values + (size_t)i * (size_t)Si * (size_t)D;
+    for (npy_intp t = 0; t < S; t++) {
+        if (t < Si && (int64_t)t < length)
+            memcpy(row + (size_t)t * (size_t)D, src + (size_t)t * (size_t)D,
+                   sizeof(float) * (size_t)D);
+        else
+            memset(row + (size_t)t * (size_t)D, 0, sizeof(float) * (size_t)D);
+    }
+}
+
+static PyObject *k_bank_add(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_mem, *o_keys, *o_mask, *o_len, *o_values, *o_new_keys, *o_new_len;
+    Py_ssize_t used;
+    if (!PyArg_ParseTuple(args, "OOOOnOOO:bank_add", &o_mem, &o_keys, &o_mask, &o_len, &used,
+                          &o_values, &o_new_keys, &o_new_len))
+        return NULL;
+    Bank b;
+    PyArrayObject *values = NULL, *new_keys = NULL, *new_len = NULL;
+    PyObject *result = NULL;
+    if (bank_read(&b, o_mem, o_keys, o_mask, o_len) < 0) goto done;
+    if (!(values = in_array(o_values, NPY_FLOAT32, 3, "values"))) goto done;
+    if (!(new_len = in_array(o_new_len, NPY_INT64, 1, "new lengths"))) goto done;
+    if ((o_new_keys == Py_None) != (b.keys == NULL)) {
+        bad(PyExc_ValueError, "new keys: given exactly where the bank holds keys");
+        goto done;
+    }
+    if (b.keys && !(new_keys = in_array(o_new_keys, NPY_FLOAT32, 3, "new keys"))) goto done;
+    npy_intp n = DIM(new_len, 0), Si = DIM(values, 1);
+    if (DIM(values, 0) != n || DIM(values, 2) != b.D) {
+        bad(PyExc_ValueError, "values: (n, S_n, D) expected, D as the bank's");
+        goto done;
+    }
+    if (new_keys && (DIM(new_keys, 0) != n || DIM(new_keys, 1) != Si || DIM(new_keys, 2) != b.A)) {
+        bad(PyExc_ValueError, "new keys: (n, S_n, A) expected, as values' and the bank's");
+        goto done;
+    }
+    if (used < 0 || used + n > b.C) {
+        bad(PyExc_ValueError, "used + n: past the bank's capacity");
+        goto done;
+    }
+    const int64_t *L = I64(new_len);
+    for (npy_intp i = 0; i < n; i++) {
+        npy_intp slot = used + i;
+        bank_fill(F32(b.memory), b.S, b.D, slot, F32(values), Si, i, L[i]);
+        if (new_keys) bank_fill(F32(b.keys), b.S, b.A, slot, F32(new_keys), Si, i, L[i]);
+        npy_bool *m = BOOLS(b.mask) + (size_t)slot * (size_t)b.S;
+        for (npy_intp t = 0; t < b.S; t++) m[t] = (int64_t)t < L[i];
+        I64(b.lengths)[slot] = L[i];
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(values); Py_XDECREF(new_keys); Py_XDECREF(new_len);
+    return result;
+}
+
+static PyObject *k_bank_free(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_mem, *o_keys, *o_mask, *o_len, *o_slots;
+    Py_ssize_t used;
+    if (!PyArg_ParseTuple(args, "OOOOnO:bank_free", &o_mem, &o_keys, &o_mask, &o_len, &used,
+                          &o_slots))
+        return NULL;
+    Bank b;
+    PyArrayObject *slots = NULL, *moved = NULL;
+    char *gone = NULL;
+    PyObject *result = NULL;
+    if (bank_read(&b, o_mem, o_keys, o_mask, o_len) < 0) goto done;
+    if (!(slots = in_array(o_slots, NPY_INT64, 1, "slots"))) goto done;
+    if (used < 0 || used > b.C) { bad(PyExc_ValueError, "used: past the capacity"); goto done; }
+    npy_intp k = DIM(slots, 0), left = used - k;
+    gone = calloc((size_t)used + 1, 1);
+    if (!gone) { PyErr_NoMemory(); goto done; }
+    for (npy_intp i = 0; i < k; i++) {
+        int64_t s = I64(slots)[i];
+        if (s < 0 || s >= used || gone[s]) {
+            bad(PyExc_ValueError, "slots: each a distinct used slot");
+            goto done;
+        }
+        gone[s] = 1;
+    }
+    npy_intp dims[1] = {b.C};
+    if (!(moved = (PyArrayObject *)PyArray_SimpleNew(1, dims, NPY_INT64))) goto done;
+    int64_t *mv = I64(moved), *len = I64(b.lengths);
+    for (npy_intp c = 0; c < b.C; c++) mv[c] = c;
+    size_t row = (size_t)b.S * (size_t)b.D, krow = (size_t)b.S * (size_t)b.A;
+    npy_intp tail = left;
+    for (npy_intp h = 0; h < left; h++) {
+        if (!gone[h]) continue;
+        while (gone[tail]) tail++;  /* the next used slot past the end that stays */
+        memcpy(F32(b.memory) + (size_t)h * row, F32(b.memory) + (size_t)tail * row,
+               sizeof(float) * row);
+        if (b.keys)
+            memcpy(F32(b.keys) + (size_t)h * krow, F32(b.keys) + (size_t)tail * krow,
+                   sizeof(float) * krow);
+        memcpy(BOOLS(b.mask) + (size_t)h * (size_t)b.S, BOOLS(b.mask) + (size_t)tail * (size_t)b.S,
+               sizeof(npy_bool) * (size_t)b.S);
+        len[h] = len[tail];
+        mv[tail] = h;
+        tail++;
+    }
+    int64_t longest = 0;
+    for (npy_intp c = left; c < used; c++) len[c] = 0;
+    for (npy_intp c = 0; c < left; c++) if (len[c] > longest) longest = len[c];
+    result = Py_BuildValue("(OL)", (PyObject *)moved, (long long)longest);
+done:
+    free(gone);
+    Py_XDECREF(slots); Py_XDECREF(moved);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"select", k_select, METH_VARARGS,
      "select(row_logp, logprobs, ids, row_request, request_ints, k, eos_id, ban_or_None)\n"
@@ -884,6 +1035,12 @@ static PyMethodDef methods[] = {
     {"plan", k_plan, METH_VARARGS,
      "plan(lengths (a list of ints, sorted), anchor, max_rows, max_tokens, overhead,\n"
      " min_overhead) -> (i, j): plan.py's plan_batch"},
+    {"bank_add", k_bank_add, METH_VARARGS,
+     "bank_add(memory, keys_or_None, mask, lengths, used, values, new_keys_or_None,\n"
+     " new_lengths) -> None: group.py's MemoryBank.add, in place"},
+    {"bank_free", k_bank_free, METH_VARARGS,
+     "bank_free(memory, keys_or_None, mask, lengths, used, slots)\n"
+     "-> (moved (C,), longest left): group.py's MemoryBank.free, in place"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,12 +3,22 @@ the decoder state rows. It builds the group's decoder_step feed and applies the 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from seqserve.service.scheduling.beam_search import Beams
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
+
+_kernel: Any
+try:
+    _kernel = importlib.import_module("seqserve.service.scheduling._beam_kernel")
+    if not hasattr(_kernel, "bank_add"):  # a module built before the bank's functions
+        _kernel = None
+except ImportError:  # not built (native/beam/build.sh): the numpy below only
+    _kernel = None
 
 
 class MemoryBank:
@@ -20,12 +30,15 @@ class MemoryBank:
     memory; the arrays are rebuilt only to grow, or to narrow S when the longest source leaves
     (S is the longest member's length)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel: Any = _kernel) -> None:
+        self.kernel = kernel
+        """The compiled `bank_add` / `bank_free` (native/beam), None: numpy's calls."""
         self.memory = np.zeros((0, 0, 0), np.float32)  # (slots, S, D)
         self.keys: np.ndarray | None = None  # (slots, S, A) when the encoder returns keys
         self.mask = np.zeros((0, 0), bool)  # (slots, S)
         self.lengths = np.zeros(0, np.int64)  # (slots,) source length
         self.used = 0  # slots 0 .. used-1 hold memories
+        self.longest = 0  # the longest length of the used slots
 
     @property
     def width(self) -> int:
@@ -42,42 +55,56 @@ class MemoryBank:
     def add(self, memory: np.ndarray, lengths: np.ndarray,
             keys: np.ndarray | None = None) -> np.ndarray:
         """Slots (n,) for n memories (n, S_n, D) (and their keys (n, S_n, A) when the bank
-        holds keys); positions past each length read as zero."""
+        holds keys); positions past each length read as zero. One call into the scheduling
+        layer's compiled module where it is built and the memories are float32 (`kernel`),
+        else numpy's calls (the reference: tests/service/scheduling/test_group.py checks
+        that both write the same bank)."""
         n = len(lengths)
         capacity = len(self.lengths)
         if self.used + n > capacity:
             capacity = max(2 * capacity, self.used + n, 8)
-        width = int(max(self.lengths[: self.used].max(initial=0), lengths.max()))
+        width = int(max(self.longest, lengths.max()))
         self._resize(capacity, width, memory.shape[2], None if keys is None else keys.shape[2])
         slots = np.arange(self.used, self.used + n)
-        s = min(width, memory.shape[1])
-        valid = np.arange(width)[None] < lengths[:, None]  # (n, S)
-        given = [memory] if keys is None else [memory, keys]
-        for plane, values in zip(self._planes(), given, strict=True):
-            block = plane[self.used : self.used + n]  # (n, S, D | A) a view
-            block[:, s:] = 0.0
-            block[:, :s] = np.where(valid[:, :s, None], values[:, :s], 0.0)
-        self.mask[slots], self.lengths[slots] = valid, lengths
+        if self.kernel is not None and memory.dtype == np.float32 and (
+                keys is None or keys.dtype == np.float32):
+            self.kernel.bank_add(self.memory, self.keys, self.mask, self.lengths, self.used,
+                                 memory, keys, lengths)
+        else:
+            s = min(width, memory.shape[1])
+            valid = np.arange(width)[None] < lengths[:, None]  # (n, S)
+            given = [memory] if keys is None else [memory, keys]
+            for plane, values in zip(self._planes(), given, strict=True):
+                block = plane[self.used : self.used + n]  # (n, S, D | A) a view
+                block[:, s:] = 0.0
+                block[:, :s] = np.where(valid[:, :s, None], values[:, :s], 0.0)
+            self.mask[slots], self.lengths[slots] = valid, lengths
         self.used += n
+        self.longest = width
         return slots
 
     def free(self, slots: np.ndarray) -> np.ndarray:
         """Free `slots`; the last used slots move into the holes. Returns the new slot of
-        every slot (capacity,) (unchanged but for the moved ones)."""
-        moved = np.arange(len(self.lengths))
+        every slot (capacity,) (unchanged but for the moved ones). Compiled as `add` is."""
         left = self.used - len(slots)
-        holes = np.sort(slots[slots < left])  # (h,) freed slots inside the used range
-        gone = np.zeros(self.used, bool)
-        gone[slots] = True
-        tail = np.flatnonzero(~gone[left:]) + left  # (h,) used slots past the range
-        for plane in self._planes():
-            plane[holes] = plane[tail]
-        self.mask[holes] = self.mask[tail]
-        self.lengths[holes] = self.lengths[tail]
-        self.lengths[left : self.used] = 0
-        moved[tail] = holes
+        if self.kernel is not None:
+            moved, longest = self.kernel.bank_free(self.memory, self.keys, self.mask,
+                                                   self.lengths, self.used, slots)
+        else:
+            moved = np.arange(len(self.lengths))
+            holes = np.sort(slots[slots < left])  # (h,) freed slots inside the used range
+            gone = np.zeros(self.used, bool)
+            gone[slots] = True
+            tail = np.flatnonzero(~gone[left:]) + left  # (h,) used slots past the range
+            for plane in self._planes():
+                plane[holes] = plane[tail]
+            self.mask[holes] = self.mask[tail]
+            self.lengths[holes] = self.lengths[tail]
+            self.lengths[left : self.used] = 0
+            moved[tail] = holes
+            longest = int(self.lengths[:left].max(initial=0))
         self.used = left
-        longest = int(self.lengths[:left].max(initial=0))
+        self.longest = longest
         if longest < self.width:
             self._resize(len(self.lengths), longest, self.memory.shape[2], self.key_dim)
         return moved

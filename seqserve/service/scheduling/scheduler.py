@@ -293,7 +293,11 @@ class DecodeScheduler(RequestTable[Request]):
                 if r.status is Status.ABORTED:  # cancelled after its encoder ran
                     self._cancelled.discard(r.rid)
                     self.table.pop(r.rid, None)
-            if live:
+            if len(live) == len(batch.requests):  # all of them (the rule): no copies
+                group.join([r.rid for r in batch.requests], [r.options for r in batch.requests],
+                           [len(r.src_ids) for r in batch.requests], batch.memory,
+                           batch.lengths, batch.state, batch.keys)
+            elif live:
                 at = np.array(live)
                 group.join([batch.requests[i].rid for i in live],
                            [batch.requests[i].options for i in live],
@@ -379,16 +383,17 @@ class DecodeScheduler(RequestTable[Request]):
         if self._cancelled:
             leave |= np.isin(group.keys, list(self._cancelled))
         positions = np.flatnonzero(leave)
+        keys = group.keys.tolist()  # (Q,) the requests' ids
         answered = [q for q in positions.tolist() if q not in result.failed
-                    and self.table[int(group.keys[q])].status is Status.DECODING]
+                    and self.table[keys[q]].status is Status.DECODING]
         if answered:  # answered by `settle`, once the next steps are out
             at = np.array(answered, np.int64)
-            requests = [self.table[rid] for rid in group.keys[at].tolist()]
+            requests = [self.table[keys[q]] for q in answered]
             for r in requests:
                 r.status = Status.FINISHED
             self._settling.append((requests, group.beams.reqs.steps[at].tolist(),
                                    group.beams.gathered(at)))
-        for rid in group.keys[positions].tolist():
+        for rid in (keys[q] for q in positions.tolist()):
             self._cancelled.discard(rid)
             self.table.pop(rid, None)
         if len(positions):

@@ -293,7 +293,10 @@ class DecodeScheduler(RequestTable[Request]):
                 if r.status is Status.ABORTED:  # cancelled after its encoder ran
                     self._cancelled.discard(r.rid)
                     self.table.pop(r.rid, None)
-            if len(live) == len(batch.requests):  # all of them (the rule): no copies
+            n = len(batch.requests)
+            if len(live) == n and len(batch.memory) == len(batch.state) == n and (
+                    batch.keys is None or len(batch.keys) == n):
+                # all of them (the rule), one encoder row each: the arrays as they are
                 group.join([r.rid for r in batch.requests], [r.options for r in batch.requests],
                            [len(r.src_ids) for r in batch.requests], batch.memory,
                            batch.lengths, batch.state, batch.keys)

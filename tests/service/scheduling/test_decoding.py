@@ -259,3 +259,21 @@ def test_abort_fails_pending_work_and_stop_returns() -> None:
             await loop.translate([SOURCES[2]], opts)
 
     run(scenario())
+
+
+class _ExtraEncoderRow(FakeTranslator):
+    """An encoder that returns one more (garbage) row than it was given sources."""
+
+    def _encoder(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = super()._encoder(inputs)
+        return {k: np.concatenate([v, np.full_like(v[:1], 9)]) for k, v in out.items()}
+
+
+def test_an_encoder_that_returns_an_extra_row_decodes_as_before() -> None:
+    """An encoder batch joins its group without copies only where the encoder's arrays have
+    one row per request; one with an extra row is decoded as before (its rows taken by
+    index), to the same answers."""
+    jobs = [(src, SearchOptions(beam_size=3, n_best=2)) for src in SOURCES]
+    want = run(_translate_all(make_loop(), jobs))
+    got = run(_translate_all(make_loop(_ExtraEncoderRow()), jobs))
+    assert got == want

@@ -19,20 +19,16 @@ before `advance`, which only writes into it.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import numpy as np
 
 from seqserve.service.scheduling.arrays import banned_mask
 from seqserve.service.scheduling.beam_state import BeamState, Requests, Rows
+from seqserve.service.scheduling.kernel import loaded
 from seqserve.service.scheduling.search import COVERAGE_FLOOR
 
-_kernel: Any
-try:
-    _kernel = importlib.import_module("seqserve.service.scheduling._beam_kernel")
-except ImportError:  # not built (native/beam/build.sh): the numpy step only
-    _kernel = None
+_kernel: Any = loaded("select", "advance", "join", "keep")  # None: the numpy step only
 
 AVAILABLE = _kernel is not None
 """Whether the compiled module imports."""

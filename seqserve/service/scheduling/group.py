@@ -3,22 +3,16 @@ the decoder state rows. It builds the group's decoder_step feed and applies the 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from seqserve.service.scheduling.beam_search import Beams
+from seqserve.service.scheduling.kernel import loaded
 from seqserve.service.scheduling.search import DecodeLimits, SearchOptions
 
-_kernel: Any
-try:
-    _kernel = importlib.import_module("seqserve.service.scheduling._beam_kernel")
-    if not hasattr(_kernel, "bank_add"):  # a module built before the bank's functions
-        _kernel = None
-except ImportError:  # not built (native/beam/build.sh): the numpy below only
-    _kernel = None
+_kernel: Any = loaded("bank_add", "bank_free")  # None: the numpy below only
 
 
 class MemoryBank:

@@ -8,15 +8,11 @@ reference: tests/service/scheduling/test_plan_kernel.py checks that both choose 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_compiled: Any
-try:
-    _compiled = getattr(importlib.import_module("seqserve.service.scheduling._beam_kernel"),
-                        "plan", None)
-except ImportError:  # not built (native/beam/build.sh): the Python plan only
-    _compiled = None
+from seqserve.service.scheduling.kernel import loaded
+
+_compiled: Any = getattr(loaded("plan"), "plan", None)  # None: the Python plan only
 
 PLAN_AGE = 4
 """`Batcher._take_batch`: how many batches' worth of the oldest rows a batch is chosen from."""

@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,27 @@ def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str
             "row_steps": spent["rows"] / n}
 
 
+GRAPH_SERIES = {"encoder_s": "seqserve_encoder_time_seconds_sum",
+                "steps_s": "seqserve_decoder_step_time_seconds_sum",
+                "rows": "seqserve_batch_size_sum"}
+"""The served translator's graph time (wall, on the calling thread: one ONNX Runtime thread)
+and its decoder steps' rows, summed over the API processes from `/metrics`."""
+
+
+def graph_totals(port: int, model: str) -> dict[str, float]:
+    """`GRAPH_SERIES` of `model` as `/metrics` reads them now."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    totals = dict.fromkeys(GRAPH_SERIES, 0.0)
+    label = f'model="{model}"'
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        for key, series in GRAPH_SERIES.items():
+            if name.startswith(series + "{") and label in name:
+                totals[key] += float(value)
+    return totals
+
+
 def served_cost(repo: Path, model: str, texts: list[str], seconds: float, warmup: float,
                 port: int, connections: int = 64) -> dict[str, float]:
     """(b): seqserve's CPU per translation by kind of thread, under `connections` closed-loop
@@ -88,9 +110,9 @@ def served_cost(repo: Path, model: str, texts: list[str], seconds: float, warmup
                     "texts_per_request": 1, "concurrency": connections,
                     "duration_s": warmup, "texts_file": str(file)}
             load(spec)
-            before = sv.session_thread_cpu_s(proc.pid)
+            before, graphs_before = sv.session_thread_cpu_s(proc.pid), graph_totals(port, model)
             res = load({**spec, "duration_s": seconds})
-            after = sv.session_thread_cpu_s(proc.pid)
+            after, graphs_after = sv.session_thread_cpu_s(proc.pid), graph_totals(port, model)
         finally:
             sv.stop(proc)
     n = max(1, res["ok"])
@@ -99,7 +121,9 @@ def served_cost(repo: Path, model: str, texts: list[str], seconds: float, warmup
     other = sum(spent.values()) - main
     return {"translations_per_s": res["ok"] / res["wall_s"], "total_ms": 1e3 * (main + other) / n,
             "main_threads_ms": 1e3 * main / n, "other_threads_ms": 1e3 * other / n,
-            "errors": res["other_errors"] + res["refused"]}
+            "errors": res["other_errors"] + res["refused"],
+            **{f"{key}_per": (graphs_after[key] - graphs_before[key]) / n
+               for key in GRAPH_SERIES}}
 
 
 def main() -> None:
@@ -136,6 +160,12 @@ def main() -> None:
           f"{served['translations_per_s']:.0f} translations/s, {served['total_ms']:.3f} ms CPU "
           f"per translation = main threads {served['main_threads_ms']:.3f} + other threads "
           f"{served['other_threads_ms']:.3f}; errors {served['errors']}")
+    served_graphs = 1e3 * (served["encoder_s_per"] + served["steps_s_per"])
+    print(f"    its graphs (wall time of the runtime calls, /metrics): encoder "
+          f"{1e3 * served['encoder_s_per']:.3f} + decoder steps {1e3 * served['steps_s_per']:.3f}"
+          f" ms per translation ({served_graphs / graphs:.2f}x (a)'s graphs), "
+          f"{served['rows_per']:.1f} row-steps per translation; the rest "
+          f"{served['total_ms'] - served_graphs:.3f} ms against (a)'s {peer['rest_ms']:.3f}")
     print(f"(b) / (a) CPU per translation: {served['total_ms'] / peer['total_ms']:.2f}x; "
           f"(b)'s runtime threads alone / (a)'s graphs: "
           f"{served['other_threads_ms'] / graphs:.2f}x")

@@ -58,6 +58,8 @@ class EngineOptions:
     """Longest text in tokens (capped by each bundle's own limit)."""
     max_live_hypotheses: int
     """Translators: live-hypothesis cap."""
+    decode_admit_steps: int
+    """Translators: decoder steps arriving sources may wait to be encoded together."""
     decode_groups: int
     """Translators: decoder-step groups that take turns."""
     runtime_calls: Literal["loop", "steps", "threads"]
@@ -98,7 +100,8 @@ class EngineOptions:
             max_live_hypotheses=self.max_live_hypotheses, max_queue=self.queue_size,
             max_admit=self.max_batch_size, groups=self.decode_groups,
             retry_after_s=self.retry_after_s, max_queue_wait_s=self.max_queue_wait_s,
-            runtime_calls="threads" if self.runtime_calls == "threads" else "loop")
+            runtime_calls="threads" if self.runtime_calls == "threads" else "loop",
+            admit_steps=self.decode_admit_steps)
         sessions = SessionConfig(max_sessions=self.max_sessions,
                                  idle_timeout_s=self.session_idle_timeout_s,
                                  retry_after_s=self.retry_after_s,

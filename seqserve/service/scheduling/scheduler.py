@@ -95,6 +95,7 @@ class DecodeScheduler(RequestTable[Request]):
         """Seconds of a decoder step, fixed + per row (fitted from the groups' steps): what
         a request's fewest steps cost with its rows (sources x beam)."""
         self._backlog_since: float | None = None
+        self._held_for = 0  # schedules the waiting sources were held for (`_held`)
         self._reset()
 
     def _reset(self) -> None:
@@ -319,6 +320,8 @@ class DecodeScheduler(RequestTable[Request]):
         reserved += sum(r.options.beam_size for b in self._encoded for r in b.requests)
         admitted: list[Request] = []
         now = self.clock()
+        if self._held():
+            return admitted
         while self._queue and len(admitted) < cfg.max_admit:
             head = self._queue[0]
             if head.status is not Status.WAITING:  # cancelled while queued
@@ -335,6 +338,19 @@ class DecodeScheduler(RequestTable[Request]):
             self.margin.started(self.observer, [(now - r.submitted, r.admission)
                                                 for r in admitted if r.admission is not None])
         return admitted
+
+    def _held(self) -> bool:
+        """Whether the waiting sources are held for a fuller encoder batch (`admit_steps`):
+        only while a group decodes (its next step comes by itself, so the hold is that many
+        steps, short when the load is light), fewer than `max_admit` wait and they were held
+        for fewer schedules than `admit_steps`."""
+        cfg = self.config
+        if self._held_for >= cfg.admit_steps or not 0 < self._waiting < cfg.max_admit \
+                or not any(g.rows for g in self.groups):
+            self._held_for = 0
+            return False
+        self._held_for += 1
+        return True
 
     def _note_admission(self, count: int, now: float) -> None:
         """Learn the admission rate from admissions made while others were waiting (an idle

@@ -104,6 +104,38 @@ def test_request_level_mode_admits_after_the_batch() -> None:
     assert max(rows for graph, rows in fake.calls if graph == "decoder_step") <= 4
 
 
+def _encoder_batches(core: DecodeScheduler, arrivals: dict[int, int], steps: int
+                     ) -> list[tuple[int, int]]:
+    """Run `core` for `steps` schedules, adding `arrivals[i]` one-token sources before the
+    i-th: the (schedule, sources) of every encoder batch it launched."""
+    batches = []
+    opts = SearchOptions(beam_size=2, min_length=40, max_length=50)
+    for i in range(steps):
+        if arrivals.get(i):
+            core.add([[5 + j % 9] for j in range(arrivals[i])], opts)
+        for work in core.schedule():
+            if isinstance(work, EncodeWork):
+                batches.append((i, len(work.requests)))
+            core.update(work, core.execute(work))
+        core.settle()
+    return batches
+
+
+def test_arrivals_wait_for_a_fuller_encoder_batch_only_while_others_decode() -> None:
+    """`admit_steps`: sources that arrive while a group decodes are held for up to that many
+    steps, or until `max_admit` wait, and are then encoded in one batch; nothing decoding, or
+    `admit_steps` 0, they are encoded at the next step as before."""
+    arrivals = {0: 1, 3: 1, 4: 1, 5: 1, 12: 2, 13: 3, 20: 1}
+    assert _encoder_batches(make_core(max_admit=4, admit_steps=0), arrivals, 30) == [
+        (0, 1), (3, 1), (4, 1), (5, 1), (12, 2), (13, 3), (20, 1)]
+    # held two steps (3 -> 5, 20 -> 22); five waiting at 13 fill a batch at once, and the
+    # one left over is held two steps of its own (14 -> 16)
+    assert _encoder_batches(make_core(max_admit=4, admit_steps=2), arrivals, 30) == [
+        (0, 1), (5, 3), (13, 4), (16, 1), (22, 1)]
+    idle = make_core(max_admit=4, admit_steps=5)  # the first source: nothing decodes yet
+    assert _encoder_batches(idle, {0: 1}, 1) == [(0, 1)]
+
+
 def test_faults_fail_only_their_requests() -> None:
     def fail_if(graph: str, inputs: dict[str, np.ndarray]) -> bool:
         if graph == "encoder":

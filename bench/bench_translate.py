@@ -69,6 +69,11 @@ def parse_args() -> argparse.Namespace:
                    help="the GIL switch interval (sys.setswitchinterval) of the process; "
                    "0.5, the server's default (ProcessSettings), unless told otherwise")
     p.add_argument("--groups", type=int, default=1, help="decode loop decoder-step groups")
+    p.add_argument("--admit-steps", type=int, default=2,
+                   help="decoder steps arrivals may wait for a fuller encoder batch while "
+                        "others decode (the server's --decode-admit-steps)")
+    p.add_argument("--max-admit", type=int, default=64,
+                   help="most sources in one encoder batch (the server's --max-batch-size)")
     p.add_argument("--runtime", choices=["onnx", "torchscript"], default="onnx")
     p.add_argument("--run-dir", type=Path, default=None,
                    help="training run for (c) (default: the manifest's source run)")
@@ -212,8 +217,9 @@ async def loop_mode(runtime: Any, limits: DecodeLimits, items: list[list[int]],
                       args: argparse.Namespace, continuous: bool) -> tuple[dict[str, float],
                                                                            StepStats]:
     config = DecodeConfig(max_live_hypotheses=max(256, args.clients * args.beam_size),
-                          max_queue=4096, max_admit=64, continuous=continuous,
-                          groups=args.groups, retry_after_s=1.0, max_queue_wait_s=None)
+                          max_queue=4096, max_admit=args.max_admit, continuous=continuous,
+                          groups=args.groups, retry_after_s=1.0, max_queue_wait_s=None,
+                          admit_steps=args.admit_steps if continuous else 0)
     options = SearchOptions(beam_size=args.beam_size)
     clock = GraphClock(runtime)
     async with DecodeLoop(clock, limits, config) as decoder:

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from seqserve.service.core.errors import QueueFull
 from seqserve.service.runtimes.base import Runtime
@@ -61,7 +61,8 @@ class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
         self.observer: Observer = observer or NullObserver()
         super().__init__(DecodeScheduler(runtime, limits, self.config, self.observer),
                          ["encode", "decode"], self.config.runtime_calls == "loop")
-        self._futures: dict[int, asyncio.Future[Decoded]] = {}
+        self._futures: dict[int, tuple[asyncio.Future[Decoded], Callable[..., None]]] = {}
+        """Each live source's future and its done callback (`_on_done`), by request id."""
         log.info("beam search step: %s", beam_native.STEP)
 
     @property
@@ -104,11 +105,11 @@ class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
         futures = []
         for r in requests:
             future: asyncio.Future[Decoded] = loop.create_future()
-            future.add_done_callback(functools.partial(self._on_done, r.rid))
-            self._futures[r.rid] = future
+            cancelled = functools.partial(self._on_done, r.rid)
+            future.add_done_callback(cancelled)
+            self._futures[r.rid] = future, cancelled
             futures.append(future)
-        self.kick()
-        self.report()
+        self.kick()  # (the gauges: reported by the loop's turn that takes them)
         return futures
 
     async def translate(self, sources: Sequence[list[int]],
@@ -133,9 +134,11 @@ class DecodeLoop(LoopDriver[Work, EncodeResult | StepResult]):
 
     def resolve(self, outcomes: list[Outcome]) -> None:
         for o in outcomes:
-            future = self._futures.get(o.request.rid)
-            if future is None or future.done():
+            found = self._futures.pop(o.request.rid, None)
+            if found is None or found[0].done():
                 continue
+            future, cancelled = found
+            future.remove_done_callback(cancelled)  # (it only frees a cancelled one's rows)
             if isinstance(o.result, Exception):
                 future.set_exception(o.result)
             else:

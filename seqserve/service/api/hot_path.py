@@ -42,7 +42,6 @@ from seqserve.service.api.common import describe_errors, header
 from seqserve.service.api.lifecycle import (
     SHED_AFTER,
     SHED_MESSAGE,
-    Call,
     Route,
     asgi_call,
     begin,
@@ -71,10 +70,10 @@ NOT_MEASURED = -1.0
 Found = tuple[Route, str | None, str | None, str]
 """A matched route, its model name and version (None: not in the path), its path template."""
 HEAD_ROUTE = "seqserve.head_route"
-"""The scope key of the route (`Found`) and the `Call` of a request whose shed decision `head`
-made and passed; `direct` and `begin`, which a front runs right after it with the whole body
-read, take them from there instead of matching, naming the route, making the call and
-deciding again."""
+"""The scope key of the route (`Found`) of a request whose shed decision `head` made and
+passed; `direct` and `begin`, which a front runs right after it with the whole body read, take
+it from there instead of matching, naming the route and deciding again. (Not the head's `Call`:
+its header reader holds the scope, and the scope holding it would be a reference cycle.)"""
 
 
 class Unprocessable(Exception):
@@ -128,13 +127,11 @@ class HotPath:
         if name is None or scope["method"] != "POST":
             return None
         _name_route(scope, found)
-        call = asgi_call(scope, _unused, name, version)
         try:
-            shed_unread(self.state, call)
+            shed_unread(self.state, asgi_call(scope, _unused, name, version))
         except ServiceError as exc:
             return service_error_for(scope, exc)
-        call.shed = True
-        scope[HEAD_ROUTE] = found, call
+        scope[HEAD_ROUTE] = found
         return None
 
     def head_routes(self) -> HeadRoutes:
@@ -237,8 +234,7 @@ class HotPath:
     def direct(self, scope: Scope) -> Found | None:
         """The route of a request that `begin` can answer (a POST to a route with
         `Route.begin`: its work answered from callbacks, without a task), else None."""
-        head = scope.get(HEAD_ROUTE)
-        found = head[0] if head is not None else self.match(scope["path"])
+        found = scope.get(HEAD_ROUTE) or self.match(scope["path"])
         if found is None or found[0].begin is None or scope["method"] != "POST":
             return None
         return found
@@ -249,8 +245,8 @@ class HotPath:
         route's answer (or a server bug's exception), now or from the callback that sees the
         work done (`lifecycle.begin`)."""
         route, name, version, _ = found
-        head: tuple[Found, Call] | None = scope.pop(HEAD_ROUTE, None)
-        if head is None:
+        headed = scope.pop(HEAD_ROUTE, None) is not None  # (`head` named it just now)
+        if not headed:
             _name_route(scope, found)
 
         def replied(reply: Any, error: BaseException | None) -> None:
@@ -266,9 +262,9 @@ class HotPath:
                 answer = exc
             answered(answer)
 
-        try:  # (the call `head` made, its shed passed just now, else a new one)
-            call = head[1] if head is not None else asgi_call(scope, _unused, name or "",
-                                                              version)
+        try:
+            call = asgi_call(scope, _unused, name or "", version)
+            call.shed = headed  # (its shed passed in `head` just now)
             begin(self.state, route, call, _parse(route, body, scope), replied)
         except Exception as exc:
             answered(_refusal(scope, exc) or exc)

@@ -294,20 +294,18 @@ class DecodeScheduler(RequestTable[Request]):
                 if r.status is Status.ABORTED:  # cancelled after its encoder ran
                     self._cancelled.discard(r.rid)
                     self.table.pop(r.rid, None)
+            if not live:
+                continue
             n = len(batch.requests)
-            if len(live) == n and len(batch.memory) == len(batch.state) == n and (
-                    batch.keys is None or len(batch.keys) == n):
-                # all of them (the rule), one encoder row each: the arrays as they are
-                group.join([r.rid for r in batch.requests], [r.options for r in batch.requests],
-                           [len(r.src_ids) for r in batch.requests], batch.memory,
-                           batch.lengths, batch.state, batch.keys)
-            elif live:
-                at = np.array(live)
-                group.join([batch.requests[i].rid for i in live],
-                           [batch.requests[i].options for i in live],
-                           [len(batch.requests[i].src_ids) for i in live],
-                           batch.memory[at], batch.lengths[at], batch.state[at],
-                           None if batch.keys is None else batch.keys[at])
+            memory, lengths, state, keys = batch.memory, batch.lengths, batch.state, batch.keys
+            if len(live) < n or not len(memory) == len(state) == n or (
+                    keys is not None and len(keys) != n):
+                at = np.array(live)  # (else all of them, one encoder row each: as they are)
+                memory, lengths, state = memory[at], lengths[at], state[at]
+                keys = None if keys is None else keys[at]
+            joining = [batch.requests[i] for i in live]
+            group.join([r.rid for r in joining], [r.options for r in joining],
+                       [len(r.src_ids) for r in joining], memory, lengths, state, keys)
         self._encoded = []
 
     def _admit(self) -> list[Request]:
@@ -402,6 +400,8 @@ class DecodeScheduler(RequestTable[Request]):
         if self._cancelled:
             leave |= np.isin(group.keys, list(self._cancelled))
         positions = np.flatnonzero(leave)
+        if not len(positions):
+            return outcomes
         keys = group.keys.tolist()  # (Q,) the requests' ids
         answered = [q for q in positions.tolist() if q not in result.failed
                     and self.table[keys[q]].status is Status.DECODING]
@@ -415,8 +415,7 @@ class DecodeScheduler(RequestTable[Request]):
         for rid in (keys[q] for q in positions.tolist()):
             self._cancelled.discard(rid)
             self.table.pop(rid, None)
-        if len(positions):
-            group.evict(~leave)
+        group.evict(~leave)
         return outcomes
 
     def _answer(self, r: Request, hyps: list[Hypothesis], steps: int) -> Outcome:

@@ -4,7 +4,7 @@
  *
  *   select(...)  = Beams._masked (EOS before min_length, n-gram bans given as a mask) +
  *                  Beams._select + top_k_rows
- *   advance(...) = Beams._advance with _finish, _score, _extend, _stopped and
+ *   advance(...) = Beams._advance with _finish, _score, _extend, _hopeful, _stopped and
  *                  FinishedStore.merge / _append
  *   join(...)    = BeamState.join's arrays (FinishedStore.extend) with _reshape
  *   keep(...)    = BeamState.keep's arrays (FinishedStore.take) with _reshape where it runs
@@ -498,8 +498,15 @@ static PyObject *k_advance(PyObject *self, PyObject *args) {
                 fi[q * N + i] = kept ? slots[i].index : -1;
             }
         }
-        for (npy_intp j = 0; j < C; j++)
-            if (fl[j] == 1) { any_going++; if (first_going < 0) first_going = j; }
+        /* hopeless: a candidate whose bound does not beat the n-th finished one is dropped
+         * (Beams._hopeful; sampling requests keep theirs) */
+        const double nth = fs[q * N + nb - 1], lpmax = lpa[iq[C_MAXSTEPS]];
+        for (npy_intp j = 0; j < C; j++) {
+            if (fl[j] != 1) continue;
+            double v = valv[o + j];
+            if (!iq[C_SAMPLING] && (v <= 0.0 || isnan(v) ? v : 0.0) / lpmax <= nth) fl[j] = 0;
+            else { any_going++; if (first_going < 0) first_going = j; }
+        }
         double best = valv[o + (first_going < 0 ? 0 : first_going)];
         double bound = (best <= 0.0 || isnan(best) ? best : 0.0) / lpa[iq[C_MAXSTEPS]];
         int stop = !iq[C_SAMPLING] && bound <= fs[q * N + nb - 1];

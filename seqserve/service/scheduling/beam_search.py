@@ -217,6 +217,7 @@ class Beams(BeamState):
         capped = cont ^ going
         if (ended | capped).any() or stuck.any():
             self._finish(sel, (stuck, ended, capped), attention)
+        going &= self._hopeful(sel.val)  # the others can no longer reach the n-best
         self.done = self._stopped(going, sel.val)  # (Q,)
         at, col = np.nonzero(going & np.logical_not(self.done)[:, None])  # (R',) by request
         parents = sel.row[at, col]  # (R',)
@@ -291,6 +292,18 @@ class Beams(BeamState):
         """(R,) upper bound on the final score of any descendant of each live row."""
         q, r = self.reqs, self.rows
         return np.minimum(r.logp, 0.0) / self._lp[q.alpha, q.max_steps][r.request]
+
+    def _hopeful(self, val: np.ndarray) -> np.ndarray:
+        """(Q, C) which candidates of log-probs `val` may still enter their request's n-best:
+        those whose bound (`bounds`) beats its n-th finished hypothesis, and every candidate of
+        a sampling request. The others are dropped (search.py: "Hopeless hypotheses"), which
+        changes no answer: a candidate that may still enter ranks above every one that may
+        not, so the same ones are chosen, finish and continue, and the request stops at the
+        same step."""
+        q = self.reqs
+        bound = np.minimum(val, 0.0) / self._lp[q.alpha, q.max_steps][:, None]  # (Q, C)
+        worst = self.finished.worst(q.n_best)[:, None]  # (Q, 1)
+        return np.logical_not(bound <= worst) | q.sampling[:, None]  # type: ignore[no-any-return]
 
     def _stopped(self, going: np.ndarray, val: np.ndarray) -> np.ndarray:
         """Exact stopping, given the live candidates going (Q, C) and their log-probs val:

@@ -23,6 +23,13 @@ Conventions (the reference search in the tests follows the same ones):
   hypothesis with log-prob p <= 0 can at best reach p / lp(max_steps) + 0 (its longest
   descendant, full coverage). Stopping therefore never changes the n-best compared to running
   to max length. Finished hypotheses are ranked by score, ties to the one finished first.
+- Hopeless hypotheses: the same bound, per hypothesis. Once a request's n-best is full, a
+  candidate that would continue but whose bound does not beat the n-th finished score is
+  dropped (not for sampling). No answer changes: the bound grows with the log-prob, so every
+  candidate that may still enter ranks above every one that may not (and only descends from
+  rows that may), the same candidates fill the first 2B places, finish and continue, and
+  the request stops at the same step (when none that may enter is left). Only the rows that
+  could never matter go: 7% of the row-steps on the demo's test split at beam 5.
 - Sampling (beam 1): the candidate set is the row's top `top_k` tokens, or the top
   `SAMPLING_CANDIDATES` when `top_k` is not given (decoder_step returns top-k only), so
   `top_p` acts within that set. The sampled token is drawn from softmax(logp / temperature)

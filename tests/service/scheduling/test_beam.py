@@ -22,12 +22,17 @@ from seqserve.service.scheduling.search import (
 
 
 def _no_early_stop(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Requests stop only when no live hypothesis is left (run to the length cap). It patches
-    the numpy step (`Beams(kernel=False)`): the compiled one has no such hook."""
+    """Requests stop only when no live hypothesis is left (run to the length cap), and keep
+    every hypothesis that the bound would drop. It patches the numpy step
+    (`Beams(kernel=False)`): the compiled one has no such hook."""
     def done_when_empty(self: Beams, going: np.ndarray, val: np.ndarray) -> np.ndarray:
         return np.logical_not(going.any(1))
 
+    def all_hopeful(self: Beams, val: np.ndarray) -> np.ndarray:
+        return np.ones(val.shape, bool)
+
     monkeypatch.setattr(Beams, "_stopped", done_when_empty)
+    monkeypatch.setattr(Beams, "_hopeful", all_hopeful)
 
 
 def _record_finished(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[int, ...], float]]:

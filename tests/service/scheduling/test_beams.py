@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from fake_translator import FakeTranslator, decode_with_beams
 from reference_search import reference_beam_search
 
 from seqserve.service.scheduling.beam_search import Beams
-from seqserve.service.scheduling.search import SearchOptions, max_steps
+from seqserve.service.scheduling.search import Hypothesis, SearchOptions, max_steps
 
 MIXED = [
     SearchOptions(beam_size=1),
@@ -77,3 +78,31 @@ def test_join_and_keep_move_only_their_requests(kernel: bool) -> None:
     beams.keep(np.array([False, True]))
     assert beams.rows.attention.shape[1:] == (0, 0)  # nobody asks for attention any more
     assert beams.prepare() == 3  # 2B + 1 of the beam-1 request
+
+
+def test_hopeless_hypotheses_are_dropped_without_changing_any_answer(
+        kernel: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live hypothesis whose bound cannot beat its request's n-th finished one is dropped
+    (`Beams._hopeful`): the same n-best, scores and steps as a search that keeps every one
+    (the numpy step with the rule off), in fewer row-steps; the numpy and compiled steps
+    drop the same rows."""
+    fake = FakeTranslator(seed=6)
+    rng = random.Random(3)
+    jobs = [(src, rng.choice(MIXED)) for src in _sources(40, seed=11)]
+
+    def run(kernel: bool) -> tuple[list[list[Hypothesis]], list[int], int]:
+        rows = [0]
+        results, steps = decode_with_beams(
+            fake, jobs, lambda b: rows.__setitem__(0, rows[0] + b.n_rows), kernel=kernel)
+        return results, steps, rows[0]
+
+    pruned, pruned_steps, pruned_rows = run(kernel)
+    numpy_rows = run(False)[2]
+    with monkeypatch.context() as patched:
+        patched.setattr(Beams, "_hopeful", lambda self, val: np.ones(val.shape, bool))
+        kept, kept_steps, kept_rows = run(False)
+    assert pruned_steps == kept_steps
+    for got, want in zip(pruned, kept, strict=True):
+        assert [h.token_ids for h in got] == [h.token_ids for h in want]
+        assert [h.score for h in got] == [h.score for h in want]
+    assert pruned_rows == numpy_rows < kept_rows

@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
                    help="the GIL switch interval (sys.setswitchinterval) of the process; "
                    "0.5, the server's default (ProcessSettings), unless told otherwise")
     p.add_argument("--groups", type=int, default=1, help="decode loop decoder-step groups")
-    p.add_argument("--admit-steps", type=int, default=2,
+    p.add_argument("--admit-steps", type=int, default=4,
                    help="decoder steps arrivals may wait for a fuller encoder batch while "
                         "others decode (the server's --decode-admit-steps)")
     p.add_argument("--max-admit", type=int, default=64,

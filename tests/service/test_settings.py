@@ -109,6 +109,6 @@ def test_the_layout_counts_are_resolved_in_the_composition_root_not_defaulted() 
         assert (model.batcher.runtime_calls, model.decode.runtime_calls) == (batches, steps)
     held = engine_options(Settings(instances=1, decode_groups=1, decode_admit_steps=3))
     assert engine_options(Settings(instances=1, decode_groups=1)).model_config(64) \
-        .decode.admit_steps == 2 and held.model_config(64).decode.admit_steps == 3
+        .decode.admit_steps == 4 and held.model_config(64).decode.admit_steps == 3
     assert Settings(instances=1, decode_groups=1, runtime_calls="loop").engine_options(
         engine_process=True).runtime_calls == "threads"  # the engine process: threads

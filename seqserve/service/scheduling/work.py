@@ -47,10 +47,11 @@ class DecodeConfig:
     """Where the encoder (prefill) and decoder steps run: on a lane thread each, or on the
     event loop's own thread (lanes.py; the server's `--runtime-calls`)."""
     admit_steps: int = 0
-    """While other requests decode, waiting sources are held for up to this many decoder
-    steps, until `max_admit` of them wait, to be encoded together (0: each step admits what
-    waits). An encoder call costs less a source in a bigger batch, most of all between
-    decoder steps, which leave the encoder's weights out of the cache."""
+    """While other requests decode and sources keep arriving (at least one a schedule on
+    average), waiting sources are held for up to this many decoder steps, until `max_admit`
+    of them wait, to be encoded together (0: each step admits what waits). An encoder call
+    costs less a source in a bigger batch, most of all between decoder steps, which leave
+    the encoder's weights out of the cache."""
     continuous: bool = True
     """Step-level batching; False: request-level (a batch runs to completion first; a
     benchmark's comparison, not a server setting)."""

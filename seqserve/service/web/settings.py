@@ -225,7 +225,8 @@ class Settings(BaseSettings):
     """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
     decode_admit_steps: int = Field(default=4, ge=0)
     """Translators: while others decode, sources that arrive wait up to this many decoder
-    steps (until max_batch_size of them wait) to be encoded together; 0 = at the next step.
+    steps (until max_batch_size of them wait) to be encoded together, where at least one
+    arrives a step on average (sparser, they are encoded at once); 0 = at the next step.
     An encoder call between decoder steps finds its weights out of the cache and costs twice
     as much a source in batches of 4 as alone; 2: the encoder's CPU a served translation
     0.11 ms against 0.15 (docs/performance.md, section 42); 4: 2-3% more translations a

@@ -122,18 +122,26 @@ def _encoder_batches(core: DecodeScheduler, arrivals: dict[int, int], steps: int
 
 
 def test_arrivals_wait_for_a_fuller_encoder_batch_only_while_others_decode() -> None:
-    """`admit_steps`: sources that arrive while a group decodes are held for up to that many
-    steps, or until `max_admit` wait, and are then encoded in one batch; nothing decoding, or
-    `admit_steps` 0, they are encoded at the next step as before."""
-    arrivals = {0: 1, 3: 1, 4: 1, 5: 1, 12: 2, 13: 3, 20: 1}
-    assert _encoder_batches(make_core(max_admit=4, admit_steps=0), arrivals, 30) == [
-        (0, 1), (3, 1), (4, 1), (5, 1), (12, 2), (13, 3), (20, 1)]
-    # held two steps (3 -> 5, 20 -> 22); five waiting at 13 fill a batch at once, and the
-    # one left over is held two steps of its own (14 -> 16)
-    assert _encoder_batches(make_core(max_admit=4, admit_steps=2), arrivals, 30) == [
-        (0, 1), (5, 3), (13, 4), (16, 1), (22, 1)]
-    idle = make_core(max_admit=4, admit_steps=5)  # the first source: nothing decodes yet
-    assert _encoder_batches(idle, {0: 1}, 1) == [(0, 1)]
+    """`admit_steps`: sources that arrive while a group decodes, at least one a schedule on
+    average (`arrivals`), are held for up to that many steps, or until `max_admit` wait, and
+    are then encoded in one batch; sparser arrivals, nothing decoding, or `admit_steps` 0:
+    encoded at the next step."""
+    dense = {i: 2 for i in range(12)}  # two sources before each of the first 12 schedules
+    assert _encoder_batches(make_core(max_admit=8, admit_steps=0), dense, 20) == [
+        (i, 2) for i in range(12)]
+    # the average passes one a schedule at the third (0.5, 0.875, 1.16): from then on held
+    # two schedules (2, 3 -> 4), six at once; the last two also after the arrivals stop
+    assert _encoder_batches(make_core(max_admit=8, admit_steps=2), dense, 20) == [
+        (0, 2), (1, 2), (4, 6), (7, 6), (10, 6), (13, 2)]
+    # four waiting fill a batch at once
+    assert _encoder_batches(make_core(max_admit=4, admit_steps=2), dense, 20) == [
+        (0, 2), (1, 2), (3, 4), (5, 4), (7, 4), (9, 4), (11, 4)]
+    sparse = {0: 1, 3: 1, 4: 1, 5: 1, 12: 2, 20: 1}  # a held source would wait for no one
+    assert _encoder_batches(make_core(max_admit=4, admit_steps=2), sparse, 30) == \
+        _encoder_batches(make_core(max_admit=4, admit_steps=0), sparse, 30) == [
+        (0, 1), (3, 1), (4, 1), (5, 1), (12, 2), (20, 1)]
+    idle = make_core(max_admit=8, admit_steps=5)  # four at once (the average: 1.0), but
+    assert _encoder_batches(idle, {0: 4}, 1) == [(0, 4)]  # nothing decodes yet
 
 
 def test_faults_fail_only_their_requests() -> None:

@@ -4,8 +4,8 @@
  *
  *   select(...)  = Beams._masked (EOS before min_length, n-gram bans given as a mask) +
  *                  Beams._select + top_k_rows
- *   advance(...) = Beams._advance with _finish, _score, _extend, _hopeful, _stopped and
- *                  FinishedStore.merge / _append
+ *   advance(...) = Beams._advance with _finish, _score, _extend, _hopeful, _stopped (with
+ *                  the hopeless dropped: none left) and FinishedStore.merge / _append
  *   join(...)    = BeamState.join's arrays (FinishedStore.extend) with _reshape
  *   keep(...)    = BeamState.keep's arrays (FinishedStore.take) with _reshape where it runs
  *   plan(...)    = plan.py's plan_batch: which rows of a batcher's queue go together (not
@@ -436,7 +436,7 @@ static PyObject *k_advance(PyObject *self, PyObject *args) {
         const double *lpa = lpv + iq[C_ALPHA] * LW;
         const npy_intp o = q * C;
         double worst = fs[q * N + nb - 1];
-        npy_intp m = 0, cont_seen = 0, any_valid = 0, any_going = 0, first_going = -1;
+        npy_intp m = 0, cont_seen = 0, any_valid = 0, any_going = 0;
         Slot *fresh = slots + N;
         unsigned char *fl = flags + o;
         /* stuck: nothing allowed, its rows end as they are */
@@ -505,12 +505,9 @@ static PyObject *k_advance(PyObject *self, PyObject *args) {
             if (fl[j] != 1) continue;
             double v = valv[o + j];
             if (!iq[C_SAMPLING] && (v <= 0.0 || isnan(v) ? v : 0.0) / lpmax <= nth) fl[j] = 0;
-            else { any_going++; if (first_going < 0) first_going = j; }
+            else any_going++;
         }
-        double best = valv[o + (first_going < 0 ? 0 : first_going)];
-        double bound = (best <= 0.0 || isnan(best) ? best : 0.0) / lpa[iq[C_MAXSTEPS]];
-        int stop = !iq[C_SAMPLING] && bound <= fs[q * N + nb - 1];
-        donev[q] = !any_going || stop;
+        donev[q] = !any_going;  /* Beams._stopped: its bound test is the one just made */
         if (!donev[q]) live += any_going;
     }
 

@@ -15,6 +15,13 @@ cost less than this per translation, whatever its HTTP front.
 machine little): the CPU of every server process per translation from /proc, split into the
 API processes' main threads (the event loop: HTTP, tokenizing, the beam search's Python)
 and their other threads (the runtime lanes: the graphs and the Python around each call).
+
+(c) the served translator's decode loop (`scheduling.models.build_model` with the settings
+`seqserve serve` resolves on this machine) in this process, under `--clients` closed-loop
+clients of one sentence each: the event loop thread's CPU a decoder step, split into the
+graphs, the scheduler's calls (schedule, update, settle) and, inside those, the compiled
+kernel's; beside (a)'s Python a step. The issue's bound: the loop's interpreter cost a step
+at most a plain batched beam search's.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from bench.peers.run import bundle_dir  # noqa: E402
 def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str, float]:
     """(a): the batched search's CPU per translation, its graphs' and its row-steps."""
     bundle = TranslatorBundle(folder, threads=1)
-    spent = {"encoder": 0.0, "decoder": 0.0, "rows": 0.0}
+    spent = {"encoder": 0.0, "decoder": 0.0, "rows": 0.0, "steps": 0.0}
 
     def timed(session: Any, key: str) -> None:
         run = session.run
@@ -52,12 +59,13 @@ def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str
                 spent[key] += time.thread_time() - start
                 if key == "decoder":
                     spent["rows"] += len(feed["prev_ids"])
+                    spent["steps"] += 1
         session.run = wrapped
 
     timed(bundle.encoder, "encoder")
     timed(bundle.step, "decoder")
     bundle.translate_batch(texts[:batch], beam)  # warm
-    spent.update(encoder=0.0, decoder=0.0, rows=0.0)
+    spent.update(encoder=0.0, decoder=0.0, rows=0.0, steps=0.0)
     start = time.thread_time()
     for i in range(0, len(texts), batch):
         bundle.translate_batch(texts[i: i + batch], beam)
@@ -66,7 +74,107 @@ def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str
     return {"total_ms": 1e3 * total / n, "encoder_ms": 1e3 * spent["encoder"] / n,
             "decoder_ms": 1e3 * spent["decoder"] / n,
             "rest_ms": 1e3 * (total - spent["encoder"] - spent["decoder"]) / n,
-            "row_steps": spent["rows"] / n}
+            "row_steps": spent["rows"] / n, "steps": spent["steps"],
+            "rest_us_per_step": 1e6 * (total - spent["encoder"] - spent["decoder"])
+            / max(spent["steps"], 1)}
+
+
+class _Timed:
+    """Thread CPU summed per name around calls (`wrap`): the decode loop's parts in (c)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, name: str, call: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.thread_time() - start
+        return timed
+
+
+class _Kernel:
+    """The compiled module with each function's calls timed under "kernel"."""
+
+    def __init__(self, module: Any, clock: _Timed) -> None:
+        self.module, self.clock = module, clock
+
+    def __getattr__(self, name: str) -> Any:
+        return self.clock.wrap("kernel", getattr(self.module, name))
+
+
+def loop_cost(repo: Path, folder: Path, texts: list[str], clients: int,
+              beam: int) -> dict[str, float]:
+    """(c): the served decode loop in process, a decoder step's thread CPU by part."""
+    import asyncio
+    import os
+
+    from bench.bench_translate import GraphClock
+    from seqserve.export.manifest import load_bundle
+    from seqserve.models.text.tokenizer import Tokenizer
+    from seqserve.service.runtimes.onnx import OnnxRuntime
+    from seqserve.service.scheduling import beam_native, group
+    from seqserve.service.scheduling.models import DecodedModel, build_model
+    from seqserve.service.scheduling.search import SearchOptions
+    from seqserve.service.server import layout
+    from seqserve.service.web.settings import Settings
+
+    manifest = load_bundle(folder)
+    settings = layout.resolve(Settings(repo=repo), available=os.cpu_count() or 1)
+    max_tokens = int(manifest.limits.get("max_tokens", settings.max_tokens))
+    config = settings.engine_options().model_config(max_tokens)
+    files = {g: folder / str(spec.file("onnx")) for g, spec in manifest.graphs.items()}
+    runtime = GraphClock(OnnxRuntime(files, ["CPUExecutionProvider"], 1, 1))
+    model = build_model(manifest.name, runtime, manifest, config)
+    assert isinstance(model, DecodedModel), f"{manifest.name} is not a translator"
+    tok = Tokenizer.load(folder / manifest.tokenizer.file)
+    items = [tok.encode(t)[:max_tokens] for t in texts]
+    options = SearchOptions(beam_size=beam)
+    clock = _Timed()
+    scheduler = model.loop.scheduler
+    kernels = beam_native._kernel, group._kernel
+
+    async def run() -> tuple[float, int]:
+        await model.start()
+        try:
+            for f in model.submit(items[:8], options, time.monotonic() + 60):  # warm
+                await f
+            for name in ("schedule", "update", "settle"):
+                setattr(scheduler, name, clock.wrap(name, getattr(scheduler, name)))
+            if kernels[0] is not None:
+                beam_native._kernel = _Kernel(kernels[0], clock)
+            if kernels[1] is not None:
+                group._kernel = _Kernel(kernels[1], clock)
+            runtime.cpu, steps = {}, scheduler.stats.steps
+            feed = iter(items)
+
+            async def client() -> None:
+                for src in feed:
+                    (future,) = model.submit([src], options, time.monotonic() + 60)
+                    await future
+
+            start = time.thread_time()
+            await asyncio.gather(*(client() for _ in range(clients)))
+            return time.thread_time() - start, scheduler.stats.steps - steps
+        finally:
+            beam_native._kernel, group._kernel = kernels
+            for name in ("schedule", "update", "settle"):
+                vars(scheduler).pop(name, None)
+            await model.stop(5.0)
+
+    total, steps = asyncio.run(run())
+    per_step = {k: 1e6 * v / max(steps, 1) for k, v in clock.spent.items()}
+    graphs = sum(runtime.cpu.values())
+    calls = sum(clock.spent.get(k, 0.0) for k in ("schedule", "update", "settle"))
+    return {"total_us_per_step": 1e6 * total / max(steps, 1),
+            "graphs_us_per_step": 1e6 * graphs / max(steps, 1),
+            **{f"{k}_us_per_step": per_step.get(k, 0.0)
+               for k in ("schedule", "update", "settle", "kernel")},
+            "scheduler_us_per_step": 1e6 * calls / max(steps, 1),
+            "driver_us_per_step": 1e6 * (total - graphs - calls) / max(steps, 1),
+            "steps": float(steps), "translations_per_step": len(items) / max(steps, 1)}
 
 
 GRAPH_SERIES = {"encoder_s": "seqserve_encoder_time_seconds_sum",
@@ -138,6 +246,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--port", type=int, default=8893)
+    p.add_argument("--clients", type=int, default=32,
+                   help="(c)'s closed-loop clients (one API process's share of 64 connections)")
     p.add_argument("--skip-served", action="store_true")
     args = p.parse_args()
     folder = bundle_dir(args.repo, args.model, args.version)
@@ -153,6 +263,21 @@ def main() -> None:
     print(f"    a server running these graphs at (a)'s batch shapes and nothing else would serve "
           f"at most {peer['total_ms'] / graphs:.2f}x the translations/s of a server costing "
           f"(a) per translation, on the same cores")
+    loop = loop_cost(args.repo, folder, texts, args.clients, args.beam)
+    print(f"(c) seqserve's decode loop in process, {args.clients} clients of one sentence: "
+          f"{loop['translations_per_step']:.2f} translations a step, "
+          f"{loop['total_us_per_step']:.0f} us of the loop thread's CPU a step = graphs "
+          f"{loop['graphs_us_per_step']:.0f} + "
+          f"scheduler {loop['scheduler_us_per_step']:.0f} (schedule "
+          f"{loop['schedule_us_per_step']:.0f}, update {loop['update_us_per_step']:.0f}, settle "
+          f"{loop['settle_us_per_step']:.0f}; of which the compiled kernel "
+          f"{loop['kernel_us_per_step']:.0f}) + the driver and clients "
+          f"{loop['driver_us_per_step']:.0f}")
+    print(f"    the scheduler's Python a step: {loop['scheduler_us_per_step']:.0f} us "
+          f"(outside the kernel {loop['scheduler_us_per_step'] - loop['kernel_us_per_step']:.0f})"
+          f" against (a)'s {peer['rest_us_per_step']:.0f} us a step for everything but its "
+          f"graphs (tokenizing included), {peer['steps'] / len(texts):.2f} steps a translation "
+          f"there against {1 / loop['translations_per_step']:.2f} here")
     if args.skip_served:
         return
     served = served_cost(args.repo, args.model, texts, args.seconds, args.warmup, args.port)

@@ -84,6 +84,29 @@ def test_engine_options_come_from_the_settings_and_survive_json() -> None:
     assert config.batcher.queue_size == config.decode.max_queue == settings.queue_size
 
 
+def test_the_live_hypothesis_cap_follows_the_device_unless_given() -> None:
+    """auto: 256 live hypotheses a decoder step on a CPU (a step's cost a row rises past
+    ~200 rows there), 1,024 on CUDA; resolved for the start-up block and the engine options
+    alike; a number given is kept; less than the largest beam is refused."""
+    from seqserve.service.server.composition import engine_options
+    from seqserve.service.server.layout import resolve
+    from seqserve.service.web.settings import LIVE_HYPOTHESES_CPU, LIVE_HYPOTHESES_CUDA
+
+    assert Settings().max_live_hypotheses == "auto"
+    assert (LIVE_HYPOTHESES_CPU, LIVE_HYPOTHESES_CUDA) == (256, 1024)
+    assert resolve(Settings(), available=2).max_live_hypotheses == 256
+    assert resolve(Settings(device="cuda"), available=2).max_live_hypotheses == 1024
+    assert resolve(Settings(max_live_hypotheses=600), available=2).max_live_hypotheses == 600
+    for settings, cap in [(Settings(), 256), (Settings(device="cuda"), 1024),
+                          (Settings(max_live_hypotheses=40), 40)]:
+        options = engine_options(settings)
+        assert options.max_live_hypotheses == cap
+        assert options.model_config(64).decode.max_live_hypotheses == cap
+    assert Settings(max_live_hypotheses="auto").live_hypotheses == 256
+    with pytest.raises(ValueError, match="max_live_hypotheses"):  # (pydantic's error)
+        Settings(max_live_hypotheses="many")
+
+
 def test_the_layout_counts_are_resolved_in_the_composition_root_not_defaulted() -> None:
     """`Settings.engine_options` has no fallback for "auto" (each held for one layout only):
     the composition root resolves instances, decode groups and where runtime calls run, as

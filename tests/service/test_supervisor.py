@@ -13,6 +13,7 @@ import asyncio
 import collections
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -181,7 +182,8 @@ def test_the_default_layout_keeps_sessions_in_an_engine_and_the_rest_in_each_pro
     batches = counts(metrics, "seqserve_batch_size_count", "model")
     assert batches["tiny-clf"] >= 1 and batches["tiny-series"] >= 1
     printed = server.output()
-    assert "layout            hybrid" in printed, printed
+    assert re.search(r"^ +layout +hybrid +auto", printed, re.M), printed
+    assert re.search(r"^ +max_live_hypotheses +256 +auto", printed, re.M), printed
 
 
 def test_the_hybrid_layout_starts_no_engine_without_sessions(tiny_repo: Path) -> None:
@@ -432,9 +434,10 @@ def test_api_and_engine_processes_report_the_same_effective_values(
     assert api["process"]["pid"] != engine_pid
     _check_same_values(config)
     for name in ("max_batch_size", "max_batch_tokens", "max_wait_ms", "queue_size",
-                 "max_tokens", "max_live_hypotheses", "switch_interval_ms"):
+                 "max_tokens", "switch_interval_ms"):
         assert api["settings"][name] == Settings.model_fields[name].default, name
     assert api["settings"]["decode_groups"] == 2  # auto in the engine layout
+    assert api["settings"]["max_live_hypotheses"] == 256  # auto on a CPU
     assert set(engine["models"]) == {"tiny-clf/1", "tiny-mt/1", "tiny-tag/1"}
 
 

@@ -91,8 +91,10 @@ def resolve(settings: Settings, available: int | None = None,
 
 
 def _calls(settings: Settings, layout: str, update: dict[str, Any]) -> Settings:
-    """`settings` with `update` and the decode groups resolved too."""
+    """`settings` with `update`, the decode groups and the live-hypothesis cap resolved too."""
     calls = update.get("runtime_calls", settings.runtime_calls)
+    if settings.max_live_hypotheses == "auto":  # by the device (`Settings.live_hypotheses`)
+        update["max_live_hypotheses"] = settings.live_hypotheses
     if settings.decode_groups == "auto":  # one translator per process: one group measured best
         one = layout in ("replicated", "hybrid") or calls != "threads"  # no thread to overlap
         update["decode_groups"] = 1 if one else 2
@@ -196,7 +198,7 @@ def decoders(settings: Settings) -> str:
 
 SPEED_SETTINGS = ("layout", "api_workers", "instances", "intra_op_threads", "max_batch_size",
                   "max_batch_tokens", "max_wait_ms", "max_queue_wait_s", "decode_groups",
-                  "runtime_calls")
+                  "max_live_hypotheses", "runtime_calls")
 """The settings that decide how fast the server serves: the start-up block shows these."""
 
 

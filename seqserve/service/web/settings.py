@@ -21,6 +21,11 @@ from seqserve.service.engine.options import EngineOptions
 from seqserve.service.runtimes.base import RuntimeSpec
 from seqserve.service.scheduling.search import MAX_BEAM_SIZE
 
+LIVE_HYPOTHESES_CPU = 256
+"""`max_live_hypotheses` auto on a CPU (docs/performance.md section 44)."""
+LIVE_HYPOTHESES_CUDA = 1024
+"""`max_live_hypotheses` auto on CUDA."""
+
 
 class Settings(BaseSettings):
     """Everything `seqserve serve` can be told; each field is also `SEQSERVE_<FIELD>`."""
@@ -221,8 +226,13 @@ class Settings(BaseSettings):
     max_new_tokens: int = Field(default=512, ge=1)
     """Language models: most tokens one generated sequence may ask for (`max_new_tokens`,
     OpenAI's `max_tokens`); more is a 400."""
-    max_live_hypotheses: int = Field(default=1024, ge=MAX_BEAM_SIZE)
-    """Translators: most live beam hypotheses decoded per step; beyond it requests wait."""
+    max_live_hypotheses: int | Literal["auto"] = "auto"
+    """Translators: most live beam hypotheses decoded per step (language models: live
+    sequences); beyond it requests wait. auto: 256 on a CPU, where a decoder step's cost a
+    row rises by a fifth past ~200 rows as the rows' memory leaves the cache, and 3x
+    overloaded translations were served faster and sooner with 256 than 1,024
+    (docs/performance.md section 44); on CUDA the former default, 1,024 (a device wants wide
+    steps; not measured against 256)."""
     decode_admit_steps: int = Field(default=4, ge=0)
     """Translators: while others decode, sources that arrive wait up to this many decoder
     steps (until max_batch_size of them wait) to be encoded together, where at least one
@@ -340,6 +350,22 @@ class Settings(BaseSettings):
                                  "!#$%&'+.^_`|~-; a trailing * for every header it starts)")
         return [name.lower() for name in v]
 
+    @field_validator("max_live_hypotheses")
+    @classmethod
+    def _auto_or_beam(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < MAX_BEAM_SIZE:
+            raise ValueError(f"must be 'auto' or an integer >= {MAX_BEAM_SIZE} (the largest "
+                             "beam)")
+        return v
+
+    @property
+    def live_hypotheses(self) -> int:
+        """`max_live_hypotheses` as a count (auto: by the device)."""
+        v = self.max_live_hypotheses
+        if v != "auto":
+            return int(v)
+        return LIVE_HYPOTHESES_CUDA if self.device == "cuda" else LIVE_HYPOTHESES_CPU
+
     @field_validator("api_workers", "instances", "decode_groups")
     @classmethod
     def _auto_or_count(cls, v: int | str, info: ValidationInfo) -> int | str:
@@ -410,7 +436,7 @@ class Settings(BaseSettings):
             max_wait_s=self.max_wait_ms / 1000.0,
             batch_overhead_tokens=self.batch_overhead_tokens, queue_size=self.queue_size,
             retry_after_s=float(self.retry_after_s), max_tokens=self.max_tokens,
-            max_live_hypotheses=self.max_live_hypotheses,
+            max_live_hypotheses=self.live_hypotheses,
             decode_admit_steps=self.decode_admit_steps, decode_groups=groups,
             runtime_calls="threads" if engine_process else calls,
             max_queue_wait_s=self.max_queue_wait_s, warmup=self.warmup,

@@ -46,37 +46,29 @@ from bench.peers.run import bundle_dir  # noqa: E402
 def peer_cost(folder: Path, texts: list[str], batch: int, beam: int) -> dict[str, float]:
     """(a): the batched search's CPU per translation, its graphs' and its row-steps."""
     bundle = TranslatorBundle(folder, threads=1)
-    spent = {"encoder": 0.0, "decoder": 0.0, "rows": 0.0, "steps": 0.0}
+    clock, shape = _Timed(), {"rows": 0.0, "steps": 0.0}
+    bundle.encoder.run = clock.wrap("encoder", bundle.encoder.run)
+    step = clock.wrap("decoder", bundle.step.run)
 
-    def timed(session: Any, key: str) -> None:
-        run = session.run
+    def counted(names: Any, feed: dict[str, Any]) -> Any:
+        shape["rows"] += len(feed["prev_ids"])
+        shape["steps"] += 1
+        return step(names, feed)
 
-        def wrapped(names: Any, feed: dict[str, Any]) -> Any:
-            start = time.thread_time()
-            try:
-                return run(names, feed)
-            finally:
-                spent[key] += time.thread_time() - start
-                if key == "decoder":
-                    spent["rows"] += len(feed["prev_ids"])
-                    spent["steps"] += 1
-        session.run = wrapped
-
-    timed(bundle.encoder, "encoder")
-    timed(bundle.step, "decoder")
+    bundle.step.run = counted
     bundle.translate_batch(texts[:batch], beam)  # warm
-    spent.update(encoder=0.0, decoder=0.0, rows=0.0, steps=0.0)
+    clock.spent = {}
+    shape.update(rows=0.0, steps=0.0)
     start = time.thread_time()
     for i in range(0, len(texts), batch):
         bundle.translate_batch(texts[i: i + batch], beam)
     total = time.thread_time() - start
     n = len(texts)
-    return {"total_ms": 1e3 * total / n, "encoder_ms": 1e3 * spent["encoder"] / n,
-            "decoder_ms": 1e3 * spent["decoder"] / n,
-            "rest_ms": 1e3 * (total - spent["encoder"] - spent["decoder"]) / n,
-            "row_steps": spent["rows"] / n, "steps": spent["steps"],
-            "rest_us_per_step": 1e6 * (total - spent["encoder"] - spent["decoder"])
-            / max(spent["steps"], 1)}
+    encoder, decoder = clock.spent.get("encoder", 0.0), clock.spent.get("decoder", 0.0)
+    return {"total_ms": 1e3 * total / n, "encoder_ms": 1e3 * encoder / n,
+            "decoder_ms": 1e3 * decoder / n, "rest_ms": 1e3 * (total - encoder - decoder) / n,
+            "row_steps": shape["rows"] / n, "steps": shape["steps"],
+            "rest_us_per_step": 1e6 * (total - encoder - decoder) / max(shape["steps"], 1)}
 
 
 class _Timed:
